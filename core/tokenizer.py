@@ -1,0 +1,71 @@
+"""Tokenizers share one small interface: encode(text) -> Encoded.
+
+WordTokenizer serves the bundled toy-translate model: lower-case words, one id per word,
+unknown words become <unk> and are reported, punctuation is dropped and reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+
+@dataclass
+class Encoded:
+    ids: List[int]
+    tokens: List[str]
+    offsets: List[Tuple[int, int]]  # character span of each token in the typed text ((0, 0) for specials)
+    special: List[bool]  # True for tokens the tokenizer added ([CLS], <start>, ...)
+    unknown: List[str] = field(default_factory=list)  # typed words that became <unk>
+    dropped: List[str] = field(default_factory=list)  # typed characters the tokenizer ignored
+    truncated: int = 0  # how many tokens were cut to fit the model's maximum length
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?|\d+|\S", re.UNICODE)
+
+
+class WordTokenizer:
+    def __init__(self, vocab: List[str], unk: str = "<unk>", lowercase: bool = True, max_len: Optional[int] = None):
+        self.vocab = list(vocab)
+        self.index: Dict[str, int] = {w: i for i, w in enumerate(self.vocab)}
+        self.unk = unk
+        self.lowercase = lowercase
+        self.max_len = max_len
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def token_id(self, tok: str) -> int:
+        return self.index.get(tok, self.index[self.unk])
+
+    def encode(self, text: str) -> Encoded:
+        enc = Encoded([], [], [], [])
+        for m in _WORD.finditer(text):
+            word = m.group(0).lower() if self.lowercase else m.group(0)
+            if not any(ch.isalnum() for ch in word):
+                enc.dropped.append(word)
+                continue
+            if word in self.index:
+                enc.ids.append(self.index[word])
+                enc.tokens.append(word)
+            else:
+                enc.ids.append(self.index[self.unk])
+                enc.tokens.append(self.unk)
+                enc.unknown.append(m.group(0))
+            enc.offsets.append(m.span())
+            enc.special.append(False)
+        if self.max_len is not None and len(enc.ids) > self.max_len:
+            enc.truncated = len(enc.ids) - self.max_len
+            for name in ("ids", "tokens", "offsets", "special"):
+                setattr(enc, name, getattr(enc, name)[: self.max_len])
+        return enc
+
+    def token_str(self, i: int) -> str:
+        return self.vocab[i]
+
+    def decode(self, ids: List[int]) -> List[str]:
+        return [self.vocab[i] for i in ids]
