@@ -88,6 +88,9 @@ class AttentionModel:
             "unknown": list(enc.unknown),
             "dropped": list(enc.dropped),
             "truncated": enc.truncated,
+            "offsets": [list(o) for o in enc.offsets],
+            "word_ids": list(enc.word_ids),
+            "special": list(enc.special),
             "max_input_tokens": self.max_input_tokens,
         }
         meta.update(extra)

@@ -20,6 +20,7 @@ class Encoded:
     unknown: List[str] = field(default_factory=list)  # typed words that became <unk>
     dropped: List[str] = field(default_factory=list)  # typed characters the tokenizer ignored
     truncated: int = 0  # how many tokens were cut to fit the model's maximum length
+    word_ids: List[Optional[int]] = field(default_factory=list)  # typed word of each token (None: special)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -58,9 +59,10 @@ class WordTokenizer:
                 enc.unknown.append(m.group(0))
             enc.offsets.append(m.span())
             enc.special.append(False)
+            enc.word_ids.append(len(enc.word_ids))
         if self.max_len is not None and len(enc.ids) > self.max_len:
             enc.truncated = len(enc.ids) - self.max_len
-            for name in ("ids", "tokens", "offsets", "special"):
+            for name in ("ids", "tokens", "offsets", "special", "word_ids"):
                 setattr(enc, name, getattr(enc, name)[: self.max_len])
         return enc
 
