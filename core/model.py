@@ -28,13 +28,25 @@ Rec = Optional[Callable[[str, torch.Tensor], None]]
 
 
 class Recorder:
-    """Collects named tensors of batch item 0 during a forward pass."""
+    """Collects named tensors during a forward pass.
 
-    def __init__(self):
+    By default it keeps batch item 0, detached (a Trace is unbatched). `names` keeps only
+    the names asked for; `whole_batch=True, detach=False` keeps the full tensors with
+    their gradients (used by training to supervise one attention head).
+    """
+
+    def __init__(self, names=None, whole_batch: bool = False, detach: bool = True):
         self.tensors: Dict[str, torch.Tensor] = {}
+        self.names = None if names is None else set(names)
+        self.whole_batch = whole_batch
+        self.detach = detach
 
     def __call__(self, name: str, t: torch.Tensor, batched: bool = True) -> None:
-        self.tensors[name] = (t[0] if batched else t).detach()
+        if self.names is not None and name not in self.names:
+            return
+        if batched and not self.whole_batch:
+            t = t[0]
+        self.tensors[name] = t.detach() if self.detach else t
 
     def scope(self, prefix: str) -> Callable[[str, torch.Tensor], None]:
         return lambda name, t, batched=True: self(f"{prefix}.{name}", t, batched)
