@@ -1,0 +1,86 @@
+"""Held-out evaluation of toy-translate: greedy exact match and cross-attention alignment.
+
+Alignment accuracy: run the decoder on the reference target (teacher forcing); decoder
+position j predicts target word j+1, whose source word is known. A head scores a hit when
+the argmax of its cross-attention row j is that source word. Every (layer, head) is
+scored, and so are the per-layer head averages; the headline figure is the head trained
+with guided alignment (config.extra.guided_alignment), named in the output.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from . import toy_task
+from .model import Recorder
+from .train_toy import encode_batch
+
+
+@torch.inference_mode()
+def evaluate_toy(model, n: int = 1000, batch: int = 200, seed: int = 12345) -> Dict:
+    triples = toy_task.test_examples(n, seed=seed)
+    src_index = model.tokenizer.index
+    tgt_index = model.target_tokenizer.index
+    cfg = model.config
+    exact = 0
+    n_layers = cfg.n_decoder_layers
+    names = [f"decoder.{i}.cross_attn.weights" for i in range(n_layers)]
+    hits = torch.zeros(n_layers + 1, cfg.n_heads + 1)  # last column: head average; last row unused
+    known_total = 0
+    for i in range(0, len(triples), batch):
+        chunk = triples[i : i + batch]
+        outs = model.greedy_batch([" ".join(s) for s, _, _ in chunk])
+        exact += sum(o == y for o, (_, y, _) in zip(outs, chunk))
+        src, dec_in, _, align = encode_batch(chunk, src_index, tgt_index, model.device)
+        rec = Recorder(names=names, whole_batch=True)
+        model.net(src, dec_in, src_pad=src == cfg.pad_id, rec=rec)
+        known = align >= 0  # (B, t)
+        known_total += int(known.sum())
+        for li, name in enumerate(names):
+            w = rec.tensors[name]  # (B, H, t, n)
+            per_head = (w.argmax(-1) == align[:, None]) & known[:, None]  # (B, H, t)
+            hits[li, : cfg.n_heads] += per_head.sum((0, 2)).float().cpu()
+            avg_hit = (w.mean(1).argmax(-1) == align) & known
+            hits[li, cfg.n_heads] += float(avg_hit.sum())
+    acc = hits / max(known_total, 1)
+    guided = cfg.extra.get("guided_alignment") or {}
+    if guided:
+        layer = int(guided["name"].split(".")[1])
+        head = int(guided["head"])
+        scored = f"decoder.{layer}.cross_attn head {head} (trained with guided alignment)"
+    else:
+        layer, head = n_layers - 1, cfg.n_heads
+        scored = f"decoder.{layer}.cross_attn, average over heads"
+    per_head = {
+        f"decoder.{li}.cross_attn": {
+            **{f"head{h}": round(float(acc[li, h]), 4) for h in range(cfg.n_heads)},
+            "mean_of_heads": round(float(acc[li, cfg.n_heads]), 4),
+        }
+        for li in range(n_layers)
+    }
+    unsupervised = [float(acc[li, h]) for li in range(n_layers) for h in range(cfg.n_heads) if (li, h) != (layer, head)]
+    return {
+        "exact_match": round(exact / len(triples), 4),
+        "alignment_accuracy": round(float(acc[layer, head]), 4),
+        "n": len(triples),
+        "alignment_scored": scored,
+        "best_unsupervised_head": round(max(unsupervised), 4) if unsupervised else None,
+        "per_head": per_head,
+        "aligned_target_words": known_total,
+    }
+
+
+def format_table(result: Dict) -> str:
+    lines = ["cross-attention alignment accuracy (argmax on the known source word):"]
+    for layer, row in result["per_head"].items():
+        cells = "  ".join(f"{k} {v:.3f}" for k, v in row.items())
+        lines.append(f"  {layer}: {cells}")
+    return "\n".join(lines)
+
+
+def evaluate(model, n: Optional[int] = None) -> Dict:
+    if model.name != "toy-translate" and model.config.extra.get("task") != "toy":
+        raise ValueError(f"eval is defined for toy-translate (a task with known answers), not {model.name}")
+    return evaluate_toy(model, n=n or 1000)

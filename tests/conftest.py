@@ -1,0 +1,60 @@
+"""Shared test helpers: run pages with AppTest and read plotly figures back as numbers."""
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+
+
+def decode_array(value):
+    """A plotly JSON array (list, or base64 dict with bdata/dtype/shape) as numpy."""
+    if isinstance(value, dict) and "bdata" in value:
+        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if shape:
+            if isinstance(shape, str):
+                shape = [int(s) for s in shape.split(",")]
+            arr = arr.reshape(shape)
+        return arr
+    return np.array(value, dtype=float)
+
+
+def figure(chart) -> dict:
+    """The plotly figure dict of an AppTest plotly_chart element."""
+    return json.loads(chart.proto.spec)
+
+
+def chart_by_key(at, key: str):
+    """The plotly chart whose Streamlit key is `key` (its element id ends with the key)."""
+    for el in at.get("plotly_chart"):
+        if el.proto.id.endswith(key) or key in el.proto.id:
+            return el
+    raise AssertionError(f"no plotly_chart with key {key!r}; ids: {[e.proto.id for e in at.get('plotly_chart')]}")
+
+
+def heatmap_z(chart, trace_index: int = 0) -> np.ndarray:
+    return decode_array(figure(chart)["data"][trace_index]["z"]).astype(float)
+
+
+def assert_no_exception(at):
+    assert not at.exception, [e.message for e in at.exception]
+
+
+@pytest.fixture
+def app_test():
+    from streamlit.testing.v1 import AppTest
+
+    def make(page: str = "", **params):
+        at = AppTest.from_file(APP, default_timeout=120)
+        if page:
+            at.switch_page(f"viz/pages/{page}.py")
+        for k, v in params.items():
+            at.query_params[k] = v
+        return at
+
+    return make

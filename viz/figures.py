@@ -1,0 +1,265 @@
+"""Figure builders: pure functions from tensors or a Trace to plotly figures.
+
+No Streamlit here, so every function works in Jupyter too. Token labels are escaped
+(plotly would otherwise read "<b>" or "<start>" as markup) and axes are numeric with
+token tick labels, so repeated tokens ("the ... the") keep their own rows and columns.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Optional, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+ATTN_SCALE = "Blues"
+DIVERGING = "RdBu_r"
+MAX_TICKS = 64  # beyond this many tokens, label every k-th tick
+
+
+def safe_label(tok: str) -> str:
+    """A token as plain text for plotly (escapes markup, shows whitespace)."""
+    tok = tok.replace("\n", "\\n").replace("\t", "\\t")
+    return html.escape(tok, quote=False) if tok.strip() else repr(tok)
+
+
+def safe_labels(tokens: Sequence[str]) -> list:
+    return [safe_label(t) for t in tokens]
+
+
+def to_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().float().numpy()
+    return np.asarray(x, dtype=np.float64 if np.asarray(x).dtype == np.float64 else np.float32)
+
+
+def _ticks(labels: Sequence[str]):
+    n = len(labels)
+    step = max(1, int(np.ceil(n / MAX_TICKS)))
+    idx = list(range(0, n, step))
+    return idx, [labels[i] for i in idx]
+
+
+def matrix_heatmap(
+    z,
+    y_labels: Optional[Sequence[str]] = None,
+    x_labels: Optional[Sequence[str]] = None,
+    *,
+    title: str = "",
+    zmin: Optional[float] = None,
+    zmax: Optional[float] = None,
+    colorscale: str = ATTN_SCALE,
+    x_title: str = "",
+    y_title: str = "",
+    value_name: str = "value",
+    highlight_row: Optional[int] = None,
+    show_values: bool = False,
+    height: Optional[int] = None,
+    neg_inf_text: bool = True,
+) -> go.Figure:
+    """A labelled heatmap of any 2-D matrix. -inf cells are drawn blank and read '-inf'."""
+    z = to_numpy(z)
+    n_y, n_x = z.shape
+    y_labels = safe_labels(y_labels) if y_labels is not None else [str(i) for i in range(n_y)]
+    x_labels = safe_labels(x_labels) if x_labels is not None else [str(i) for i in range(n_x)]
+    finite = np.where(np.isfinite(z), z, np.nan)
+    text = None
+    if neg_inf_text and np.isneginf(z).any() or show_values:
+        text = np.where(np.isneginf(z), "-∞", np.char.mod("%.2f", np.nan_to_num(z, neginf=0.0)))
+        if not show_values:
+            text = np.where(np.isneginf(z), "-∞", "")
+    custom = np.dstack(np.meshgrid(np.array(x_labels, dtype=object), np.array(y_labels, dtype=object)))
+    hover = f"{y_title or 'row'}: %{{customdata[1]}} (%{{y}})<br>{x_title or 'column'}: %{{customdata[0]}} (%{{x}})<br>{value_name}: %{{z:.4f}}<extra></extra>"
+    fig = go.Figure(
+        go.Heatmap(
+            z=finite,
+            x=list(range(n_x)),
+            y=list(range(n_y)),
+            zmin=zmin,
+            zmax=zmax,
+            colorscale=colorscale,
+            customdata=custom,
+            hovertemplate=hover,
+            text=text,
+            texttemplate="%{text}" if text is not None else None,
+            colorbar=dict(thickness=12),
+        )
+    )
+    xt, xl = _ticks(x_labels)
+    yt, yl = _ticks(y_labels)
+    fig.update_xaxes(tickvals=xt, ticktext=xl, title=x_title, side="top", tickangle=-45, showgrid=False)
+    fig.update_yaxes(tickvals=yt, ticktext=yl, title=y_title, autorange="reversed", showgrid=False)
+    if highlight_row is not None and 0 <= highlight_row < n_y:
+        fig.add_shape(type="rect", x0=-0.5, x1=n_x - 0.5, y0=highlight_row - 0.5, y1=highlight_row + 0.5,
+                      line=dict(color="#d62728", width=3))
+    side = max(n_x, n_y)
+    fig.update_layout(
+        title=dict(text=title, x=0, font=dict(size=14)),
+        height=height or int(min(900, max(320, 120 + 22 * n_y))),
+        margin=dict(l=10, r=10, t=90 if title else 60, b=10),
+        plot_bgcolor="#f4f4f4" if np.isneginf(z).any() else None,
+    )
+    if side > 200:
+        fig.update_traces(hoverongaps=False)
+    return fig
+
+
+def attention_heatmap(
+    weights,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str = "",
+    fixed_scale: bool = True,
+    highlight_row: Optional[int] = None,
+    show_values: bool = False,
+    height: Optional[int] = None,
+) -> go.Figure:
+    """Attention weights (n_q x n_k): rows are queries, columns keys; 0-1 colour scale by default."""
+    w = to_numpy(weights)
+    return matrix_heatmap(
+        w,
+        query_tokens,
+        key_tokens,
+        title=title,
+        zmin=0.0 if fixed_scale else None,
+        zmax=1.0 if fixed_scale else None,
+        x_title="key",
+        y_title="query",
+        value_name="weight",
+        highlight_row=highlight_row,
+        show_values=show_values,
+        height=height,
+    )
+
+
+def head_grid(
+    weights_by_layer: Sequence,
+    tokens_q: Sequence[str],
+    tokens_k: Sequence[str],
+    *,
+    selected: Optional[tuple] = None,
+    max_side: int = 64,
+    title: str = "",
+) -> go.Figure:
+    """Model view: a layer x head grid of small attention maps (rows = layers).
+
+    weights_by_layer: one H x n_q x n_k array per layer. Maps larger than max_side are
+    average-pooled to at most max_side x max_side so large grids stay light.
+    """
+    maps = [to_numpy(w) for w in weights_by_layer]
+    n_layers, n_heads = len(maps), maps[0].shape[0]
+    fig = make_subplots(
+        rows=n_layers,
+        cols=n_heads,
+        horizontal_spacing=0.008,
+        vertical_spacing=0.012,
+        row_titles=[f"L{i}" for i in range(n_layers)],
+        column_titles=[f"H{h}" for h in range(n_heads)],
+    )
+    for li, w in enumerate(maps):
+        pooled = [pool_matrix(w[h], max_side) for h in range(n_heads)]
+        for h in range(n_heads):
+            z, rows, cols = pooled[h]
+            fig.add_trace(
+                go.Heatmap(
+                    z=z,
+                    zmin=0,
+                    zmax=1,
+                    colorscale=ATTN_SCALE,
+                    showscale=False,
+                    hovertemplate=f"layer {li}, head {h}<br>query %{{y}}, key %{{x}}<br>weight %{{z:.3f}}<extra></extra>",
+                    x=cols,
+                    y=rows,
+                ),
+                row=li + 1,
+                col=h + 1,
+            )
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
+    if selected is not None:
+        li, h = selected
+        if 0 <= li < n_layers and 0 <= h < n_heads:
+            idx = li * n_heads + h + 1
+            xa, ya = ("x" if idx == 1 else f"x{idx}"), ("y" if idx == 1 else f"y{idx}")
+            fig.add_shape(type="rect", xref=f"{xa} domain", yref=f"{ya} domain", x0=0, x1=1, y0=0, y1=1,
+                          line=dict(color="#d62728", width=3))
+    cell = 70 if n_heads > 6 else 110
+    fig.update_layout(
+        height=min(2600, 60 + cell * n_layers),
+        margin=dict(l=10, r=40, t=50 if not title else 80, b=10),
+        title=dict(text=title, x=0),
+    )
+    return fig
+
+
+def pool_matrix(m: np.ndarray, max_side: int):
+    """Average-pool a matrix so neither side exceeds max_side; returns (z, row_pos, col_pos)
+    where the positions are the first original index of each pooled block."""
+    n_q, n_k = m.shape
+    fq = int(np.ceil(n_q / max_side))
+    fk = int(np.ceil(n_k / max_side))
+    if fq == 1 and fk == 1:
+        return m, list(range(n_q)), list(range(n_k))
+    pq, pk = (-n_q) % fq, (-n_k) % fk
+    padded = np.pad(m, ((0, pq), (0, pk)), constant_values=np.nan)
+    z = np.nanmean(padded.reshape(-1, fq, padded.shape[1] // fk, fk), axis=(1, 3))
+    return z, list(range(0, n_q, fq)), list(range(0, n_k, fk))
+
+
+HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
+
+
+def head_view(
+    weights,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    heads: Optional[Sequence[int]] = None,
+    threshold: float = 0.02,
+    title: str = "",
+) -> go.Figure:
+    """bertviz-style head view: queries on the left, keys on the right, a line per
+    (query, key) pair with opacity = weight, one colour per head."""
+    w = to_numpy(weights)  # H x n_q x n_k
+    n_heads, n_q, n_k = w.shape
+    heads = list(range(n_heads)) if heads is None else [h for h in heads if 0 <= h < n_heads]
+    fig = go.Figure()
+    for h in heads:
+        colour = HEAD_COLOURS[h % len(HEAD_COLOURS)]
+        qi, ki = np.nonzero(w[h] > threshold)
+        # one trace per opacity band keeps the figure small and the lines readable
+        for lo, hi in [(0.0, 0.15), (0.15, 0.4), (0.4, 0.7), (0.7, 1.01)]:
+            sel = (w[h][qi, ki] > lo) & (w[h][qi, ki] <= hi)
+            if not sel.any():
+                continue
+            xs, ys = [], []
+            for a, b in zip(qi[sel], ki[sel]):
+                xs += [0, 1, None]
+                ys += [a, b, None]
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=colour, width=2),
+                                     opacity=min(1.0, (lo + hi) / 2 + 0.1), hoverinfo="skip",
+                                     name=f"head {h}", legendgroup=f"h{h}", showlegend=lo == 0.0 or not fig.data))
+    qlab, klab = safe_labels(query_tokens), safe_labels(key_tokens)
+    fig.add_trace(go.Scatter(x=[0] * n_q, y=list(range(n_q)), mode="text", text=qlab, textposition="middle left",
+                             hoverinfo="skip", showlegend=False))
+    fig.add_trace(go.Scatter(x=[1] * n_k, y=list(range(n_k)), mode="text", text=klab, textposition="middle right",
+                             hoverinfo="skip", showlegend=False))
+    fig.update_xaxes(visible=False, range=[-0.6, 1.6])
+    fig.update_yaxes(visible=False, autorange="reversed")
+    fig.update_layout(height=min(1400, max(300, 60 + 24 * max(n_q, n_k))), title=dict(text=title, x=0),
+                      margin=dict(l=10, r=10, t=40, b=10), plot_bgcolor="white", legend=dict(orientation="h"))
+    return fig
+
+
+def attention_frame(weights, query_tokens: Sequence[str], key_tokens: Sequence[str]):
+    """The shown attention matrix as a pandas DataFrame (for CSV download)."""
+    import pandas as pd
+
+    w = to_numpy(weights)
+    rows = [f"{i}:{t}" for i, t in enumerate(query_tokens)]
+    cols = [f"{j}:{t}" for j, t in enumerate(key_tokens)]
+    return pd.DataFrame(w, index=pd.Index(rows, name="query"), columns=cols)

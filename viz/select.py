@@ -1,0 +1,95 @@
+"""Choosing what to show from a Trace, and reading URL values: pure functions, no Streamlit.
+
+Every value that reaches a page from the URL goes through `parse_int` / `clamp`, which
+return the value to use and, when the URL's value was unusable, a message for the user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<pad>", "<start>", "<end>", "<s>", "</s>", "<|endoftext|>",
+                  "<|im_start|>", "<|im_end|>"}
+
+
+@dataclass
+class View:
+    """Which attention map: stack (encoder|decoder), kind (self_attn|cross_attn), layer, head
+    (an int, or None for the average over heads)."""
+
+    stack: str
+    kind: str
+    layer: int
+    head: Optional[int]
+
+    @property
+    def name(self) -> str:
+        return f"{self.stack}.{self.layer}.{self.kind}.weights"
+
+    def label(self) -> str:
+        head = "mean of heads" if self.head is None else f"head {self.head}"
+        return f"{self.stack} {self.kind.replace('_', '-')} · layer {self.layer} · {head}"
+
+
+def attention_views(trace) -> List[Tuple[str, str]]:
+    """(stack, kind) pairs present in a trace, encoder first."""
+    out = []
+    for stack in trace.stacks():
+        for kind in trace.attention_kinds(stack):
+            out.append((stack, kind))
+    return out
+
+
+def axis_tokens(trace, stack: str, kind: str) -> Tuple[List[str], List[str]]:
+    """Query and key token labels for a (stack, kind)."""
+    if stack == "encoder":
+        toks = trace.tokens("source")
+        return toks, toks
+    tgt = trace.tokens("target")
+    return tgt, (trace.tokens("source") if kind == "cross_attn" else tgt)
+
+
+def attention_matrix(trace, view: View, hide_special: bool = False):
+    """(n_q x n_k matrix, query labels, key labels) for a view. With hide_special, rows and
+    columns of special tokens are dropped and rows renormalised to sum to 1."""
+    w = trace[view.name]  # H x n_q x n_k
+    m = w.mean(0) if view.head is None else w[view.head]
+    q_toks, k_toks = axis_tokens(trace, view.stack, view.kind)
+    if hide_special:
+        qi = [i for i, t in enumerate(q_toks) if t not in SPECIAL_TOKENS]
+        ki = [j for j, t in enumerate(k_toks) if t not in SPECIAL_TOKENS]
+        if qi and ki:
+            m = m[qi][:, ki]
+            m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
+            q_toks = [q_toks[i] for i in qi]
+            k_toks = [k_toks[j] for j in ki]
+    return m, q_toks, k_toks
+
+
+def layer_stack(trace, stack: str, kind: str) -> List[torch.Tensor]:
+    """The H x n_q x n_k weights of every layer of a (stack, kind), in order."""
+    return [trace[f"{stack}.{i}.{kind}.weights"] for i in range(trace.layers(stack))]
+
+
+# ------------------------------------------------------------------ URL values
+def parse_int(raw, name: str) -> Tuple[Optional[int], Optional[str]]:
+    """An int from a URL string; (None, message) when it is not a whole number."""
+    if raw is None or raw == "":
+        return None, None
+    try:
+        return int(str(raw).strip()), None
+    except ValueError:
+        return None, f"The URL's {name}={str(raw)[:40]!r} is not a whole number; showing the default instead."
+
+
+def clamp(value: Optional[int], lo: int, hi: int, name: str, default: int) -> Tuple[int, Optional[str]]:
+    """Clamp into [lo, hi]; a message when the value had to move."""
+    if value is None:
+        return default, None
+    if value < lo or value > hi:
+        fixed = min(max(value, lo), hi)
+        return fixed, f"{name} {value} is out of range ({lo}–{hi}); showing {name} {fixed}."
+    return value, None
