@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (virtual environment, CPU torch, test tools, Debian's Chromium) and run every test.
+# pytest exits non-zero when a test fails and when no test ran at all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,81 @@
+"""The app in a real browser: headless Debian Chromium driven by Playwright against a
+running server. Screenshots of every page go to docs/screenshots/ (the README shows them)."""
+
+import urllib.parse
+
+import pytest
+
+import core
+from browser_utils import SCREENSHOTS, chart_data, launch, no_exception, require_browser, start_server, wait_idle
+
+pytestmark = pytest.mark.browser
+
+PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_browser()
+    srv = start_server(tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()
+
+
+def _ticktext(fig, axis="xaxis"):
+    return list(fig["layout"][axis]["ticktext"])
+
+
+def test_type_sentence_updates_heatmap(server, page):
+    page.goto(f"{server.url}/explore")
+    wait_idle(page)
+    before = _ticktext(chart_data(page, "explore-heatmap"))
+    box = page.get_by_label("Sentence (press Enter)")
+    box.fill("the happy farmer reads the green book")
+    box.press("Enter")
+    page.wait_for_function(
+        """() => { const e = document.querySelector('.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot');
+                   return e && e.layout.xaxis.ticktext.includes('farmer'); }""", timeout=60_000)
+    wait_idle(page)
+    fig = chart_data(page, "explore-heatmap")
+    assert _ticktext(fig) == "the happy farmer reads the green book".split() != before
+    # the drawn numbers are the core's numbers for the same input
+    import numpy as np
+
+    model = core.load_model("toy-translate", device="cpu")
+    expected = model.trace("the happy farmer reads the green book")["encoder.0.self_attn.weights"][0].numpy()
+    z = np.array(fig["data"][0]["z"], dtype=float)
+    assert np.abs(z - expected).max() < 1e-5
+    assert no_exception(page)
+    assert "text=the+happy+farmer" in page.url or "text=the%20happy%20farmer" in page.url
+
+
+def test_navigation_and_screenshots(server, page):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.goto(f"{server.url}/explore?text=" + urllib.parse.quote("the small dog sees the cat"))
+    wait_idle(page)
+    for name in PAGES:
+        link = page.locator(f'[data-testid="stSidebarNav"] a[href$="/{name}"]')
+        link.first.click()
+        page.wait_for_url(f"**/{name}**", timeout=30_000)
+        wait_idle(page, timeout=180_000)
+        page.wait_for_timeout(500)
+        assert no_exception(page), name
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
