@@ -2,15 +2,16 @@
 
 import streamlit as st
 
-st.set_page_config(page_title="Attention Lab", page_icon="🔍", layout="wide")
+st.set_page_config(page_title="Attention Lab", page_icon=":material/visibility:", layout="wide")
 
 PAGES = [
-    st.Page("viz/pages/explore.py", title="Explore", url_path="explore", icon="🔍", default=True),
-    st.Page("viz/pages/inside.py", title="Inside a head", url_path="inside", icon="🧮"),
-    st.Page("viz/pages/positions.py", title="Positions", url_path="positions", icon="〰️"),
-    st.Page("viz/pages/decoder.py", title="Decoder stepper", url_path="decoder", icon="⏭️"),
-    st.Page("viz/pages/compare.py", title="Compare", url_path="compare", icon="⚖️"),
-    st.Page("viz/pages/playground.py", title="Playground", url_path="playground", icon="🧪"),
+    st.Page("viz/pages/home.py", title="Attention Lab", default=True, visibility="hidden"),
+    st.Page("viz/pages/explore.py", title="Explore", url_path="explore", icon=":material/grid_on:"),
+    st.Page("viz/pages/inside.py", title="Inside a head", url_path="inside", icon=":material/functions:"),
+    st.Page("viz/pages/positions.py", title="Positions", url_path="positions", icon=":material/waves:"),
+    st.Page("viz/pages/decoder.py", title="Decoder stepper", url_path="decoder", icon=":material/skip_next:"),
+    st.Page("viz/pages/compare.py", title="Compare", url_path="compare", icon=":material/compare_arrows:"),
+    st.Page("viz/pages/playground.py", title="Playground", url_path="playground", icon=":material/science:"),
 ]
 
 st.navigation(PAGES, position="sidebar").run()

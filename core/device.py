@@ -34,3 +34,19 @@ def device_name(dev: torch.device) -> str:
     if dev.type == "mps":
         return "Apple MPS"
     return "CPU"
+
+
+THREADS_VAR = "ATTENTION_LAB_THREADS"
+
+
+def configure_threads(default: int = 1) -> int:
+    """Set torch's intra-op CPU threads from $ATTENTION_LAB_THREADS (else `default`).
+
+    A server answers several sessions at once and shares the machine with the browser;
+    with more intra-op threads than free cores, OpenMP's spinning threads slow each forward
+    pass by one or two orders of magnitude, so the app runs one thread per request.
+    """
+    n = int(os.environ.get(THREADS_VAR, default))
+    if n > 0 and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()

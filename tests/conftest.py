@@ -7,6 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import core.device
+
+# Tests share the machine with a browser and an app server: one intra-op thread keeps
+# torch from spinning against them (see core.device.configure_threads).
+core.device.configure_threads()
+
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
 

@@ -17,6 +17,8 @@ from core.api import InputError
 from viz.cache import ByteLRU
 from viz.figures import attention_frame
 
+core.device.configure_threads()
+
 DEFAULT_MODEL = "toy-translate"
 MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
 TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "1024")) * 2**20
