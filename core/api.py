@@ -11,6 +11,7 @@ Everything runs under torch.inference_mode(); traces hold CPU tensors.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import List, Optional, Sequence, Tuple
 
@@ -24,6 +25,31 @@ from .trace import Trace
 
 class InputError(ValueError):
     """Input a user can fix (empty text, nothing the tokenizer recognises, ...)."""
+
+
+def cpu_fallback(method):
+    """Run `method`; if the GPU runs out of memory, move the model to the CPU, say so in
+    `model.fallback_note` (and in the returned traces' metadata), and run it again."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except torch.OutOfMemoryError:
+            if self.device.type == "cpu":
+                raise
+            lost = str(self.device)
+            self.to_device(torch.device("cpu"))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            self.fallback_note = f"The GPU ({lost}) ran out of memory; {self.name} now runs on the CPU."
+            result = method(self, *args, **kwargs)
+            for t in result if isinstance(result, list) else [result]:
+                if isinstance(t, Trace):
+                    t.meta["fallback"] = self.fallback_note
+            return result
+
+    return wrapper
 
 
 class AttentionModel:
@@ -54,6 +80,11 @@ class AttentionModel:
         self.max_new_tokens = max_new_tokens
         self.examples = list(examples)
         self.info = dict(info or {})
+        self.fallback_note: Optional[str] = None
+
+    def to_device(self, device: torch.device) -> None:
+        self.net.to(device)
+        self.device = torch.device(device)
 
     @property
     def kind(self) -> str:
@@ -118,6 +149,7 @@ class AttentionModel:
             seq.append(nxt)
         return out, False
 
+    @cpu_fallback
     def generate(self, text: str, max_new_tokens: Optional[int] = None) -> Tuple[List[str], bool]:
         """Greedy output tokens (strings, without <end>) and whether <end> was reached."""
         enc = self.encode(text)
@@ -134,6 +166,7 @@ class AttentionModel:
             return self._greedy(None, list(enc.ids), max_new)
         raise InputError(f"{self.name} is an encoder: it does not generate text")
 
+    @cpu_fallback
     @torch.inference_mode()
     def greedy_batch(self, texts: Sequence[str], max_new_tokens: Optional[int] = None) -> List[List[str]]:
         """Batched greedy decoding with padding (encoder-decoder models); used by eval."""
@@ -192,6 +225,7 @@ class AttentionModel:
             tokens["next"] = self.target_strings(tensors["next.ids"].tolist())
         return Trace(tensors, tokens, meta)
 
+    @cpu_fallback
     def trace(self, text: str, target: Optional[str] = None, pad_to: Optional[int] = None, top_k: int = 10) -> Trace:
         """Every intermediate of one forward pass on `text`.
 
@@ -237,6 +271,7 @@ class AttentionModel:
         meta = self._meta(enc, timings={"forward_ms": ms}, **meta_extra)
         return self._finish(tensors, tokens, meta)
 
+    @cpu_fallback
     def steps(self, text: str, max_new_tokens: Optional[int] = None, top_k: int = 10) -> List[Trace]:
         """One Trace per generated token: step t runs the decoder on the prefix that ends at
         the t-th input token (<start> for t = 1) and records its choice of the next token.

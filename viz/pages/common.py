@@ -118,6 +118,8 @@ def get_steps(model_name: str, text: str):
 
 def show_trace_notes(trace) -> None:
     meta = trace.meta
+    if meta.get("fallback"):
+        st.warning(meta["fallback"])
     if meta.get("unknown"):
         words = ", ".join(f"“{w}”" for w in meta["unknown"][:20])
         st.warning(f"Not in {meta['model']}'s vocabulary, shown as <unk>: {words}")
