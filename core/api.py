@@ -81,6 +81,7 @@ class AttentionModel:
         self.examples = list(examples)
         self.info = dict(info or {})
         self.fallback_note: Optional[str] = None
+        self.input_limit: Optional[int] = None  # a caller's cap on input tokens (below the model's own)
 
     def to_device(self, device: torch.device) -> None:
         self.net.to(device)
@@ -90,10 +91,6 @@ class AttentionModel:
     def kind(self) -> str:
         return self.config.kind
 
-    @property
-    def max_input_tokens(self) -> int:
-        return getattr(self.tokenizer, "max_len", None) or self.config.max_len
-
     # ------------------------------------------------------------------ tokens
     def encode(self, text: str) -> Encoded:
         if text is None or not str(text).strip():
@@ -101,7 +98,22 @@ class AttentionModel:
         enc = self.tokenizer.encode(str(text))
         if not any(not s for s in enc.special):
             raise InputError("The tokenizer found no words in that text: type a sentence with letters.")
+        limit = self.input_limit
+        if limit is not None and len(enc) > limit:
+            keep_last = enc.special[-1]  # e.g. BERT's closing [SEP]
+            n_before = len(enc.ids)
+            idx = list(range(limit - 1)) + [len(enc) - 1] if keep_last else list(range(limit))
+            for name in ("ids", "tokens", "offsets", "special", "word_ids"):
+                seq = getattr(enc, name)
+                if seq:
+                    setattr(enc, name, [seq[i] for i in idx])
+            enc.truncated += n_before - limit
         return enc
+
+    @property
+    def max_input_tokens(self) -> int:
+        own = getattr(self.tokenizer, "max_len", None) or self.config.max_len
+        return min(own, self.input_limit) if self.input_limit else own
 
     def target_strings(self, ids: Sequence[int]) -> List[str]:
         return [self.target_tokenizer.token_str(i) for i in ids]
@@ -218,7 +230,7 @@ class AttentionModel:
         if sync:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
-        return rec.tensors, ms
+        return rec.entries(), ms  # tensors, and recipes for the names derived on access
 
     def _finish(self, tensors, tokens, meta) -> Trace:
         if "next.ids" in tensors:

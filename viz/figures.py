@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
 MAX_TICKS = 64  # beyond this many tokens, label every k-th tick
+HOVER_LABEL_CELLS = 40_000  # larger maps hover with indices only (labels per cell cost ~40 bytes each)
 
 
 def safe_label(tok: str) -> str:
@@ -70,8 +71,13 @@ def matrix_heatmap(
         text = np.where(np.isneginf(z), "-∞", np.char.mod("%.2f", np.nan_to_num(z, neginf=0.0)))
         if not show_values:
             text = np.where(np.isneginf(z), "-∞", "")
-    custom = np.dstack(np.meshgrid(np.array(x_labels, dtype=object), np.array(y_labels, dtype=object)))
-    hover = f"{y_title or 'row'}: %{{customdata[1]}} (%{{y}})<br>{x_title or 'column'}: %{{customdata[0]}} (%{{x}})<br>{value_name}: %{{z:.4f}}<extra></extra>"
+    if n_x * n_y <= HOVER_LABEL_CELLS:  # token names in the hover; beyond this, indices only
+        custom = np.dstack(np.meshgrid(np.array(x_labels, dtype=object), np.array(y_labels, dtype=object)))
+        hover = (f"{y_title or 'row'}: %{{customdata[1]}} (%{{y}})<br>{x_title or 'column'}: %{{customdata[0]}} "
+                 f"(%{{x}})<br>{value_name}: %{{z:.4f}}<extra></extra>")
+    else:
+        custom = None
+        hover = f"{y_title or 'row'} %{{y}}<br>{x_title or 'column'} %{{x}}<br>{value_name}: %{{z:.4f}}<extra></extra>"
     fig = go.Figure(
         go.Heatmap(
             z=finite,

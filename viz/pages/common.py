@@ -35,9 +35,16 @@ def model_names():
     return list(core.MODELS)
 
 
+# The app's longest input per model, in tokens: a smollm2 trace of n tokens holds about
+# 4.4 KB * n^2 (30 layers x 9 heads of n x n maps), so 256 tokens is ~0.3 GB.
+INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 256}
+
+
 @st.cache_resource(show_spinner=False)
 def _load_model(name: str):
-    return core.load_model(name)
+    model = core.load_model(name)
+    model.input_limit = INPUT_LIMITS.get(name)
+    return model
 
 
 def get_model(name: str):
@@ -243,7 +250,9 @@ def _md_code(tok: str) -> str:
 def downloads(trace, matrix=None, q_tokens=None, k_tokens=None, name: str = "attention", key: str = "dl") -> None:
     cols = st.columns(2)
     if matrix is not None:
-        csv = attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
+        def csv() -> bytes:  # built only when clicked
+            return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
+
         cols[0].download_button("Download this map (CSV)", csv, file_name=f"{name}.csv", mime="text/csv",
                                 key=f"{key}-csv", on_click="ignore")
     def npz() -> bytes:  # built only when clicked

@@ -1,0 +1,177 @@
+"""The 'inside' page driven through AppTest: it renders, reports bad input as warnings, draws
+the core's real tensors, transposes them in column notation, and keeps its state in the URL."""
+
+import numpy as np
+import pytest
+
+import core
+from conftest import assert_no_exception, chart_by_key, heatmap_z
+
+TEXT = "the small dog sees the cat"
+WEIGHTS = "inside-weights-fig"
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return core.load_model("toy-translate")  # same default device as the app
+
+
+def _warnings(at):
+    return [w.value for w in at.warning]
+
+
+def test_default_state_renders(app_test):
+    at = app_test("inside")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    ids = [c.proto.id for c in at.get("plotly_chart")]
+    for key in ["inside-x-fig", "inside-q-fig", "inside-k-fig", "inside-v-fig", "inside-scores-fig",
+                "inside-scaled-fig", "inside-mask-fig", "inside-weights-fig", "inside-heads-fig",
+                "inside-attn-out-fig", "inside-ffn-hidden-fig", "inside-out-fig"]:
+        assert any(key in i for i in ids), key
+    assert at.query_params["layer"] == "0" and at.query_params["head"] == "0"
+    assert at.query_params["notation"] == "rows"
+    assert len(at.latex) >= 15  # a formula per step
+    captions = " ".join(c.value for c in at.caption)
+    assert "✓" in captions and "each row of A sums to 1" in captions and "equals the recorded head" in captions
+    assert "✗" not in captions
+
+
+def test_empty_text_warns(app_test):
+    at = app_test("inside", text="")
+    at.run()
+    assert_no_exception(at)
+    assert any("empty" in w for w in _warnings(at)), _warnings(at)
+    assert not at.get("plotly_chart")
+
+
+def test_600_token_input(app_test):
+    text = " ".join([TEXT] * 100)  # 600 words
+    at = app_test("inside", text=text, layer="2", head="3")
+    at.run()
+    assert_no_exception(at)
+    assert any("cut to the model's maximum" in w for w in _warnings(at)), _warnings(at)
+    z = heatmap_z(chart_by_key(at, WEIGHTS))
+    assert z.shape[0] <= 128 and np.allclose(z.sum(1), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_600_tokens_on_a_long_context_model_are_drawn_reduced(app_test):
+    """minilm keeps 512 of the 600 tokens: the page draws block means, says so, and still
+    checks the full tensors."""
+    if not core.MODELS["minilm"].available():
+        pytest.skip("minilm's weight package is not installed")
+    at = app_test("inside", model="minilm", text=" ".join([TEXT] * 100), layer="1", head="4")
+    at.run()
+    assert_no_exception(at)
+    if at.error:
+        pytest.skip(f"minilm did not load here: {[e.value for e in at.error]}")
+    assert any("Long input (512 tokens)" in i.value for i in at.info), [i.value for i in at.info]
+    z = heatmap_z(chart_by_key(at, WEIGHTS))
+    assert z.shape == (128, 128)  # 512 tokens as 128 blocks of 4
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-4)  # block means of rows that sum to 1
+    for key in ("inside-x-fig", "inside-ffn-hidden-fig", "inside-q-fig"):
+        cells = heatmap_z(chart_by_key(at, key)).size
+        assert cells <= 128 * 128, key
+    captions = " ".join(c.value for c in at.caption)
+    assert "✗" not in captions and "block means" in captions
+
+
+@pytest.mark.parametrize("layer, head, expect", [("99", "-4", ["layer 99 is out of range", "head -4 is out of range"]),
+                                                 ("abc", "2.5", ["layer='abc' is not a whole number",
+                                                                 "head='2.5' is not a whole number"])])
+def test_bad_layer_head_in_url(app_test, layer, head, expect):
+    at = app_test("inside", text=TEXT, layer=layer, head=head)
+    at.run()
+    assert_no_exception(at)
+    warns = " ".join(_warnings(at))
+    for e in expect:
+        assert e in warns, warns
+    assert int(at.query_params["layer"]) in range(3) and int(at.query_params["head"]) in range(4)
+    if layer == "99":
+        assert at.query_params["layer"] == "2" and at.query_params["head"] == "0"
+
+
+@pytest.mark.parametrize("attn, name", [("encoder.self_attn", "encoder.1.self_attn.weights"),
+                                        ("decoder.self_attn", "decoder.1.self_attn.weights"),
+                                        ("decoder.cross_attn", "decoder.1.cross_attn.weights")])
+def test_weights_heatmap_is_the_core_trace(app_test, toy, attn, name):
+    at = app_test("inside", text=TEXT, attn=attn, layer="1", head="2")
+    at.run()
+    assert_no_exception(at)
+    expected = toy.trace(TEXT)[name][2].numpy()
+    z = heatmap_z(chart_by_key(at, WEIGHTS))
+    assert z.shape == expected.shape
+    np.testing.assert_allclose(z, expected, atol=1e-6)
+    # scaled = scores / sqrt(d_k) on the page too
+    scores = heatmap_z(chart_by_key(at, "inside-scores-fig"))
+    scaled = heatmap_z(chart_by_key(at, "inside-scaled-fig"))
+    np.testing.assert_allclose(scaled, scores / np.sqrt(toy.config.d_head), atol=1e-5)
+
+
+def test_notation_switch_transposes(app_test):
+    at = app_test("inside", text=TEXT, attn="decoder.cross_attn", layer="1", head="2")
+    at.run()
+    rows = {k: heatmap_z(chart_by_key(at, k)) for k in (WEIGHTS, "inside-q-fig", "inside-mask-fig")}
+    latex_rows = [x.value for x in at.latex]
+    at.radio(key="inside.notation").set_value("cols").run()
+    assert_no_exception(at)
+    assert at.query_params["notation"] == "cols"
+    for k, z in rows.items():
+        np.testing.assert_array_equal(heatmap_z(chart_by_key(at, k)), z.T)
+    latex_cols = [x.value for x in at.latex]
+    assert latex_cols != latex_rows
+    assert any("softmax}_{\\text{col}}" in x for x in latex_cols)
+    assert any("each column of Aᵀ sums to 1" in c.value for c in at.caption)
+    # the same view opened from the URL draws the same pictures
+    at2 = app_test("inside", text=TEXT, attn="decoder.cross_attn", layer="1", head="2", notation="cols")
+    at2.run()
+    np.testing.assert_array_equal(heatmap_z(chart_by_key(at2, WEIGHTS)), rows[WEIGHTS].T)
+
+
+def test_url_round_trip(app_test):
+    at = app_test("inside", text=TEXT, layer="1", head="2")
+    at.run()
+    qp = at.query_params
+    assert (qp["layer"], qp["head"], qp["text"], qp["model"]) == ("1", "2", TEXT, "toy-translate")
+    at.selectbox(key="inside.head").set_value(3).run()
+    at.selectbox(key="inside.layer").set_value(2).run()
+    assert_no_exception(at)
+    assert at.query_params["head"] == "3" and at.query_params["layer"] == "2"
+    # and that URL reopens the same view
+    at2 = app_test("inside", **{k: at.query_params[k] for k in ("model", "text", "attn", "layer", "head")})
+    at2.run()
+    assert at2.selectbox(key="inside.layer").value == 2 and at2.selectbox(key="inside.head").value == 3
+    np.testing.assert_array_equal(heatmap_z(chart_by_key(at2, WEIGHTS)), heatmap_z(chart_by_key(at, WEIGHTS)))
+
+
+def test_downloads_offer_the_weights(app_test):
+    at = app_test("inside", text=TEXT, layer="1", head="2")
+    at.run()
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download this map (CSV)" in labels and "Download the whole trace (NPZ)" in labels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "minilm"])
+def test_pretrained_models_render(app_test, model):
+    if not core.MODELS[model].available():
+        pytest.skip(f"{model}'s weight package is not installed")
+    at = app_test("inside", model=model, text=TEXT, layer="1", head="4")
+    at.run()
+    assert_no_exception(at)
+    if at.error:
+        pytest.skip(f"{model} did not load here: {[e.value for e in at.error]}")
+    captions = " ".join(c.value for c in at.caption)
+    assert "✗" not in captions and "each row of A sums to 1" in captions
+    z = heatmap_z(chart_by_key(at, WEIGHTS))
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)
+    ids = " ".join(c.proto.id for c in at.get("plotly_chart"))
+    if model == "smollm2":  # RoPE: q and k before and after rotation, and the angles; pre-norm first
+        for key in ("inside-qhat-fig", "inside-khat-fig", "inside-angles-fig", "inside-norm1-fig"):
+            assert key in ids
+        assert "key/value head" in captions
+        assert np.all(z[0, 1:] == 0) and z[0, 0] == pytest.approx(1.0)  # causal: the first token sees only itself
+    else:
+        assert "inside-p-fig" in ids and "inside-t-fig" in ids  # learned positions, token types (BERT)

@@ -1,0 +1,166 @@
+"""Inside a head: one head of one layer, step by step, on the user's own sentence.
+
+X -> (+P) -> Q, K, V -> QKᵀ -> /√d_k -> +M -> softmax -> AV -> Concat(heads) Wᴼ -> add & norm
+-> FFN -> add & norm, in the order the model computes them (post- or pre-norm), each step
+the real recorded tensor with its formula in the notes' notation (tokens as rows, or as
+columns like seed 002), its shape, and numerical checks. Figures come from viz.pipeline.
+"""
+
+import streamlit as st
+
+from viz import pipeline
+from viz.pages import common
+from viz.select import attention_views, axis_tokens
+
+KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention",
+              ("decoder", "self_attn"): "decoder self-attention (masked)",
+              ("decoder", "cross_attn"): "decoder cross-attention"}
+
+st.title("Inside a head")
+st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
+           "tensor the model recorded; every formula is the one that produced it.")
+state = common.PageState("inside")
+
+top = st.columns([1, 3])
+with top[0]:
+    model_name = common.model_picker(state)
+model = common.get_model(model_name)
+common.sidebar(model)
+if model is None:
+    st.stop()
+
+examples = dict(common.NOTES_EXAMPLES)
+for ex in model.examples[:4]:
+    examples.setdefault(ex, ex)
+text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
+target_key = state.seed("target", "")
+
+
+def _use_example(sentence: str) -> None:
+    st.session_state[text_key] = sentence
+    st.session_state[target_key] = ""
+
+
+with top[1]:
+    text = st.text_input("Sentence (press Enter)", key=text_key, help="Type any sentence and press Enter.")
+target = ""
+if model.kind == "encoder-decoder":
+    target = st.text_input("Target (optional, teacher forcing; empty = the model's own greedy translation)",
+                           key=target_key)
+elif model.kind == "decoder":
+    target = st.text_input("Continuation (optional, appended to the prompt)", key=target_key)
+ex_cols = st.columns(min(len(examples), 6))
+for i, (label, sentence) in enumerate(examples.items()):
+    ex_cols[i % len(ex_cols)].button(label, key=f"inside-ex-{i}", on_click=_use_example, args=(sentence,),
+                                     width="stretch")
+
+trace = common.get_trace(model_name, text, target or None)
+if trace is None:
+    state.publish(model=model_name, text=text, target=target or None)
+    state.show_messages()
+    st.stop()
+
+common.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")
+if trace.tokens("target") and model.kind == "encoder-decoder":
+    common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')})")
+
+# ------------------------------------------------------------------ what to show
+views = attention_views(trace)
+view_names = [f"{s}.{k}" for s, k in views]
+attn_key = state.seed("attn", view_names[0], valid=lambda v: v in view_names)
+if st.session_state[attn_key] not in view_names:
+    st.session_state[attn_key] = view_names[0]
+
+c = st.columns([2, 1, 1, 2.4])
+attn = c[0].selectbox("Attention", view_names, key=attn_key,
+                      format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
+stack, kind = attn.split(".")
+n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
+head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
+layer = c[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
+head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
+notation_key = state.seed("notation", pipeline.ROWS, valid=lambda v: v in pipeline.NOTATIONS)
+notation = c[3].radio("Notation", list(pipeline.NOTATIONS), key=notation_key, format_func=pipeline.NOTATIONS.get)
+state.show_messages()
+state.publish(model=model_name, text=text, target=target or None, attn=attn, layer=layer, head=head,
+              notation=notation)
+
+cfg = model.config
+try:
+    steps = pipeline.layer_steps(trace, stack, kind, layer, head, cfg)
+    checks = pipeline.head_checks(trace, stack, kind, layer, head, cfg, notation)
+    checks.update(pipeline.residual_checks(trace, stack, layer, cfg))
+except (KeyError, IndexError, ValueError) as exc:  # a trace without the names this page reads
+    st.error(f"This trace lacks a tensor the step-by-step view needs ({exc}). Try another attention or model.")
+    st.stop()
+
+# ------------------------------------------------------------------ header notes
+sym = pipeline.shapes_table(trace, stack, kind, cfg)
+st.caption("Sizes, in the notes' symbols: " + " · ".join(f"${r.symbol}$ = {r.value} ({r.meaning})"
+                                                          for r in sym.itertuples()))
+place = ("post-norm (seeds 001/003: Norm after each residual add)" if cfg.norm_placement == "post"
+         else "pre-norm (Norm before each sub-layer, residual added after; the order shown below)")
+st.caption(f"{model_name}: {place}; {cfg.norm}; FFN activation {cfg.activation}; positions {cfg.positional}.")
+if notation == pipeline.ROWS:
+    st.info(r"Tokens as rows, as in seeds 000, 001, 003 and 004: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "
+            r"$A = \operatorname{softmax}(QK^T/\sqrt{d_k} + M)$, $\text{head} = AV$. Switch the notation to see seed "
+            "002's column form: every picture transposed, every formula rewritten.")
+else:
+    st.info(r"Tokens as columns, as in seed 002 (which writes $p$ for $d_k$): $X = [x_1, \dots, x_n] \in "
+            r"\mathbb{R}^{d \times n}$, $Q = W_Q^T X$, $Z = V \operatorname{softmax}(\cdot)$. Every picture is the "
+            r"transpose of the row form. Seed 002 writes $Z = V \operatorname{softmax}(Q^T K/\sqrt{p})$; $Q^T K$ has "
+            r"one row per query, so for $V \operatorname{softmax}(\cdot)$ to average the values over the keys the "
+            r"matrix must be read as $K^T Q/\sqrt{p}$, normalised column by column: that is what is drawn (the same "
+            "numbers as the row view, transposed).")
+n_kv = trace[f"{stack}.{layer}.{kind}.k"].shape[0]
+if n_kv != n_heads:
+    g = pipeline.kv_head(head, n_heads, n_kv)
+    st.caption(f"Grouped-query attention: {n_heads} query heads, {n_kv} key/value heads; query head {head} reads "
+               rf"key/value head $\lfloor {head} / ({n_heads}/{n_kv}) \rfloor$ = {g}.")
+drawn = {s.key: pipeline.drawn_matrix(s, notation)[5] for s in steps if s.matrix is not None}
+n_tokens = max(len(q_toks_all) for q_toks_all in axis_tokens(trace, stack, kind))
+if n_tokens > pipeline.MAX_TOKENS_DRAWN:
+    st.info(f"Long input ({n_tokens} tokens): to keep the page responsive, token axes are drawn as block means of "
+            f"neighbouring tokens (at most {pipeline.MAX_TOKENS_DRAWN} blocks) and wide feature axes show their "
+            "first features only; each step says what it draws. The checks and the downloads use the full tensors.")
+elif any(drawn.values()):
+    st.caption("Wide matrices show their first features only (each step says so); the checks and downloads use "
+               "the full tensors.")
+
+# ------------------------------------------------------------------ the steps
+q_toks, k_toks = axis_tokens(trace, stack, kind)
+
+
+def show_step(i: int, step: pipeline.Step) -> None:
+    st.markdown(f"**{i}. {step.title}**")
+    left, right = st.columns([5, 6])
+    with left:
+        if step.latex(notation):
+            st.latex(step.latex(notation))
+        st.caption(step.explain)
+        if step.matrix is not None:
+            st.caption(f"shape ${step.shape_latex(notation)}$" + (f" · trace name `{step.name}`" if step.name else "")
+                       + (f" · drawn: {drawn[step.key]}" if drawn.get(step.key) else ""))
+        for chk in checks.get(step.key, []):
+            colour = "green" if chk.ok else "red"
+            st.caption(f":{colour}[{chk.text()}]")
+    with right:
+        if step.matrix is None:
+            st.info("Nothing to draw at this step for this model.")
+        else:
+            st.plotly_chart(pipeline.step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
+                            width="stretch")
+    if step.key == "weights":
+        full = trace[f"{stack}.{layer}.{kind}.weights"][head]
+        common.downloads(trace, full, q_toks, k_toks, name=f"{model_name}-{stack}-{kind}-L{layer}-H{head}",
+                         key="inside-dl")
+        st.caption("The CSV has one row per query (the row form), whatever the notation.")
+
+
+i = 0
+for gi, (group, members) in enumerate(pipeline.groups(steps), start=1):
+    with st.expander(f"{gi}. {group}", expanded=True):
+        for step in members:
+            i += 1
+            show_step(i, step)
