@@ -1,0 +1,423 @@
+"""The Playground's computations and figures: pure functions, no Streamlit.
+
+1. attention by hand (seed 003's appendix, "help me!")
+2. parameter-free self-attention Y = softmax(X X^T) X (seed 000)
+3. symmetric softmax(X U U^T X^T) vs learned W_q != W_k attention (seed 004)
+4. why scores are scaled: Var(q.k) = d_k (seed 004)
+5. hyper-parameters d, d_k, m, H, L and the parameter count (seed 001)
+6. measured cost against O(N^2 D) + O(N D^2) (seed 004)
+
+All attention goes through core.scaled_dot_product_attention with a record callback.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+import core
+from core.config import ModelConfig
+
+# ================================================================== 1. attention by hand
+D_K_HAND = 16
+HAND_TOKENS = ["help", "me"]
+LABEL = "token"  # the text column that names each row; every other column is a number
+
+
+def help_me_example() -> Dict[str, pd.DataFrame]:
+    """Q, K, V for "help me!" with d_k = 16 and q1.k1 = 6, q1.k2 = 4, q2.k1 = 3, q2.k2 = 8.
+
+    Construction: the keys mark features. k1 is 1 on features 1-6, k2 is 1 on features 7-10,
+    both 0 on 11-16. A query's dot product with a key is then the sum of its entries on that
+    key's features: q1 = 1 on features 1-10 gives 6 and 4; q2 = 0.5 on 1-6 and 2 on 7-10 gives
+    3 and 8. Every entry is exact in binary floating point, so the scores are exactly 6, 4, 3, 8.
+    The values are illustrative: v1 = (1, 0, 1), v2 = (0, 1, 1); the third column of A is then
+    the row sum of S, always 1.
+    """
+    cols = [str(c) for c in range(1, D_K_HAND + 1)]
+    k1 = [1.0] * 6 + [0.0] * 10
+    k2 = [0.0] * 6 + [1.0] * 4 + [0.0] * 6
+    q1 = [1.0] * 10 + [0.0] * 6
+    q2 = [0.5] * 6 + [2.0] * 4 + [0.0] * 6
+
+    def frame(prefix, rows, columns):
+        df = pd.DataFrame(rows, columns=columns)
+        df.insert(0, LABEL, [f"{prefix}{i + 1} ({t})" for i, t in enumerate(HAND_TOKENS)])
+        return df
+
+    return {"Q": frame("q", [q1, q2], cols), "K": frame("k", [k1, k2], cols),
+            "V": frame("v", [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], ["1", "2", "3"])}
+
+
+def row_labels(df: pd.DataFrame, prefix: str) -> List[str]:
+    """The label column's text, or prefix + row number where it is empty (added rows)."""
+    raw = df[LABEL].tolist() if LABEL in df.columns else [None] * len(df)
+    return [str(v).strip() if isinstance(v, str) and v.strip() else f"{prefix}{i + 1}" for i, v in enumerate(raw)]
+
+
+def to_matrix(df: pd.DataFrame, name: str) -> Tuple[Optional[np.ndarray], List[str]]:
+    """The numeric columns of a DataFrame (all but the label column) as a float64 array, or
+    (None, messages) naming the bad cells."""
+    if df is None:
+        return None, [f"{name} is empty: it needs at least one row and one column."]
+    num = df.drop(columns=[LABEL]) if LABEL in df.columns else df
+    if num.shape[0] == 0 or num.shape[1] == 0:
+        return None, [f"{name} is empty: it needs at least one row and one column."]
+    labels = row_labels(df, name.lower())
+    bad = []
+    out = np.zeros(num.shape, dtype=np.float64)
+    for c, col in enumerate(num.columns):
+        for r, raw in enumerate(num[col].tolist()):
+            try:
+                val = float(str(raw).strip()) if isinstance(raw, str) else float(raw)
+            except (TypeError, ValueError):
+                val = math.nan
+            if not math.isfinite(val):
+                bad.append(f"row {labels[r]}, column {col!s} ({'empty' if _blank(raw) else repr(str(raw)[:20])})")
+            out[r, c] = val
+    if bad:
+        shown = "; ".join(bad[:6]) + (f"; and {len(bad) - 6} more" if len(bad) > 6 else "")
+        return None, [f"{name} has cells that are not finite numbers: {shown}. Type a number in each."]
+    return out, []
+
+
+def _blank(raw) -> bool:
+    if raw is None:
+        return True
+    if isinstance(raw, float) and math.isnan(raw):
+        return True
+    return isinstance(raw, str) and not raw.strip()
+
+
+def check_shapes(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> List[str]:
+    msgs = []
+    if Q.shape[1] != K.shape[1]:
+        msgs.append(f"Q has {Q.shape[1]} columns and K has {K.shape[1]}: q·k needs the same d_k.")
+    if K.shape[0] != V.shape[0]:
+        msgs.append(f"K has {K.shape[0]} rows and V has {V.shape[0]}: each key needs exactly one value.")
+    return msgs
+
+
+def attention_by_hand(Q, K, V, scaled: bool = True) -> Dict[str, np.ndarray]:
+    """softmax(Q K^T / sqrt(d_k)) V through core.scaled_dot_product_attention, every step kept.
+
+    Returns scores (Q K^T), scaled (F), weights (S) and output (A = S V), all float64."""
+    q, k, v = (torch.tensor(np.array(a, dtype=np.float64)) for a in (Q, K, V))
+    steps: Dict[str, torch.Tensor] = {}
+    scale = None if scaled else 1.0
+    out = core.scaled_dot_product_attention(q, k, v, record=lambda name, t: steps.__setitem__(name, t), scale=scale)
+    res = {name: steps[name].numpy() for name in ("scores", "scaled", "weights")}
+    res["output"] = out.numpy()
+    res["scale"] = np.array(1.0 / math.sqrt(q.shape[-1]) if scaled else 1.0)
+    return res
+
+
+def weighted_sum_text(weights: np.ndarray, q_labels: Sequence[str], v_names: Sequence[str],
+                      digits: int = 4) -> List[str]:
+    """'A_1 = 0.6225 v1 + 0.3775 v2' per query row."""
+    lines = []
+    for i, row in enumerate(weights):
+        terms = " + ".join(f"{w:.{digits}f} {v}" for w, v in zip(row, v_names))
+        lines.append(f"A{i + 1} ({q_labels[i]}) = {terms}")
+    return lines
+
+
+# ================================================================== 2. parameter-free self-attention
+def parameter_free_attention(X, scale: float = 1.0) -> Dict[str, np.ndarray]:
+    """Y = softmax(X X^T * scale) X (seed 000 with scale = 1): queries, keys and values are X."""
+    x = torch.tensor(np.array(X, dtype=np.float64))
+    steps: Dict[str, torch.Tensor] = {}
+    y = core.scaled_dot_product_attention(x, x, x, record=lambda name, t: steps.__setitem__(name, t), scale=scale)
+    return {"scores": steps["scores"].numpy(), "weights": steps["weights"].numpy(), "Y": y.numpy()}
+
+
+def diagonal_stats(X, scores: np.ndarray, weights: np.ndarray) -> Dict[str, float]:
+    """Why softmax(X X^T) is dominated by its diagonal: numbers for the page's note."""
+    X = np.asarray(X, dtype=np.float64)
+    n = X.shape[0]
+    sq = (X * X).sum(1)  # |x_n|^2, the diagonal of X X^T
+    off = scores[~np.eye(n, dtype=bool)] if n > 1 else np.array([0.0])
+    norms = np.sqrt(sq)
+    cos = scores / np.maximum(np.outer(norms, norms), 1e-12)
+    off_cos = cos[~np.eye(n, dtype=bool)] if n > 1 else np.array([0.0])
+    return {
+        "n": float(n),
+        "mean_sq_norm": float(sq.mean()),
+        "mean_off_dot": float(off.mean()),
+        "max_off_cos": float(off_cos.max()),
+        "mean_off_cos": float(off_cos.mean()),
+        "mean_diag_weight": float(np.diag(weights).mean()),
+        "diag_is_row_max": float((weights.argmax(1) == np.arange(n)).mean()),
+    }
+
+
+# ================================================================== 3. symmetric vs learned
+def symmetric_vs_learned(q, k, mask=None) -> Dict[str, np.ndarray]:
+    """Scores and weights of one head with its learned W_k, and with W_k replaced by W_q.
+
+    q, k: n x d_k, the head's queries X W_q and keys X W_k. Symmetric (seed 004): K := Q, so
+    the scores Q Q^T / sqrt(d_k) = X U U^T X^T / sqrt(d_k) with U = W_q. Both go through
+    core.scaled_dot_product_attention; mask (n x n, additive) is applied to both."""
+    q = torch.tensor(np.array(q, dtype=np.float64))
+    k = torch.tensor(np.array(k, dtype=np.float64))
+    m = None if mask is None else torch.tensor(np.array(mask, dtype=np.float64))
+    out = {}
+    for label, keys in (("sym", q), ("learned", k)):
+        steps: Dict[str, torch.Tensor] = {}
+        core.scaled_dot_product_attention(q, keys, keys, mask=m, record=lambda name, t: steps.__setitem__(name, t))
+        out[f"{label}_scores"] = steps["scaled"].numpy()
+        out[f"{label}_weights"] = steps["weights"].numpy()
+    out["sym_asymmetry"] = np.array(asymmetry(out["sym_scores"]))
+    out["learned_asymmetry"] = np.array(asymmetry(out["learned_scores"]))
+    return out
+
+
+def asymmetry(S: np.ndarray) -> float:
+    """||S - S^T||_F / ||S||_F: 0 for a symmetric matrix."""
+    S = np.asarray(S, dtype=np.float64)
+    S = np.where(np.isfinite(S), S, 0.0)
+    den = np.linalg.norm(S)
+    return float(np.linalg.norm(S - S.T) / den) if den > 0 else 0.0
+
+
+def head_qk(trace, stack: str, layer: int, head: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, k, mask) of one self-attention head from a trace; grouped-query heads share k."""
+    base = f"{stack}.{layer}.self_attn"
+    q_all, k_all = trace[f"{base}.q"], trace[f"{base}.k"]
+    group = q_all.shape[0] // k_all.shape[0]
+    mask = trace[f"{base}.mask"].double().numpy() if f"{base}.mask" in trace else None
+    return q_all[head].double().numpy(), k_all[head // group].double().numpy(), mask
+
+
+# ================================================================== 4. scaling
+def scaling_demo(d_ks: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024), n_keys: int = 16,
+                 n_samples: int = 256, seed: int = 0) -> pd.DataFrame:
+    """With q, k ~ N(0, 1) i.i.d.: the spread of q.k and the softmax entropy, with and without 1/sqrt(d_k).
+
+    One row per d_k: std of the logits (unscaled grows like sqrt(d_k), scaled stays ~1), mean
+    softmax entropy over n_keys keys in nats (max log n_keys) and the mean largest weight."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for d_k in d_ks:
+        q = torch.randn(n_samples, 1, d_k, generator=g, dtype=torch.float64)  # (S, 1, d_k)
+        k = torch.randn(n_samples, n_keys, d_k, generator=g, dtype=torch.float64)  # (S, n, d_k)
+        v = torch.zeros(n_samples, n_keys, 1, dtype=torch.float64)
+        row = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k)}
+        for label, scale in (("unscaled", 1.0), ("scaled", None)):
+            steps: Dict[str, torch.Tensor] = {}
+            core.scaled_dot_product_attention(q, k, v, record=lambda name, t: steps.__setitem__(name, t), scale=scale)
+            logits, w = steps["scaled"][:, 0], steps["weights"][:, 0]  # (S, n)
+            ent = -(w * torch.log(w.clamp_min(1e-300))).sum(-1)
+            row[f"std_{label}"] = float(logits.std())
+            row[f"entropy_{label}"] = float(ent.mean())
+            row[f"max_weight_{label}"] = float(w.max(-1).values.mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def scaling_figures(df: pd.DataFrame, n_keys: int) -> Tuple[go.Figure, go.Figure]:
+    std = go.Figure()
+    std.add_trace(go.Scatter(x=df.d_k, y=df.std_unscaled, mode="lines+markers", name="std of q·k (unscaled)"))
+    std.add_trace(go.Scatter(x=df.d_k, y=df.std_scaled, mode="lines+markers", name="std of q·k / √d_k"))
+    std.add_trace(go.Scatter(x=df.d_k, y=df.sqrt_d_k, mode="lines", name="√d_k (theory)",
+                             line=dict(dash="dot", color="#d62728", width=2)))
+    ticks = [int(v) for v in df.d_k]
+    log_x = dict(type="log", title="d_k", tickvals=ticks, ticktext=[str(v) for v in ticks])
+    std_ticks = [v for v in (0.5, 1, 2, 4, 8, 16, 32, 64) if v <= 2 * max(df.std_unscaled.max(), 1)]
+    std.update_layout(title=dict(text="Spread of the logits", x=0), height=380, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=log_x, yaxis=dict(type="log", title="standard deviation", tickvals=std_ticks,
+                                              ticktext=[f"{v:g}" for v in std_ticks]),
+                      legend=dict(orientation="h", y=-0.25))
+    ent = go.Figure()
+    ent.add_trace(go.Scatter(x=df.d_k, y=df.entropy_unscaled, mode="lines+markers", name="softmax(q·k): unscaled"))
+    ent.add_trace(go.Scatter(x=df.d_k, y=df.entropy_scaled, mode="lines+markers", name="softmax(q·k / √d_k)"))
+    ent.add_hline(y=math.log(n_keys), line_dash="dash", line_color="grey",
+                  annotation_text=f"uniform: log {n_keys} = {math.log(n_keys):.2f}")
+    ent.update_layout(title=dict(text=f"Entropy of the attention over {n_keys} keys", x=0), height=380,
+                      margin=dict(l=10, r=10, t=50, b=10), xaxis=log_x,
+                      yaxis=dict(title="entropy (nats)", rangemode="tozero"), legend=dict(orientation="h", y=-0.25))
+    return std, ent
+
+
+# ================================================================== 5. hyper-parameters and parameters
+def meta_model(cfg: ModelConfig) -> torch.nn.Module:
+    """core.Transformer(cfg) on the meta device: every shape, no memory, no initialisation cost."""
+    with torch.device("meta"):
+        return core.Transformer(cfg)
+
+
+def weight_shapes(net: torch.nn.Module) -> pd.DataFrame:
+    """One row per parameter tensor: name, shape, number of entries."""
+    rows = [{"tensor": n, "shape": " × ".join(str(s) for s in p.shape), "entries": int(p.numel())}
+            for n, p in net.named_parameters()]
+    return pd.DataFrame(rows)
+
+
+def _norm_params(cfg: ModelConfig) -> int:
+    return cfg.d_model * (2 if cfg.norm == "layernorm" else 1)  # LayerNorm: gain + bias; RMSNorm: gain
+
+
+def param_formula(cfg: ModelConfig) -> pd.DataFrame:
+    """The parameter count written out from d, H, H_kv, d_k, m, L, V by hand (not by counting tensors).
+
+    Columns: part, formula, each (per copy), copies, total."""
+    d, H, Hkv, dk, m = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_ff
+    b = 1 if cfg.bias else 0
+    attn = d * H * dk + 2 * d * Hkv * dk + H * dk * d + b * (H * dk + 2 * Hkv * dk + d)
+    attn_f = "d·H·d_k + 2·d·H_kv·d_k + H·d_k·d" + (" + (H·d_k + 2·H_kv·d_k + d)" if b else "")
+    if H * dk == d and Hkv == H:
+        attn_f += f"  = 4d²{' + 4d' if b else ''}"
+    n_mats = 3 if cfg.activation == "swiglu" else 2
+    ffn = n_mats * d * m + b * ((n_mats - 1) * m + d)
+    ffn_f = ("3·d·m" + (" + 2m + d" if b else "") + " (SwiGLU: W_1, W_3, W_2)") if n_mats == 3 else \
+        ("2·d·m" + (" + m + d" if b else "") + " (W_1, W_2 and biases)")
+    norm = _norm_params(cfg)
+    norm_f = "2d (LayerNorm γ, β)" if cfg.norm == "layernorm" else "d (RMSNorm g)"
+    rows = []
+
+    def add(part, formula, each, copies):
+        rows.append({"part": part, "formula": formula, "each": int(each), "copies": int(copies),
+                     "total": int(each) * int(copies)})
+
+    def embedding(stack: str, vocab: int, vocab_sym: str):
+        add(f"{stack} token embedding", f"{vocab_sym}·d", vocab * d, 1)
+        if cfg.positional == "learned":
+            add(f"{stack} learned positions", "max_len·d", cfg.max_len * d, 1)
+        if cfg.type_vocab_size:
+            add(f"{stack} token types", "types·d", cfg.type_vocab_size * d, 1)
+        if cfg.embed_norm:
+            add(f"{stack} embedding LayerNorm", "2d", 2 * d, 1)
+
+    if cfg.has_encoder:
+        L = cfg.n_layers
+        embedding("encoder", cfg.src_vocab_size, "V_src")
+        add("encoder self-attention", attn_f, attn, L)
+        add("encoder FFN", ffn_f, ffn, L)
+        add("encoder norms (2 per layer)", norm_f, norm, 2 * L)
+        if cfg.final_norm:
+            add("encoder final norm", norm_f, norm, 1)
+    if cfg.has_decoder:
+        cross = cfg.kind == "encoder-decoder"
+        L = cfg.n_decoder_layers if cross else cfg.n_layers
+        embedding("decoder", cfg.tgt_vocab_size, "V_tgt")
+        add("decoder self-attention (masked)", attn_f, attn, L)
+        if cross:
+            add("decoder cross-attention", attn_f, attn, L)
+        add("decoder FFN", ffn_f, ffn, L)
+        add(f"decoder norms ({3 if cross else 2} per layer)", norm_f, norm, (3 if cross else 2) * L)
+        if cfg.final_norm:
+            add("decoder final norm", norm_f, norm, 1)
+        if cfg.tie_embeddings:
+            add("output projection (tied to the embedding)", "0 (shared)", 0, 1)
+        else:
+            V = cfg.tgt_vocab_size
+            add("output projection", "d·V_tgt" + (" + V_tgt" if b else ""), d * V + b * V, 1)
+    return pd.DataFrame(rows)
+
+
+def layer_formula(cfg: ModelConfig) -> str:
+    """Per-layer count of the notes' post-norm encoder block, as a formula with its value."""
+    d, m = cfg.d_model, cfg.d_ff
+    return f"4d² + 4d + 2dm + m + d + 4d = {4 * d * d + 4 * d + 2 * d * m + m + d + 4 * d:,}"
+
+
+# ================================================================== 6. measured cost
+def cost_grid(Ns: Sequence[int], Ds: Sequence[int], *, n_heads: int = 4, ff_mult: int = 4, n_layers: int = 1,
+              min_repeats: int = 3, max_repeats: int = 20, point_s: float = 0.04, budget_s: float = 8.0,
+              seed: int = 0, device: str = "cpu",
+              progress: Optional[Callable[[float, str], None]] = None) -> Tuple[pd.DataFrame, bool]:
+    """Time one forward pass (tracing off) of a random core encoder for every (N, D).
+
+    Each point is the fastest of min_repeats..max_repeats runs (repeating until point_s is
+    spent): the minimum is the least disturbed by whatever else the machine does. Returns
+    (rows of N, D, seconds; finished) and stops early, finished False, once budget_s is spent."""
+    start = time.perf_counter()
+    rows = []
+    total = len(Ns) * len(Ds)
+    done = 0
+    dev = torch.device(device)
+    sync = dev.type == "cuda"
+    for D in Ds:
+        cfg = ModelConfig(kind="encoder", d_model=D, n_heads=n_heads, d_ff=ff_mult * D, n_layers=n_layers,
+                          src_vocab_size=64, max_len=max(Ns))
+        torch.manual_seed(seed)
+        net = core.Transformer(cfg).to(dev).eval()
+        for N in Ns:
+            if time.perf_counter() - start > budget_s:
+                return pd.DataFrame(rows), False
+            ids = torch.randint(4, 64, (1, N), device=dev)
+            with torch.inference_mode():
+                net(ids)  # warm-up
+                times: List[float] = []
+                t_point = time.perf_counter()
+                while len(times) < min_repeats or (len(times) < max_repeats and time.perf_counter() - t_point < point_s):
+                    if sync:
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    net(ids)  # rec=None: tracing off, fused attention
+                    if sync:
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+            rows.append({"N": N, "D": D, "seconds": float(min(times)), "runs": len(times)})
+            done += 1
+            if progress is not None:
+                progress(done / total, f"N = {N}, D = {D}: {rows[-1]['seconds'] * 1000:.2f} ms")
+        del net
+    return pd.DataFrame(rows), True
+
+
+def fit_cost(df: pd.DataFrame) -> Dict[str, float]:
+    """Fit t = c0 + a·N²D + b·N·D² with a, b, c0 >= 0, in relative error (times span decades).
+
+    A tiny active-set non-negative least squares: solve, drop the most negative term, repeat.
+    rel_rms is the root-mean-square relative error of the fitted model."""
+    N, D, t = (df[c].to_numpy(dtype=np.float64) for c in ("N", "D", "seconds"))
+    feats = np.stack([np.ones_like(N), N * N * D, N * D * D], 1)
+    w = 1.0 / np.maximum(t, 1e-12)  # minimise sum ((t - pred) / t)^2
+    A = feats * w[:, None]
+    scale = np.abs(A).max(0)
+    scale[scale == 0] = 1.0
+    A = A / scale
+    y = np.ones_like(t)  # t * w
+    active = [0, 1, 2]
+    coef = np.zeros(3)
+    while active:
+        sol, *_ = np.linalg.lstsq(A[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))  # drop the most negative term and refit
+    coef = coef / scale
+    rel = (feats @ coef) * w - 1.0  # relative residuals
+    return {"c0": float(coef[0]), "a": float(coef[1]), "b": float(coef[2]),
+            "rel_rms": float(np.sqrt((rel ** 2).mean())), "n": int(len(t))}
+
+
+def cost_model(fit: Dict[str, float], N, D):
+    N = np.asarray(N, dtype=np.float64)
+    return fit["c0"] + fit["a"] * N * N * D + fit["b"] * N * D * D
+
+
+def cost_figure(df: pd.DataFrame, fit: Dict[str, float]) -> go.Figure:
+    fig = go.Figure()
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    for i, (D, part) in enumerate(df.groupby("D")):
+        colour = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=part.N, y=part.seconds * 1000, mode="markers", marker=dict(size=9, color=colour),
+                                 name=f"measured, D = {D}"))
+        Ns = np.linspace(part.N.min(), part.N.max(), 60)
+        fig.add_trace(go.Scatter(x=Ns, y=cost_model(fit, Ns, D) * 1000, mode="lines", line=dict(dash="dash", color=colour),
+                                 name=f"model, D = {D}"))
+    title = "Forward time against N: measured (dots) and c₀ + a·N²D + b·N·D² (dashes)"
+    fig.update_layout(title=dict(text=title, x=0),
+                      height=460, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(type="log", title="N (tokens)", tickvals=sorted(df.N.unique().tolist())),
+                      yaxis=dict(type="log", title="milliseconds (log scale)"), legend=dict(orientation="h", y=-0.2))
+    return fig

@@ -1,0 +1,257 @@
+"""Positional encoding, computed and drawn: pure functions for the Positions page.
+
+Seed 003 (eq. 2-3), in radians as in Vaswani et al. (2017):
+    PE[i, 2j]   = sin(i / 10000^(2j/d))
+    PE[i, 2j+1] = cos(i / 10000^(2j/d))
+
+Every number comes from core.sinusoidal_encoding (or the same formula evaluated in degrees,
+to show where the notes' worked example went wrong). No Streamlit here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+import core
+from viz.figures import DIVERGING, matrix_heatmap, to_numpy
+
+MAX_D = 1024
+MAX_N = 1024
+MAX_SIDE = 256  # heatmaps larger than this per side are shown strided (exact values, fewer cells)
+
+# Seed 003's "Show me the money": the example word embeddings (inputs of the example, d = 4).
+MONEY_TOKENS = ["show", "me", "the", "money"]
+MONEY_EMBEDDINGS = np.array(
+    [
+        [0.12, 0.63, 0.29, 0.41],
+        [0.83, 0.34, 0.04, 0.53],
+        [0.39, 0.77, 0.64, 0.09],
+        [0.41, 0.08, 0.51, 0.87],
+    ]
+)
+# What the notes print for PE_{1,0} (quoted only to point out the discrepancy).
+NOTES_PE_1_0 = 0.02
+
+
+# ------------------------------------------------------------------ the matrix
+def pe_matrix(n: int, d: int) -> np.ndarray:
+    """P (n x d) in float64, from core.sinusoidal_encoding."""
+    return core.sinusoidal_encoding(n, d, dtype=torch.float64).numpy()
+
+
+def pe_degrees(n: int, d: int, base: float = 10000.0) -> np.ndarray:
+    """The same formula with the angle i / base^(2j/d) read as DEGREES (what the notes did)."""
+    i = np.arange(n, dtype=np.float64)[:, None]
+    two_j = np.arange(0, d, 2, dtype=np.float64)[None, :]
+    angle = np.deg2rad(i / base ** (two_j / d))
+    pe = np.zeros((n, d))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    return pe
+
+
+def stride_indices(n: int, max_side: int = MAX_SIDE, pairs: bool = False) -> List[int]:
+    """Indices kept when a side of n is shown in at most ~max_side cells.
+
+    With pairs=True (dimensions) whole (sin, cos) pairs 2j, 2j+1 are kept, so a stride never
+    drops every cosine column."""
+    if n <= max_side:
+        return list(range(n))
+    if pairs:
+        n_pairs = (n + 1) // 2
+        step = int(math.ceil(n_pairs / (max_side // 2)))
+        out = []
+        for j in range(0, n_pairs, step):
+            out += [c for c in (2 * j, 2 * j + 1) if c < n]
+        return out
+    step = int(math.ceil(n / max_side))
+    return list(range(0, n, step))
+
+
+def positional_heatmap(P, rows: Optional[Sequence[int]] = None, cols: Optional[Sequence[int]] = None,
+                       *, title: str = "", y_title: str = "position i", height: Optional[int] = None,
+                       y_labels: Optional[Sequence[str]] = None) -> go.Figure:
+    """Heatmap of a positions x dimensions matrix on a fixed -1..1 diverging scale.
+
+    rows / cols are the original indices of the shown rows / columns (after striding)."""
+    z = to_numpy(P)
+    rows = list(range(z.shape[0])) if rows is None else list(rows)
+    cols = list(range(z.shape[1])) if cols is None else list(cols)
+    lim = max(1.0, float(np.nanmax(np.abs(z))) if z.size else 1.0)
+    fig = matrix_heatmap(
+        z,
+        y_labels if y_labels is not None else [str(r) for r in rows],
+        [str(c) for c in cols],
+        title=title,
+        zmin=-lim,
+        zmax=lim,
+        colorscale=DIVERGING,
+        x_title="dimension",
+        y_title=y_title,
+        value_name="PE",
+        height=height or int(min(720, max(360, 160 + 4 * len(rows)))),
+    )
+    thin_ticks(fig, "x", [str(c) for c in cols], 16)
+    if y_labels is None:
+        thin_ticks(fig, "y", [str(r) for r in rows], 16)
+    return fig
+
+
+def thin_ticks(fig: go.Figure, axis: str, labels: Sequence[str], max_ticks: int) -> None:
+    """At most max_ticks evenly spaced, unrotated tick labels on a numeric axis."""
+    n = len(labels)
+    step = max(1, int(math.ceil(n / max_ticks)))
+    idx = list(range(0, n, step))
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(tickvals=idx, ticktext=[labels[i] for i in idx], tickangle=0)
+
+
+def dimension_curves(P, dims: Sequence[int], *, title: str = "") -> go.Figure:
+    """Chosen columns of P as curves over position: PE[:, dim] for each dim."""
+    z = to_numpy(P)
+    n, d = z.shape
+    fig = go.Figure()
+    for dim in dims:
+        if not 0 <= dim < d:
+            continue
+        j = dim // 2
+        kind = "sin" if dim % 2 == 0 else "cos"
+        wavelength = 2 * math.pi * 10000 ** (2 * j / d)
+        fig.add_trace(go.Scatter(x=list(range(n)), y=z[:, dim], mode="lines+markers" if n <= 128 else "lines",
+                                 marker=dict(size=4),
+                                 name=f"dim {dim}: {kind}(i·ω_{j}), period {wavelength:,.1f}"))
+    fig.update_layout(title=dict(text=title, x=0), height=360, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis_title="position i", yaxis_title="PE[i, dim]", yaxis_range=[-1.1, 1.1],
+                      legend=dict(orientation="h", yanchor="top", y=-0.2))
+    return fig
+
+
+# ------------------------------------------------------------------ relative positions
+def pe_dot_matrix(P) -> np.ndarray:
+    """G = P P^T: G[i, j] = PE_i . PE_j = sum_j cos((i - j) ω_j) for even d, a function of i - j."""
+    z = np.asarray(to_numpy(P), dtype=np.float64)
+    return z @ z.T
+
+
+def dot_heatmap(G: np.ndarray, idx: Sequence[int], d: int, *, title: str = "", height: int = 480) -> go.Figure:
+    """Heatmap of PE_i . PE_j for the positions idx (rows and columns of G already selected)."""
+    labels = [str(i) for i in idx]
+    fig = matrix_heatmap(G, labels, labels, title=title, zmin=-d / 2, zmax=d / 2, colorscale=DIVERGING,
+                         x_title="position j", y_title="position i", value_name="PE_i·PE_j", height=height)
+    thin_ticks(fig, "x", labels, 16)
+    thin_ticks(fig, "y", labels, 16)
+    return fig
+
+
+def dot_by_offset(P, anchors: Sequence[int]) -> Dict[int, Tuple[np.ndarray, np.ndarray]]:
+    """For each anchor i: (deltas, PE_i . PE_{i+delta}) for every delta that stays in range."""
+    z = np.asarray(to_numpy(P), dtype=np.float64)
+    n = z.shape[0]
+    out = {}
+    for i in anchors:
+        if not 0 <= i < n:
+            continue
+        deltas = np.arange(0, n - i)
+        out[i] = (deltas, z[i + deltas] @ z[i])
+    return out
+
+
+def toeplitz_deviation(G: np.ndarray) -> float:
+    """max |G[i, j] - G[i+1, j+1]|: zero when every diagonal is constant (depends on i - j only)."""
+    if G.shape[0] < 2:
+        return 0.0
+    return float(np.abs(G[1:, 1:] - G[:-1, :-1]).max())
+
+
+def offset_figure(curves: Dict[int, Tuple[np.ndarray, np.ndarray]], d: int, *, title: str = "") -> go.Figure:
+    fig = go.Figure()
+    for i, (deltas, vals) in curves.items():
+        fig.add_trace(go.Scatter(x=deltas, y=vals, mode="lines", name=f"i = {i}",
+                                 line=dict(width=4 if i == min(curves) else 2, dash=None if i == min(curves) else "dot")))
+    fig.add_hline(y=d / 2, line_dash="dash", line_color="grey", annotation_text=f"d/2 = {d / 2:g} (δ = 0)")
+    fig.update_layout(title=dict(text=title, x=0), height=480, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis_title="offset δ", yaxis_title="PE_i · PE_{i+δ}",
+                      legend=dict(orientation="h", yanchor="top", y=-0.18))
+    return fig
+
+
+# ------------------------------------------------------------------ "Show me the money"
+def money_tables(d: int = 4) -> Dict[str, pd.DataFrame]:
+    """The notes' example recomputed: inputs x, PE (radians), x + PE, and PE in degrees."""
+    n = len(MONEY_TOKENS)
+    idx = pd.Index([f"{i} {t}" for i, t in enumerate(MONEY_TOKENS)])
+    cols = [str(c) for c in range(d)]
+    x = MONEY_EMBEDDINGS[:, :d]
+    pe = pe_matrix(n, d)
+    return {
+        "x": pd.DataFrame(x, index=idx, columns=cols),
+        "pe": pd.DataFrame(pe, index=idx, columns=cols),
+        "sum": pd.DataFrame(x + pe, index=idx, columns=cols),
+        "pe_degrees": pd.DataFrame(pe_degrees(n, d), index=idx, columns=cols),
+    }
+
+
+def money_note() -> str:
+    """The discrepancy between the notes and the formula, with numbers computed here."""
+    rad = pe_matrix(4, 4)
+    deg = pe_degrees(4, 4)
+    return (
+        f"The notes print PE₁,₀ = {NOTES_PE_1_0}. The formula in radians gives sin(1) = {rad[1, 0]:.4f} "
+        f"(and cos(1) = {rad[1, 1]:.4f}, not 1). {NOTES_PE_1_0} is sin(1°) = {deg[1, 0]:.4f} rounded: the notes "
+        f"evaluated the angles in degrees. Even in degrees PE₂,₀ = sin(2°) = {deg[2, 0]:.4f} and "
+        f"PE₃,₀ = sin(3°) = {deg[3, 0]:.4f}. In radians the four positions are far apart "
+        f"(PE₃,₀ = sin(3) = {rad[3, 0]:.4f}, PE₃,₁ = cos(3) = {rad[3, 1]:.4f}), which is what makes them "
+        "distinguishable; in degrees they would barely differ."
+    )
+
+
+# ------------------------------------------------------------------ the model's own positions
+def embed_stack(trace) -> Optional[str]:
+    """'encoder' when the trace has encoder embeddings, else 'decoder' (decoder-only models)."""
+    for stack in ("encoder", "decoder"):
+        if f"embed.{stack}.sum" in trace:
+            return stack
+    return None
+
+
+def model_positions(trace) -> dict:
+    """The model's X' (token embeddings), P (positions, None when not additive) and X (layer-0 input)."""
+    stack = embed_stack(trace)
+    if stack is None:
+        raise ValueError("this trace has no embeddings")
+    cfg = trace.meta.get("config", {})
+    tokens = trace.tokens("source" if stack == "encoder" else "target")
+    tok = trace[f"embed.{stack}.tokens"].double().numpy()
+    pos_name = f"embed.{stack}.positions"
+    P = trace[pos_name].double().numpy() if pos_name in trace else None
+    X = trace[f"embed.{stack}.sum"].double().numpy()
+    info = {
+        "stack": stack,
+        "tokens": tokens,
+        "tokens_emb": tok,
+        "P": P,
+        "X": X,
+        "scheme": cfg.get("positional", "sinusoidal" if P is not None else "none"),
+        "embed_scale": bool(cfg.get("embed_scale", False)),
+        "embed_norm": bool(cfg.get("embed_norm", False)),
+        "types": f"embed.{stack}.types" in trace,
+        "d": X.shape[1],
+    }
+    if P is not None:
+        extra = trace[f"embed.{stack}.types"].double().numpy() if info["types"] else 0.0
+        # X = X' + P (seed 003 eq. 6); models with a LayerNorm after the sum (BERT) differ by it
+        info["sum_residual"] = float(np.abs(X - (tok + P + extra)).max())
+        if info["scheme"] == "sinusoidal":
+            info["formula_residual"] = float(np.abs(P - pe_matrix(P.shape[0], P.shape[1])).max())
+    return info
+
+
+def rope_angle_matrix(n: int, d_k: int, theta: float) -> np.ndarray:
+    """RoPE rotation angle (radians, mod 2π) of each position and feature pair: n x d_k/2."""
+    return np.mod(core.rope_angles(n, d_k, theta).numpy(), 2 * math.pi)
