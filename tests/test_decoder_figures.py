@@ -1,0 +1,217 @@
+"""viz.decoder: the stepper's figure functions and bookkeeping, without a browser or Streamlit."""
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+import core
+from core import ModelConfig
+from viz import decoder as dv
+
+NEG = float("-inf")
+
+
+def _z(fig, i=0):
+    return np.asarray(fig.data[i].z, dtype=float)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return core.load_model("toy-translate", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def toy_steps(toy):
+    return toy.steps("the small dog sees the cat")
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder():
+    """A random decoder-only model (Llama-like: RoPE, RMSNorm, pre-norm, GQA): no cross-attention,
+    the prompt is the prefix."""
+    cfg = ModelConfig(kind="decoder", d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, n_layers=2, max_len=64,
+                      positional="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False)
+    return core.load_model("random", device="cpu", config=cfg, seed=3)
+
+
+# ------------------------------------------------------------------ figures
+def test_look_ahead_mask_figure_draws_zero_and_minus_infinity():
+    mask = core.causal_mask(4)
+    fig = dv.look_ahead_mask_figure(mask, ["<start>", "a", "b", "c"], highlight_row=3)
+    z = _z(fig)
+    above = np.triu(np.ones((4, 4), bool), 1)
+    assert np.all(np.isnan(z[above]))  # -inf cells are drawn blank (grey background) ...
+    assert np.all(z[~above] == 0)
+    text = np.asarray(fig.data[0].text)
+    assert np.all(text[above] == "-∞")  # ... and read '-∞', as the notes write them
+    assert np.all(text[~above] == "0")
+    rect = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(rect) == 1 and rect[0].y0 == 2.5 and rect[0].y1 == 3.5  # the newest row outlined
+    # token labels are escaped: "<start>" stays visible text, not markup
+    assert "&lt;start&gt;" in list(fig.layout.yaxis.ticktext)
+
+
+def test_large_mask_keeps_colours_but_drops_cell_text():
+    n = dv.MASK_TEXT_UP_TO + 5
+    fig = dv.look_ahead_mask_figure(core.causal_mask(n), [f"t{i}" for i in range(n)])
+    text = np.asarray(fig.data[0].text)
+    assert np.all(text == "")
+    assert np.isnan(_z(fig)[0, 1]) and _z(fig)[1, 0] == 0
+
+
+def test_masked_scores_figure_shows_minus_infinity_cells():
+    torch.manual_seed(0)
+    scaled = torch.randn(3, 3)
+    masked = scaled + core.causal_mask(3)
+    fig = dv.masked_scores_figure(masked, ["x", "y", "z"], highlight_row=2)
+    z = _z(fig)
+    assert np.isnan(z[0, 1]) and np.isnan(z[0, 2]) and np.isnan(z[1, 2])
+    np.testing.assert_allclose(z[np.tril_indices(3)], scaled.numpy()[np.tril_indices(3)], rtol=1e-6)
+    text = np.asarray(fig.data[0].text)
+    assert text[0, 2] == "-∞"
+    assert text[2, 0] == f"{scaled[2, 0].item():.2f}"  # values written, like the notes' tables
+    # colour scale symmetric about 0 so the sign reads at a glance
+    assert fig.data[0].zmin == -fig.data[0].zmax
+
+
+def test_weights_figure_keeps_exact_zeros_above_diagonal():
+    masked = torch.tensor([[1.0, NEG, NEG], [0.5, 2.0, NEG], [0.1, 0.2, 0.3]])
+    w = torch.softmax(masked, -1)
+    fig = dv.weights_figure(w, ["<start>", "a", "b"], highlight_row=1)
+    z = _z(fig)
+    assert z.shape == (3, 3)
+    assert np.all(z[np.triu_indices(3, 1)] == 0)
+    np.testing.assert_allclose(z.sum(1), 1, atol=1e-6)
+    assert fig.data[0].zmin == 0 and fig.data[0].zmax == 1
+
+
+def test_cross_attention_figure_rows_are_target_and_columns_source():
+    w = torch.softmax(torch.randn(2, 5), -1)
+    fig = dv.cross_attention_figure(w, ["<start>", "le"], list("abcde"), highlight_row=1)
+    assert _z(fig).shape == (2, 5)
+    assert list(fig.layout.xaxis.ticktext) == list("abcde")
+    assert fig.layout.shapes[0].y0 == 0.5
+
+
+def test_next_token_figure_marks_chosen_and_teacher():
+    fig = dv.next_token_figure(["le", "ba", "<end>"], [0.6, 0.3, 0.1], chosen="le", forced="ba")
+    bar = fig.data[0]
+    assert isinstance(bar, go.Bar) and bar.orientation == "h"
+    assert list(bar.x) == [0.6, 0.3, 0.1]
+    assert bar.marker.color[0] == dv.CHOSEN_COLOUR and bar.marker.color[1] == dv.FORCED_COLOUR
+    assert bar.marker.color[2] == dv.BAR_COLOUR
+    assert "chosen" in bar.text[0] and "teacher" in bar.text[1]
+    assert "&lt;end&gt;" in list(fig.layout.yaxis.ticktext)
+    # a teacher token outside the top k is added as its own bar
+    fig2 = dv.next_token_figure(["le", "ba"], [0.6, 0.3], chosen="le", forced="zu", forced_prob=0.001)
+    assert list(fig2.data[0].x) == [0.6, 0.3, 0.001]
+    assert fig2.data[0].marker.color[2] == dv.FORCED_COLOUR
+    # chosen equal to the teacher's token: one bar says both
+    fig3 = dv.next_token_figure(["le"], [0.9], chosen="le", forced="le")
+    assert "chosen = teacher" in fig3.data[0].text[0]
+
+
+def test_figures_from_a_real_step(toy_steps):
+    s = toy_steps[1]
+    toks = s.tokens("target")
+    row = dv.newest_row(s)
+    assert row == 1 == len(toks) - 1
+    w = dv.head_matrix(s, "decoder.0.self_attn.weights", 2)
+    assert w.shape == (2, 2)
+    np.testing.assert_array_equal(w, s["decoder.0.self_attn.weights"][2].numpy())
+    assert dv.head_matrix(s, "decoder.0.self_attn.mask", 2).shape == (2, 2)  # 2-D tensors as they are
+    fig = dv.weights_figure(w, toks, highlight_row=row)
+    np.testing.assert_allclose(_z(fig).sum(1), 1, atol=1e-5)
+
+
+# ------------------------------------------------------------------ bookkeeping
+def test_step_rows_and_counts():
+    assert dv.step_row(1, 1) == 0 and dv.step_row(3, 1) == 2  # encoder-decoder: <start> is row 0
+    assert dv.step_row(1, 5) == 4 and dv.step_row(2, 5) == 5  # decoder-only: the prompt's last token
+    assert dv.n_teacher_steps(6, 1) == 6
+    assert dv.n_teacher_steps(8, 5) == 4
+    assert dv.n_teacher_steps(1, 1) == 1
+
+
+def test_top_k_is_sorted_and_exact():
+    p = torch.tensor([0.1, 0.5, 0.05, 0.35])
+    ids, probs = dv.top_k(p, 3)
+    assert ids == [1, 3, 0]
+    assert probs == pytest.approx([0.5, 0.35, 0.1])
+    assert dv.top_k(p, 10)[0] == [1, 3, 0, 2]
+
+
+def test_ending_message():
+    level, msg = dv.ending_message(6, True, 63)
+    assert level == "success" and "<end>" in msg and "6 steps" in msg
+    level, msg = dv.ending_message(63, False, 63)
+    assert level == "warning" and "maximum length" in msg and "63" in msg
+    assert "<|im_end|>" in dv.ending_message(3, True, 32, end_token="<|im_end|>")[1]
+
+
+def test_chips_markdown_is_literal_and_marks_current():
+    md = dv.chips_markdown(["<start>", "a`b", "\n", " "], current=1)
+    assert md.split(" ")[0] == "`<start>`"
+    assert "**`aˋb`**" in md  # a backtick cannot close the code span
+    assert "`\\n`" in md and "`␣`" in md
+    long = dv.chips_markdown([f"t{i}" for i in range(100)], max_chips=10)
+    assert long.startswith("…") and long.endswith("`t99`") and "`t89`" not in long
+
+
+def test_generated_and_output_tokens(toy, toy_steps):
+    gen = dv.generated_tokens(toy_steps)
+    assert gen[-1] == "<end>"
+    assert dv.output_tokens(toy_steps) == toy.greedy_batch(["the small dog sees the cat"])[0]
+    assert toy.target_strings(dv.generated_ids(toy_steps)) == gen
+
+
+def test_prefix_difference_against_teacher_forcing(toy, toy_steps):
+    out = dv.output_tokens(toy_steps)
+    full = toy.trace("the small dog sees the cat", target=" ".join(out))
+    for s in toy_steps:
+        d = dv.prefix_difference(s, full)
+        assert d is not None
+        assert set(d) == {"self-attention weights", "cross-attention weights", "logits", "max"}
+        assert d["max"] < 1e-5
+    # a different target: the first step (prefix <start>) still matches, later ones do not
+    other = toy.trace("the small dog sees the cat", target="zu zu zu zu zu zu")
+    assert dv.prefix_difference(toy_steps[0], other)["max"] < 1e-5
+    if out[0] != "zu":
+        assert dv.prefix_difference(toy_steps[1], other) is None
+
+
+def test_teacher_forcing_rows_and_cross_entropy():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+    frame, ce = dv.teacher_forcing_rows(probs, ["<start>", "a"], ["a", "<end>"], [0, 2], ["a", "<end>"])
+    assert list(frame["input"]) == ["<start>", "a"]
+    assert list(frame["argmax = teacher"]) == [True, True]
+    assert ce == pytest.approx(-(math.log(0.7) + math.log(0.8)) / 2)
+    frame, ce = dv.teacher_forcing_rows(probs, ["x", "y"], ["y", None], [1, None], ["x", "z"])
+    assert ce == pytest.approx(-math.log(0.2))
+    assert frame["p(teacher's next)"].isna().tolist() == [False, True]
+
+
+# ------------------------------------------------------------------ decoder-only (generic)
+def test_decoder_only_steps_have_no_cross_attention(tiny_decoder):
+    prompt = "the small dog"
+    steps = tiny_decoder.steps(prompt, max_new_tokens=4)
+    assert steps
+    p = steps[0].meta["prefix_len"]
+    assert p == 3  # the prompt is the prefix
+    for s in steps:
+        assert not dv.has_cross_attention(s)
+        assert dv.newest_row(s) == dv.step_row(s.meta["step"], p)
+    # teacher forcing on the generated continuation reproduces every step's rows
+    out = dv.output_tokens(steps)
+    full = tiny_decoder.trace(prompt, target=" ".join(out))
+    assert dv.n_teacher_steps(len(full.tokens("target")), p) == len(out) + 1
+    for s in steps:
+        d = dv.prefix_difference(s, full)
+        assert d is not None and "cross-attention weights" not in d
+        assert d["max"] < 1e-5
+    w = dv.head_matrix(steps[-1], "decoder.1.self_attn.weights", 3)
+    fig = dv.weights_figure(w, steps[-1].tokens("target"), highlight_row=dv.newest_row(steps[-1]))
+    assert np.all(_z(fig)[np.triu_indices(w.shape[0], 1)] == 0)
