@@ -265,11 +265,13 @@ class AttentionModel:
                 meta_extra = {"mode": "greedy", "ended": ended}
             else:
                 tenc = self.target_tokenizer.encode(target)
-                body = list(tenc.ids)
-                meta_extra = {"mode": "teacher-forcing", "target_unknown": list(tenc.unknown)}
+                body = list(tenc.ids)[: self.config.max_len - 1]  # room for <start>
+                meta_extra = {"mode": "teacher-forcing", "target_unknown": list(tenc.unknown),
+                              "target_truncated": tenc.truncated + len(tenc.ids) - len(body)}
             dec_in = [self.start_id] + body
             tensors, ms = self._run_traced(src_ids, dec_in, src_pad, top_k)
             tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
+            meta_extra["target_ids"] = list(dec_in)
         else:  # decoder-only: the prompt is the decoder's input
             dec_in = list(enc.ids)
             meta_extra = {"mode": "prompt"}
@@ -280,35 +282,49 @@ class AttentionModel:
             dec_in = dec_in[: self.config.max_len]
             tensors, ms = self._run_traced(None, dec_in, None, top_k)
             tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
+            meta_extra["target_ids"] = list(dec_in)
         meta = self._meta(enc, timings={"forward_ms": ms}, **meta_extra)
         return self._finish(tensors, tokens, meta)
 
     @cpu_fallback
     def steps(self, text: str, max_new_tokens: Optional[int] = None, top_k: int = 10) -> List[Trace]:
         """One Trace per generated token: step t runs the decoder on the prefix that ends at
-        the t-th input token (<start> for t = 1) and records its choice of the next token.
-        Every step is a fresh forward pass, so steps can be checked against teacher forcing."""
+        the t-th input token (<start> for t = 1) and records its choice of the next token,
+        the argmax of its own last row (greedy decoding, one traced pass per token). Every
+        step is a fresh forward pass, so steps can be checked against teacher forcing."""
         enc = self.encode(text)
-        gen, ended = self._generate_ids(enc, max_new_tokens)
         if self.kind == "encoder-decoder":
             src_ids, prefix0 = list(enc.ids), [self.start_id]
-        else:
+        elif self.kind == "decoder":
             src_ids, prefix0 = None, list(enc.ids)
-        traces = []
-        for t in range(len(gen)):
-            dec_in = prefix0 + gen[:t]
+        else:
+            raise InputError(f"{self.name} is an encoder: it does not generate text")
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        max_new = min(max_new, self.config.max_len - len(prefix0) + 1)
+        gen: List[int] = []
+        steps = []
+        ended = False
+        while len(gen) < max_new and not ended:
+            dec_in = prefix0 + gen
             tensors, ms = self._run_traced(src_ids, dec_in, None, top_k)
+            nxt = int(tensors["next.ids"][0])
+            gen.append(nxt)
+            ended = nxt == self.end_id
+            steps.append((dec_in, tensors, ms, nxt))
+        traces = []
+        for t, (dec_in, tensors, ms, nxt) in enumerate(steps):
             tokens = {"source": self.source_strings(enc), "target": self.target_strings(dec_in)}
             meta = self._meta(
                 enc,
                 timings={"forward_ms": ms},
                 mode="step",
                 step=t + 1,
-                n_steps=len(gen),
-                chosen=self.target_strings([gen[t]])[0],
-                chosen_id=gen[t],
+                n_steps=len(steps),
+                chosen=self.target_strings([nxt])[0],
+                chosen_id=nxt,
                 ended=ended,
                 prefix_len=len(prefix0),
+                target_ids=list(dec_in),
             )
             traces.append(self._finish(tensors, tokens, meta))
         return traces
