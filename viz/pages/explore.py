@@ -1,17 +1,23 @@
 """Explore: type a sentence, see every head of every layer.
 
 Heatmap of one (stack, attention, layer, head); model view (layer x head grid, click a map
-to enlarge it); head view (lines from queries to keys, one colour per head).
+to enlarge it); head view (lines from queries to keys, one colour per head). Word-piece
+models can be read in words (core.words); long inputs are drawn in blocks and deep models
+show a range of layers in the model view (viz.explore). Only the open tab is computed.
 """
+
+import functools
 
 import streamlit as st
 
-from viz.figures import attention_heatmap, head_grid, head_view
+from viz import explore as ex
+from viz.figures import attention_heatmap, head_view
 from viz.pages import common
-from viz.select import View, attention_matrix, attention_views, layer_stack
+from viz.select import View, attention_matrix, attention_views
 
 KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "self_attn"): "decoder self-attention (masked)",
               ("decoder", "cross_attn"): "decoder cross-attention"}
+TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
 st.title("Explore attention")
 state = common.PageState("explore")
@@ -24,10 +30,20 @@ common.sidebar(model)
 if model is None:
     st.stop()
 
-examples = dict(common.NOTES_EXAMPLES)
-for ex in model.examples[:6]:
-    examples.setdefault(ex, ex)
-text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["bank (river)"])
+default_text = model.examples[0] if model.examples else common.NOTES_EXAMPLES["bank (river)"]
+text_key = state.seed("text", default_text)
+# A new model gets its own default sentence, unless the user typed one of their own.
+previous = st.session_state.get("explore._model")
+if previous is not None and previous != model_name and not (state.external and "text" in state.qp):
+    if st.session_state.get(text_key, "") in ("", st.session_state.get("explore._default_text")):
+        st.session_state[text_key] = default_text
+st.session_state["explore._model"] = model_name
+st.session_state["explore._default_text"] = default_text
+
+examples = {}
+for label, sentence in list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]]:
+    if sentence not in examples.values():
+        examples[label if len(label) <= 40 else label[:38] + "…"] = sentence
 
 
 def _use_example(sentence: str) -> None:
@@ -35,12 +51,12 @@ def _use_example(sentence: str) -> None:
 
 
 with top[1]:
-    text = st.text_input("Sentence (press Enter)", key=text_key, help="Type any sentence and press Enter.")
+    text = st.text_input("Sentence (press Enter)", key=text_key)
 st.caption("Examples from the lecture notes and for this model:")
 ex_cols = st.columns(min(len(examples), 5))
 for i, (label, sentence) in enumerate(examples.items()):
     ex_cols[i % len(ex_cols)].button(label, key=f"explore-ex-{i}", on_click=_use_example, args=(sentence,),
-                                     width="stretch")
+                                     width="stretch", help=sentence if label != sentence else None)
 
 trace = common.get_trace(model_name, text)
 if trace is None:
@@ -48,10 +64,17 @@ if trace is None:
     state.show_messages()
     st.stop()
 
-common.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")
-if trace.tokens("target"):
+n_source = len(trace.tokens("source"))
+if n_source <= 64:
+    common.token_chips(trace.tokens("source"), title=f"{n_source} source tokens")
+else:
+    with st.expander(f"{n_source} source tokens"):
+        common.token_chips(trace.tokens("source"))
+if trace.tokens("target") and model.kind == "encoder-decoder":
     common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')}), "
                        f"then predicts: {' '.join(trace.tokens('next')[:1])}")
+elif model.kind == "decoder" and trace.tokens("next"):
+    st.caption(f"Next-token prediction after the prompt: {trace.tokens('next')[0]!r}")
 
 views = attention_views(trace)
 view_names = [f"{s}.{k}" for s, k in views]
@@ -72,51 +95,99 @@ with c[3]:
     mean_heads = st.toggle("Average over heads", key="explore.mean")
     per_map = st.toggle("Scale colours per map", key="explore.permap")
     hide_special = st.toggle("Hide special tokens", key="explore.hide")
+    words = False
+    if ex.reads_pieces(model):
+        words = st.toggle("Read in words", key="explore.words",
+                          help="Merge word pieces into the words you typed: a word's column is the sum over its "
+                               "pieces (total attention to the word), its row the mean over its pieces.")
 state.show_messages()
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head)
 
 view = View(stack, kind, layer, None if mean_heads else head)
-matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
+if words:
+    matrix, q_toks, k_toks = ex.word_matrix(trace, view, text, hide_special=hide_special)
+    st.caption("Read in words: each word's column is the **sum** over its pieces' columns (how much a query attends "
+               "to the whole word) and each word's row is the **mean** over its pieces' rows, so every row still "
+               f"sums to 1 ({len(trace.tokens(ex.view_sides(stack, kind)[0]))} tokens → {matrix.shape[-2]} words).")
+else:
+    matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
+unit = "words" if words else "tokens"
 
-tab_map, tab_model, tab_heads = st.tabs(["Heatmap", "Model view (all layers × heads)", "Head view"])
+tab_map, tab_model, tab_heads = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS], key="explore.tab", on_change="rerun")
 with tab_map:
-    fig = attention_heatmap(matrix, q_toks, k_toks, title=view.label(), fixed_scale=not per_map)
-    st.plotly_chart(fig, key="explore-heatmap", width="stretch")
-    st.caption("Each row is a query token and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
-               "Hover a cell for the exact weight.")
-    common.downloads(trace, matrix, q_toks, k_toks, name=f"{model_name}-{stack}-{kind}-L{layer}-H{view.head}",
-                     key="explore-dl")
+    if tab_map.open is not False:
+        full = False
+        if max(matrix.shape) > ex.MAX_HEATMAP_SIDE:
+            full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key="explore.full")
+        z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else ex.reduce_map(matrix, q_toks, k_toks)
+        title = view.label() + (" · in words" if words else "")
+        if fq > 1 or fk > 1:
+            title += f" · blocks of {max(fq, fk)}"
+            st.info(f"Long input ({matrix.shape[-2]} × {matrix.shape[-1]} {unit}): drawn as blocks of up to "
+                    f"{max(fq, fk)} neighbouring {unit} so the page stays responsive — within a block the keys' "
+                    "weights are summed and the queries' rows averaged, so each drawn row still sums to 1. Hover a "
+                    "cell for its block; the CSV download has every token.")
+        fig = attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map)
+        if fq > 1 or fk > 1:
+            ex.fit_block_ticks(fig)
+        st.plotly_chart(fig, key="explore-heatmap", width="stretch")
+        st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
+                   "Hover a cell for the exact weight.")
+        common.downloads(trace, matrix, q_toks, k_toks,
+                         name=f"{model_name}-{stack}-{kind}-L{layer}-H{view.head}" + ("-words" if words else ""),
+                         key="explore-dl")
 
 
-def _pick_from_grid() -> None:
+def _pick_from_grid(heads: int, first: int) -> None:
     sel = st.session_state.get("explore-grid")
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
     if pts:
-        idx = pts[0].get("curve_number", 0)
-        st.session_state[layer_key], st.session_state[head_key] = divmod(int(idx), n_heads)
+        st.session_state[layer_key], st.session_state[head_key] = ex.grid_pick(pts[0].get("curve_number", 0), heads,
+                                                                                first)
         st.session_state["explore.mean"] = False
 
 
 with tab_model:
-    st.caption("Every head of every layer. Click a map to make it the selected one (outlined in red); "
-               "the enlarged map is on the Heatmap tab and below.")
-    grid = head_grid(layer_stack(trace, stack, kind), q_toks, k_toks, selected=(layer, head),
-                     title=f"{KIND_LABEL.get((stack, kind), attn)}: {n_layers} layers × {n_heads} heads")
-    st.plotly_chart(grid, key="explore-grid", on_select=_pick_from_grid, selection_mode="points",
-                    width="stretch")
-    small = attention_heatmap(matrix, q_toks, k_toks, title="selected: " + view.label(), fixed_scale=not per_map,
-                              height=420)
-    st.plotly_chart(small, key="explore-enlarged", width="stretch")
+    if tab_model.open is not False:
+        lo, hi = 0, n_layers - 1
+        if n_layers > ex.MAX_GRID_LAYERS:
+            range_key = "explore.grid_layers"
+            st.session_state[range_key] = ex.clamp_range(
+                st.session_state.get(range_key, ex.default_layer_range(n_layers)), n_layers)
+            lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
+                               help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
+                                    "layers to draw (fewer layers draw faster).")
+        st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red); "
+                   f"the enlarged map is on the Heatmap tab and below. Maps wider than {ex.MAX_GRID_SIDE} cells are "
+                   "drawn in blocks (keys summed, queries averaged).")
+        layers = list(range(lo, hi + 1))
+        if words:
+            weights = ex.word_stack(trace, stack, kind, layers, text)
+        else:
+            weights = [trace[f"{stack}.{i}.{kind}.weights"] for i in layers]
+        grid = ex.grid_figure(weights, lo, q_toks, k_toks, selected=(layer, head),
+                              title=f"{KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
+                                    f"{n_heads} heads" + (" · in words" if words else ""))
+        st.plotly_chart(grid, key="explore-grid", on_select=functools.partial(_pick_from_grid, n_heads, lo),
+                        selection_mode="points", width="stretch")
+        if not lo <= layer <= hi:
+            st.caption(f"The selected layer {layer} is outside the layers drawn.")
+        z, zq, zk, _, _ = ex.reduce_map(matrix, q_toks, k_toks)
+        small = attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
+                                  fixed_scale=not per_map, height=420)
+        st.plotly_chart(small, key="explore-enlarged", width="stretch")
 
 with tab_heads:
-    chosen = st.multiselect("Heads shown", list(range(n_heads)), default=list(range(min(n_heads, 4))),
-                            key="explore.heads", format_func=lambda h: f"head {h}")
-    w_all = trace[view.name]
-    qv, kv = q_toks, k_toks
-    if hide_special:
-        w_all = None
-    if w_all is None:
-        st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
-    else:
-        st.plotly_chart(head_view(w_all, qv, kv, heads=chosen, title=f"layer {layer}: queries (left) → keys (right)"),
-                        key="explore-headview", width="stretch")
+    if tab_heads.open is not False:
+        chosen = st.multiselect("Heads shown", list(range(n_heads)), default=list(range(min(n_heads, 4))),
+                                key="explore.heads", format_func=lambda h: f"head {h}")
+        if hide_special:
+            st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
+        elif max(matrix.shape) > ex.HEAD_VIEW_MAX:
+            st.info(f"The head view draws a line per pair of {unit}; with {max(matrix.shape)} {unit} it would be "
+                    f"unreadable, so it is drawn up to {ex.HEAD_VIEW_MAX}. Use the heatmap or the model view.")
+        else:
+            w_all = ex.word_stack(trace, stack, kind, [layer], text)[0] if words else trace[view.name]
+            st.plotly_chart(head_view(w_all, q_toks, k_toks, heads=chosen,
+                                      title=f"layer {layer}: queries (left) → keys (right)"),
+                            key="explore-headview", width="stretch")

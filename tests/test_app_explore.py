@@ -1,0 +1,221 @@
+"""The 'explore' page driven through AppTest: the drawn heatmap is the core's trace, word
+pieces can be read as words, long inputs are drawn in blocks, deep models show a range of
+layers, and bad URL values or input end in warnings with the state kept."""
+
+import numpy as np
+import pytest
+
+import core
+from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
+from viz import explore as ex
+
+TEXT = "the small dog sees the cat"
+PIECES = "Tokenization splits embeddings into pieces."
+TAB_MODEL = "Model view (all layers × heads)"
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return core.load_model("toy-translate")  # same default device as the app
+
+
+def _need(model):
+    if not core.MODELS[model].available():
+        pytest.skip(f"{model}'s weight package is not installed")
+
+
+def _warnings(at):
+    return [w.value for w in at.warning]
+
+
+def _ticks(at, key, axis="yaxis"):
+    return figure(chart_by_key(at, key))["layout"][axis]["ticktext"]
+
+
+def test_default_renders(app_test, toy):
+    at = app_test("explore")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error and not _warnings(at), (_warnings(at), [e.value for e in at.error])
+    assert at.query_params["model"] == "toy-translate" and at.query_params["text"] == toy.examples[0]
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    np.testing.assert_allclose(z, toy.trace(toy.examples[0])["encoder.0.self_attn.weights"][0].numpy(), atol=1e-6)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download this map (CSV)" in labels
+    assert not ex.reads_pieces(toy)
+    assert not [t for t in at.toggle if t.key == "explore.words"]  # word-level tokens: no toggle
+
+
+@pytest.mark.parametrize("attn, name", [("encoder.self_attn", "encoder.2.self_attn.weights"),
+                                        ("decoder.cross_attn", "decoder.2.cross_attn.weights")])
+def test_heatmap_is_the_core_trace(app_test, toy, attn, name):
+    at = app_test("explore", text=TEXT, attn=attn, layer="2", head="3")
+    at.run()
+    assert_no_exception(at)
+    expected = toy.trace(TEXT)[name][3].numpy()
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    assert z.shape == expected.shape
+    np.testing.assert_allclose(z, expected, atol=1e-6)
+    assert at.query_params["layer"] == "2" and at.query_params["head"] == "3" and at.query_params["attn"] == attn
+
+
+def test_minilm_read_in_words(app_test):
+    _need("minilm")
+    at = app_test("explore", model="minilm", text=PIECES, layer="1", head="2")
+    at.run()
+    assert_no_exception(at)
+    z_tokens = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    at.toggle(key="explore.words").set_value(True).run()
+    assert_no_exception(at)
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    labels = _ticks(at, "explore-heatmap")
+    assert labels == ["[CLS]", "Tokenization", "splits", "embeddings", "into", "pieces", ".", "[SEP]"]
+    assert z.shape == (8, 8) and z_tokens.shape[0] > 8
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)
+    assert any("Read in words" in c.value and "sum" in c.value and "mean" in c.value for c in at.caption)
+    # the merged numbers: "embeddings" column = sum of its pieces' columns (from the token map)
+    model = core.load_model("minilm")
+    toks = model.trace(PIECES).tokens("source")
+    emb = [toks.index(p) for p in ("em", "##bed", "##ding", "##s")]
+    assert z[2, 3] == pytest.approx(z_tokens[toks.index("splits"), emb].sum(), abs=1e-6)
+    # and the head view and model view follow the words
+    at.session_state["explore.tab"] = TAB_MODEL
+    at.run()
+    assert_no_exception(at)
+    grid = figure(chart_by_key(at, "explore-grid"))
+    assert len(grid["data"]) == 6 * 12
+    assert heatmap_z(chart_by_key(at, "explore-grid"), 1 * 12 + 2).shape == (8, 8)
+
+
+def test_minilm_default_sentence_is_bank_river(app_test):
+    _need("minilm")
+    at = app_test("explore")
+    at.run()
+    at.selectbox(key="explore.model").set_value("minilm").run()
+    assert_no_exception(at)
+    assert at.text_input(key="explore.text").value == "I swam across the river to get to the other bank."
+    assert "bank" in _ticks(at, "explore-heatmap")
+    # a sentence the user typed stays when the model changes
+    at.text_input(key="explore.text").input("the dog sees the bank").run()
+    at.selectbox(key="explore.model").set_value("toy-translate").run()
+    assert at.text_input(key="explore.text").value == "the dog sees the bank"
+
+
+def test_600_token_input_on_minilm(app_test):
+    _need("minilm")
+    text = " ".join([TEXT] * 100)  # 600 words, one piece each, + [CLS] [SEP]
+    at = app_test("explore", model="minilm", text=text, layer="3", head="4")
+    at.run()
+    assert_no_exception(at)
+    assert any("cut to the model's maximum of 512 tokens" in w for w in _warnings(at)), _warnings(at)
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    assert z.shape == (128, 128)  # 512 tokens in blocks of 4
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-4)
+    assert any("Long input (512 × 512 tokens)" in i.value for i in at.info), [i.value for i in at.info]
+    model = core.load_model("minilm")
+    w = model.trace(text)["encoder.3.self_attn.weights"][4].numpy()
+    assert z[10, 20] == pytest.approx(w[40:44, 80:84].sum(1).mean(), abs=1e-5)
+    # the model view is drawn too, each map in blocks
+    at.session_state["explore.tab"] = TAB_MODEL
+    at.run()
+    assert_no_exception(at)
+    assert max(heatmap_z(chart_by_key(at, "explore-grid"), 0).shape) <= ex.MAX_GRID_SIDE
+    # the head view declines politely
+    at.session_state["explore.tab"] = "Head view"
+    at.run()
+    assert_no_exception(at)
+    assert any("head view draws a line per pair" in i.value for i in at.info)
+
+
+def test_600_token_input_on_toy(app_test):
+    at = app_test("explore", text=" ".join([TEXT] * 100))
+    at.run()
+    assert_no_exception(at)
+    assert any("cut to the model's maximum of 64 tokens" in w for w in _warnings(at)), _warnings(at)
+    assert heatmap_z(chart_by_key(at, "explore-heatmap")).shape == (64, 64)
+
+
+def test_smollm2_model_view_shows_a_layer_range(app_test):
+    _need("smollm2")
+    at = app_test("explore", model="smollm2", text="The cat sat on the mat.", layer="25", head="8")
+    at.session_state["explore.tab"] = TAB_MODEL
+    at.run()
+    assert_no_exception(at)
+    grid = figure(chart_by_key(at, "explore-grid"))
+    assert len(grid["data"]) == 12 * 9  # layers 0-11 by default
+    assert any("outside the layers drawn" in c.value for c in at.caption)
+    at.slider(key="explore.grid_layers").set_value((20, 29)).run()
+    assert_no_exception(at)
+    grid = figure(chart_by_key(at, "explore-grid"))
+    assert len(grid["data"]) == 10 * 9
+    assert [a["text"] for a in grid["layout"]["annotations"] if a["text"].startswith("L")][0] == "L20"
+    model = core.load_model("smollm2")
+    expected = model.trace("The cat sat on the mat.")["decoder.25.self_attn.weights"][8].numpy()
+    np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-grid"), 5 * 9 + 8), expected, atol=1e-6)
+    assert len(grid["layout"]["shapes"]) == 1  # layer 25, head 8 outlined
+    np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-enlarged")), expected, atol=1e-6)
+    # read in words on a byte-level BPE model
+    at.session_state["explore.tab"] = "Heatmap"
+    at.toggle(key="explore.words").set_value(True).run()
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)
+    assert [t.strip() for t in _ticks(at, "explore-heatmap")] == ["The", "cat", "sat", "on", "the", "mat", "."]
+
+
+def test_empty_text_warns(app_test):
+    at = app_test("explore", text="")
+    at.run()
+    assert_no_exception(at)
+    assert any("empty" in w for w in _warnings(at)), _warnings(at)
+    assert not at.get("plotly_chart")
+    assert at.query_params["model"] == "toy-translate"
+
+
+@pytest.mark.parametrize("layer, head, expect, fixed", [
+    ("99", "-4", ["layer 99 is out of range", "head -4 is out of range"], ("2", "0")),
+    ("abc", "2.5", ["layer='abc' is not a whole number", "head='2.5' is not a whole number"], ("0", "0")),
+])
+def test_bad_layer_head_in_url(app_test, toy, layer, head, expect, fixed):
+    at = app_test("explore", text=TEXT, layer=layer, head=head)
+    at.run()
+    assert_no_exception(at)
+    warns = " ".join(_warnings(at))
+    for e in expect:
+        assert e in warns, warns
+    assert (at.query_params["layer"], at.query_params["head"]) == fixed
+    expected = toy.trace(TEXT)[f"encoder.{fixed[0]}.self_attn.weights"][int(fixed[1])].numpy()
+    np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-heatmap")), expected, atol=1e-6)
+
+
+def test_unknown_model_in_url(app_test):
+    at = app_test("explore", model="gpt-9", text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    assert any("model='gpt-9'" in w and "toy-translate" in w for w in _warnings(at)), _warnings(at)
+    assert at.query_params["model"] == "toy-translate"
+    assert at.selectbox(key="explore.model").value == "toy-translate"
+    assert len(heatmap_z(chart_by_key(at, "explore-heatmap"))) == 6
+
+
+def test_example_button_changes_text(app_test):
+    at = app_test("explore", text=TEXT)
+    at.run()
+    before = _ticks(at, "explore-heatmap")
+    labels = {b.proto.label: b for b in at.button}
+    labels["Show me the money"].click().run()
+    assert_no_exception(at)
+    assert at.text_input(key="explore.text").value == "Show me the money"
+    assert at.query_params["text"] == "Show me the money"
+    assert _ticks(at, "explore-heatmap") == ["show", "me", "the", "money"] != before
+
+
+def test_600_token_prompt_on_smollm2_is_capped(app_test):
+    _need("smollm2")
+    at = app_test("explore", model="smollm2", text=" ".join([TEXT] * 100), layer="29", head="8")
+    at.run()
+    assert_no_exception(at)
+    assert any("cut to the model's maximum of 256 tokens" in w for w in _warnings(at)), _warnings(at)
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    assert z.shape == (128, 128)  # 256 tokens in blocks of 2
+    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-4)
+    assert np.all(z[0, 1:] == 0)  # causal, block by block

@@ -1,0 +1,35 @@
+"""Every page, through the real app.py navigation: default state, an empty sentence, a
+600-token sentence and nonsense URL values all render without an exception."""
+
+import pytest
+
+from conftest import assert_no_exception
+
+PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
+LONG = " ".join(["the small dog sees the cat"] * 100)  # 600 words
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_by_default(app_test, page):
+    at = app_test(page)
+    at.run()
+    assert_no_exception(at)
+    assert at.get("plotly_chart") or at.get("dataframe") or at.get("table"), f"{page} drew nothing"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_survives_empty_long_and_bad_url(app_test, page):
+    for params in ({"text": ""}, {"text": "   "}, {"text": LONG},
+                   {"layer": "99", "head": "-3", "step": "x", "model": "no-such-model"}):
+        at = app_test(page, **params)
+        at.run()
+        assert_no_exception(at)
+        if params.get("model") == "no-such-model" or params.get("layer") == "99":
+            assert at.warning, f"{page} {params}: no warning for impossible URL values"
+
+
+def test_root_url_opens_explore(app_test):
+    at = app_test("", text="the old man sleeps near the river")
+    at.run()
+    assert_no_exception(at)
+    assert at.title and at.title[0].value == "Explore attention"

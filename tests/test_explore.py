@@ -1,0 +1,93 @@
+"""viz.explore: pieces read as words, long maps drawn in blocks, layer ranges of the model view,
+and the cap on decoder-only prompts. Pure functions, checked against the core's tensors."""
+
+import numpy as np
+import pytest
+import torch
+
+import core
+from viz import explore as ex
+from viz.select import View, attention_matrix
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    if not core.MODELS["minilm"].available():
+        pytest.skip("minilm's weight package is not installed")
+    return core.load_model("minilm", device="cpu")
+
+
+def test_blocks_keep_rows_summing_to_one():
+    torch.manual_seed(0)
+    m = torch.softmax(torch.randn(3, 300, 300), -1)
+    z, ql, kl, fq, fk = ex.reduce_map(m, [f"t{i}" for i in range(300)], [f"t{i}" for i in range(300)], max_side=128)
+    assert (fq, fk) == (3, 3) and z.shape == (3, 100, 100)
+    torch.testing.assert_close(z.sum(-1), torch.ones(3, 100))
+    torch.testing.assert_close(z[1, 4, 7], m[1, 12:15, 21:24].sum(-1).mean())  # queries averaged, keys summed
+    assert ql[0] == "t0… [0–2]" and len(kl) == 100
+    small = torch.softmax(torch.randn(5, 5), -1)
+    z, ql, _, fq, fk = ex.reduce_map(small, list("abcde"), list("abcde"))
+    assert z is small or torch.equal(z, small)
+    assert (fq, fk) == (1, 1) and ql == list("abcde")
+    assert ex.blocks(10, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_words_matrix_on_minilm(minilm):
+    text = "Tokenization splits embeddings."
+    tr = minilm.trace(text)
+    view = View("encoder", "self_attn", 2, 5)
+    m, q, k = ex.word_matrix(tr, view, text)
+    assert q == k == ["[CLS]", "Tokenization", "splits", "embeddings", ".", "[SEP]"]
+    torch.testing.assert_close(m.sum(-1), torch.ones(len(q)))
+    w = tr["encoder.2.self_attn.weights"][5]
+    toks = tr.tokens("source")
+    pos = {t: i for i, t in enumerate(toks)}
+    emb = [pos["em"], pos["##bed"], pos["##ding"], pos["##s"]]
+    assert m[3, 2].item() == pytest.approx(w[emb, pos["splits"]].mean().item(), abs=1e-6)
+    assert m[2, 3].item() == pytest.approx(w[pos["splits"], emb].sum().item(), abs=1e-6)
+    # hiding the specials drops [CLS] / [SEP] and renormalises
+    m2, q2, _ = ex.word_matrix(tr, view, text, hide_special=True)
+    assert q2 == ["Tokenization", "splits", "embeddings", "."]
+    torch.testing.assert_close(m2.sum(-1), torch.ones(4))
+    stack = ex.word_stack(tr, "encoder", "self_attn", [0, 2], text)
+    assert len(stack) == 2 and stack[1].shape == (12, 6, 6)
+    torch.testing.assert_close(stack[1][5], m)
+
+
+def test_word_tokens_are_not_pieces():
+    toy = core.load_model("toy-translate", device="cpu")
+    assert not ex.reads_pieces(toy)
+    tr = toy.trace("the small dog sees the cat")
+    m, q, k = ex.word_matrix(tr, View("decoder", "cross_attn", 1, 0))
+    expected, eq, ek = attention_matrix(tr, View("decoder", "cross_attn", 1, 0))
+    torch.testing.assert_close(m, expected)
+    assert q == eq and k == ek
+
+
+def test_grid_of_a_layer_range_keeps_real_layer_numbers():
+    torch.manual_seed(0)
+    maps = [torch.softmax(torch.randn(3, 100, 100), -1) for _ in range(4)]
+    fig = ex.grid_figure(maps, 20, [str(i) for i in range(100)], [str(i) for i in range(100)], selected=(22, 1),
+                         max_side=25)
+    assert len(fig.data) == 12
+    rows = [a.text for a in fig.layout.annotations if a.text.startswith("L")]
+    assert rows == ["L20", "L21", "L22", "L23"]
+    assert fig.data[7].hovertemplate.startswith("layer 22, head 1")
+    z = np.asarray(fig.data[7].z, dtype=float)
+    assert z.shape == (25, 25) and np.allclose(z.sum(1), 1.0, atol=1e-5)  # thumbnails keep the 0-1 scale
+    assert len(fig.layout.shapes) == 1  # the selected map is outlined
+    assert ex.grid_pick(7, 3, 20) == (22, 1)
+    assert len(ex.grid_figure(maps, 20, [], [], selected=(5, 0)).layout.shapes) == 0  # outside the range
+    assert ex.clamp_range((25, 40), 30) == (25, 29) and ex.clamp_range("x", 30) == (0, 11)
+    assert ex.default_layer_range(6) == (0, 5)
+
+
+def test_block_ticks():
+    from viz.figures import attention_heatmap
+
+    m = torch.softmax(torch.randn(128, 128), -1)
+    labels = [f"tok{i}… [{i}–{i + 3}]" for i in range(128)]
+    fig = ex.fit_block_ticks(attention_heatmap(m, labels, labels, title="t"), max_ticks=32)
+    assert len(fig.layout.xaxis.tickvals) == 32 and fig.layout.xaxis.ticktext[1] == labels[4]
+    assert len(fig.layout.yaxis.tickvals) == 64  # the query axis is left alone
+    assert fig.layout.margin.t == 150

@@ -1,0 +1,190 @@
+"""Helpers for the Explore page: words instead of word pieces, long inputs, large model views.
+Pure functions (torch, numpy, plotly; no Streamlit).
+
+Read in words (core.words): a word's column is the SUM of its pieces' columns (the total
+attention to the word), a word's row is the MEAN of its pieces' rows; rows still sum to 1.
+
+Long inputs: a map wider than `max_side` is drawn as contiguous blocks of tokens with the
+same rule (keys summed within a block, queries averaged), so each drawn row still sums to
+1 and the 0-1 colour scale keeps its meaning. Downloads keep the full matrix.
+
+Large models: the model view can show a range of layers (the row titles and hover keep the
+real layer numbers), each map reduced to at most `max_side` per side before it is drawn.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from core.tokenizer import WordTokenizer
+from core.words import Groups, merge_attention, word_groups, word_labels
+from viz.figures import head_grid
+from viz.select import SPECIAL_TOKENS, View, attention_matrix
+
+MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
+MAX_GRID_SIDE = 48  # each thumbnail of the model view at most this many cells per side
+MAX_GRID_LAYERS = 12  # deeper models show a range of layers in the model view
+HEAD_VIEW_MAX = 96  # the head view (lines between tokens) is drawn up to this many tokens
+
+
+# ------------------------------------------------------------------ words
+def reads_pieces(model) -> bool:
+    """Whether the model's tokenizer splits words into pieces (so 'read in words' applies)."""
+    return not isinstance(model.tokenizer, WordTokenizer)
+
+
+def side_groups(trace, side: str, text: Optional[str] = None) -> Tuple[Groups, List[str]]:
+    """Word groups and labels of a token side ('source' or 'target').
+
+    The source (and a decoder-only model's input, which starts with the prompt) has the
+    tokenizer's word ids; any other position is its own group."""
+    tokens = trace.tokens(side)
+    meta = trace.meta
+    has_words = side == "source" or meta.get("kind") == "decoder"
+    word_ids = list(meta.get("word_ids") or []) if has_words else []
+    special = list(meta.get("special") or []) if has_words else []
+    groups = word_groups(word_ids[: len(tokens)], len(tokens), special[: len(tokens)])
+    offsets = meta.get("offsets") if has_words else None
+    return groups, word_labels(groups, tokens, offsets, text if has_words else None)
+
+
+def view_sides(stack: str, kind: str) -> Tuple[str, str]:
+    """(query side, key side) of an attention view."""
+    if stack == "encoder":
+        return "source", "source"
+    return "target", ("source" if kind == "cross_attn" else "target")
+
+
+def _special_group(groups: Groups, tokens: Sequence[str]) -> List[bool]:
+    return [len(g) == 1 and tokens[g[0]] in SPECIAL_TOKENS for g in groups]
+
+
+def word_matrix(trace, view: View, text: Optional[str] = None, hide_special: bool = False):
+    """(W_q x W_k word-level matrix, query labels, key labels) for a view: pieces merged into
+    words (keys summed, queries averaged). With hide_special, special tokens are dropped
+    and rows renormalised to sum to 1, as viz.select.attention_matrix does for tokens."""
+    m, _, _ = attention_matrix(trace, view, hide_special=False)
+    q_side, k_side = view_sides(view.stack, view.kind)
+    q_groups, q_labels = side_groups(trace, q_side, text)
+    k_groups, k_labels = side_groups(trace, k_side, text)
+    merged = merge_attention(m, q_groups, k_groups)
+    if hide_special:
+        q_sp = _special_group(q_groups, trace.tokens(q_side))
+        k_sp = _special_group(k_groups, trace.tokens(k_side))
+        qi = [i for i, s in enumerate(q_sp) if not s]
+        ki = [j for j, s in enumerate(k_sp) if not s]
+        if qi and ki:
+            merged = merged[qi][:, ki]
+            merged = merged / merged.sum(-1, keepdim=True).clamp_min(1e-12)
+            q_labels = [q_labels[i] for i in qi]
+            k_labels = [k_labels[j] for j in ki]
+    return merged, q_labels, k_labels
+
+
+def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None) -> List[torch.Tensor]:
+    """The H x W_q x W_k word-level weights of the given layers."""
+    q_side, k_side = view_sides(stack, kind)
+    q_groups, _ = side_groups(trace, q_side, text)
+    k_groups, _ = side_groups(trace, k_side, text)
+    return [merge_attention(trace[f"{stack}.{i}.{kind}.weights"], q_groups, k_groups) for i in layers]
+
+
+# ------------------------------------------------------------------ long inputs
+def blocks(n: int, max_side: int) -> Groups:
+    """Contiguous blocks of positions 0..n-1, as few as keep the count <= max_side."""
+    f = max(1, int(np.ceil(n / max(1, max_side))))
+    return [list(range(i, min(i + f, n))) for i in range(0, n, f)]
+
+
+def block_labels(groups: Groups, labels: Sequence[str]) -> List[str]:
+    out = []
+    for g in groups:
+        if len(g) == 1:
+            out.append(labels[g[0]])
+        else:
+            out.append(f"{labels[g[0]]}… [{g[0]}–{g[-1]}]")
+    return out
+
+
+def reduce_map(matrix, q_labels: Sequence[str], k_labels: Sequence[str], max_side: int = MAX_HEATMAP_SIDE):
+    """A (..., n_q, n_k) attention map drawn in at most max_side blocks per side: keys
+    summed within a block, queries averaged (rows still sum to 1). Returns (z, block query
+    labels, block key labels, query block size, key block size); unchanged when small."""
+    m = torch.as_tensor(matrix)
+    n_q, n_k = m.shape[-2], m.shape[-1]
+    if n_q <= max_side and n_k <= max_side:
+        return m, list(q_labels), list(k_labels), 1, 1
+    qg, kg = blocks(n_q, max_side), blocks(n_k, max_side)
+    z = merge_attention(m, qg, kg)
+    return z, block_labels(qg, q_labels), block_labels(kg, k_labels), len(qg[0]), len(kg[0])
+
+
+def reduce_stack(weights_by_layer: Sequence, max_side: int = MAX_GRID_SIDE) -> List[torch.Tensor]:
+    """Each H x n_q x n_k map reduced like reduce_map (so thumbnails keep the 0-1 scale)."""
+    out = []
+    for w in weights_by_layer:
+        w = torch.as_tensor(w)
+        n_q, n_k = w.shape[-2], w.shape[-1]
+        out.append(w if max(n_q, n_k) <= max_side else merge_attention(w, blocks(n_q, max_side), blocks(n_k, max_side)))
+    return out
+
+
+# ------------------------------------------------------------------ model view of a layer range
+def default_layer_range(n_layers: int, max_layers: int = MAX_GRID_LAYERS) -> Tuple[int, int]:
+    return 0, min(n_layers, max_layers) - 1
+
+
+def clamp_range(value, n_layers: int) -> Tuple[int, int]:
+    """A (first, last) layer range made valid for a model with n_layers layers."""
+    try:
+        lo, hi = int(value[0]), int(value[1])
+    except (TypeError, ValueError, IndexError):
+        return default_layer_range(n_layers)
+    lo, hi = min(max(lo, 0), n_layers - 1), min(max(hi, 0), n_layers - 1)
+    return (lo, hi) if lo <= hi else (hi, lo)
+
+
+def grid_figure(weights_by_layer: Sequence, first_layer: int, q_tokens, k_tokens, *,
+                selected: Optional[Tuple[int, int]] = None, max_side: int = MAX_GRID_SIDE, title: str = "") -> go.Figure:
+    """viz.figures.head_grid of layers first_layer, first_layer + 1, ... with their real
+    layer numbers in the row titles and hover; maps reduced to max_side first."""
+    maps = reduce_stack(weights_by_layer, max_side)
+    n_heads = maps[0].shape[0]
+    sel = None
+    if selected is not None and first_layer <= selected[0] < first_layer + len(maps):
+        sel = (selected[0] - first_layer, selected[1])
+    fig = head_grid(maps, q_tokens, k_tokens, selected=sel, max_side=max_side, title=title)
+    if first_layer:
+        for ann in fig.layout.annotations:
+            mt = re.fullmatch(r"L(\d+)", ann.text or "")
+            if mt:
+                ann.text = f"L{int(mt.group(1)) + first_layer}"
+    for k, tr in enumerate(fig.data):
+        li, h = divmod(k, n_heads)
+        tr.hovertemplate = (f"layer {li + first_layer}, head {h}<br>query %{{y}}, key %{{x}}<br>"
+                            "weight %{z:.3f}<extra></extra>")
+    return fig
+
+
+def grid_pick(curve_number: int, n_heads: int, first_layer: int) -> Tuple[int, int]:
+    """(layer, head) of the clicked thumbnail of a grid that starts at first_layer."""
+    li, h = divmod(int(curve_number), n_heads)
+    return li + first_layer, h
+
+
+def fit_block_ticks(fig: go.Figure, max_ticks: int = 32, top_margin: int = 150) -> go.Figure:
+    """A heatmap of blocks: at most max_ticks labelled ticks on the (top) key axis, and room
+    above the map for those longer labels so they clear the title."""
+    ax = fig.layout.xaxis
+    vals, text = list(ax.tickvals or []), list(ax.ticktext or [])
+    if len(vals) > max_ticks:
+        step = int(np.ceil(len(vals) / max_ticks))
+        ax.tickvals, ax.ticktext = vals[::step], text[::step]
+    fig.update_layout(margin=dict(t=max(top_margin, fig.layout.margin.t or 0)),
+                      title=dict(y=1.0, yanchor="top", pad=dict(t=8)))
+    return fig
