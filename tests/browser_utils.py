@@ -111,7 +111,18 @@ def chart_data(page, key: str, timeout: float = 60_000) -> dict:
     """The live plotly figure (data + layout) of the chart with Streamlit key `key`."""
     sel = f'.st-key-{key}[data-stale="false"] .js-plotly-plot'
     page.wait_for_selector(sel, timeout=timeout)
-    return page.eval_on_selector(sel, "e => ({data: e.data, layout: e.layout})")
+    return page.eval_on_selector(sel, """e => {
+        // plotly keeps typed arrays (from base64 'bdata') under _inputArray: make them plain
+        const plain = v => {
+            if (v && typeof v === 'object' && v._inputArray) v = v._inputArray;
+            if (ArrayBuffer.isView(v) || Array.isArray(v)) return Array.from(v, plain);
+            if (v && typeof v === 'object' && Object.keys(v).every(k => /^\\d+$/.test(k))) return Object.values(v).map(plain);
+            return v;
+        };
+        const data = e.data.map(t => Object.fromEntries(Object.entries(t).map(([k, v]) =>
+            [k, ['x', 'y', 'z', 'text', 'customdata'].includes(k) ? plain(v) : v])));
+        return {data: data, layout: e.layout};
+    }""")
 
 
 def no_exception(page) -> bool:

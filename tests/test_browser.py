@@ -48,19 +48,19 @@ def test_type_sentence_updates_heatmap(server, page):
     wait_idle(page)
     before = _ticktext(chart_data(page, "explore-heatmap"))
     box = page.get_by_label("Sentence (press Enter)")
-    box.fill("the happy farmer reads the green book")
+    box.fill("the happy farmer finds the green book")
     box.press("Enter")
     page.wait_for_function(
         """() => { const e = document.querySelector('.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot');
                    return e && e.layout.xaxis.ticktext.includes('farmer'); }""", timeout=60_000)
     wait_idle(page)
     fig = chart_data(page, "explore-heatmap")
-    assert _ticktext(fig) == "the happy farmer reads the green book".split() != before
+    assert _ticktext(fig) == "the happy farmer finds the green book".split() != before
     # the drawn numbers are the core's numbers for the same input
     import numpy as np
 
     model = core.load_model("toy-translate", device="cpu")
-    expected = model.trace("the happy farmer reads the green book")["encoder.0.self_attn.weights"][0].numpy()
+    expected = model.trace("the happy farmer finds the green book")["encoder.0.self_attn.weights"][0].numpy()
     z = np.array(fig["data"][0]["z"], dtype=float)
     assert np.abs(z - expected).max() < 1e-5
     assert no_exception(page)
@@ -79,3 +79,46 @@ def test_navigation_and_screenshots(server, page):
         page.wait_for_timeout(500)
         assert no_exception(page), name
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
+def _weights(page):
+    import numpy as np
+
+    fig = chart_data(page, "decoder-weights")
+    z = fig["data"][0]["z"]
+    return np.array([[np.nan if v is None else v for v in row] for row in z], dtype=float)
+
+
+def _check_causal(w):
+    import numpy as np
+
+    assert np.allclose(np.nansum(w, axis=1), 1.0, atol=1e-5)
+    upper = np.triu(np.nan_to_num(w, nan=0.0), 1)
+    assert (upper == 0).all()
+
+
+def test_decoder_step_next_and_play(server, page):
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/decoder?model=toy-translate&text={text}&step=2")
+    wait_idle(page)
+    w = _weights(page)
+    assert w.shape == (2, 2)
+    _check_causal(w)
+    page.locator(".st-key-decoder-btn-next button").first.click()
+    page.wait_for_function(
+        """() => { const e = document.querySelector('.st-key-decoder-weights[data-stale="false"] .js-plotly-plot');
+                   return e && (e.data[0].z._inputArray || e.data[0].z).length === 3; }""", timeout=60_000)
+    wait_idle(page)
+    w = _weights(page)
+    assert w.shape == (3, 3)
+    _check_causal(w)
+    assert "step=3" in page.url
+    n_steps = len(core.load_model("toy-translate", device="cpu").steps("the small dog sees the cat"))
+    page.locator(".st-key-decoder-btn-play button").first.click()
+    page.wait_for_function(
+        f"""() => {{ const e = document.querySelector('.st-key-decoder-weights[data-stale="false"] .js-plotly-plot');
+                   return e && (e.data[0].z._inputArray || e.data[0].z).length === {n_steps}; }}""", timeout=120_000)
+    wait_idle(page)
+    assert _weights(page).shape == (n_steps, n_steps)
+    assert f"step={n_steps}" in page.url
+    assert no_exception(page)
