@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
 from .config import ModelConfig
 from .positional import apply_rope, rope_angles, sinusoidal_encoding
+from .trace import Derived
 
 Rec = Optional[Callable[[str, torch.Tensor], None]]
 
@@ -33,29 +34,76 @@ class Recorder:
     By default it keeps batch item 0, detached (a Trace is unbatched). `names` keeps only
     the names asked for; `whole_batch=True, detach=False` keeps the full tensors with
     their gradients (used by training to supervise one attention head).
+
+    With `lazy` (the default, when neither `names` nor `whole_batch` is given) attention
+    does not hand over scores / scaled / masked (nor an all-zero mask) but says how to
+    derive them from q, k and mask (`derive`; the recipes land in `derived`): the Trace
+    computes them on access, bit for bit as the forward pass did (see core/trace.py).
+    `entries()` gives tensors and recipes together, in recording order, for a Trace.
+    `lazy=False` keeps every tensor, as before.
     """
 
-    def __init__(self, names=None, whole_batch: bool = False, detach: bool = True):
+    def __init__(self, names=None, whole_batch: bool = False, detach: bool = True, lazy: bool = True):
         self.tensors: Dict[str, torch.Tensor] = {}
+        self.derived: Dict[str, Derived] = {}
+        self._order: Dict[str, None] = {}
         self.names = None if names is None else set(names)
         self.whole_batch = whole_batch
         self.detach = detach
+        self.lazy = bool(lazy) and names is None and not whole_batch
 
     def __call__(self, name: str, t: torch.Tensor, batched: bool = True) -> None:
         if self.names is not None and name not in self.names:
             return
         if batched and not self.whole_batch:
             t = t[0]
-        self.tensors[name] = t.detach() if self.detach else t
+        self.tensors[name] = t.detach() if self.detach and t.requires_grad else t
+        self.derived.pop(name, None)
+        self._order[name] = None
 
-    def scope(self, prefix: str) -> Callable[[str, torch.Tensor], None]:
-        return lambda name, t, batched=True: self(f"{prefix}.{name}", t, batched)
+    @property
+    def derive(self) -> Optional[Callable[..., None]]:
+        """derive(name, op, *args): record `name` as a core.trace.Derived recipe; None unless lazy."""
+        return self._derive if self.lazy else None
+
+    def _derive(self, name: str, op: str, *args) -> None:
+        self.derived[name] = Derived(op, *args)
+        self.tensors.pop(name, None)
+        self._order[name] = None
+
+    def entries(self) -> Dict[str, object]:
+        """Every recorded name in order: a tensor, or a Derived recipe."""
+        return {n: self.tensors[n] if n in self.tensors else self.derived[n] for n in self._order}
+
+    def scope(self, prefix: str) -> "_Scope":
+        return _Scope(self, prefix)
+
+
+class _Scope:
+    """A recorder that prefixes names ("encoder.0.self_attn" + "." + name). Its `derive` is
+    the root recorder's, with the recipe's name arguments prefixed the same way."""
+
+    __slots__ = ("rec", "prefix")
+
+    def __init__(self, rec, prefix: str):
+        self.rec, self.prefix = rec, prefix
+
+    def __call__(self, name: str, t: torch.Tensor, batched: bool = True) -> None:
+        self.rec(f"{self.prefix}.{name}", t, batched)
+
+    @property
+    def derive(self) -> Optional[Callable[..., None]]:
+        parent = getattr(self.rec, "derive", None)
+        if parent is None:
+            return None
+        p = self.prefix
+        return lambda name, op, *args: parent(f"{p}.{name}", op, *(f"{p}.{a}" if isinstance(a, str) else a for a in args))
 
 
 def _sub(rec: Rec, prefix: str) -> Rec:
     if rec is None:
         return None
-    return lambda name, t, batched=True: rec(f"{prefix}.{name}", t, batched)
+    return _Scope(rec, prefix)
 
 
 class RMSNorm(nn.Module):
@@ -110,8 +158,12 @@ class MultiHeadAttention(nn.Module):
             rec("q", q)
             rec("k", k)
             rec("v", v)
-            m = mask if mask is not None else q.new_zeros(1, 1, n_q, n_k)
-            rec("mask", m.expand(b, 1, n_q, n_k)[:, 0])
+            derive = getattr(rec, "derive", None)
+            if mask is None and derive is not None:  # no mask: zeros on access, nothing kept
+                derive("mask", "zeros", (n_q, n_k), q.dtype)
+            else:
+                m = mask if mask is not None else q.new_zeros(1, 1, n_q, n_k)
+                rec("mask", m.expand(b, 1, n_q, n_k)[:, 0])
         if self.hkv != self.h:
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
             v = v.repeat_interleave(self.h // self.hkv, dim=1)

@@ -1,0 +1,581 @@
+"""Browser benchmark: the app in headless Chromium (Playwright), on a warm server.
+
+    python -m bench.browser_bench [--reps 10] [--long-reps 5] [--no-keep-freed-memory] [--json]
+
+Each figure is the median over repetitions, measured in the page from the user's action
+(the keydown of Enter, the pointerdown of a click, as the page's own event timestamps) to
+the first moment the chart `.st-key-<key>[data-stale="false"] .js-plotly-plot` holds the
+new figure: a different plotly data object than before the action, which also passes a
+check that it is the new data (the typed tokens on the x axis, "head h" in the title, 72
+maps, one more decoder row...). The page is polled every animation frame.
+
+1. sentence: type a new 20-token sentence (minilm: [CLS] + 18 words + [SEP]) + Enter on
+   /explore -> the heatmap shows its tokens; also toy-translate (20 words), the app's default;
+2. model view: click the tab "Model view (all layers × heads)" -> the 72-map grid (minilm,
+   6 layers x 12 heads, 20 tokens) is drawn;
+3. head: choose another head in the "Head" selectbox -> the heatmap's title says that head;
+4. decoder step: press "Next" on /decoder (toy-translate, inference) -> "decoder-weights"
+   shows one more row;
+5. long input: 512 minilm tokens + Enter -> the heatmap is drawn; then the model view tab ->
+   the grid; then a head change at 512 tokens; the page's longest main-thread task
+   (PerformanceObserver 'longtask') while the 512-token views update tells whether the page
+   stays responsive.
+
+The server runs `python -m bench.serve run app.py` (streamlit run, after
+core.device.keep_freed_memory(), as the app will once that call is wired in), one torch
+thread, no file watcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+from bench.common import ROOT, Result, median, text_of
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TAB_MODEL = "Model view (all layers × heads)"
+TAB_MAP = "Heatmap"
+
+# Marks the user's action with the page's own clock, and records long main-thread tasks.
+INIT_JS = """
+window.__bench = {armed: false, t0: null, longtasks: []};
+for (const type of ['pointerdown', 'keydown']) {
+  document.addEventListener(type, e => {
+    const b = window.__bench;
+    if (!b.armed || (type === 'keydown' && e.key !== 'Enter')) return;
+    b.t0 = e.timeStamp; b.armed = false;
+  }, true);
+}
+window.__bench.states = [];
+new MutationObserver(muts => {
+  for (const m of muts) {
+    const v = m.target.getAttribute && m.target.getAttribute('data-test-script-state');
+    if (v) window.__bench.states.push([performance.now(), v]);
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-test-script-state']});
+try {
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries()) window.__bench.longtasks.push([e.startTime, e.duration]);
+  }).observe({type: 'longtask', buffered: true});
+} catch (err) {}
+"""
+
+# Helpers for predicates: the live plot of a key (non-stale), its data rows, its ticks, title.
+HELPERS_JS = """
+window.__plot = key => document.querySelector('.st-key-' + key + '[data-stale="false"] .js-plotly-plot');
+window.__rows = z => {
+  if (!z) return -1;
+  if (z.shape) return parseInt(String(z.shape).split(',')[0]);
+  if (z._inputArray) z = z._inputArray;
+  return z.length;
+};
+window.__title = e => { const t = e && e.layout && e.layout.title; return (t && (t.text || t)) || ''; };
+window.__ticks = e => (e && e.layout && e.layout.xaxis && e.layout.xaxis.ticktext) || [];
+"""
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, keep_freed: bool = True, timeout: float = 180, root: Path = ROOT):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.mkdtemp(prefix="attention-lab-bench-")) / "streamlit.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATTENTION_LAB_THREADS": os.environ.get("ATTENTION_LAB_THREADS", "1"),
+               "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}
+        if not keep_freed:
+            env["ATTENTION_LAB_KEEP_FREED_MEMORY"] = "0"
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)  # bench.serve
+        cmd = [sys.executable, "-m", "bench.serve", "run", str(Path(root) / "app.py"), "--server.port", str(self.port),
+               "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited early:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"streamlit did not start within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def rss_mib(self) -> float:
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return float("nan")
+
+
+# ------------------------------------------------------------------ page helpers
+def wait_idle(page, timeout: float = 120_000) -> None:
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout)
+    page.wait_for_function(
+        """() => { const app = document.querySelector('[data-testid="stApp"]');
+                   return app && app.getAttribute('data-test-script-state') === 'notRunning'
+                          && document.querySelectorAll('[data-stale="true"]').length === 0; }""",
+        timeout=timeout)
+
+
+def wait_chart(page, key: str, timeout: float = 120_000) -> None:
+    page.wait_for_selector(f'.st-key-{key}[data-stale="false"] .js-plotly-plot', timeout=timeout)
+
+
+def remember(page, key: str) -> None:
+    """Note the chart's current plotly data object, so a later predicate can see a new one."""
+    page.evaluate(HELPERS_JS)
+    page.evaluate("key => { const e = window.__plot(key); window.__benchOld = e ? e.data : null; }", key)
+
+
+def arm(page) -> None:
+    page.evaluate("() => { window.__bench.armed = true; window.__bench.t0 = null; }")
+
+
+LAST = {}  # breakdown of the last timed action (seconds from the action)
+
+
+def timed(page, action, key: str, check_js: str, arg=None, timeout: float = 120_000) -> float:
+    """Seconds from the user's action (page clock) until chart `key` shows a new figure that
+    passes check_js (a JS expression over `e`, the plot element, and `arg`). LAST gets the
+    breakdown: when the server started and finished the script run, and the longest
+    main-thread task from the action until the page is idle again (seconds)."""
+    remember(page, key)
+    arm(page)
+    t_py = time.perf_counter()
+    action()
+    fn = ("([key, arg]) => { const e = window.__plot(key); "
+          "if (!e || !e.data || e.data === window.__benchOld) return false; "
+          f"if (!({check_js})) return false; return performance.now(); }}")
+    handle = page.wait_for_function(fn, arg=[key, arg], polling="raf", timeout=timeout)
+    t_done = handle.json_value()
+    py = time.perf_counter() - t_py
+    try:  # the script may still run (and the browser draw) after this chart shows: let it finish
+        wait_idle(page, timeout)
+    except Exception:
+        pass
+    info = page.evaluate("""([t1]) => { const b = window.__bench; const t0 = b.t0;
+        if (t0 === null) return null;
+        const st = b.states.filter(x => x[0] >= t0);
+        const run = st.find(x => x[1] === 'running'); const end = st.filter(x => x[1] === 'notRunning' && (!run || x[0] >= run[0]));
+        const lt = b.longtasks.filter(x => x[0] + x[1] >= t0);
+        return {t0: t0, run: run ? run[0] - t0 : null, end: end.length ? end[0][0] - t0 : null,
+                longest: lt.length ? Math.max(...lt.map(x => x[1])) : 0}; }""", [t_done])
+    LAST.clear()
+    if info is None:
+        LAST.update(total=py)
+        return py
+    total = (t_done - info["t0"]) / 1000
+    LAST.update(total=total, script_start=(info["run"] or 0) / 1000 if info["run"] is not None else None,
+                script_end=info["end"] / 1000 if info["end"] is not None else None, longest_task=info["longest"] / 1000)
+    return total
+
+
+def collect(breakdowns: list) -> dict:
+    """Medians of the breakdowns of a scenario's repetitions."""
+    out = {}
+    for k in ("total", "script_start", "script_end", "longest_task"):
+        xs = [b[k] for b in breakdowns if b.get(k) is not None]
+        out[k] = median(xs) if xs else None
+    return out
+
+
+def longtasks_since(page, t_from_ms: float) -> list:
+    return page.evaluate("t => window.__bench.longtasks.filter(x => x[0] + x[1] >= t)", t_from_ms)
+
+
+def click_tab(page, name: str, timeout: float = 120_000) -> None:
+    """Open a tab and wait until it is selected and its rerun has finished (the Heatmap tab:
+    until its chart is drawn), so the next action cannot race the rerun."""
+    tab = page.get_by_role("tab", name=name)
+    if tab.get_attribute("aria-selected") != "true":
+        tab.click()
+    page.wait_for_function("name => [...document.querySelectorAll('[role=tab]')].some("
+                           "t => t.textContent.trim() === name && t.getAttribute('aria-selected') === 'true')",
+                           arg=name, timeout=timeout)
+    wait_idle(page, timeout)
+    if name == TAB_MAP:
+        wait_chart(page, "explore-heatmap", timeout)
+
+
+def choose(page, label: str, option: str, timed_action=None):
+    """Open the selectbox labelled `label`; choose `option` (the click is the timed action)."""
+    page.get_by_role("combobox", name=label).click()
+    opt = page.get_by_role("option", name=option, exact=True)
+    opt.wait_for(timeout=30_000)
+    return opt.click
+
+
+def set_text(page, label: str, text: str):
+    box = page.get_by_label(label)
+    box.fill(text)
+    return lambda: box.press("Enter")
+
+
+# ------------------------------------------------------------------ sentences
+WORDS20 = ("the old farmer walked slowly across the green field toward a quiet river near his small house "
+           "while birds sang above the tall trees and children played with a red ball in the warm evening sun "
+           "after the long day of hard work the family sat together at the wooden table sharing bread cheese "
+           "and stories about the village market where people sold apples fish honey and bright woven cloth").split()
+
+
+def minilm_sentences(model, n: int, length: int = 20, seed: int = 0) -> list:
+    """n different sentences of exactly `length` minilm positions (one-piece words)."""
+    rng = random.Random(seed)
+    out, seen = [], set()
+    while len(out) < n:
+        words = rng.sample(WORDS20, length - 2)
+        text = " ".join(words)
+        if text in seen or len(model.tokenizer.encode(text)) != length:
+            continue
+        seen.add(text)
+        out.append(text)
+    return out
+
+
+def toy_sentences(n: int, length: int = 20, seed: int = 1) -> list:
+    from core import toy_task
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        words = []
+        while len(words) < length:
+            src, _, _ = toy_task.sample(rng)
+            words += (["and"] if words else []) + src
+        words = words[:length]
+        text = " ".join(words)
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def expected_ticks(tokens) -> list:
+    from viz.figures import safe_labels
+
+    return safe_labels(tokens)
+
+
+# ------------------------------------------------------------------ scenarios
+def scenario_sentence(page, base_url: str, model_name: str, texts: list, ticks: list, warm: int) -> list:
+    page.goto(f"{base_url}/explore?model={model_name}&text=" + urllib.parse.quote(texts[0]))
+    wait_idle(page)
+    wait_chart(page, "explore-heatmap")
+    times, bds = [], []
+    for i, (text, tk) in enumerate(zip(texts[1:], ticks[1:])):
+        press = set_text(page, "Sentence (press Enter)", text)
+        t = timed(page, press, "explore-heatmap", "JSON.stringify(window.__ticks(e)) === JSON.stringify(arg)", tk)
+        if i >= warm:
+            times.append(t)
+            bds.append(dict(LAST))
+        wait_idle(page)
+    return times, bds
+
+
+def other_head(page, i: int, n_heads: int = 12) -> int:
+    """A head for repetition i, never the one shown now (choosing it again would do nothing)."""
+    current = page.get_by_role("combobox", name="Head").input_value()
+    h = (i * 5 + 1) % n_heads
+    return (h + 1) % n_heads if str(h) == current else h
+
+
+GRID_CHECK = ("e.data.length === arg || (e.data.length === 1 && window.__ticks(e).length === 12 "
+              "&& ((e.layout.yaxis || {}).ticktext || []).length === arg / 12)")  # 72 subplots, or one tiled map
+HEAD_CHECK = "new RegExp('head ' + arg + '(\\\\D|$)').test(window.__title(e))"
+
+
+def scenario_head(page, n_reps: int, warm: int, n_heads: int = 12) -> list:
+    wait_chart(page, "explore-heatmap")
+    times, bds = [], []
+    for i in range(n_reps + warm):
+        h = other_head(page, i, n_heads)
+        click = choose(page, "Head", str(h))
+        t = timed(page, click, "explore-heatmap", HEAD_CHECK, h)
+        if i >= warm:
+            times.append(t)
+            bds.append(dict(LAST))
+        wait_idle(page)
+    return times, bds
+
+
+def scenario_model_view(page, n_reps: int, warm: int, n_maps: int) -> list:
+    times, bds = [], []
+    failures = 0
+    for i in range(n_reps + warm):
+        click_tab(page, TAB_MAP)
+        tab = page.get_by_role("tab", name=TAB_MODEL)
+        try:
+            t = timed(page, tab.click, "explore-grid", GRID_CHECK, n_maps, timeout=60_000)
+        except Exception:
+            failures += 1  # counted, not timed; the next repetition starts from the Heatmap tab again
+            if failures > 2:
+                raise
+            continue
+        if i >= warm:
+            times.append(t)
+            bds.append(dict(LAST))
+        wait_idle(page)
+    click_tab(page, TAB_MAP)
+    return times, bds
+
+
+def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> dict:
+    page.goto(f"{base_url}/decoder?model=toy-translate&text=" + urllib.parse.quote(text))
+    wait_idle(page, 180_000)
+    if page.locator('[data-testid="stException"]').count():
+        return {"error": "the decoder page raised an exception: "
+                         + page.locator('[data-testid="stException"]').first.inner_text()[:300]}
+    try:
+        wait_chart(page, "decoder-weights", 60_000)
+    except Exception as exc:
+        return {"error": f"no chart with key decoder-weights on /decoder ({exc.__class__.__name__})"}
+    times, bds = [], []
+    direction = "Next"
+    for i in range(n_reps + warm):
+        btn = page.get_by_role("button", name=direction, exact=True)
+        if btn.is_disabled():
+            direction = "Previous" if direction == "Next" else "Next"
+            btn = page.get_by_role("button", name=direction, exact=True)
+        rows = page.evaluate("() => window.__rows(window.__plot('decoder-weights').data[0].z)")
+        want = rows + (1 if direction == "Next" else -1)
+        t = timed(page, btn.click, "decoder-weights", "window.__rows(e.data[0].z) === arg", want)
+        if i >= warm:
+            times.append(t)
+            bds.append(dict(LAST))
+        wait_idle(page)
+    return {"times": times, "breakdown": collect(bds)}
+
+
+def scenario_long(page, base_url: str, texts: list, warm: int) -> dict:
+    """512-token inputs: heatmap after Enter, grid after the tab click, head change; long tasks."""
+    page.goto(f"{base_url}/explore?model=minilm&text=" + urllib.parse.quote("a short warm up sentence"))
+    wait_idle(page)
+    wait_chart(page, "explore-heatmap")
+    maps, grids, heads, longest, bd = [], [], [], [], {"map": [], "grid": [], "head": []}
+    for i, text in enumerate(texts):
+        click_tab(page, TAB_MAP, 180_000)
+        t_start = page.evaluate("() => performance.now()")
+        press = set_text(page, "Sentence (press Enter)", text)
+        t_map = timed(page, press, "explore-heatmap",
+                      "window.__rows(e.data[0].z) === 512 || /blocks of/.test(window.__title(e))", None, 180_000)
+        bd_map = dict(LAST)
+        wait_idle(page, 180_000)
+        tab = page.get_by_role("tab", name=TAB_MODEL)
+        t_grid = timed(page, tab.click, "explore-grid", GRID_CHECK, 72, 180_000)
+        bd_grid = dict(LAST)
+        wait_idle(page, 180_000)
+        click_tab(page, TAB_MAP, 180_000)
+        h = other_head(page, i + 3)
+        click = choose(page, "Head", str(h))
+        t_head = timed(page, click, "explore-heatmap", HEAD_CHECK, h, 180_000)
+        wait_idle(page, 180_000)
+        tasks = longtasks_since(page, t_start)
+        if i >= warm:
+            maps.append(t_map)
+            grids.append(t_grid)
+            heads.append(t_head)
+            longest.append(max((d for _, d in tasks), default=0.0) / 1000)
+            bd["map"].append(bd_map)
+            bd["grid"].append(bd_grid)
+            bd["head"].append(dict(LAST))
+    return {"map": maps, "grid": grids, "head": heads, "longest_task": longest,
+            "breakdown": {k: collect(v) for k, v in bd.items()}}
+
+
+def _note(t: list) -> str:
+    return f"median of {len(t)}; all: {', '.join(f'{x:.2f}' for x in t)}"
+
+
+def _where(b: dict) -> str:
+    """Where the time went, from a breakdown (medians)."""
+    if not b or b.get("script_end") is None:
+        return ""
+    parts = [f"server script ran {b['script_start'] or 0:.2f}-{b['script_end']:.2f} s after the action"]
+    if b.get("longest_task"):
+        parts.append(f"longest browser task {b['longest_task']:.2f} s")
+    return "; " + ", ".join(parts)
+
+
+def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None) -> dict:
+    import core
+
+    warm = 1
+    results, details = [], {"reps": reps, "long_reps": long_reps, "keep_freed_memory": keep_freed}
+    if not Path(CHROMIUM).exists():
+        results.append(Result("browser", "all browser figures", None, "s", note=f"Chromium not found at {CHROMIUM}"))
+        return {"results": [r.to_dict() for r in results], "details": details}
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        results.append(Result("browser", "all browser figures", None, "s", note="playwright is not installed"))
+        return {"results": [r.to_dict() for r in results], "details": details}
+
+    minilm = core.load_model("minilm", device="cpu")
+    sents = minilm_sentences(minilm, reps + warm + 1)
+    ticks = [expected_ticks(minilm.tokenizer.encode(s).tokens) for s in sents]
+    server = Server(keep_freed=keep_freed, root=Path(app_root) if app_root else ROOT)
+
+    def attempt(section, names_targets, fn):
+        """Run one scenario; on failure record 'not measured' rows with the reason."""
+        try:
+            return fn()
+        except Exception as exc:  # a page being rewritten must not sink the other figures
+            reason = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}"
+            for name, target in names_targets:
+                results.append(Result(section, name, None, "s", target, note=f"failed: {reason}"))
+            details.setdefault("errors", []).append(f"{names_targets[0][0]}: {reason}")
+            try:
+                page.screenshot(path=str(Path(server.log).parent / f"failure-{len(details['errors'])}.png"))
+            except Exception:
+                pass
+            return None
+
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1600})
+            ctx.add_init_script(INIT_JS)
+            page = ctx.new_page()
+            page.add_init_script(HELPERS_JS)
+            # warm the server: both models loaded, plotly's bundle in the browser cache
+            for url in (f"{server.url}/explore", f"{server.url}/explore?model=minilm&text=warm+up"):
+                for _ in range(2):
+                    try:
+                        page.goto(url)
+                        wait_idle(page, 300_000)
+                        wait_chart(page, "explore-heatmap", 300_000)
+                        break
+                    except Exception:
+                        continue
+            details["server_rss_mib_warm"] = server.rss_mib()
+
+            name = "type a new 20-token sentence + Enter -> heatmap (minilm)"
+            r = attempt("browser", [(name, 0.5)], lambda: scenario_sentence(page, server.url, "minilm", sents, ticks, warm))
+            if r:
+                t, b = r
+                details["sentence_minilm"] = {"times": t, "breakdown": collect(b)}
+                results.append(Result("browser", name, median(t), "s", 0.5, note=_note(t) + _where(collect(b))))
+
+            name = "minilm model view: 72 maps drawn after the tab click (20 tokens)"
+            r = attempt("browser", [(name, 1.5)], lambda: scenario_model_view(page, reps, warm, 72))
+            if r:
+                t, b = r
+                details["model_view"] = {"times": t, "breakdown": collect(b)}
+                results.append(Result("browser", name, median(t), "s", 1.5, note=_note(t) + _where(collect(b))))
+
+            name = "change the head -> heatmap (minilm, 20 tokens)"
+            r = attempt("browser", [(name, 0.3)], lambda: scenario_head(page, reps, warm))
+            if r:
+                t, b = r
+                details["head"] = {"times": t, "breakdown": collect(b)}
+                results.append(Result("browser", name, median(t), "s", 0.3, note=_note(t) + _where(collect(b))))
+
+            name = "decoder step: Next -> decoder-weights (toy-translate)"
+            dec = attempt("browser", [(name, 0.3)], lambda: scenario_decoder(
+                page, server.url, "the small happy dog sees the old cat near the quiet river", reps, warm))
+            if dec is not None:
+                details["decoder"] = dec
+                if "error" in dec:
+                    results.append(Result("browser", name, None, "s", 0.3, note=dec["error"]))
+                else:
+                    results.append(Result("browser", name, median(dec["times"]), "s", 0.3,
+                                          note=_note(dec["times"]) + _where(dec["breakdown"])))
+
+            if not quick:
+                name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"
+
+                def toy_run():
+                    toys = toy_sentences(reps + warm + 1)
+                    toy = core.load_model("toy-translate", device="cpu")
+                    tticks = [expected_ticks(toy.tokenizer.encode(s).tokens) for s in toys]
+                    return scenario_sentence(page, server.url, "toy-translate", toys, tticks, warm)
+
+                r = attempt("browser", [(name, 0.5)], toy_run)
+                if r:
+                    t, b = r
+                    details["sentence_toy"] = {"times": t, "breakdown": collect(b)}
+                    results.append(Result("browser", name, median(t), "s", 0.5, note=_note(t) + _where(collect(b))))
+
+            base = text_of(minilm, 512).split()
+            longs = []
+            for i in range(long_reps + warm):
+                w = list(base)
+                w[i + 1], w[i + 5] = w[i + 5], w[i + 1]
+                longs.append(" ".join(w))
+            names = [("512 tokens + Enter -> one head's map drawn (minilm)", 3.0),
+                     ("512 tokens: model view tab -> 72-map grid drawn", 3.0),
+                     ("512 tokens: change the head -> heatmap", None),
+                     ("512 tokens: longest main-thread task while the views update (responsive: <= 0.5 s)", 0.5)]
+            lg = attempt("long input", names, lambda: scenario_long(page, server.url, longs, warm))
+            if lg:
+                bd = lg["breakdown"]
+                results.append(Result("long input", names[0][0], median(lg["map"]), "s", 3.0,
+                                      note=_note(lg["map"]) + _where(bd["map"])))
+                results.append(Result("long input", names[1][0], median(lg["grid"]), "s", 3.0,
+                                      note=_note(lg["grid"]) + _where(bd["grid"])))
+                results.append(Result("long input", names[2][0], median(lg["head"]), "s", None,
+                                      note=_note(lg["head"]) + _where(bd["head"])))
+                results.append(Result("long input", names[3][0], max(lg["longest_task"]), "s", 0.5,
+                                      note="worst over the repetitions of Chromium's 'longtask' entries from the Enter "
+                                           "to the head change (the page cannot react to input during one)"))
+                details["long"] = lg
+            details["server_rss_mib_end"] = server.rss_mib()
+            details["exceptions_on_page"] = page.locator('[data-testid="stException"]').count()
+            browser.close()
+    finally:
+        server.stop()
+    return {"results": [r.to_dict() for r in results], "details": details}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--long-reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-keep-freed-memory", action="store_true")
+    ap.add_argument("--app-root", default=None, help="serve the app.py of another checkout (e.g. with a change wired in)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    reps, long_reps = (3, 1) if args.quick else (args.reps, args.long_reps)
+    res = run(reps, long_reps, keep_freed=not args.no_keep_freed_memory, quick=args.quick, app_root=args.app_root)
+    if args.json:
+        print(json.dumps(res, default=str))
+        return
+    for r in res["results"]:
+        v = "-" if r["value"] is None else f"{r['value']:.3f}"
+        print(f"[{r['status']:>12}] {r['name']}: {v} {r['unit']} (target {r['target']})  {r['note']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Every benchmark, then docs/benchmarks.md: `python -m bench.run_all [--quick]` (`make bench`).
+
+1. core    minilm trace / untraced forward against transformers (bench.core_bench), in one
+           fresh process per configuration: before (every tensor kept, glibc defaults),
+           lazy, mallopt, after (= what the app runs); on a CUDA machine also on the GPU;
+2. memory  trace bytes, float16 attention error, the trace cache (bench.memory_bench);
+3. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens
+           (bench.browser_bench).
+Each runs in its own process. --quick: fewer rounds and repetitions, configurations
+before/after only, lengths 128 and 512 (a few minutes instead of ~15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import ROOT, Result, machine_info
+from bench.core_bench import format_table, run_in_subprocess
+
+DOC = ROOT / "docs" / "benchmarks.md"
+
+
+def _sub(module: str, args: list, timeout: float = 3600) -> dict:
+    res = subprocess.run([sys.executable, "-m", module, *args, "--json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"{module} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def core_results(runs: dict) -> list:
+    """Target rows from the 'after' configuration (CPU), plus the before/after comparison."""
+    out = []
+    after = runs.get("after")
+    if after is None:
+        return [Result("core", "minilm full trace / transformers eager (output_attentions)", None, "x", 1.0,
+                       note="core benchmark failed")]
+    before = {r["tokens"]: r for r in runs.get("before", {}).get("rows", [])}
+    for r in after["rows"]:
+        n = r["tokens"]
+        target = 1.0 if n in (128, 512) else None
+        b = before.get(n)
+        was = (f"; before this change {b['trace_vs_eager_cpu']:.2f} (wall {b['trace_vs_eager']:.2f}), "
+               f"trace {b['median_ms']['ours trace']:.0f} ms wall / {b['cpu_median_ms']['ours trace']:.0f} ms CPU") if b else ""
+        out.append(Result(
+            "core", f"minilm model.trace(text), tokenizing included / transformers eager + output_attentions, {n} "
+                    "tokens (ratio of CPU-time medians)",
+            r["trace_vs_eager_cpu"], "x", target,
+            note=f"ours {r['cpu_median_ms']['ours trace']:.1f} ms CPU ({r['median_ms']['ours trace']:.1f} ms wall), "
+                 f"theirs {r['cpu_median_ms']['hf eager+attn']:.1f} ms CPU ({r['median_ms']['hf eager+attn']:.1f} ms "
+                 f"wall); wall ratio {r['trace_vs_eager']:.2f}, median per-round wall ratio "
+                 f"{r['trace_vs_eager_paired']:.2f}{was}"))
+    for r in after["rows"]:
+        n = r["tokens"]
+        if "ids_vs_eager_cpu" not in r:
+            continue
+        target = 1.0 if n in (128, 512) else None
+        out.append(Result(
+            "core", f"minilm full trace from the same token ids / transformers eager + output_attentions, {n} tokens "
+                    "(ratio of CPU-time medians)", r["ids_vs_eager_cpu"], "x", target,
+            note=f"ours {r['cpu_median_ms']['ours trace (ids)']:.1f} ms CPU ({r['median_ms']['ours trace (ids)']:.1f} ms "
+                 f"wall), theirs {r['cpu_median_ms']['hf eager+attn']:.1f} ms CPU; wall ratio {r['ids_vs_eager']:.2f}, "
+                 f"median per-round wall ratio {r['ids_vs_eager_paired']:.2f}. Like for like: both start from token "
+                 "ids; the row above adds our tokenizing and the text-side metadata"))
+    for r in after["rows"]:
+        n = r["tokens"]
+        target = 1.1 if n in (128, 512) else None
+        out.append(Result(
+            "core", f"minilm forward, tracing off / transformers sdpa, {n} tokens (ratio of CPU-time medians)",
+            r["plain_vs_sdpa_cpu"], "x", target,
+            note=f"ours {r['cpu_median_ms']['ours plain']:.1f} ms CPU ({r['median_ms']['ours plain']:.1f} ms wall), "
+                 f"theirs {r['cpu_median_ms']['hf sdpa']:.1f} ms CPU ({r['median_ms']['hf sdpa']:.1f} ms wall); wall "
+                 f"ratio {r['plain_vs_sdpa']:.2f}, median per-round wall ratio {r['plain_vs_sdpa_paired']:.2f}"))
+    return out
+
+
+def fmt(v, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "x":
+        return f"{v:.2f}x"
+    if unit == "s":
+        return f"{v:.2f} s"
+    if unit == "MiB":
+        return f"{v:.1f} MiB"
+    if unit == "":
+        return f"{v:.2e}"
+    return f"{v:g} {unit}"
+
+
+def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: dict, quick: bool, started: str,
+              elapsed: float, load_end) -> str:
+    L = []
+    L.append("# Benchmarks")
+    L.append("")
+    L.append(f"Generated by `python -m bench.run_all{' --quick' if quick else ''}` (`make bench`) on {started}, "
+             f"in {elapsed / 60:.1f} min. Do not edit by hand: run it again.")
+    L.append("")
+    L.append("## Machine")
+    L.append("")
+    L.append(f"- CPU: {info['cpu']}, {info['cores']} cores; memory {info['memory_gib']} GiB; {info['os']} ({info['libc']})")
+    L.append(f"- load average at start: {', '.join(str(x) for x in info['load_average'])} (1, 5, 15 min); at the end: "
+             f"{', '.join(f'{x:.2f}' for x in load_end)}. The machine is shared: a load above {info['cores']} means "
+             "other processes wanted the cores too, which stretches wall times (see the notes on CPU time below).")
+    L.append(f"- torch threads: 1 (core.device.configure_threads), as in the app")
+    gpu = info["gpu"]
+    L.append(f"- GPU: {gpu} (CUDA {info['cuda_version']})" if gpu else
+             "- GPU: none. **GPU figures were not taken here.** On a CUDA machine the same command runs the core "
+             "benchmark on the GPU as well (the trace's meta then says device cuda) and adds those rows.")
+    L.append("")
+    L.append("## Versions")
+    L.append("")
+    L.append(f"python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
+             f"streamlit {info['streamlit']}, plotly {info['plotly']}, playwright {info['playwright']}, "
+             f"{info['chromium']}")
+    L.append("")
+    L.append("## Targets")
+    L.append("")
+    L.append("| | figure | measured | target | status |")
+    L.append("|---|---|---|---|---|")
+    for r in results:
+        tgt = "—" if r.target is None else ("<= " + fmt(r.target, r.unit))
+        L.append(f"| {r.section} | {r.name} | {fmt(r.value, r.unit)} | {tgt} | **{r.status}** |")
+    L.append("")
+    L.append("Notes per figure:")
+    L.append("")
+    for r in results:
+        if r.note:
+            L.append(f"- *{r.name}*: {r.note}")
+    L.append("")
+    L.append("## Core: minilm against transformers, before and after")
+    L.append("")
+    L.append("Each configuration runs in a fresh process; in each, one round runs `model.trace(text)` (tokenize + "
+             "traced forward + Trace), the same Trace from the token ids, transformers' eager BertModel with "
+             "`output_attentions=True`, our untraced "
+             "forward and transformers' sdpa BertModel once each, round after round, so load hits them alike. "
+             "CPU = process CPU time (one torch thread, so it is the time the work itself took); wall = elapsed "
+             "time, which on this shared machine also counts the time other processes held the cores. Targets are "
+             "judged on the ratio of CPU-time medians; the wall ratios are in the notes.")
+    L.append("")
+    L.append("- **before**: the recording before this change (every tensor kept: scores, scaled, masked (the same "
+             "tensor as scaled when there is no mask), weights and an n x n zero mask per layer), glibc defaults;")
+    L.append("- **lazy**: scores / scaled / masked and all-zero masks derived on access (core/trace.py);")
+    L.append("- **mallopt**: the old recording with `core.device.keep_freed_memory()`;")
+    L.append("- **after**: lazy + keep_freed_memory: what the app runs once app.py calls keep_freed_memory().")
+    L.append("")
+    L.append("```")
+    for name in ("before", "lazy", "mallopt", "after", "after-cuda"):
+        if name in core_runs:
+            L.append(format_table(core_runs[name]))
+            L.append("")
+    L.append("```")
+    if core_runs.get("errors"):
+        L.append("")
+        L.append("Errors: " + "; ".join(core_runs["errors"]))
+    L.append("")
+    L.append("## What a trace stores and what it derives")
+    L.append("")
+    L.append("Every DESIGN.md name still reads as a tensor (`trace[name]`, `trace.get`, `names()`, `save()` write "
+             "them all). A trace from `model.trace` stores `weights` and derives on access, with the forward "
+             "pass's own operations on the same values:")
+    L.append("")
+    L.append("| name | how | exactness |")
+    L.append("|---|---|---|")
+    L.append("| `scores` | `q @ k^T` from the recorded q and k (k's heads repeated under grouped-query attention) | "
+             "the forward's matmul on the same q, k: bit for bit on the CPU in our tests (1, 2, 4 threads; "
+             "minilm, toy-translate, smollm2); on a GPU run, recomputed on the CPU, within ~1e-6 relative |")
+    L.append("| `scaled` | `scores * (1/sqrt(d_k))` | exact: the forward's own elementwise op |")
+    L.append("| `masked` | `scaled + mask`, or `scaled` itself when the attention had no mask | exact |")
+    L.append("| `mask` | `zeros(n_q, n_k)` when the attention had no mask (stored otherwise) | exact |")
+    L.append("| `weights` and every other name | stored | — |")
+    L.append("")
+    L.append("So scaled = scores / sqrt(d_k) and masked = scaled + mask hold exactly as before; softmax(masked) = "
+             "weights to float rounding (tests/test_trace_memory.py checks 1e-6). Derived tensors are computed "
+             "afresh on each access (nothing memoised) and count nothing in `Trace.nbytes()`, which now counts "
+             "each memory block once (before, `masked` = `scaled` was counted twice).")
+    L.append("")
+    d = mem.get("details", {})
+    if "trace_512" in d:
+        t = d["trace_512"]
+        mib = 2**20
+        L.append("## Memory")
+        L.append("")
+        L.append(f"- minilm trace at 512 tokens: **{t['bytes'] / mib:.1f} MiB** ({t['bytes']} bytes; {t['names']} "
+                 f"names, {t['derived']} derived), of which {t['attention_bytes'] / mib:.1f} MiB attention weights. "
+                 f"Before: {t['before_bytes'] / mib:.1f} MiB kept ({t['before_nbytes_reported'] / mib:.1f} MiB by the "
+                 f"old nbytes()). transformers' output_attentions alone: {t['hf_output_attentions_bytes'] / mib:.0f} MiB.")
+        L.append(f"- with float16 attention maps (`Trace.to_half_attention()`): {t['half_bytes'] / mib:.1f} MiB.")
+    if "float16" in d:
+        w = d["float16"]["worst"]
+        L.append(f"- float16 error over {w['maps']} real attention tensors ({len(d['float16']['cases'])} traces: minilm "
+                 f"at 16/128/512 tokens and its examples, toy-translate with causal, cross and padding masks, smollm2 "
+                 f"with grouped-query attention where installed): max |w16 - w32| = {w['max_abs']:.2e} (bound "
+                 f"2^-12 = 2.44e-4), max relative error {w['max_rel_ge_1e-3']:.2e} for weights >= 1e-3 (bound 2^-11); "
+                 f"rows sum to 1 within {w['row_sum_err_16']:.2e} (float32: {w['row_sum_err_32']:.2e}); masked "
+                 f"weights stay exactly 0: {'yes' if w['masked_exact_zero'] else 'NO'}.")
+        L.append("")
+        L.append("| model | tokens | max abs | max rel (w >= 1e-3) | row sum fp16 | row sum fp32 |")
+        L.append("|---|---|---|---|---|---|")
+        for c in d["float16"]["cases"]:
+            L.append(f"| {c['model']} | {c['tokens']} | {c['max_abs']:.2e} | {c['max_rel_ge_1e-3']:.2e} | "
+                     f"{c['row_sum_err_16']:.2e} | {c['row_sum_err_32']:.2e} |")
+    if "cache" in d:
+        c = d["cache"]
+        L.append("")
+        L.append(f"- the trace cache (viz.cache.ByteLRU, bounded in bytes, default 1 GiB) holds "
+                 f"{c['fits_512_float32']} traces of 512 tokens (float16 maps: {c['fits_512_float16']}; before this "
+                 f"change: {c['fits_512_before']}). Its eviction by bytes, refusal of oversize items and one "
+                 f"computation for concurrent requests are tested in tests/test_trace_memory.py.")
+    if "cache_rss" in d:
+        c = d["cache_rss"]
+        grow = ", ".join(f"{(r - c['rss_start_kib']) / 1024:.0f}" for r in c["rss_kib"])
+        L.append(f"- resident memory while {len(c['rss_kib'])} different 512-token traces pass through a "
+                 f"{c['bound_bytes'] / 2**20:.0f} MiB cache (keep_freed_memory on): "
+                 f"{grow} MiB above the start "
+                 f"({c['entries']} traces kept, {c['cache_bytes'] / 2**20:.0f} MiB): bounded by the cache, not growing "
+                 "with the number of traces.")
+    L.append("")
+    bd = browser.get("details", {})
+    L.append("## Browser")
+    L.append("")
+    L.append("Headless Chromium (Playwright) against `streamlit run app.py` started after keep_freed_memory() "
+             f"(bench/serve.py), one torch thread, no file watcher; a warm server; {bd.get('reps', '?')} repetitions "
+             f"after one warm-up ({bd.get('long_reps', '?')} for 512 tokens), median. Time runs from the user's "
+             "action (the page's own timestamp of the Enter keydown or the click's pointerdown) to the first frame "
+             "at which the chart `.st-key-<key>[data-stale=\"false\"] .js-plotly-plot` holds a new plotly figure "
+             "that shows the new data (the typed tokens on the axis, the chosen head in the title, 72 maps, one "
+             "more decoder row). The browser shares the 2 cores with the server and with the machine's other load.")
+    if bd.get("errors"):
+        L.append("")
+        L.append("Errors: " + "; ".join(bd["errors"]))
+    L.append("")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a short run (a few minutes)")
+    ap.add_argument("--skip-browser", action="store_true")
+    ap.add_argument("--out", default=str(DOC))
+    args = ap.parse_args(argv)
+    import os
+
+    import core.device
+
+    os.environ.setdefault("ATTENTION_LAB_THREADS", "1")
+    core.device.configure_threads(1)
+    t_start = time.time()
+    started = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    info = machine_info()
+    print(f"{info['cpu']}, {info['cores']} cores, load {info['load_average']}; torch {info['torch']}, "
+          f"transformers {info['transformers']}, streamlit {info['streamlit']}; GPU: {info['gpu'] or 'none'}", flush=True)
+
+    configs = ("before", "after") if args.quick else ("before", "lazy", "mallopt", "after")
+    rounds = 5 if args.quick else 21
+    lengths = (128, 512) if args.quick else (16, 128, 512)
+    core_runs = {}
+    for c in configs:
+        print(f"core: {c} ...", flush=True)
+        try:
+            core_runs[c] = run_in_subprocess(c, rounds, lengths, device="cpu")
+            print(format_table(core_runs[c]), flush=True)
+        except Exception as exc:
+            core_runs.setdefault("errors", []).append(f"{c}: {str(exc)[-500:]}")
+            print(f"core {c} failed: {exc}", flush=True)
+    if info["cuda"]:
+        try:
+            core_runs["after-cuda"] = run_in_subprocess("after", rounds, lengths, device="cuda")
+            print(format_table(core_runs["after-cuda"]), flush=True)
+        except Exception as exc:
+            core_runs.setdefault("errors", []).append(f"cuda: {str(exc)[-500:]}")
+    results = core_results(core_runs)
+    if "after-cuda" in core_runs:
+        for r in core_runs["after-cuda"]["rows"]:
+            results.append(Result("core (GPU)", f"{core_runs['after-cuda']['device_name']}: trace / eager, "
+                                  f"{r['tokens']} tokens (wall)", r["trace_vs_eager"], "x", None,
+                                  note=f"trace meta device {r['trace_device']}; ours {r['median_ms']['ours trace']:.1f} "
+                                       f"ms, theirs {r['median_ms']['hf eager+attn']:.1f} ms"))
+    else:
+        results.append(Result("core (GPU)", "GPU figures", None, "x", None,
+                              note="no GPU on this machine: GPU figures were not taken here"))
+
+    print("memory ...", flush=True)
+    try:
+        mem = _sub("bench.memory_bench", ["--quick"] if args.quick else [])
+    except Exception as exc:
+        mem = {"results": [Result("memory", "memory benchmark", None, "", note=str(exc)[-300:]).to_dict()], "details": {}}
+    results += [Result.from_dict(r) for r in mem["results"]]
+
+    browser = {"results": [], "details": {}}
+    if not args.skip_browser:
+        print("browser ...", flush=True)
+        try:
+            browser = _sub("bench.browser_bench", ["--quick"] if args.quick else [], timeout=5400)
+        except Exception as exc:
+            browser = {"results": [Result("browser", "browser benchmark", None, "s", note=str(exc)[-300:]).to_dict()],
+                       "details": {}}
+        results += [Result.from_dict(r) for r in browser["results"]]
+
+    load_end = os.getloadavg()
+    doc = write_doc(info, results, core_runs, mem, browser, args.quick, started, time.time() - t_start, load_end)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc)
+    (out.with_suffix(".json")).write_text(json.dumps({"machine": info, "results": [r.to_dict() for r in results],
+                                                      "core": core_runs, "memory": mem.get("details"),
+                                                      "browser": browser.get("details")}, indent=1, default=str))
+    print()
+    for r in results:
+        print(f"[{r.status:>12}] {r.section}: {r.name}: {fmt(r.value, r.unit)}"
+              + (f" (target <= {fmt(r.target, r.unit)})" if r.target is not None else ""))
+    print(f"\nwrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
