@@ -93,8 +93,15 @@ def launch(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
-def wait_idle(page, timeout: float = 60_000):
-    """Wait until Streamlit has finished the current run (no running indicator, no stale elements)."""
+def wait_idle(page, timeout: float = 60_000, settle_ms: int = 300):
+    """Wait until Streamlit has finished the current run (no running indicator, no stale
+    elements) and is still idle `settle_ms` later (a rerun can follow a finished run)."""
+    _wait_idle_once(page, timeout)
+    page.wait_for_timeout(settle_ms)
+    _wait_idle_once(page, timeout)
+
+
+def _wait_idle_once(page, timeout: float):
     page.wait_for_selector('[data-testid="stApp"]', timeout=timeout)
     page.wait_for_function(
         """() => {

@@ -23,7 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core.positional import apply_rope, rope_angles
-from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, matrix_heatmap, to_numpy
+from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, matrix_heatmap, safe_label, to_numpy
 from viz.select import axis_tokens
 
 ROWS, COLS = "rows", "cols"
@@ -765,7 +765,7 @@ def _sparse_ticks(fig: go.Figure, row_axis: str, col_axis: str, rl, cl, pooled: 
         while n / step > most:
             step *= 2
         idx = list(range(0, n, step))
-        update(tickvals=idx, ticktext=[labels[i] for i in idx])
+        update(tickvals=idx, ticktext=[safe_label(labels[i]) if token else labels[i] for i in idx])
         if not token:
             update(tickangle=0)
 

@@ -7,7 +7,11 @@ and lay the results out. Errors a user can cause end in st.error / st.warning.
 from __future__ import annotations
 
 import io
+import logging
 import os
+import re
+import time
+import urllib.parse
 from typing import Callable, Dict, Optional, Tuple
 
 import streamlit as st
@@ -16,6 +20,7 @@ import core
 from core.api import InputError
 from viz.cache import ByteLRU
 from viz.figures import attention_frame
+from viz.select import attention_views
 
 core.device.configure_threads()
 
@@ -40,10 +45,20 @@ def model_names():
 INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 256}
 
 
+log = logging.getLogger("attention_lab")
+if not log.handlers:  # one line per model load in the server log (tests count them)
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+
+
 @st.cache_resource(show_spinner=False)
 def _load_model(name: str):
+    t0 = time.perf_counter()
     model = core.load_model(name)
     model.input_limit = INPUT_LIMITS.get(name)
+    log.info("loaded model %s on %s in %.1f s", name, model.device, time.perf_counter() - t0)
     return model
 
 
@@ -56,6 +71,9 @@ def get_model(name: str):
         st.error(f"{exc}. The other models keep working.")
     except Exception as exc:  # a broken install must not take the page down
         st.error(f"Could not load model {name!r}: {exc}")
+    # Pages stop here without writing their state to the URL. Count the URL as read, or it would
+    # stay "external" (PageState) and re-impose this model over the one the user picks next.
+    st.session_state["_url_last"] = st.query_params.to_dict()
     return None
 
 
@@ -82,31 +100,8 @@ def clean_text(text: str) -> Tuple[str, list]:
     return text, msgs
 
 
-def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None):
-    """Trace for (model, text, target, padding), cached across sessions and bounded in bytes.
-    Returns None after showing a message when the input cannot be traced."""
-    model = get_model(model_name)
-    if model is None:
-        return None
-    text, msgs = clean_text(text)
-    for m in msgs:
-        st.warning(m)
-    key = ("trace", model_name, text, target or None, pad_to)
-    try:
-        with st.spinner("Running the model…"):
-            trace = trace_cache().get_or_compute(key, lambda: model.trace(text, target=target or None, pad_to=pad_to))
-    except InputError as exc:
-        st.warning(str(exc))
-        return None
-    except Exception as exc:
-        st.error(f"The model could not run on that input: {exc}")
-        return None
-    show_trace_notes(trace)
-    return trace
-
-
-def get_steps(model_name: str, text: str):
-    """All decoding steps, computed once per (model, text) and cached: step changes do no model work."""
+def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
+    """run(model, text) through the shared cache, turning every failure into a message."""
     model = get_model(model_name)
     if model is None:
         return None
@@ -114,13 +109,54 @@ def get_steps(model_name: str, text: str):
     for m in msgs:
         st.warning(m)
     try:
-        with st.spinner("Generating, one token at a time…"):
-            return trace_cache().get_or_compute(("steps", model_name, text), lambda: model.steps(text))
+        with st.spinner(spinner):
+            return trace_cache().get_or_compute((model_name, text) + key, lambda: run(model, text))
     except InputError as exc:
         st.warning(str(exc))
     except Exception as exc:
         st.error(f"The model could not run on that input: {exc}")
     return None
+
+
+def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None):
+    """Trace for (model, text, target, padding), cached across sessions and bounded in bytes.
+    Returns None after showing a message when the input cannot be traced."""
+    trace = _cached_run(model_name, text, ("trace", target or None, pad_to),
+                        lambda m, t: m.trace(t, target=target or None, pad_to=pad_to), "Running the model…")
+    if trace is not None:
+        show_trace_notes(trace)
+    return trace
+
+
+# The decoder stepper keeps one Trace per generated token (32 for smollm2): for a prompt of n
+# tokens that is ~32 traces of n..n+31 tokens, ~3.3 GB at n = 64 and ~15 GB at the 256 the
+# other pages allow, so its prompts get a lower cap.
+STEP_INPUT_LIMITS = {"smollm2": 64}
+
+
+def step_prompt(model_name: str, text: str) -> str:
+    """The prompt the decoder stepper runs on: `text`, cut after STEP_INPUT_LIMITS tokens (with a
+    warning) where the model has such a cap. Pass it to get_steps and get_trace alike."""
+    limit = STEP_INPUT_LIMITS.get(model_name)
+    model = get_model(model_name) if limit else None
+    if model is None or not text:
+        return text
+    cleaned, _ = clean_text(text)  # same length as text up to MAX_CHARS: its offsets fit text too
+    try:
+        enc = model.tokenizer.encode(cleaned)
+    except Exception:
+        return text
+    if len(enc) <= limit:
+        return text
+    end = max(t for _, t in enc.offsets[:limit])
+    st.warning(f"The decoder stepper keeps a trace for every step, so it runs {model_name} on the first {limit} "
+               f"tokens of the prompt (the other pages take up to {INPUT_LIMITS.get(model_name)}).")
+    return text[:end]
+
+
+def get_steps(model_name: str, text: str):
+    """All decoding steps, computed once per (model, text) and cached: step changes do no model work."""
+    return _cached_run(model_name, text, ("steps",), lambda m, t: m.steps(t), "Generating, one token at a time…")
 
 
 def show_trace_notes(trace) -> None:
@@ -168,7 +204,8 @@ class PageState:
                         raise ValueError
                     value = parsed
                 except (ValueError, TypeError):
-                    self.messages.append(f"The URL's {field}={str(raw)[:40]!r} is not valid here; showing {value!r}.")
+                    self.messages.append(f"The URL's {field}={url_value(raw)} is not valid here; "
+                                         f"showing {url_value(value)}.")
             st.session_state[key] = value
         return key
 
@@ -181,7 +218,7 @@ class PageState:
     def publish(self, **values) -> None:
         for k, v in values.items():
             self.shared[k] = v
-        params = {k: str(v) for k, v in values.items() if v is not None and v != ""}
+        params = {k: url_text(str(v)) for k, v in values.items() if v is not None and v != ""}
         if st.query_params.to_dict() != params:
             st.query_params.from_dict(params)
         st.session_state["_url_last"] = params
@@ -189,6 +226,24 @@ class PageState:
     def show_messages(self) -> None:
         for m in self.messages:
             st.warning(m)
+
+
+URL_VALUE_BYTES = 32_000  # per value, percent-encoded; the server refuses (HTTP 400) URLs of ~100 kB
+
+
+def url_text(value: str) -> str:
+    """A value as the URL keeps it: its first MAX_CHARS characters (all the models read), and no
+    more than URL_VALUE_BYTES once percent-encoded, so that a reload or a shared link of a page
+    holding pasted text still opens."""
+    value = value[:MAX_CHARS]
+    if len(value) * 12 <= URL_VALUE_BYTES:  # fits whatever the characters (at most 12 bytes each)
+        return value
+    size = 0
+    for i, ch in enumerate(value):
+        size += len(urllib.parse.quote(ch, safe=""))
+        if size > URL_VALUE_BYTES:
+            return value[:i]
+    return value
 
 
 def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int) -> str:
@@ -201,7 +256,8 @@ def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int) -
             try:
                 value = int(str(raw).strip())
             except ValueError:
-                state.messages.append(f"The URL's {field}={str(raw)[:40]!r} is not a whole number; showing {field} {default}.")
+                state.messages.append(f"The URL's {field}={url_value(raw)} is not a whole number; "
+                                      f"showing {field} {default}.")
                 value = default
         st.session_state[key] = value
     value = st.session_state[key]
@@ -213,6 +269,26 @@ def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int) -
 
 
 # ------------------------------------------------------------------ layout helpers
+KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "self_attn"): "decoder self-attention (masked)",
+              ("decoder", "cross_attn"): "decoder cross-attention"}
+
+
+def attention_picker(state: PageState, trace, cols):
+    """Attention (stack.kind), layer and head selectors in three columns, seeded from the
+    URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key)."""
+    view_names = [f"{s}.{k}" for s, k in attention_views(trace)]
+    attn_key = state.seed("attn", view_names[0], valid=lambda v: v in view_names)
+    if st.session_state[attn_key] not in view_names:
+        st.session_state[attn_key] = view_names[0]
+    attn = cols[0].selectbox("Attention", view_names, key=attn_key,
+                             format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
+    stack, kind = attn.split(".")
+    n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+    layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1)
+    head_key = int_from_url(state, "head", 0, 0, n_heads - 1)
+    layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
+    head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key)
+    return attn, stack, kind, layer, head, layer_key, head_key
 def sidebar(model=None) -> None:
     with st.sidebar:
         dev = core.pick_device()
@@ -240,6 +316,16 @@ def token_chips(tokens, special=None, title: str = "") -> None:
         return
     shown = tokens[:400]
     st.markdown(" ".join(f"`{_md_code(t)}`" for t in shown) + (" …" if len(tokens) > 400 else ""))
+
+
+def url_value(raw, limit: int = 40) -> str:
+    """A value from the URL, quoted (repr) for a message. Anything but plain words and numbers
+    is shown as a Markdown code span, so an image, link, web address, directive or LaTeX in
+    it reads as the literal text it is and never loads or links anything."""
+    text = repr(str(raw)[:limit])
+    if re.fullmatch(r"(?:[^\W_]|[\s'.+-])*", text) and "www." not in text.lower():
+        return text
+    return "`" + text.replace("`", "ˋ") + "`"
 
 
 def _md_code(tok: str) -> str:

@@ -84,7 +84,8 @@ for i, sentence in enumerate(examples):
 mode = st.radio("Mode", list(MODES), key=mode_key, format_func=MODES.get, horizontal=True, on_change=_mode_changed)
 
 # ------------------------------------------------------------------ all steps, once (cached)
-steps = common.get_steps(model_name, text)
+run_text = common.step_prompt(model_name, text)  # capped where every step's trace is large
+steps = common.get_steps(model_name, run_text)
 if not steps:
     if steps is not None:  # ran, but generated nothing (max length 0)
         st.warning("The model generated no tokens for that input (it is already at the maximum length).")
@@ -126,7 +127,7 @@ if mode == "teacher":
         state.show_messages()
         ss[PLAYING] = False
         st.stop()
-    full = common.get_trace(model_name, text, target=target)
+    full = common.get_trace(model_name, run_text, target=target)
     if full is None:
         state.publish(model=model_name, text=text, mode=mode, target=target)
         state.show_messages()
@@ -237,7 +238,7 @@ else:
     forced_id = None
     if decoder_only:
         t_enc = model.tokenizer.encode(target)
-        dec_ids = (list(model.encode(text).ids) + [i for i, s in zip(t_enc.ids, t_enc.special) if not s])
+        dec_ids = (list(model.encode(run_text).ids) + [i for i, s in zip(t_enc.ids, t_enc.special) if not s])
         dec_ids = dec_ids[: model.config.max_len]
         ends_with = None
     else:

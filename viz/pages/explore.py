@@ -13,10 +13,8 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, head_view
 from viz.pages import common
-from viz.select import View, attention_matrix, attention_views
+from viz.select import View, attention_matrix
 
-KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "self_attn"): "decoder self-attention (masked)",
-              ("decoder", "cross_attn"): "decoder cross-attention"}
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
 st.title("Explore attention")
@@ -76,21 +74,9 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
 elif model.kind == "decoder" and trace.tokens("next"):
     st.caption(f"Next-token prediction after the prompt: {trace.tokens('next')[0]!r}")
 
-views = attention_views(trace)
-view_names = [f"{s}.{k}" for s, k in views]
-attn_key = state.seed("attn", view_names[0], valid=lambda v: v in view_names)
-if st.session_state[attn_key] not in view_names:
-    st.session_state[attn_key] = view_names[0]
-
 c = st.columns([2, 1, 1, 1.3])
-attn = c[0].selectbox("Attention", view_names, key=attn_key,
-                      format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
-stack, kind = attn.split(".")
+attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
-layer = c[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
-head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[3]:
     mean_heads = st.toggle("Average over heads", key="explore.mean")
     per_map = st.toggle("Scale colours per map", key="explore.permap")
@@ -166,7 +152,7 @@ with tab_model:
         else:
             weights = [trace[f"{stack}.{i}.{kind}.weights"] for i in layers]
         grid = ex.grid_figure(weights, lo, q_toks, k_toks, selected=(layer, head),
-                              title=f"{KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
+                              title=f"{common.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
         st.plotly_chart(grid, key="explore-grid", on_select=functools.partial(_pick_from_grid, n_heads, lo),
                         selection_mode="points", width="stretch")

@@ -10,11 +10,7 @@ import streamlit as st
 
 from viz import pipeline
 from viz.pages import common
-from viz.select import attention_views, axis_tokens
-
-KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention",
-              ("decoder", "self_attn"): "decoder self-attention (masked)",
-              ("decoder", "cross_attn"): "decoder cross-attention"}
+from viz.select import axis_tokens
 
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
@@ -65,21 +61,9 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
     common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')})")
 
 # ------------------------------------------------------------------ what to show
-views = attention_views(trace)
-view_names = [f"{s}.{k}" for s, k in views]
-attn_key = state.seed("attn", view_names[0], valid=lambda v: v in view_names)
-if st.session_state[attn_key] not in view_names:
-    st.session_state[attn_key] = view_names[0]
-
 c = st.columns([2, 1, 1, 2.4])
-attn = c[0].selectbox("Attention", view_names, key=attn_key,
-                      format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
-stack, kind = attn.split(".")
+attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
-layer = c[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
-head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
 notation_key = state.seed("notation", pipeline.ROWS, valid=lambda v: v in pipeline.NOTATIONS)
 notation = c[3].radio("Notation", list(pipeline.NOTATIONS), key=notation_key, format_func=pipeline.NOTATIONS.get)
 state.show_messages()

