@@ -103,6 +103,8 @@ class _Scope:
 def _sub(rec: Rec, prefix: str) -> Rec:
     if rec is None:
         return None
+    if isinstance(rec, _Scope):  # one prefix, one call per record, however deep the nesting
+        return _Scope(rec.rec, f"{rec.prefix}.{prefix}")
     return _Scope(rec, prefix)
 
 
@@ -344,7 +346,11 @@ class Transformer(nn.Module):
         logits = self.out_proj(hidden)  # (B, t, V)
         if rec:
             rec("logits", logits)
-            rec("probs", torch.softmax(logits, dim=-1))
+            derive = getattr(rec, "derive", None)
+            if derive is not None:  # n x V twice would be the largest part of a decoder trace
+                derive("probs", "softmax", "logits")
+            else:
+                rec("probs", torch.softmax(logits, dim=-1))
         return logits
 
     def forward(self, src=None, tgt=None, src_pad=None, tgt_pad=None, rec: Rec = None, token_types=None):

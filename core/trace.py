@@ -55,12 +55,13 @@ class Derived:
       "mul"   (name, factor)        tensor * factor
       "add"   (name_a, name_b)      a + b (broadcasting)
       "same"  (name,)               the tensor itself
+      "softmax" (name,)             softmax over the last axis (probs from logits)
       "zeros" (shape, dtype)        torch.zeros(shape, dtype=dtype)
     String arguments are trace names; everything else is a constant.
     """
 
     __slots__ = ("op", "args")
-    OPS = ("qk", "mul", "add", "same", "zeros")
+    OPS = ("qk", "mul", "add", "same", "zeros", "softmax")
 
     def __init__(self, op: str, *args):
         if op not in self.OPS:
@@ -85,6 +86,8 @@ class Derived:
             return get(a[0]) + get(a[1])
         if op == "same":
             return get(a[0])
+        if op == "softmax":
+            return torch.softmax(get(a[0]), dim=-1)
         return torch.zeros(tuple(a[0]), dtype=a[1])
 
     def describe(self) -> str:
@@ -94,6 +97,7 @@ class Derived:
             "mul": lambda: f"{a[0]} * {a[1]!r}",
             "add": lambda: f"{a[0]} + {a[1]}",
             "same": lambda: f"{a[0]}",
+            "softmax": lambda: f"softmax({a[0]})",
             "zeros": lambda: f"zeros{tuple(a[0])}",
         }[op]()
 
