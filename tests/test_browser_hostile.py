@@ -114,8 +114,14 @@ def assert_safe(pg, where):
     assert pg.dialogs == [], f"{where}: a dialog opened: {pg.dialogs}"
 
 
-def chart_drawn(pg, key: str) -> bool:
-    return pg.locator(f'.st-key-{key}[data-stale="false"] .js-plotly-plot .main-svg').count() > 0
+def chart_drawn(pg, key: str, timeout: float = 30_000) -> bool:
+    """Whether the chart is drawn, giving plotly time to draw on a busy machine."""
+    try:
+        pg.wait_for_selector(f'.st-key-{key}[data-stale="false"] .js-plotly-plot .main-svg', timeout=timeout,
+                             state="attached")  # charts in a closed tab exist but are hidden
+        return True
+    except Exception:
+        return False
 
 
 def tick_texts(pg, key: str, axis: str = "xtick") -> list:

@@ -23,6 +23,7 @@ from viz.figures import attention_frame
 from viz.select import attention_views
 
 core.device.configure_threads()
+core.device.keep_freed_memory()  # reuse freed trace buffers instead of page-faulting fresh ones
 
 DEFAULT_MODEL = "toy-translate"
 MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
