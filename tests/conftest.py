@@ -64,3 +64,28 @@ def app_test():
         return at
 
     return make
+
+
+# ------------------------------------------------------------------ browser tests
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real app server on a free 127.0.0.1 port, one per test module, stopped by its pid."""
+    from browser_utils import require_browser, start_server
+
+    require_browser()
+    srv = start_server(tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    """Debian's Chromium through Playwright, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    from browser_utils import launch
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()

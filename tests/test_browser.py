@@ -6,29 +6,11 @@ import urllib.parse
 import pytest
 
 import core
-from browser_utils import SCREENSHOTS, chart_data, launch, no_exception, require_browser, start_server, wait_idle
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
 
 PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    require_browser()
-    srv = start_server(tmp_path_factory.mktemp("server"))
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        yield b
-        b.close()
 
 
 @pytest.fixture

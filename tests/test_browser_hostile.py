@@ -12,7 +12,7 @@ import urllib.parse
 import pytest
 
 import core
-from browser_utils import launch, no_exception, require_browser, start_server, wait_idle
+from browser_utils import no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -60,24 +60,6 @@ INJECTED = """() => {
             if (at.name.startsWith('on')) out.push('handler: ' + el.tagName + ' ' + at.name);
     return out;
 }"""
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    require_browser()
-    srv = start_server(tmp_path_factory.mktemp("server-hostile"))
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        yield b
-        b.close()
 
 
 @pytest.fixture
