@@ -47,6 +47,27 @@ def heatmap_z(chart, trace_index: int = 0) -> np.ndarray:
     return decode_array(figure(chart)["data"][trace_index]["z"]).astype(float)
 
 
+def grid_tile(fig: dict, layer: int, head: int) -> np.ndarray:
+    """One map of a tiled model view (viz.grid.tiled_head_grid), given its real layer number.
+
+    Reads the layout from the heatmap's category names ("layer l · query q", "head h · key k"),
+    independently of the figure builder's own arithmetic."""
+    heat = fig["data"][0]
+    z = decode_array(heat["z"]).astype(float)
+    rows = [i for i, y in enumerate(heat["y"]) if str(y).startswith(f"layer {layer} · ")]
+    cols = [j for j, x in enumerate(heat["x"]) if str(x).startswith(f"head {head} · ")]
+    assert rows and cols, f"no map for layer {layer}, head {head}"
+    assert rows == list(range(rows[0], rows[-1] + 1)) and cols == list(range(cols[0], cols[-1] + 1))
+    return z[rows[0]: rows[-1] + 1, cols[0]: cols[-1] + 1]
+
+
+def grid_shape(fig: dict) -> tuple:
+    """(layers, heads) drawn in a tiled model view: its click targets, one per map."""
+    cd = fig["data"][1]["customdata"]
+    cd = decode_array(cd) if isinstance(cd, dict) else np.array(cd)
+    return len({int(r[0]) for r in cd}), len({int(r[1]) for r in cd})
+
+
 def assert_no_exception(at):
     assert not at.exception, [e.message for e in at.exception]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import core
-from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
+from conftest import assert_no_exception, chart_by_key, figure, grid_shape, grid_tile, heatmap_z
 from viz import explore as ex
 
 TEXT = "the small dog sees the cat"
@@ -83,8 +83,9 @@ def test_minilm_read_in_words(app_test):
     at.run()
     assert_no_exception(at)
     grid = figure(chart_by_key(at, "explore-grid"))
-    assert len(grid["data"]) == 6 * 12
-    assert heatmap_z(chart_by_key(at, "explore-grid"), 1 * 12 + 2).shape == (8, 8)
+    assert grid_shape(grid) == (6, 12)
+    np.testing.assert_allclose(grid_tile(grid, 1, 2), ex.word_stack(model.trace(PIECES), "encoder", "self_attn", [1],
+                                                                    PIECES)[0][2].numpy(), atol=1e-6)
 
 
 def test_minilm_default_sentence_is_bank_river(app_test):
@@ -119,7 +120,12 @@ def test_600_token_input_on_minilm(app_test):
     at.session_state["explore.tab"] = TAB_MODEL
     at.run()
     assert_no_exception(at)
-    assert max(heatmap_z(chart_by_key(at, "explore-grid"), 0).shape) <= ex.MAX_GRID_SIDE
+    grid = figure(chart_by_key(at, "explore-grid"))
+    assert grid_shape(grid) == (6, 12)
+    tile = grid_tile(grid, 3, 4)
+    n_blocks = len(ex.blocks(512, ex.MAX_GRID_SIDE))
+    assert tile.shape == (n_blocks, n_blocks) and n_blocks <= ex.MAX_GRID_SIDE
+    np.testing.assert_allclose(tile.sum(1), 1.0, atol=1e-4)  # keys summed, queries averaged
     # the head view declines politely
     at.session_state["explore.tab"] = "Head view"
     at.run()
@@ -142,16 +148,16 @@ def test_smollm2_model_view_shows_a_layer_range(app_test):
     at.run()
     assert_no_exception(at)
     grid = figure(chart_by_key(at, "explore-grid"))
-    assert len(grid["data"]) == 12 * 9  # layers 0-11 by default
+    assert grid_shape(grid) == (12, 9)  # layers 0-11 by default
     assert any("outside the layers drawn" in c.value for c in at.caption)
     at.slider(key="explore.grid_layers").set_value((20, 29)).run()
     assert_no_exception(at)
     grid = figure(chart_by_key(at, "explore-grid"))
-    assert len(grid["data"]) == 10 * 9
-    assert [a["text"] for a in grid["layout"]["annotations"] if a["text"].startswith("L")][0] == "L20"
+    assert grid_shape(grid) == (10, 9)
+    assert grid["layout"]["yaxis"]["ticktext"][0] == "L20"
     model = core.load_model("smollm2")
     expected = model.trace("The cat sat on the mat.")["decoder.25.self_attn.weights"][8].numpy()
-    np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-grid"), 5 * 9 + 8), expected, atol=1e-6)
+    np.testing.assert_allclose(grid_tile(grid, 25, 8), expected, atol=1e-6)
     assert len(grid["layout"]["shapes"]) == 1  # layer 25, head 8 outlined
     np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-enlarged")), expected, atol=1e-6)
     # read in words on a byte-level BPE model

@@ -104,3 +104,37 @@ def test_decoder_step_next_and_play(server, page):
     assert _weights(page).shape == (n_steps, n_steps)
     assert f"step={n_steps}" in page.url
     assert no_exception(page)
+
+
+def test_model_view_click_selects_a_map(server, page):
+    """Clicking a map of the model view (one tiled heatmap) makes it the selected layer and
+    head: the pickers, the red outline and the enlarged map follow, with the core's numbers."""
+    import numpy as np
+
+    text = "the small dog sees the cat"
+    page.goto(f"{server.url}/explore?text=" + urllib.parse.quote(text))
+    wait_idle(page)
+    page.get_by_role("tab", name="Model view (all layers × heads)").click()
+    wait_idle(page)
+    sel = '.st-key-explore-grid[data-stale="false"] .js-plotly-plot'
+    page.wait_for_selector(sel, timeout=60_000)
+    # the pixel centre of encoder layer 2, head 3, from plotly's own axes
+    xy = page.eval_on_selector(sel, """(e, [layer, head]) => {
+        const t = e.data[1], fl = e._fullLayout, i = t.customdata.findIndex(c => c[0] === layer && c[1] === head);
+        const box = e.querySelector('.nsewdrag').getBoundingClientRect();
+        return [box.left + fl.xaxis.d2p(t.x[i]), box.top + fl.yaxis.d2p(t.y[i])]; }""", [2, 3])
+    page.mouse.move(xy[0] + 3, xy[1] + 4)  # off-centre: anywhere on the map will do
+    page.mouse.click(xy[0] + 3, xy[1] + 4)
+    page.wait_for_function("""() => { const e = document.querySelector('.st-key-explore-enlarged[data-stale="false"] .js-plotly-plot');
+                               return e && e.layout.title.text.includes('layer 2') && e.layout.title.text.includes('head 3'); }""",
+                           timeout=60_000)
+    wait_idle(page)
+    assert no_exception(page)
+    assert "layer=2" in page.url and "head=3" in page.url
+    model = core.load_model("toy-translate", device="cpu")
+    expected = model.trace(text)["encoder.2.self_attn.weights"][3].numpy()
+    z = np.array(chart_data(page, "explore-enlarged")["data"][0]["z"], dtype=float)
+    assert np.abs(z - expected).max() < 1e-5
+    shapes = chart_data(page, "explore-grid")["layout"]["shapes"]
+    assert len(shapes) == 1  # the outline moved to the clicked map
+    page.screenshot(path=str(SCREENSHOTS / "explore-model-view.png"))

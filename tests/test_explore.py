@@ -1,11 +1,14 @@
 """viz.explore: pieces read as words, long maps drawn in blocks, layer ranges of the model view,
 and the cap on decoder-only prompts. Pure functions, checked against the core's tensors."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 import core
+from conftest import grid_shape, grid_tile
 from viz import explore as ex
 from viz.select import View, attention_matrix
 
@@ -67,19 +70,39 @@ def test_word_tokens_are_not_pieces():
 def test_grid_of_a_layer_range_keeps_real_layer_numbers():
     torch.manual_seed(0)
     maps = [torch.softmax(torch.randn(3, 100, 100), -1) for _ in range(4)]
-    fig = ex.grid_figure(maps, 20, [str(i) for i in range(100)], [str(i) for i in range(100)], selected=(22, 1),
-                         max_side=25)
-    assert len(fig.data) == 12
-    rows = [a.text for a in fig.layout.annotations if a.text.startswith("L")]
-    assert rows == ["L20", "L21", "L22", "L23"]
-    assert fig.data[7].hovertemplate.startswith("layer 22, head 1")
-    z = np.asarray(fig.data[7].z, dtype=float)
-    assert z.shape == (25, 25) and np.allclose(z.sum(1), 1.0, atol=1e-5)  # thumbnails keep the 0-1 scale
+    fig = ex.grid_figure(maps, 20, selected=(22, 1), max_side=25)
+    spec = json.loads(fig.to_json())
+    assert grid_shape(spec) == (4, 3) and len(fig.data) == 2  # one tiled heatmap + its click targets
+    assert list(fig.layout.yaxis.ticktext) == ["L20", "L21", "L22", "L23"]
+    tile = grid_tile(spec, 22, 1)
+    assert tile.shape == (25, 25) and np.allclose(tile.sum(1), 1.0, atol=1e-5)  # thumbnails keep the 0-1 scale
+    # block (2, 3) of layer 22 head 1: keys 12-15 summed, queries 8-11 averaged
+    expected = maps[2][1][8:12, 12:16].sum(1).mean()
+    assert tile[2, 3] == pytest.approx(float(expected), abs=1e-6)
     assert len(fig.layout.shapes) == 1  # the selected map is outlined
-    assert ex.grid_pick(7, 3, 20) == (22, 1)
-    assert len(ex.grid_figure(maps, 20, [], [], selected=(5, 0)).layout.shapes) == 0  # outside the range
+    assert len(ex.grid_figure(maps, 20, selected=(5, 0)).layout.shapes) == 0  # outside the range
     assert ex.clamp_range((25, 40), 30) == (25, 29) and ex.clamp_range("x", 30) == (0, 11)
     assert ex.default_layer_range(6) == (0, 5)
+
+
+def test_grid_click_targets_name_their_maps():
+    """Each map has one click target at its centre; a selection point read back gives its
+    (layer, head), from its customdata or from its category names; gaps give None."""
+    torch.manual_seed(1)
+    maps = [torch.softmax(torch.randn(3, 6, 6), -1) for _ in range(2)]
+    fig = ex.grid_figure(maps, 4)
+    targets = fig.data[1]
+    assert targets.type == "scatter" and len(targets.x) == 6
+    for x, y, cd in zip(targets.x, targets.y, targets.customdata):
+        assert ex.grid_pick({"curve_number": 1, "x": x, "y": y, "customdata": list(cd)}) == (cd[0], cd[1])
+        assert ex.grid_pick({"curve_number": 1, "x": x, "y": y}) == (cd[0], cd[1])  # no customdata: names
+    assert sorted((int(c[0]), int(c[1])) for c in targets.customdata) == [(li, h) for li in (4, 5) for h in range(3)]
+    # hover names the map and its mean row entropy (bits), computed here independently
+    w = maps[1][2].double()
+    ent = float((-(w * torch.log2(w)).sum(-1)).mean())
+    cd = [c for c in targets.customdata if (c[0], c[1]) == (5, 2)][0]
+    assert cd[2] == pytest.approx(ent, abs=1e-5)
+    assert ex.grid_pick({"curve_number": 0, "x": "\u2009" + "0", "y": "layer 4 · query 0"}) is None
 
 
 def test_block_ticks():

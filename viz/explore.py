@@ -14,7 +14,6 @@ real layer numbers), each map reduced to at most `max_side` per side before it i
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 
 from core.tokenizer import WordTokenizer
 from core.words import Groups, merge_attention, word_groups, word_labels
-from viz.figures import head_grid
+from viz.grid import tiled_grid_pick, tiled_head_grid
 from viz.select import SPECIAL_TOKENS, View, attention_matrix
 
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
@@ -149,32 +148,26 @@ def clamp_range(value, n_layers: int) -> Tuple[int, int]:
     return (lo, hi) if lo <= hi else (hi, lo)
 
 
-def grid_figure(weights_by_layer: Sequence, first_layer: int, q_tokens, k_tokens, *,
+def grid_figure(weights_by_layer: Sequence, first_layer: int, *,
                 selected: Optional[Tuple[int, int]] = None, max_side: int = MAX_GRID_SIDE, title: str = "") -> go.Figure:
-    """viz.figures.head_grid of layers first_layer, first_layer + 1, ... with their real
-    layer numbers in the row titles and hover; maps reduced to max_side first."""
+    """The model view of layers first_layer, first_layer + 1, ...: every map reduced to at
+    most max_side blocks per side (reduce_stack), then tiled into one heatmap
+    (viz.grid.tiled_head_grid) with the real layer numbers on its rows and in its hover;
+    selected = (layer, head) is outlined."""
     maps = reduce_stack(weights_by_layer, max_side)
-    n_heads = maps[0].shape[0]
-    sel = None
-    if selected is not None and first_layer <= selected[0] < first_layer + len(maps):
-        sel = (selected[0] - first_layer, selected[1])
-    fig = head_grid(maps, q_tokens, k_tokens, selected=sel, max_side=max_side, title=title)
-    if first_layer:
-        for ann in fig.layout.annotations:
-            mt = re.fullmatch(r"L(\d+)", ann.text or "")
-            if mt:
-                ann.text = f"L{int(mt.group(1)) + first_layer}"
-    for k, tr in enumerate(fig.data):
-        li, h = divmod(k, n_heads)
-        tr.hovertemplate = (f"layer {li + first_layer}, head {h}<br>query %{{y}}, key %{{x}}<br>"
-                            "weight %{z:.3f}<extra></extra>")
-    return fig
+    n_q, n_k = maps[0].shape[-2], maps[0].shape[-1]
+    qpos = kpos = None
+    if n_q < weights_by_layer[0].shape[-2] or n_k < weights_by_layer[0].shape[-1]:
+        qpos = [g[0] for g in blocks(weights_by_layer[0].shape[-2], max_side)]
+        kpos = [g[0] for g in blocks(weights_by_layer[0].shape[-1], max_side)]
+    return tiled_head_grid(maps, first_layer=first_layer, selected=selected, q_positions=qpos, k_positions=kpos,
+                           title=title)
 
 
-def grid_pick(curve_number: int, n_heads: int, first_layer: int) -> Tuple[int, int]:
-    """(layer, head) of the clicked thumbnail of a grid that starts at first_layer."""
-    li, h = divmod(int(curve_number), n_heads)
-    return li + first_layer, h
+def grid_pick(point: dict) -> Optional[Tuple[int, int]]:
+    """(layer, head) of a clicked point of grid_figure (a selection point from the browser);
+    None when the click landed on no map."""
+    return tiled_grid_pick(point)
 
 
 def fit_block_ticks(fig: go.Figure, max_ticks: int = 32, top_margin: int = 150) -> go.Figure:

@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
@@ -139,80 +138,6 @@ def attention_heatmap(
         show_values=show_values,
         height=height,
     )
-
-
-def head_grid(
-    weights_by_layer: Sequence,
-    tokens_q: Sequence[str],
-    tokens_k: Sequence[str],
-    *,
-    selected: Optional[tuple] = None,
-    max_side: int = 64,
-    title: str = "",
-) -> go.Figure:
-    """Model view: a layer x head grid of small attention maps (rows = layers).
-
-    weights_by_layer: one H x n_q x n_k array per layer. Maps larger than max_side are
-    average-pooled to at most max_side x max_side so large grids stay light.
-    """
-    maps = [to_numpy(w) for w in weights_by_layer]
-    n_layers, n_heads = len(maps), maps[0].shape[0]
-    fig = make_subplots(
-        rows=n_layers,
-        cols=n_heads,
-        horizontal_spacing=0.008,
-        vertical_spacing=0.012,
-        row_titles=[f"L{i}" for i in range(n_layers)],
-        column_titles=[f"H{h}" for h in range(n_heads)],
-    )
-    for li, w in enumerate(maps):
-        pooled = [pool_matrix(w[h], max_side) for h in range(n_heads)]
-        for h in range(n_heads):
-            z, rows, cols = pooled[h]
-            fig.add_trace(
-                go.Heatmap(
-                    z=z,
-                    zmin=0,
-                    zmax=1,
-                    colorscale=ATTN_SCALE,
-                    showscale=False,
-                    hovertemplate=f"layer {li}, head {h}<br>query %{{y}}, key %{{x}}<br>weight %{{z:.3f}}<extra></extra>",
-                    x=cols,
-                    y=rows,
-                ),
-                row=li + 1,
-                col=h + 1,
-            )
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
-    if selected is not None:
-        li, h = selected
-        if 0 <= li < n_layers and 0 <= h < n_heads:
-            idx = li * n_heads + h + 1
-            xa, ya = ("x" if idx == 1 else f"x{idx}"), ("y" if idx == 1 else f"y{idx}")
-            fig.add_shape(type="rect", xref=f"{xa} domain", yref=f"{ya} domain", x0=0, x1=1, y0=0, y1=1,
-                          line=dict(color="#d62728", width=3))
-    cell = 70 if n_heads > 6 else 110
-    fig.update_layout(
-        height=min(2600, 60 + cell * n_layers),
-        margin=dict(l=10, r=40, t=50 if not title else 80, b=10),
-        title=dict(text=title, x=0),
-    )
-    return fig
-
-
-def pool_matrix(m: np.ndarray, max_side: int):
-    """Average-pool a matrix so neither side exceeds max_side; returns (z, row_pos, col_pos)
-    where the positions are the first original index of each pooled block."""
-    n_q, n_k = m.shape
-    fq = int(np.ceil(n_q / max_side))
-    fk = int(np.ceil(n_k / max_side))
-    if fq == 1 and fk == 1:
-        return m, list(range(n_q)), list(range(n_k))
-    pq, pk = (-n_q) % fq, (-n_k) % fk
-    padded = np.pad(m, ((0, pq), (0, pk)), constant_values=np.nan)
-    z = np.nanmean(padded.reshape(-1, fq, padded.shape[1] // fk, fk), axis=(1, 3))
-    return z, list(range(0, n_q, fq)), list(range(0, n_k, fk))
 
 
 HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

@@ -1,14 +1,15 @@
 """The model view (every head of every layer) as ONE heatmap: a pure, fast figure builder.
 
-viz.figures.head_grid draws L x H maps as L x H plotly subplots: 72 heatmap traces and 144
-axes for minilm. Building that figure takes ~0.4 s in Python (make_subplots) and drawing
-it ~1 s in the browser, in one main-thread task, so the page cannot react meanwhile.
-tiled_head_grid draws the same maps tiled into one matrix (a blank row/column between
-maps) as a single heatmap trace with two axes: a few ms to build and one cheap draw.
-Nothing here imports Streamlit.
+Drawn as L x H plotly subplots, minilm's model view is 72 heatmap traces and 144 axes:
+~0.4 s to build in Python (make_subplots) and ~1 s to draw in the browser, in one
+main-thread task, so the page cannot react meanwhile. tiled_head_grid draws the same maps
+tiled into one matrix (a blank row/column between maps) as a single heatmap trace with two
+axes: a few ms to build and one cheap draw. Nothing here imports Streamlit.
 
-Clicks: a tiled grid has one trace, so a clicked point's curve_number is always 0; use
-tiled_grid_pick(point, ...) on the selection's point (its x / y, or its customdata).
+Clicks: plotly heatmaps cannot be selected (Streamlit's on_select returns no points for
+them), so a second trace holds one invisible square marker per map, at its centre: a click
+anywhere on a map selects that marker, and tiled_grid_pick reads (layer, head) from it.
+Hovering a map names it and its mean attention entropy.
 """
 
 from __future__ import annotations
@@ -71,24 +72,50 @@ def tiled_head_grid(
         xs += [f"head {h} · key {kp[c]}" for c in range(n_k)]
         if h < n_heads - 1:
             xs += [f"\u2009" * (g + 1) + f"{h}" for g in range(gap)]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=xs, y=ys, zmin=0, zmax=1, colorscale=ATTN_SCALE, showscale=False, hoverongaps=False,
-        hovertemplate="%{y}<br>%{x}<br>weight %{z:.3f}<extra></extra>"))
-    fig.update_xaxes(type="category", tickvals=[xs[h * (n_k + gap) + (n_k - 1) // 2] for h in range(n_heads)],
+    heat = go.Heatmap(z=z, x=xs, y=ys, zmin=0, zmax=1, colorscale=ATTN_SCALE, showscale=False, hoverongaps=False,
+                      hovertemplate="%{y}<br>%{x}<br>weight %{z:.3f}<extra></extra>")
+    # one click target per map: an invisible square marker at its centre (see the module docstring)
+    cx = [xs[h * (n_k + gap) + (n_k - 1) // 2] for h in range(n_heads)]
+    cy = [ys[li * (n_q + gap) + (n_q - 1) // 2] for li in range(n_layers)]
+    cell = 70 if n_heads > 6 else 150  # pixels per layer row
+    px, py, custom = [], [], []
+    for li in range(n_layers):
+        ent = map_entropy(maps[li])
+        for h in range(n_heads):
+            px.append(cx[h])
+            py.append(cy[li])
+            custom.append([li + first_layer, h, float(ent[h])])
+    targets = go.Scatter(
+        x=px, y=py, mode="markers", customdata=custom, showlegend=False, name="maps",
+        marker=dict(symbol="square", size=int(cell * 0.8), opacity=0, color="#000000"),
+        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
+        hovertemplate=("layer %{customdata[0]} · head %{customdata[1]}<br>mean entropy of a row: "
+                       "%{customdata[2]:.2f} bits<br>click to select this map<extra></extra>"))
+    fig = go.Figure([heat, targets])
+    fig.update_xaxes(type="category", constrain="domain", tickvals=[xs[h * (n_k + gap) + (n_k - 1) // 2] for h in range(n_heads)],
                      ticktext=[f"H{h}" for h in range(n_heads)], side="top", showgrid=False, zeroline=False,
                      ticks="", tickangle=0)
     fig.update_yaxes(type="category", tickvals=[ys[li * (n_q + gap) + (n_q - 1) // 2] for li in range(n_layers)],
                      ticktext=[f"L{li + first_layer}" for li in range(n_layers)], autorange="reversed",
-                     showgrid=False, zeroline=False, ticks="")
+                     showgrid=False, zeroline=False, ticks="", scaleanchor="x", constrain="domain")
     if selected is not None:
         li, h = selected[0] - first_layer, selected[1]
         if 0 <= li < n_layers and 0 <= h < n_heads:
             x0, y0 = h * (n_k + gap) - 0.5, li * (n_q + gap) - 0.5  # category axes: cell i spans i +- 0.5
             fig.add_shape(type="rect", x0=x0, x1=x0 + n_k, y0=y0, y1=y0 + n_q, line=dict(color="#d62728", width=3))
-    cell = 70 if n_heads > 6 else 110
     fig.update_layout(height=height or min(2600, 60 + cell * n_layers), title=dict(text=title, x=0),
-                      margin=dict(l=10, r=40, t=50 if not title else 80, b=10), plot_bgcolor="white")
+                      margin=dict(l=10, r=40, t=50 if not title else 80, b=10), plot_bgcolor="white",
+                      hovermode="closest", dragmode=False)
     return fig
+
+
+def map_entropy(w) -> np.ndarray:
+    """Mean Shannon entropy (bits) of the rows of each head's map (H x n_q x n_k -> H): low
+    for a head that looks at one token, high for one that spreads its attention."""
+    a = to_numpy(w).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(a > 0, a * np.log2(a), 0.0).sum(-1)
+    return np.nanmean(ent, axis=-1)
 
 
 _CELL = re.compile(r"(?:layer|head) (\d+) · (?:query|key) \d+")
@@ -96,10 +123,17 @@ _CELL = re.compile(r"(?:layer|head) (\d+) · (?:query|key) \d+")
 
 def tiled_grid_pick(point: dict, n_q: int = 0, n_k: int = 0, n_heads: int = 0, n_layers: int = 0,
                     first_layer: int = 0, gap: int = GAP) -> Optional[Tuple[int, int]]:
-    """(layer, head) of a clicked cell of a tiled_head_grid; None for a click on a gap.
+    """(layer, head) of a clicked map of a tiled_head_grid; None for a click on a gap.
 
-    Reads the point's y / x category names ("layer l · query q", "head h · key k"), else its
-    point_index [row, column] with n_q, n_k the thumbnails' sides (after reduction)."""
+    Reads the click target's customdata [layer, head, ...]; else the point's y / x category
+    names ("layer l · query q", "head h · key k"); else its point_index [row, column] with
+    n_q, n_k the thumbnails' sides (after reduction)."""
+    cd = point.get("customdata")
+    if isinstance(cd, (list, tuple)) and len(cd) >= 2:
+        try:
+            return int(cd[0]), int(cd[1])
+        except (TypeError, ValueError):
+            pass
     my, mx = _CELL.fullmatch(str(point.get("y", ""))), _CELL.fullmatch(str(point.get("x", "")))
     if my and mx:
         return int(my.group(1)), int(mx.group(1))
@@ -111,32 +145,3 @@ def tiled_grid_pick(point: dict, n_q: int = 0, n_k: int = 0, n_heads: int = 0, n
     if r >= n_q or c >= n_k or not (0 <= li < n_layers and 0 <= h < n_heads):
         return None
     return li + first_layer, h
-
-
-def _blocks(n: int, max_side: int):
-    f = max(1, int(np.ceil(n / max(1, max_side))))
-    return [list(range(i, min(i + f, n))) for i in range(0, n, f)]
-
-
-def tiled_grid_figure(weights_by_layer: Sequence, first_layer: int, q_tokens=None, k_tokens=None, *,
-                      selected: Optional[Tuple[int, int]] = None, max_side: int = 48, title: str = "") -> go.Figure:
-    """Drop-in for viz.explore.grid_figure (same arguments): each H x n_q x n_k map reduced to at
-    most max_side blocks per side (keys summed, queries averaged, so rows still sum to 1, as
-    viz.explore.reduce_stack does), then tiled_head_grid. Hover reads each block's first token
-    position. q_tokens / k_tokens are accepted for the same signature (the thumbnails carry no
-    token labels)."""
-    import torch
-
-    from core.words import merge_attention
-
-    maps, qpos, kpos = [], None, None
-    for w in weights_by_layer:
-        w = torch.as_tensor(w)
-        n_q, n_k = w.shape[-2], w.shape[-1]
-        if max(n_q, n_k) > max_side:
-            qg, kg = _blocks(n_q, max_side), _blocks(n_k, max_side)
-            w = merge_attention(w, qg, kg)
-            qpos, kpos = [g[0] for g in qg], [g[0] for g in kg]
-        maps.append(w)
-    return tiled_head_grid(maps, first_layer=first_layer, selected=selected, q_positions=qpos, k_positions=kpos,
-                           title=title)

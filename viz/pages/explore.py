@@ -6,8 +6,6 @@ models can be read in words (core.words); long inputs are drawn in blocks and de
 show a range of layers in the model view (viz.explore). Only the open tab is computed.
 """
 
-import functools
-
 import streamlit as st
 
 from viz import explore as ex
@@ -124,12 +122,12 @@ with tab_map:
                          key="explore-dl")
 
 
-def _pick_from_grid(heads: int, first: int) -> None:
+def _pick_from_grid() -> None:
     sel = st.session_state.get("explore-grid")
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
-    if pts:
-        st.session_state[layer_key], st.session_state[head_key] = ex.grid_pick(pts[0].get("curve_number", 0), heads,
-                                                                                first)
+    picked = ex.grid_pick(pts[0]) if pts else None
+    if picked is not None:
+        st.session_state[layer_key], st.session_state[head_key] = picked
         st.session_state["explore.mean"] = False
 
 
@@ -151,10 +149,10 @@ with tab_model:
             weights = ex.word_stack(trace, stack, kind, layers, text)
         else:
             weights = [trace[f"{stack}.{i}.{kind}.weights"] for i in layers]
-        grid = ex.grid_figure(weights, lo, q_toks, k_toks, selected=(layer, head),
+        grid = ex.grid_figure(weights, lo, selected=(layer, head),
                               title=f"{common.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
-        st.plotly_chart(grid, key="explore-grid", on_select=functools.partial(_pick_from_grid, n_heads, lo),
+        st.plotly_chart(grid, key="explore-grid", on_select=_pick_from_grid,
                         selection_mode="points", width="stretch")
         if not lo <= layer <= hi:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
