@@ -18,6 +18,7 @@ with the teacher-forced pass, the message at the end of generation).
 
 from __future__ import annotations
 
+import html
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -191,12 +192,34 @@ def chips_markdown(tokens: Sequence[str], current: Optional[int] = None, max_chi
 
 
 # ------------------------------------------------------------------ figures
-def _tidy(fig: go.Figure) -> go.Figure:
-    """Title above the top axis (its title and token labels), no zero lines through cells."""
+CHAR_PX = 7.5  # an upper bound on the width of a character of plotly's 12 px tick labels
+MAX_LABEL_CHARS = 30  # margins fit labels up to this long; longer ones may be cut at the edge
+
+
+def label_margins(y_labels: Sequence[str], x_labels: Sequence[str]) -> Dict[str, int]:
+    """Left and top margins (px) that fit these y tick labels (left) and x tick labels (on
+    top, at -45°), with the axis titles and the figure title above them."""
+    def longest(labels):
+        return min(MAX_LABEL_CHARS, max((len(html.unescape(safe_label(t))) for t in labels), default=1))
+    left = 10 + 22 + int(CHAR_PX * longest(y_labels)) + 8
+    top = 40 + 22 + int(CHAR_PX * longest(x_labels) * 0.71 + 9) + 8
+    return {"l": left, "t": max(115, top)}
+
+
+def _tidy(fig: go.Figure, fit: Optional[Tuple[Sequence[str], Sequence[str]]] = None) -> go.Figure:
+    """Title above the top axis (its title and token labels), no zero lines through cells.
+
+    Margins are fixed from the labels in `fit` (y labels, x labels; default: the figure's
+    own) instead of plotly's automargin. Automargin measures every label and redraws the
+    figure when the margins move, which was a third of a decoder step's drawing time; with
+    fit = the whole run's tokens the margins also stay put from step to step."""
+    if fit is None:
+        fit = (list(fig.layout.yaxis.ticktext or []), list(fig.layout.xaxis.ticktext or []))
+        fit = tuple([html.unescape(t) for t in labels] for labels in fit)
     fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"),
-                      margin=dict(t=max(115, (fig.layout.margin.t or 0))))
-    fig.update_xaxes(zeroline=False, title_standoff=4)
-    fig.update_yaxes(zeroline=False)
+                      margin=dict(label_margins(*fit), r=10, b=10))
+    fig.update_xaxes(zeroline=False, title_standoff=4, automargin=False)
+    fig.update_yaxes(zeroline=False, automargin=False)
     fig.update_traces(textfont=dict(size=11), selector=dict(type="heatmap"))
     return fig
 
@@ -206,7 +229,8 @@ def _show_values(n: int, show_values: Optional[bool]) -> bool:
 
 
 def look_ahead_mask_figure(mask, tokens: Sequence[str], *, highlight_row: Optional[int] = None,
-                           title: str = "Look-ahead mask M", height: Optional[int] = None) -> go.Figure:
+                           title: str = "Look-ahead mask M", height: Optional[int] = None,
+                           fit: Optional[Tuple[Sequence[str], Sequence[str]]] = None) -> go.Figure:
     """The additive mask as the notes draw it: '0' where a query may look (j <= i), '-∞'
     where it may not (j > i); -∞ cells are grey."""
     m = to_numpy(mask)
@@ -222,12 +246,13 @@ def look_ahead_mask_figure(mask, tokens: Sequence[str], *, highlight_row: Option
     fig.update_traces(text=text, texttemplate="%{text}", showscale=False, colorscale=[[0, "#eaf2fb"], [1, "#eaf2fb"]],
                       hovertemplate=hover)
     fig.update_layout(plot_bgcolor="#c8c8c8")
-    return _tidy(fig)
+    return _tidy(fig, fit)
 
 
 def masked_scores_figure(masked, tokens: Sequence[str], *, highlight_row: Optional[int] = None,
                          show_values: Optional[bool] = None, title: str = "Masked scores QKᵀ/√d_k + M",
-                         height: Optional[int] = None) -> go.Figure:
+                         height: Optional[int] = None,
+                         fit: Optional[Tuple[Sequence[str], Sequence[str]]] = None) -> go.Figure:
     """The masked, scaled scores of one head; -∞ cells are drawn blank and read '-∞'."""
     z = to_numpy(masked)
     finite = z[np.isfinite(z)]
@@ -237,32 +262,34 @@ def masked_scores_figure(masked, tokens: Sequence[str], *, highlight_row: Option
                          x_title="key j", y_title="query i", value_name="score",
                          highlight_row=highlight_row, show_values=_show_values(z.shape[0], show_values),
                          height=height)
-    return _tidy(fig)
+    return _tidy(fig, fit)
 
 
 def weights_figure(weights, tokens: Sequence[str], *, highlight_row: Optional[int] = None,
                    show_values: Optional[bool] = None, title: str = "Weights S' = softmax(QKᵀ/√d_k + M)",
-                   height: Optional[int] = None) -> go.Figure:
+                   height: Optional[int] = None,
+                   fit: Optional[Tuple[Sequence[str], Sequence[str]]] = None) -> go.Figure:
     """Softmax of the masked scores: each row sums to 1 and is exactly 0 above the diagonal."""
     w = to_numpy(weights)
     fig = attention_heatmap(w, tokens, tokens, title=title, highlight_row=highlight_row,
                             show_values=_show_values(w.shape[0], show_values), height=height)
     fig.update_xaxes(title="key j")
     fig.update_yaxes(title="query i")
-    return _tidy(fig)
+    return _tidy(fig, fit)
 
 
 def cross_attention_figure(weights, target_tokens: Sequence[str], source_tokens: Sequence[str], *,
                            highlight_row: Optional[int] = None, show_values: Optional[bool] = None,
                            title: str = "Cross-attention: decoder rows over the source",
-                           height: Optional[int] = None) -> go.Figure:
+                           height: Optional[int] = None,
+                           fit: Optional[Tuple[Sequence[str], Sequence[str]]] = None) -> go.Figure:
     """Cross-attention weights (decoder queries x source keys); the current row outlined."""
     w = to_numpy(weights)
     fig = attention_heatmap(w, target_tokens, source_tokens, title=title, highlight_row=highlight_row,
                             show_values=_show_values(max(w.shape), show_values), height=height)
     fig.update_xaxes(title="source token (key)")
     fig.update_yaxes(title="decoder input (query)")
-    return _tidy(fig)
+    return _tidy(fig, fit)
 
 
 def next_token_figure(tokens: Sequence[str], probs: Sequence[float], *, chosen: Optional[str] = None,
@@ -299,8 +326,10 @@ def next_token_figure(tokens: Sequence[str], probs: Sequence[float], *, chosen: 
         x=ps, y=y, orientation="h", marker_color=colours, text=text, textposition="outside",
         customdata=labels, hovertemplate="%{customdata}<br>p = %{x:.4f}<extra></extra>", cliponaxis=False,
     ))
-    fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", title="token")
-    fig.update_xaxes(range=[0, min(1.35, max(ps + [0.01]) * 1.45 + 0.05)], title="probability")
+    fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", title="token", automargin=False)
+    fig.update_xaxes(range=[0, min(1.35, max(ps + [0.01]) * 1.45 + 0.05)], title="probability", automargin=False)
+    # fixed margins (no automargin pass: see _tidy)
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=max(260, 70 + 28 * len(toks)),
-                      margin=dict(l=10, r=10, t=50, b=10), showlegend=False, plot_bgcolor="white")
+                      margin=dict(l=label_margins(toks, [])["l"], r=10, t=50, b=50), showlegend=False,
+                      plot_bgcolor="white")
     return fig

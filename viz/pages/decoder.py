@@ -260,19 +260,23 @@ masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)
 weights = dv.head_matrix(tr, f"decoder.{layer}.self_attn.weights", head)
 n = len(q_tokens)
 where = f"layer {layer} · head {head}"
+# Margins fit the labels of the longest decoder input of this run, so they stay put from
+# step to step (viz.decoder._tidy); the maps themselves grow with the step.
+run_tokens = q_tokens if full is not None else steps[-1].tokens("target")
+fit_self = (run_tokens, run_tokens)
 height = int(min(900, max(360, 170 + 34 * n)))
 per_row = 3 if n <= THREE_UP_TO else 2 if n <= TWO_UP_TO else 1
 
 
 def _mask_panel() -> None:
-    st.plotly_chart(dv.look_ahead_mask_figure(mask, q_tokens, highlight_row=row, height=height,
+    st.plotly_chart(dv.look_ahead_mask_figure(mask, q_tokens, highlight_row=row, height=height, fit=fit_self,
                                               title=f"Look-ahead mask M ({n}×{n})"),
                     key="decoder-mask", width="stretch")
     st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (seed 002's M, seed 003's B): the same in every layer and head.")
 
 
 def _masked_panel() -> None:
-    st.plotly_chart(dv.masked_scores_figure(masked, q_tokens, highlight_row=row, height=height,
+    st.plotly_chart(dv.masked_scores_figure(masked, q_tokens, highlight_row=row, height=height, fit=fit_self,
                                             title=f"Masked scores QKᵀ/√d_k + M · {where}"),
                     key="decoder-masked", width="stretch")
     st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
@@ -280,7 +284,7 @@ def _masked_panel() -> None:
 
 
 def _weights_panel() -> None:
-    st.plotly_chart(dv.weights_figure(weights, q_tokens, highlight_row=row, height=height,
+    st.plotly_chart(dv.weights_figure(weights, q_tokens, highlight_row=row, height=height, fit=fit_self,
                                       title=f"Weights S' = softmax(…) · {where}"),
                     key="decoder-weights", width="stretch")
     st.caption("softmax of each row: every row sums to 1 and is exactly 0 above the diagonal, so no token "
@@ -294,7 +298,7 @@ def _cross_panel() -> None:
     if dv.has_cross_attention(tr):
         src = tr.tokens("source")
         cross = dv.head_matrix(tr, f"decoder.{layer}.cross_attn.weights", head)
-        st.plotly_chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
+        st.plotly_chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height, fit=(run_tokens, src),
                                                   title=f"Cross-attention over the source · {where}"),
                         key="decoder-cross", width="stretch")
         best = int(np.argmax(cross[row]))
