@@ -28,6 +28,7 @@ from viz.figures import attention_heatmap, matrix_heatmap, safe_label, to_numpy
 
 MASK_TEXT_UP_TO = 40  # write 0 / -∞ in the mask's cells up to this many rows
 SHOW_VALUES_UP_TO = 12  # write the numbers in the cells (like the notes' tables) up to this many rows
+CROSS_VALUES_UP_TO = 8  # cross-attention shares its row with another chart: numbers fit up to 8 source tokens
 CHOSEN_COLOUR = "#d62728"
 FORCED_COLOUR = "#2ca02c"
 BAR_COLOUR = "#6baed6"
@@ -286,7 +287,8 @@ def cross_attention_figure(weights, target_tokens: Sequence[str], source_tokens:
     """Cross-attention weights (decoder queries x source keys); the current row outlined."""
     w = to_numpy(weights)
     fig = attention_heatmap(w, target_tokens, source_tokens, title=title, highlight_row=highlight_row,
-                            show_values=_show_values(max(w.shape), show_values), height=height)
+                            show_values=(max(w.shape) <= CROSS_VALUES_UP_TO if show_values is None else show_values),
+                            height=height)
     fig.update_xaxes(title="source token (key)")
     fig.update_yaxes(title="decoder input (query)")
     return _tidy(fig, fit)
