@@ -18,13 +18,12 @@ with the teacher-forced pass, the message at the end of generation).
 
 from __future__ import annotations
 
-import html
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import attention_heatmap, matrix_heatmap, safe_label, to_numpy
+from viz.figures import attention_heatmap, fix_margins, label_margins, matrix_heatmap, safe_label, to_numpy
 
 MASK_TEXT_UP_TO = 40  # write 0 / -∞ in the mask's cells up to this many rows
 SHOW_VALUES_UP_TO = 12  # write the numbers in the cells (like the notes' tables) up to this many rows
@@ -193,20 +192,6 @@ def chips_markdown(tokens: Sequence[str], current: Optional[int] = None, max_chi
 
 
 # ------------------------------------------------------------------ figures
-CHAR_PX = 7.5  # an upper bound on the width of a character of plotly's 12 px tick labels
-MAX_LABEL_CHARS = 30  # margins fit labels up to this long; longer ones may be cut at the edge
-
-
-def label_margins(y_labels: Sequence[str], x_labels: Sequence[str]) -> Dict[str, int]:
-    """Left and top margins (px) that fit these y tick labels (left) and x tick labels (on
-    top, at -45°), with the axis titles and the figure title above them."""
-    def longest(labels):
-        return min(MAX_LABEL_CHARS, max((len(html.unescape(safe_label(t))) for t in labels), default=1))
-    left = 10 + 22 + int(CHAR_PX * longest(y_labels)) + 8
-    top = 40 + 22 + int(CHAR_PX * longest(x_labels) * 0.71 + 9) + 8
-    return {"l": left, "t": max(115, top)}
-
-
 def _tidy(fig: go.Figure, fit: Optional[Tuple[Sequence[str], Sequence[str]]] = None) -> go.Figure:
     """Title above the top axis (its title and token labels), no zero lines through cells.
 
@@ -214,13 +199,10 @@ def _tidy(fig: go.Figure, fit: Optional[Tuple[Sequence[str], Sequence[str]]] = N
     own) instead of plotly's automargin. Automargin measures every label and redraws the
     figure when the margins move, which was a third of a decoder step's drawing time; with
     fit = the whole run's tokens the margins also stay put from step to step."""
-    if fit is None:
-        fit = (list(fig.layout.yaxis.ticktext or []), list(fig.layout.xaxis.ticktext or []))
-        fit = tuple([html.unescape(t) for t in labels] for labels in fit)
-    fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"),
-                      margin=dict(label_margins(*fit), r=10, b=10))
-    fig.update_xaxes(zeroline=False, title_standoff=4, automargin=False)
-    fig.update_yaxes(zeroline=False, automargin=False)
+    fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"))
+    fix_margins(fig, *(fit or (None, None)))
+    fig.update_xaxes(zeroline=False, title_standoff=4)
+    fig.update_yaxes(zeroline=False)
     fig.update_traces(textfont=dict(size=11), selector=dict(type="heatmap"))
     return fig
 

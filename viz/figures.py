@@ -111,6 +111,39 @@ def matrix_heatmap(
     return fig
 
 
+CHAR_PX = 7.5  # an upper bound on the width of a character of plotly's 12 px tick labels
+MAX_LABEL_CHARS = 30  # margins fit labels up to this long; longer ones may be cut at the edge
+
+
+def label_margins(y_labels: Sequence[str], x_labels: Sequence[str]) -> dict:
+    """Left and top margins (px) that fit these y tick labels (left) and x tick labels (on
+    top, at -45°), with the axis titles and a figure title above them."""
+    def longest(labels):
+        return min(MAX_LABEL_CHARS, max((len(html.unescape(safe_label(t))) for t in labels), default=1))
+    left = 10 + 22 + int(CHAR_PX * longest(y_labels)) + 8
+    top = 40 + 22 + int(CHAR_PX * longest(x_labels) * 0.71 + 9) + 8
+    return {"l": left, "t": top}
+
+
+def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
+                x_labels: Optional[Sequence[str]] = None, min_top: int = 115) -> go.Figure:
+    """A heatmap from matrix_heatmap with fixed margins instead of plotly's automargin.
+
+    Automargin measures every tick label and draws the figure again whenever the margins
+    move; on a busy page that was a third of a chart's drawing time. The margins come from
+    the labels given (default: the figure's own tick labels); pass the labels of the
+    longest input to come (e.g. a decoder's whole run) and they stay put as the map grows."""
+    if y_labels is None:
+        y_labels = [html.unescape(t) for t in (fig.layout.yaxis.ticktext or [])]
+    if x_labels is None:
+        x_labels = [html.unescape(t) for t in (fig.layout.xaxis.ticktext or [])]
+    m = label_margins(y_labels, x_labels)
+    fig.update_layout(margin=dict(l=m["l"], t=max(min_top, m["t"], fig.layout.margin.t or 0), r=10, b=10))
+    fig.update_xaxes(automargin=False)
+    fig.update_yaxes(automargin=False)
+    return fig
+
+
 def attention_heatmap(
     weights,
     query_tokens: Sequence[str],

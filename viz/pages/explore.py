@@ -9,7 +9,7 @@ show a range of layers in the model view (viz.explore). Only the open tab is com
 import streamlit as st
 
 from viz import explore as ex
-from viz.figures import attention_heatmap, head_view
+from viz.figures import attention_heatmap, fix_margins, head_view
 from viz.pages import common
 from viz.select import View, attention_matrix
 
@@ -111,7 +111,7 @@ with tab_map:
                     f"{max(fq, fk)} neighbouring {unit} so the page stays responsive — within a block the keys' "
                     "weights are summed and the queries' rows averaged, so each drawn row still sums to 1. Hover a "
                     "cell for its block; the CSV download has every token.")
-        fig = attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map)
+        fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map), zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
         st.plotly_chart(fig, key="explore-heatmap", width="stretch")
@@ -157,8 +157,8 @@ with tab_model:
         if not lo <= layer <= hi:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
         z, zq, zk, _, _ = ex.reduce_map(matrix, q_toks, k_toks)
-        small = attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
-                                  fixed_scale=not per_map, height=420)
+        small = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
+                                              fixed_scale=not per_map, height=420), zq, zk, min_top=90)
         st.plotly_chart(small, key="explore-enlarged", width="stretch")
 
 with tab_heads:
