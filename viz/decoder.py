@@ -25,8 +25,8 @@ import plotly.graph_objects as go
 
 from viz.figures import attention_heatmap, fix_margins, label_margins, matrix_heatmap, safe_label, to_numpy
 
-MASK_TEXT_UP_TO = 40  # write 0 / -∞ in the mask's cells up to this many rows
-SHOW_VALUES_UP_TO = 12  # write the numbers in the cells (like the notes' tables) up to this many rows
+MASK_TEXT_UP_TO = 16  # write 0 / -∞ in the mask's cells up to this many rows
+SHOW_VALUES_UP_TO = 8  # write the numbers in the cells (like the notes' tables) up to this many rows
 CROSS_VALUES_UP_TO = 8  # cross-attention shares its row with another chart: numbers fit up to 8 source tokens
 CHOSEN_COLOUR = "#d62728"
 FORCED_COLOUR = "#2ca02c"
