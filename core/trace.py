@@ -275,6 +275,13 @@ class Trace:
 HALF_ATTENTION_VAR = "ATTENTION_LAB_HALF_ATTENTION"
 
 
+def half_attention_requested() -> bool:
+    """Whether $ATTENTION_LAB_HALF_ATTENTION asks for float16 attention maps in caches."""
+    import os
+
+    return os.environ.get(HALF_ATTENTION_VAR, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def for_cache(trace: Trace, half_attention: Optional[bool] = None, min_tokens: int = 0) -> Trace:
     """The form in which to keep a trace in a cache: float16 attention maps when asked.
 
@@ -284,9 +291,7 @@ def for_cache(trace: Trace, half_attention: Optional[bool] = None, min_tokens: i
     (row sums, softmax(masked) = weights, to 1e-5) are float32 checks, and float16 weights
     are off by up to 2.4e-4 (see Trace.to_half_attention and docs/benchmarks.md).
     """
-    import os
-
     if half_attention is None:
-        half_attention = os.environ.get(HALF_ATTENTION_VAR, "0").strip().lower() in ("1", "true", "yes", "on")
+        half_attention = half_attention_requested()
     n = max(len(trace.tokens("source")), len(trace.tokens("target")))
     return trace.to_half_attention() if half_attention and n >= min_tokens else trace

@@ -17,6 +17,7 @@ from typing import Callable, Dict, Optional, Tuple
 import streamlit as st
 
 import core
+import core.trace
 from core.api import InputError
 from viz.cache import ByteLRU
 from viz.figures import attention_frame
@@ -28,6 +29,9 @@ core.device.keep_freed_memory()  # reuse freed trace buffers instead of page-fau
 DEFAULT_MODEL = "toy-translate"
 MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
 TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "1024")) * 2**20
+# $ATTENTION_LAB_HALF_ATTENTION=1 keeps the attention maps of long traces (>= this many
+# tokens) in float16 in the cache: 27% less memory at 512 tokens, weights off by <= 2.4e-4.
+HALF_ATTENTION_MIN_TOKENS = 128
 
 NOTES_EXAMPLES = {
     "bank (river)": "I swam across the river to get to the other bank.",
@@ -101,6 +105,15 @@ def clean_text(text: str) -> Tuple[str, list]:
     return text, msgs
 
 
+def _for_cache(result):
+    """A trace (or a list of step traces) as the cache keeps it (core.trace.for_cache)."""
+    if not core.trace.half_attention_requested():
+        return result
+    if isinstance(result, list):
+        return [core.trace.for_cache(t, True, HALF_ATTENTION_MIN_TOKENS) for t in result]
+    return core.trace.for_cache(result, True, HALF_ATTENTION_MIN_TOKENS)
+
+
 def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
     """run(model, text) through the shared cache, turning every failure into a message."""
     model = get_model(model_name)
@@ -111,7 +124,7 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
         st.warning(m)
     try:
         with st.spinner(spinner):
-            return trace_cache().get_or_compute((model_name, text) + key, lambda: run(model, text))
+            return trace_cache().get_or_compute((model_name, text) + key, lambda: _for_cache(run(model, text)))
     except InputError as exc:
         st.warning(str(exc))
     except Exception as exc:
@@ -298,6 +311,9 @@ def sidebar(model=None) -> None:
             cfg = model.config
             st.caption(f"Model: **{model.name}** · {cfg.kind} · L={cfg.n_layers} H={cfg.n_heads} "
                        f"d={cfg.d_model} d_k={cfg.d_head} m={cfg.d_ff}")
+        if core.trace.half_attention_requested():
+            st.caption(f"Inputs of {HALF_ATTENTION_MIN_TOKENS}+ tokens keep their attention maps in float16 "
+                       "(weights within 2.4e-4 of float32).")
 
 
 def model_picker(state: PageState, allowed=None, label: str = "Model") -> str:
