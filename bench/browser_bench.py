@@ -12,18 +12,18 @@ maps, one more decoder row...). The page is polled every animation frame.
 1. sentence: type a new 20-token sentence (minilm: [CLS] + 18 words + [SEP]) + Enter on
    /explore -> the heatmap shows its tokens; also toy-translate (20 words), the app's default;
 2. model view: click the tab "Model view (all layers × heads)" -> the 72-map grid (minilm,
-   6 layers x 12 heads, 20 tokens) is drawn;
+   6 layers x 12 heads, 20 tokens, tiled into one heatmap by viz.grid) is drawn;
 3. head: choose another head in the "Head" selectbox -> the heatmap's title says that head;
 4. decoder step: press "Next" on /decoder (toy-translate, inference) -> "decoder-weights"
-   shows one more row;
+   shows one more row (the target's figure); also reported: until all five of the step's
+   charts hold their new figures;
 5. long input: 512 minilm tokens + Enter -> the heatmap is drawn; then the model view tab ->
    the grid; then a head change at 512 tokens; the page's longest main-thread task
    (PerformanceObserver 'longtask') while the 512-token views update tells whether the page
    stays responsive.
 
 The server runs `python -m bench.serve run app.py` (streamlit run, after
-core.device.keep_freed_memory(), as the app will once that call is wired in), one torch
-thread, no file watcher.
+core.device.keep_freed_memory(), which the app calls too), one torch thread, no file watcher.
 """
 
 from __future__ import annotations
@@ -350,6 +350,16 @@ def scenario_model_view(page, n_reps: int, warm: int, n_maps: int) -> list:
     return times, bds
 
 
+DECODER_CHARTS = ["decoder-mask", "decoder-masked", "decoder-weights", "decoder-cross", "decoder-next"]
+# Notes, from before the action, the first frame at which each chart holds a new figure.
+WATCH_ALL_JS = """keys => { window.__seen = {}; const old = {};
+  for (const k of keys) { const e = window.__plot(k); old[k] = e ? e.data : null; }
+  function poll() { for (const k of keys) { const e = window.__plot(k);
+      if (e && e.data && e.data !== old[k] && !(k in window.__seen)) window.__seen[k] = performance.now(); }
+    if (Object.keys(window.__seen).length < keys.length) requestAnimationFrame(poll); }
+  requestAnimationFrame(poll); }"""
+
+
 def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> dict:
     page.goto(f"{base_url}/decoder?model=toy-translate&text=" + urllib.parse.quote(text))
     wait_idle(page, 180_000)
@@ -360,7 +370,7 @@ def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> 
         wait_chart(page, "decoder-weights", 60_000)
     except Exception as exc:
         return {"error": f"no chart with key decoder-weights on /decoder ({exc.__class__.__name__})"}
-    times, bds = [], []
+    times, all_times, bds = [], [], []
     direction = "Next"
     for i in range(n_reps + warm):
         btn = page.get_by_role("button", name=direction, exact=True)
@@ -369,12 +379,16 @@ def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> 
             btn = page.get_by_role("button", name=direction, exact=True)
         rows = page.evaluate("() => window.__rows(window.__plot('decoder-weights').data[0].z)")
         want = rows + (1 if direction == "Next" else -1)
+        page.evaluate(WATCH_ALL_JS, DECODER_CHARTS)  # when does each of the step's charts change?
         t = timed(page, btn.click, "decoder-weights", "window.__rows(e.data[0].z) === arg", want)
+        page.wait_for_function("n => Object.keys(window.__seen).length >= n", arg=len(DECODER_CHARTS), timeout=60_000)
+        t_all = page.evaluate("() => (Math.max(...Object.values(window.__seen)) - window.__bench.t0) / 1000")
         if i >= warm:
             times.append(t)
+            all_times.append(t_all)
             bds.append(dict(LAST))
         wait_idle(page)
-    return {"times": times, "breakdown": collect(bds)}
+    return {"times": times, "all_charts": all_times, "breakdown": collect(bds)}
 
 
 def scenario_long(page, base_url: str, texts: list, warm: int) -> dict:
@@ -511,6 +525,9 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                 else:
                     results.append(Result("browser", name, median(dec["times"]), "s", 0.3,
                                           note=_note(dec["times"]) + _where(dec["breakdown"])))
+                    results.append(Result("browser", "decoder step: Next -> all five of the step's charts redrawn "
+                                          "(mask, masked scores, weights, cross-attention, next token)",
+                                          median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
 
             if not quick:
                 name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"

@@ -148,7 +148,7 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "tensor as scaled when there is no mask), weights and an n x n zero mask per layer), glibc defaults;")
     L.append("- **lazy**: scores / scaled / masked and all-zero masks derived on access (core/trace.py);")
     L.append("- **mallopt**: the old recording with `core.device.keep_freed_memory()`;")
-    L.append("- **after**: lazy + keep_freed_memory: what the app runs once app.py calls keep_freed_memory().")
+    L.append("- **after**: lazy + keep_freed_memory: what the app runs (viz/pages/common.py calls keep_freed_memory()).")
     L.append("")
     L.append("```")
     for name in ("before", "lazy", "mallopt", "after", "after-cuda"):
@@ -232,6 +232,14 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "at which the chart `.st-key-<key>[data-stale=\"false\"] .js-plotly-plot` holds a new plotly figure "
              "that shows the new data (the typed tokens on the axis, the chosen head in the title, 72 maps, one "
              "more decoder row). The browser shares the 2 cores with the server and with the machine's other load.")
+    L.append("")
+    L.append("The model view is one heatmap: viz.grid tiles every layer x head map into one matrix (a blank row and "
+             "column between maps) with an invisible click target per map, instead of 72 plotly subplots, which "
+             "took ~1 s to draw in one main-thread task (0.93 s for 20 tokens and a 0.68 s longest task at 512 "
+             "tokens, measured on this machine before the change). The decoder's and the explore heatmaps use fixed "
+             "margins fitted to their token labels (viz.figures.fix_margins) instead of plotly's automargin, which "
+             "measured every label and drew each chart twice when the margins moved. A decoder step redraws five "
+             "charts; the target figure is the weights chart, and the time until all five are new is reported too.")
     if bd.get("errors"):
         L.append("")
         L.append("Errors: " + "; ".join(bd["errors"]))

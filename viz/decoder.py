@@ -310,8 +310,10 @@ def next_token_figure(tokens: Sequence[str], probs: Sequence[float], *, chosen: 
         x=ps, y=y, orientation="h", marker_color=colours, text=text, textposition="outside",
         customdata=labels, hovertemplate="%{customdata}<br>p = %{x:.4f}<extra></extra>", cliponaxis=False,
     ))
-    fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", title="token", automargin=False)
-    fig.update_xaxes(range=[0, min(1.35, max(ps + [0.01]) * 1.45 + 0.05)], title="probability", automargin=False)
+    fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", title="token", automargin=False,
+                     ticklabeloverflow="allow")
+    fig.update_xaxes(range=[0, min(1.35, max(ps + [0.01]) * 1.45 + 0.05)], title="probability", automargin=False,
+                     ticklabeloverflow="allow")
     # fixed margins (no automargin pass: see _tidy)
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=max(260, 70 + 28 * len(toks)),
                       margin=dict(l=label_margins(toks, [])["l"], r=10, t=50, b=50), showlegend=False,

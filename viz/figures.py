@@ -130,7 +130,8 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     """A heatmap from matrix_heatmap with fixed margins instead of plotly's automargin.
 
     Automargin measures every tick label and draws the figure again whenever the margins
-    move; on a busy page that was a third of a chart's drawing time. The margins come from
+    move; on a busy page that was a third of a chart's drawing time (and its check of each
+    label for overflow, which forces a page layout per label, is skipped). The margins come from
     the labels given (default: the figure's own tick labels); pass the labels of the
     longest input to come (e.g. a decoder's whole run) and they stay put as the map grows."""
     if y_labels is None:
@@ -139,8 +140,9 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
         x_labels = [html.unescape(t) for t in (fig.layout.xaxis.ticktext or [])]
     m = label_margins(y_labels, x_labels)
     fig.update_layout(margin=dict(l=m["l"], t=max(min_top, m["t"], fig.layout.margin.t or 0), r=10, b=10))
-    fig.update_xaxes(automargin=False)
-    fig.update_yaxes(automargin=False)
+    # the margins fit the labels, so plotly need not measure each one for overflow either
+    fig.update_xaxes(automargin=False, ticklabeloverflow="allow")
+    fig.update_yaxes(automargin=False, ticklabeloverflow="allow")
     return fig
 
 
