@@ -238,8 +238,10 @@ class PageState:
         st.session_state["_url_last"] = params
 
     def show_messages(self) -> None:
+        """Show the pending messages once (a later call shows only newer ones)."""
         for m in self.messages:
             st.warning(m)
+        self.messages.clear()
 
 
 URL_VALUE_BYTES = 32_000  # per value, percent-encoded; the server refuses (HTTP 400) URLs of ~100 kB
@@ -314,6 +316,27 @@ def sidebar(model=None) -> None:
         if core.trace.half_attention_requested():
             st.caption(f"Inputs of {HALF_ATTENTION_MIN_TOKENS}+ tokens keep their attention maps in float16 "
                        "(weights within 2.4e-4 of float32).")
+
+
+def model_header(state: PageState, allowed=None):
+    """The top of a page: the model picker on the left of a wide column (returned, for the
+    page's text input), the sidebar, and the loaded model (None after an error message).
+    Returns (model name, model or None, the wide column)."""
+    top = st.columns([1, 3])
+    with top[0]:
+        model_name = model_picker(state, allowed=allowed)
+    model = get_model(model_name)
+    sidebar(model)
+    return model_name, model, top[1]
+
+
+def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int = 5) -> None:
+    """One button per example sentence (label -> sentence), max_cols to a row; a shortened
+    label shows the whole sentence on hover. on_click(sentence) runs before the rerun."""
+    cols = st.columns(min(len(examples), max_cols))
+    for i, (label, sentence) in enumerate(examples.items()):
+        cols[i % len(cols)].button(label, key=f"{key}-{i}", on_click=on_click, args=(sentence,), width="stretch",
+                                   help=sentence if label != sentence else None)
 
 
 def model_picker(state: PageState, allowed=None, label: str = "Model") -> str:

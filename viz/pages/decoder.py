@@ -33,11 +33,7 @@ state = common.PageState("decoder")
 ss = st.session_state
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
-top = st.columns([1, 3])
-with top[0]:
-    model_name = common.model_picker(state, allowed=allowed)
-model = common.get_model(model_name)
-common.sidebar(model)
+model_name, model, text_col = common.model_header(state, allowed=allowed)
 if model is None:
     st.stop()
 if model.kind not in DECODER_KINDS:  # the registry's kind said otherwise; the loaded model decides
@@ -65,7 +61,7 @@ def _mode_changed() -> None:
         ss[PREFILL] = True
 
 
-with top[1]:
+with text_col:
     if decoder_only:  # prompts may hold newlines (chat templates): a text area keeps them
         text = st.text_area("Prompt (the decoder's prefix; press Ctrl+Enter)", key=text_key, height=80,
                             help="The prompt is the decoder's input; generated tokens follow it.")

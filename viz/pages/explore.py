@@ -18,11 +18,7 @@ TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "
 st.title("Explore attention")
 state = common.PageState("explore")
 
-top = st.columns([1, 3])
-with top[0]:
-    model_name = common.model_picker(state)
-model = common.get_model(model_name)
-common.sidebar(model)
+model_name, model, text_col = common.model_header(state)
 if model is None:
     st.stop()
 
@@ -46,13 +42,10 @@ def _use_example(sentence: str) -> None:
     st.session_state[text_key] = sentence
 
 
-with top[1]:
+with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 st.caption("Examples from the lecture notes and for this model:")
-ex_cols = st.columns(min(len(examples), 5))
-for i, (label, sentence) in enumerate(examples.items()):
-    ex_cols[i % len(ex_cols)].button(label, key=f"explore-ex-{i}", on_click=_use_example, args=(sentence,),
-                                     width="stretch", help=sentence if label != sentence else None)
+common.example_buttons(examples, "explore-ex", _use_example)
 
 trace = common.get_trace(model_name, text)
 if trace is None:

@@ -17,11 +17,7 @@ st.caption("One attention head of one layer, computed step by step on your sente
            "tensor the model recorded; every formula is the one that produced it.")
 state = common.PageState("inside")
 
-top = st.columns([1, 3])
-with top[0]:
-    model_name = common.model_picker(state)
-model = common.get_model(model_name)
-common.sidebar(model)
+model_name, model, text_col = common.model_header(state)
 if model is None:
     st.stop()
 
@@ -37,7 +33,7 @@ def _use_example(sentence: str) -> None:
     st.session_state[target_key] = ""
 
 
-with top[1]:
+with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key, help="Type any sentence and press Enter.")
 target = ""
 if model.kind == "encoder-decoder":
@@ -45,10 +41,7 @@ if model.kind == "encoder-decoder":
                            key=target_key)
 elif model.kind == "decoder":
     target = st.text_input("Continuation (optional, appended to the prompt)", key=target_key)
-ex_cols = st.columns(min(len(examples), 6))
-for i, (label, sentence) in enumerate(examples.items()):
-    ex_cols[i % len(ex_cols)].button(label, key=f"inside-ex-{i}", on_click=_use_example, args=(sentence,),
-                                     width="stretch")
+common.example_buttons(examples, "inside-ex", _use_example, max_cols=6)
 
 trace = common.get_trace(model_name, text, target or None)
 if trace is None:

@@ -21,17 +21,12 @@ from viz.pages import common
 st.title("Playground")
 state = common.PageState("playground")
 
-top = st.columns([1, 3])
-with top[0]:
-    model_name = common.model_picker(state)
-model = common.get_model(model_name)
-common.sidebar(model)
+model_name, model, text_col = common.model_header(state)
 default_text = model.examples[0] if model is not None and model.examples else common.NOTES_EXAMPLES["bank (river)"]
 text_key = state.seed("text", default_text)
-with top[1]:
+with text_col:
     text = st.text_input("Sentence (press Enter); used by tabs 2, 3 and 5", key=text_key)
 state.show_messages()
-state.messages.clear()
 trace = common.get_trace(model_name, text) if model is not None else None
 
 tabs = st.tabs(["1 · Attention by hand", "2 · Parameter-free", "3 · Symmetric vs learned", "4 · Why scale",
@@ -176,7 +171,6 @@ with tabs[2]:
         layer = c[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
         head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
         state.show_messages()
-        state.messages.clear()
         toks = trace.tokens("source" if sym_stack == "encoder" else "target")
         q, k, mask = vg.head_qk(trace, sym_stack, layer, head)
         sv = vg.symmetric_vs_learned(q, k, mask)

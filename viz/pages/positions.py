@@ -29,7 +29,6 @@ d = c[0].slider("d, the embedding dimension", 2, vp.MAX_D, step=2, key=d_key,
                 help="Even, so every frequency has its sine and its cosine.")
 n = c[1].slider("length, the number of positions", 1, vp.MAX_N, key=n_key)
 state.show_messages()
-state.messages.clear()
 
 P = vp.pe_matrix(n, d)
 rows, cols = vp.stride_indices(n), vp.stride_indices(d, pairs=True)
