@@ -5,5 +5,5 @@
     python -m bench.memory_bench          # trace bytes, float16 attention error, cache sizes
     python -m bench.browser_bench         # the app in Chromium: sentence, model view, head, decoder step, 512 tokens
 
-bench_minilm.py and bench_smollm2.py are the older stand-alone scripts.
+bench_smollm2.py is a stand-alone script for smollm2's load and trace times.
 """
