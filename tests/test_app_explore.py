@@ -251,3 +251,16 @@ def test_half_attention_cache_option(app_test, monkeypatch):
     short = common.trace_cache().get(("toy-translate", TEXT, "trace", None, None))
     assert short is not None and not short.meta.get("half_attention")
     common.trace_cache().clear()
+
+
+def test_an_emptied_sentence_stays_empty_in_the_url(app_test):
+    at = app_test("explore", text=TEXT)
+    at.run()
+    at.text_input(key="explore.text").input("").run()
+    assert_no_exception(at)
+    assert at.query_params["text"] == [""] or at.query_params["text"] == ""
+    assert any("sentence" in w.lower() or "type" in w.lower() for w in _warnings(at)), _warnings(at)
+    again = app_test("explore", text="")  # the shared link opens the same empty box
+    again.run()
+    assert_no_exception(again)
+    assert again.text_input(key="explore.text").value == ""

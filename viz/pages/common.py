@@ -232,7 +232,10 @@ class PageState:
     def publish(self, **values) -> None:
         for k, v in values.items():
             self.shared[k] = v
-        params = {k: url_text(str(v)) for k, v in values.items() if v is not None and v != ""}
+        # an emptied sentence stays in the URL (text=), so a reload or a shared link shows the
+        # same empty box and its message rather than the default sentence; other empty
+        # fields (an optional target) are left out
+        params = {k: url_text(str(v)) for k, v in values.items() if v is not None and (v != "" or k == "text")}
         if st.query_params.to_dict() != params:
             st.query_params.from_dict(params)
         st.session_state["_url_last"] = params
