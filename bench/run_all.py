@@ -83,10 +83,10 @@ def core_results(runs: dict) -> list:
 def fmt(v, unit: str) -> str:
     if v is None:
         return "—"
-    if unit == "x":
-        return f"{v:.2f}x"
+    if unit == "x":  # three decimals: a figure near its target must not round onto it
+        return f"{v:.3f}x"
     if unit == "s":
-        return f"{v:.2f} s"
+        return f"{v:.3f} s"
     if unit == "MiB":
         return f"{v:.1f} MiB"
     if unit == "":
