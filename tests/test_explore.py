@@ -80,6 +80,10 @@ def test_grid_of_a_layer_range_keeps_real_layer_numbers():
     expected = maps[2][1][8:12, 12:16].sum(1).mean()
     assert tile[2, 3] == pytest.approx(float(expected), abs=1e-6)
     assert len(fig.layout.shapes) == 1  # the selected map is outlined
+    # hover entropy is the full 100-token map's, not the 25 blocks' (which have less)
+    w = maps[2][1].double()
+    cd = [c for c in fig.data[1].customdata if (c[0], c[1]) == (22, 1)][0]
+    assert cd[2] == pytest.approx(float((-(w * torch.log2(w)).sum(-1)).mean()), abs=1e-4)
     assert len(ex.grid_figure(maps, 20, selected=(5, 0)).layout.shapes) == 0  # outside the range
     assert ex.clamp_range((25, 40), 30) == (25, 29) and ex.clamp_range("x", 30) == (0, 11)
     assert ex.default_layer_range(6) == (0, 5)

@@ -22,7 +22,7 @@ import torch
 
 from core.tokenizer import WordTokenizer
 from core.words import Groups, merge_attention, word_groups, word_labels
-from viz.grid import tiled_grid_pick, tiled_head_grid
+from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
 from viz.select import SPECIAL_TOKENS, View, attention_matrix
 
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
@@ -153,7 +153,7 @@ def grid_figure(weights_by_layer: Sequence, first_layer: int, *,
     """The model view of layers first_layer, first_layer + 1, ...: every map reduced to at
     most max_side blocks per side (reduce_stack), then tiled into one heatmap
     (viz.grid.tiled_head_grid) with the real layer numbers on its rows and in its hover;
-    selected = (layer, head) is outlined."""
+    selected = (layer, head) is outlined. The hover's entropy is that of the full maps."""
     maps = reduce_stack(weights_by_layer, max_side)
     n_q, n_k = maps[0].shape[-2], maps[0].shape[-1]
     qpos = kpos = None
@@ -161,7 +161,7 @@ def grid_figure(weights_by_layer: Sequence, first_layer: int, *,
         qpos = [g[0] for g in blocks(weights_by_layer[0].shape[-2], max_side)]
         kpos = [g[0] for g in blocks(weights_by_layer[0].shape[-1], max_side)]
     return tiled_head_grid(maps, first_layer=first_layer, selected=selected, q_positions=qpos, k_positions=kpos,
-                           title=title)
+                           title=title, entropy=[map_entropy(w) for w in weights_by_layer])
 
 
 def grid_pick(point: dict) -> Optional[Tuple[int, int]]:

@@ -14,11 +14,13 @@ Hovering a map names it and its mean attention entropy.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import plotly.graph_objects as go
+import torch
 
 from viz.figures import ATTN_SCALE, to_numpy
 
@@ -48,6 +50,7 @@ def tiled_head_grid(
     title: str = "",
     gap: int = GAP,
     height: Optional[int] = None,
+    entropy: Optional[Sequence] = None,
 ) -> go.Figure:
     """Model view: L x H attention maps (maps[i] is layer first_layer + i, H x n_q x n_k,
     already reduced to thumbnail size) as one heatmap.
@@ -56,7 +59,9 @@ def tiled_head_grid(
     k_positions: the first token index of each thumbnail row / column (blocks of a reduced
     map; default 0, 1, ...). The axes are categories named "layer l · query q" (rows) and
     "head h · key k" (columns), so hovering a cell reads its layer, head, query, key and
-    weight without any per-cell data beside the weights.
+    weight without any per-cell data beside the weights. entropy: each map's mean row
+    entropy in bits (L x H), for the hover; give it from the unreduced maps (map_entropy),
+    since blocks of a reduced map have less entropy than its tokens. Default: from `maps`.
     """
     z = tile_maps(maps, gap)
     n_layers = len(maps)
@@ -80,7 +85,7 @@ def tiled_head_grid(
     cell = 70 if n_heads > 6 else 150  # pixels per layer row
     px, py, custom = [], [], []
     for li in range(n_layers):
-        ent = map_entropy(maps[li])
+        ent = entropy[li] if entropy is not None else map_entropy(maps[li])
         for h in range(n_heads):
             px.append(cx[h])
             py.append(cy[li])
@@ -92,10 +97,10 @@ def tiled_head_grid(
         hovertemplate=("layer %{customdata[0]} · head %{customdata[1]}<br>mean entropy of a row: "
                        "%{customdata[2]:.2f} bits<br>click to select this map<extra></extra>"))
     fig = go.Figure([heat, targets])
-    fig.update_xaxes(type="category", constrain="domain", tickvals=[xs[h * (n_k + gap) + (n_k - 1) // 2] for h in range(n_heads)],
+    fig.update_xaxes(type="category", constrain="domain", tickvals=cx,
                      ticktext=[f"H{h}" for h in range(n_heads)], side="top", showgrid=False, zeroline=False,
                      ticks="", tickangle=0)
-    fig.update_yaxes(type="category", tickvals=[ys[li * (n_q + gap) + (n_q - 1) // 2] for li in range(n_layers)],
+    fig.update_yaxes(type="category", tickvals=cy,
                      ticktext=[f"L{li + first_layer}" for li in range(n_layers)], autorange="reversed",
                      showgrid=False, zeroline=False, ticks="", scaleanchor="x", constrain="domain")
     if selected is not None:
@@ -112,22 +117,18 @@ def tiled_head_grid(
 def map_entropy(w) -> np.ndarray:
     """Mean Shannon entropy (bits) of the rows of each head's map (H x n_q x n_k -> H): low
     for a head that looks at one token, high for one that spreads its attention."""
-    a = to_numpy(w).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ent = -np.where(a > 0, a * np.log2(a), 0.0).sum(-1)
-    return np.nanmean(ent, axis=-1)
+    t = torch.as_tensor(w, dtype=torch.float32)
+    return (-torch.special.xlogy(t, t).sum(-1).mean(-1) / math.log(2)).numpy()
 
 
 _CELL = re.compile(r"(?:layer|head) (\d+) · (?:query|key) \d+")
 
 
-def tiled_grid_pick(point: dict, n_q: int = 0, n_k: int = 0, n_heads: int = 0, n_layers: int = 0,
-                    first_layer: int = 0, gap: int = GAP) -> Optional[Tuple[int, int]]:
+def tiled_grid_pick(point: dict) -> Optional[Tuple[int, int]]:
     """(layer, head) of a clicked map of a tiled_head_grid; None for a click on a gap.
 
-    Reads the click target's customdata [layer, head, ...]; else the point's y / x category
-    names ("layer l · query q", "head h · key k"); else its point_index [row, column] with
-    n_q, n_k the thumbnails' sides (after reduction)."""
+    Reads the click target's customdata [layer, head, ...], else the point's y / x category
+    names ("layer l · query q", "head h · key k")."""
     cd = point.get("customdata")
     if isinstance(cd, (list, tuple)) and len(cd) >= 2:
         try:
@@ -137,11 +138,4 @@ def tiled_grid_pick(point: dict, n_q: int = 0, n_k: int = 0, n_heads: int = 0, n
     my, mx = _CELL.fullmatch(str(point.get("y", ""))), _CELL.fullmatch(str(point.get("x", "")))
     if my and mx:
         return int(my.group(1)), int(mx.group(1))
-    idx = point.get("point_index")
-    if not (isinstance(idx, (list, tuple)) and len(idx) == 2):
-        return None
-    li, r = divmod(int(idx[0]), n_q + gap)
-    h, c = divmod(int(idx[1]), n_k + gap)
-    if r >= n_q or c >= n_k or not (0 <= li < n_layers and 0 <= h < n_heads):
-        return None
-    return li + first_layer, h
+    return None
