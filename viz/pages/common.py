@@ -106,12 +106,11 @@ def clean_text(text: str) -> Tuple[str, list]:
 
 
 def _for_cache(result):
-    """A trace (or a list of step traces) as the cache keeps it (core.trace.for_cache)."""
-    if not core.trace.half_attention_requested():
-        return result
+    """A trace (or a list of step traces) as the cache keeps it (core.trace.for_cache, which
+    reads $ATTENTION_LAB_HALF_ATTENTION)."""
     if isinstance(result, list):
-        return [core.trace.for_cache(t, True, HALF_ATTENTION_MIN_TOKENS) for t in result]
-    return core.trace.for_cache(result, True, HALF_ATTENTION_MIN_TOKENS)
+        return [core.trace.for_cache(t, min_tokens=HALF_ATTENTION_MIN_TOKENS) for t in result]
+    return core.trace.for_cache(result, min_tokens=HALF_ATTENTION_MIN_TOKENS)
 
 
 def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
