@@ -207,8 +207,8 @@ def _tidy(fig: go.Figure, fit: Optional[Tuple[Sequence[str], Sequence[str]]] = N
     return fig
 
 
-def _show_values(n: int, show_values: Optional[bool]) -> bool:
-    return n <= SHOW_VALUES_UP_TO if show_values is None else show_values
+def _show_values(n: int, show_values: Optional[bool], up_to: int = SHOW_VALUES_UP_TO) -> bool:
+    return n <= up_to if show_values is None else show_values
 
 
 def look_ahead_mask_figure(mask, tokens: Sequence[str], *, highlight_row: Optional[int] = None,
@@ -269,8 +269,7 @@ def cross_attention_figure(weights, target_tokens: Sequence[str], source_tokens:
     """Cross-attention weights (decoder queries x source keys); the current row outlined."""
     w = to_numpy(weights)
     fig = attention_heatmap(w, target_tokens, source_tokens, title=title, highlight_row=highlight_row,
-                            show_values=(max(w.shape) <= CROSS_VALUES_UP_TO if show_values is None else show_values),
-                            height=height)
+                            show_values=_show_values(max(w.shape), show_values, CROSS_VALUES_UP_TO), height=height)
     fig.update_xaxes(title="source token (key)")
     fig.update_yaxes(title="decoder input (query)")
     return _tidy(fig, fit)
