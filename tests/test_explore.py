@@ -118,3 +118,16 @@ def test_block_ticks():
     assert len(fig.layout.xaxis.tickvals) == 32 and fig.layout.xaxis.ticktext[1] == labels[4]
     assert len(fig.layout.yaxis.tickvals) == 64  # the query axis is left alone
     assert fig.layout.margin.t == 150
+
+
+def test_hiding_special_tokens_renormalises_the_remaining_rows():
+    """attention_matrix(hide_special=True): [CLS]/[SEP] rows and columns gone, each remaining
+    row = its weights over the kept keys / their sum (computed here from the raw weights)."""
+    if not core.MODELS["minilm"].available():
+        pytest.skip("minilm's weight package is not installed")
+    tr = core.load_model("minilm").trace("the river bank")
+    view = View("encoder", "self_attn", 1, 3)
+    m, q, k = attention_matrix(tr, view, hide_special=True)
+    assert q == k == ["the", "river", "bank"]
+    w = tr["encoder.1.self_attn.weights"][3][1:-1, 1:-1].double()
+    torch.testing.assert_close(m.double(), w / w.sum(-1, keepdim=True), rtol=0, atol=1e-6)

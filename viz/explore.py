@@ -23,7 +23,7 @@ import torch
 from core.tokenizer import WordTokenizer
 from core.words import Groups, merge_attention, word_groups, word_labels
 from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
-from viz.select import SPECIAL_TOKENS, View, attention_matrix
+from viz.select import SPECIAL_TOKENS, View, attention_matrix, drop_special
 
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
 MAX_GRID_SIDE = 48  # each thumbnail of the model view at most this many cells per side
@@ -73,15 +73,8 @@ def word_matrix(trace, view: View, text: Optional[str] = None, hide_special: boo
     k_groups, k_labels = side_groups(trace, k_side, text)
     merged = merge_attention(m, q_groups, k_groups)
     if hide_special:
-        q_sp = _special_group(q_groups, trace.tokens(q_side))
-        k_sp = _special_group(k_groups, trace.tokens(k_side))
-        qi = [i for i, s in enumerate(q_sp) if not s]
-        ki = [j for j, s in enumerate(k_sp) if not s]
-        if qi and ki:
-            merged = merged[qi][:, ki]
-            merged = merged / merged.sum(-1, keepdim=True).clamp_min(1e-12)
-            q_labels = [q_labels[i] for i in qi]
-            k_labels = [k_labels[j] for j in ki]
+        return drop_special(merged, q_labels, k_labels, _special_group(q_groups, trace.tokens(q_side)),
+                            _special_group(k_groups, trace.tokens(k_side)))
     return merged, q_labels, k_labels
 
 

@@ -59,14 +59,20 @@ def attention_matrix(trace, view: View, hide_special: bool = False):
     m = w.mean(0) if view.head is None else w[view.head]
     q_toks, k_toks = axis_tokens(trace, view.stack, view.kind)
     if hide_special:
-        qi = [i for i, t in enumerate(q_toks) if t not in SPECIAL_TOKENS]
-        ki = [j for j, t in enumerate(k_toks) if t not in SPECIAL_TOKENS]
-        if qi and ki:
-            m = m[qi][:, ki]
-            m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
-            q_toks = [q_toks[i] for i in qi]
-            k_toks = [k_toks[j] for j in ki]
+        return drop_special(m, q_toks, k_toks, [t in SPECIAL_TOKENS for t in q_toks],
+                            [t in SPECIAL_TOKENS for t in k_toks])
     return m, q_toks, k_toks
+
+
+def drop_special(m, q_labels, k_labels, q_special, k_special):
+    """Rows and columns flagged special dropped from an n_q x n_k attention matrix and the rows
+    renormalised to sum to 1; unchanged when that would leave no row or no column."""
+    qi = [i for i, sp in enumerate(q_special) if not sp]
+    ki = [j for j, sp in enumerate(k_special) if not sp]
+    if not (qi and ki):
+        return m, list(q_labels), list(k_labels)
+    m = m[qi][:, ki]
+    return m / m.sum(-1, keepdim=True).clamp_min(1e-12), [q_labels[i] for i in qi], [k_labels[j] for j in ki]
 
 
 def layer_stack(trace, stack: str, kind: str) -> List[torch.Tensor]:
