@@ -288,6 +288,13 @@ class Trace:
                     tensors[k] = torch.from_numpy(z[k])
         return cls(tensors, tokens, meta)
 
+    def __getstate__(self):
+        """Pickled, a trace keeps every name (computed now, layer by layer) and no model."""
+        return {"tensors": OrderedDict((n, self[n]) for n in self._order), "tokens": self._tokens, "meta": self.meta}
+
+    def __setstate__(self, state):
+        self.__init__(state["tensors"], state["tokens"], state["meta"])
+
     def __repr__(self) -> str:
         toks = {k: len(v) for k, v in self._tokens.items()}
         return f"Trace(model={self.meta.get('model')!r}, tokens={toks}, tensors={len(self)})"
