@@ -104,6 +104,7 @@ class Trace:
         self._lock = threading.RLock()
         self._rows: Optional[int] = None  # a step view: the first _rows decoder positions
         self._base: Optional["Trace"] = None
+        self.memo: dict = {}  # small results viewers compute from this trace (e.g. pooled model-view maps)
 
     # mapping interface ------------------------------------------------------------
     def __getitem__(self, name: str):
@@ -201,12 +202,14 @@ class Trace:
         """The stored input of layer i: embed.{stack}.sum for layer 0, else {stack}.{i-1}.out."""
         return self[f"embed.{stack}.sum" if i == 0 else f"{stack}.{i - 1}.out"]
 
-    def each_layer(self, stack: str, names: Iterable[str] = ("self_attn.weights",)) -> Iterator[Dict[str, torch.Tensor]]:
+    def each_layer(self, stack: str, names: Iterable[str] = ("self_attn.weights",),
+                   layers: Optional[Iterable[int]] = None) -> Iterator[Dict[str, torch.Tensor]]:
         """Layer by layer, the asked-for names (suffixes under the layer) of every layer of a
-        stack, computed one layer at a time and not kept: for views of all layers (the
-        model view, rollout) that must never hold L full sets of maps at once."""
+        stack (or of `layers`), computed one layer at a time and not kept: for views of all
+        layers (the model view, rollout) that must never hold L full sets of maps at once."""
         base = self._base or self
-        for i in range(self.layers(stack)):
+        names = list(names)
+        for i in (range(self.layers(stack)) if layers is None else layers):
             with base._lock:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(
@@ -236,6 +239,7 @@ class Trace:
         view._tokens = {k: list(v) for k, v in (tokens or base._tokens).items()}
         view.meta = dict(meta if meta is not None else base.meta)
         view._rows, view._base = t, base
+        view.memo = {}
         return view
 
     # structure helpers --------------------------------------------------------------

@@ -14,7 +14,7 @@ real layer numbers), each map reduced to at most `max_side` per side before it i
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -141,20 +141,51 @@ def clamp_range(value, n_layers: int) -> Tuple[int, int]:
     return (lo, hi) if lo <= hi else (hi, lo)
 
 
-def grid_figure(weights_by_layer: Sequence, first_layer: int, *,
-                selected: Optional[Tuple[int, int]] = None, max_side: int = MAX_GRID_SIDE, title: str = "") -> go.Figure:
+def pool_maps(weights_by_layer: Iterable, max_side: int = MAX_GRID_SIDE):
+    """Thumbnails of the model view from full maps, one layer at a time (an iterable, so a
+    caller can compute each layer's maps only when it is pooled and drop them after):
+    (each layer's H x b_q x b_k thumbnail, each layer's H mean row entropies of the FULL
+    maps, the full (n_q, n_k))."""
+    maps, entropy, full = [], [], None
+    for w in weights_by_layer:
+        w = torch.as_tensor(w)
+        full = full or (w.shape[-2], w.shape[-1])
+        entropy.append(map_entropy(w))
+        maps.append(reduce_stack([w], max_side)[0])
+    return maps, entropy, full
+
+
+def pooled_layers(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None,
+                  words: bool = False, max_side: int = MAX_GRID_SIDE):
+    """pool_maps over the chosen layers of a trace, computed layer by layer (never all L x H
+    full maps at once) and kept in trace.memo, so redrawing the model view does no model work."""
+    key = ("pooled", stack, kind, tuple(layers), words, max_side, text if words else None)
+    if key not in trace.memo:
+        got = (d[f"{kind}.weights"] for d in trace.each_layer(stack, [f"{kind}.weights"], layers))
+        if words:
+            q_side, k_side = view_sides(stack, kind)
+            q_groups, k_groups = side_groups(trace, q_side, text)[0], side_groups(trace, k_side, text)[0]
+            got = (merge_attention(w, q_groups, k_groups) for w in got)
+        trace.memo[key] = pool_maps(got, max_side)
+    return trace.memo[key]
+
+
+def grid_figure(weights_by_layer: Iterable, first_layer: int, *,
+                selected: Optional[Tuple[int, int]] = None, max_side: int = MAX_GRID_SIDE, title: str = "",
+                pooled=None) -> go.Figure:
     """The model view of layers first_layer, first_layer + 1, ...: every map reduced to at
     most max_side blocks per side (reduce_stack), then tiled into one heatmap
     (viz.grid.tiled_head_grid) with the real layer numbers on its rows and in its hover;
-    selected = (layer, head) is outlined. The hover's entropy is that of the full maps."""
-    maps = reduce_stack(weights_by_layer, max_side)
+    selected = (layer, head) is outlined. The hover's entropy is that of the full maps.
+    pooled: pool_maps's result (then weights_by_layer is not read)."""
+    maps, entropy, (n_q_full, n_k_full) = pooled if pooled is not None else pool_maps(weights_by_layer, max_side)
     n_q, n_k = maps[0].shape[-2], maps[0].shape[-1]
     qpos = kpos = None
-    if n_q < weights_by_layer[0].shape[-2] or n_k < weights_by_layer[0].shape[-1]:
-        qpos = [g[0] for g in blocks(weights_by_layer[0].shape[-2], max_side)]
-        kpos = [g[0] for g in blocks(weights_by_layer[0].shape[-1], max_side)]
+    if n_q < n_q_full or n_k < n_k_full:
+        qpos = [g[0] for g in blocks(n_q_full, max_side)]
+        kpos = [g[0] for g in blocks(n_k_full, max_side)]
     return tiled_head_grid(maps, first_layer=first_layer, selected=selected, q_positions=qpos, k_positions=kpos,
-                           title=title, entropy=[map_entropy(w) for w in weights_by_layer])
+                           title=title, entropy=entropy)
 
 
 def grid_pick(point: dict) -> Optional[Tuple[int, int]]:

@@ -138,11 +138,9 @@ with tab_model:
                    f"the enlarged map is on the Heatmap tab and below. Maps wider than {ex.MAX_GRID_SIDE} cells are "
                    "drawn in blocks (keys summed, queries averaged).")
         layers = list(range(lo, hi + 1))
-        if words:
-            weights = ex.word_stack(trace, stack, kind, layers, text)
-        else:
-            weights = [trace[f"{stack}.{i}.{kind}.weights"] for i in layers]
-        grid = ex.grid_figure(weights, lo, selected=(layer, head),
+        with st.spinner("Computing the maps layer by layer…"):
+            pooled = ex.pooled_layers(trace, stack, kind, layers, text, words)
+        grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{common.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
         st.plotly_chart(grid, key="explore-grid", on_select=_pick_from_grid,
