@@ -1,0 +1,212 @@
+"""Long inputs: what a trace costs now that it stores the residual stream and recomputes a
+layer's inside when it is read (core/trace.py).
+
+    python -m bench.trace_bench [--quick] [--json] [--part minilm|smollm2|memory]
+
+Each part runs in its own process (peak memory is per process). Figures, all from one run:
+
+minilm (128 and 512 tokens, alternating rounds, medians of process CPU time):
+    ours trace (ids)   the Trace from token ids (the traced fast pass, storing O(n d))
+    hf sdpa            transformers' BertModel (sdpa), no attentions returned
+    hf eager+attn      BertModel eager with output_attentions=True
+  and the bytes the 512-token trace stores.
+smollm2 at 2,048 tokens (the tokenizer's maximum), from the same ids:
+    traced pass / our untraced forward (model.net) -- target <= 1.15x
+    stored trace bytes -- target <= 400 MiB
+    one layer's maps on first access / the untraced forward -- target <= 0.25x
+    the 270-map model view (every layer pooled, layer by layer) / one traced pass -- <= 1.5x
+memory (smollm2, a fresh process): peak resident memory during the traced pass above the
+    loaded model (VmHWM reset through /proc/self/clear_refs after loading) -- <= 2.5 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from bench.common import ROOT, Result, alternate, machine_info, median, text_of
+
+MIB = 2**20
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def _trace_from_ids(model, ids, toks):
+    import core
+
+    tensors, ms, runner = model._run_traced(None, ids) if model.kind == "decoder" else model._run_traced(ids, None)
+    return model._finish(tensors, {"source": toks}, {"model": model.name}, runner)
+
+
+def _smol_ids(model, n: int):
+    """n token ids of English text for smollm2 (the notes' passage, repeated)."""
+    from bench.common import PASSAGE
+
+    ids = model.tokenizer.encode(PASSAGE * (n // 20 + 2)).ids
+    return list(ids[:n])
+
+
+def part_minilm(rounds: int) -> dict:
+    import torch
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
+    import core
+
+    hf_logging.set_verbosity_error()
+    model = core.load_model("minilm", device="cpu")
+    folder = str(core.minilm.model_dir())
+    sdpa = BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    eager = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    rows = []
+    for n in (128, 512):
+        enc = model.tokenizer.encode(text_of(model, n))
+        ids, toks = list(enc.ids), list(enc.tokens)
+        t_ids = torch.tensor([ids])
+        fns = {"ours trace (ids)": lambda: _trace_from_ids(model, ids, toks),
+               "hf sdpa": lambda: sdpa(t_ids),
+               "hf eager+attn": lambda: eager(t_ids, output_attentions=True)}
+        with torch.inference_mode():
+            t = alternate(fns, rounds, warmup=2)
+        tr = _trace_from_ids(model, ids, toks)
+        rows.append({"tokens": n, "cpu_ms": {k: median(v["cpu"]) * 1000 for k, v in t.items()},
+                     "wall_ms": {k: median(v["wall"]) * 1000 for k, v in t.items()},
+                     "trace_vs_sdpa": median(t["ours trace (ids)"]["cpu"]) / median(t["hf sdpa"]["cpu"]),
+                     "trace_vs_eager": median(t["ours trace (ids)"]["cpu"]) / median(t["hf eager+attn"]["cpu"]),
+                     "stored_bytes": tr.nbytes()})
+    return {"rows": rows, "threads": torch.get_num_threads()}
+
+
+def part_smollm2(rounds: int, n: int = 2048) -> dict:
+    import time
+
+    import torch
+
+    import core
+    from viz.explore import pooled_layers
+
+    model = core.load_model("smollm2", device="cpu")
+    ids = _smol_ids(model, n)
+    t_ids = torch.tensor([ids])
+    toks = model.target_strings(ids)
+    fns = {"untraced forward": lambda: model.net(None, t_ids),
+           "traced pass": lambda: _trace_from_ids(model, ids, toks)}
+    with torch.inference_mode():
+        t = alternate(fns, rounds, warmup=1)
+    fwd, traced = median(t["untraced forward"]["cpu"]), median(t["traced pass"]["cpu"])
+    layer_s, view_s = [], []
+    for _ in range(rounds):
+        tr = _trace_from_ids(model, ids, toks)
+        c = time.process_time()
+        tr["decoder.15.self_attn.weights"]
+        layer_s.append(time.process_time() - c)
+        tr = _trace_from_ids(model, ids, toks)
+        c = time.process_time()
+        pooled_layers(tr, "decoder", "self_attn", list(range(tr.layers("decoder"))))
+        view_s.append(time.process_time() - c)
+    return {"tokens": n, "forward_cpu_s": fwd, "traced_cpu_s": traced, "traced_vs_forward": traced / fwd,
+            "stored_bytes": tr.nbytes(), "layer_first_access_cpu_s": median(layer_s),
+            "layer_vs_forward": median(layer_s) / fwd, "model_view_cpu_s": median(view_s),
+            "model_view_vs_traced": median(view_s) / traced, "threads": torch.get_num_threads(),
+            "maps": tr.layers("decoder") * model.config.n_heads}
+
+
+def part_memory(n: int = 2048) -> dict:
+    import torch
+
+    import core
+
+    model = core.load_model("smollm2", device="cpu")
+    ids = _smol_ids(model, n)
+    toks = model.target_strings(ids)
+    with torch.inference_mode():
+        model.net(None, torch.tensor([ids[:16]]))  # allocator warmed on a short input
+    loaded = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    tr = _trace_from_ids(model, ids, toks)
+    peak = _status_kib("VmHWM")
+    return {"tokens": n, "loaded_rss_mib": loaded / 1024, "peak_above_loaded_mib": (peak - loaded) / 1024,
+            "stored_mib": tr.nbytes() / MIB}
+
+
+def _in_process(part: str, quick: bool) -> dict:
+    cmd = [sys.executable, "-m", "bench.trace_bench", "--part", part, "--json"] + (["--quick"] if quick else [])
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        raise RuntimeError(f"trace_bench --part {part} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False) -> dict:
+    """Every part, each in a fresh process; the results as Result rows plus the raw figures."""
+    import core
+
+    details, results = {}, []
+    details["minilm"] = m = _in_process("minilm", quick)
+    for r in m["rows"]:
+        results.append(Result("long inputs", f"minilm trace from ids / transformers sdpa without attentions, "
+                                             f"{r['tokens']} tokens (CPU-time medians)", r["trace_vs_sdpa"], "x", 1.05,
+                              note=f"ours {r['cpu_ms']['ours trace (ids)']:.1f} ms, sdpa {r['cpu_ms']['hf sdpa']:.1f} ms, "
+                                   f"eager + output_attentions {r['cpu_ms']['hf eager+attn']:.1f} ms "
+                                   f"(ours / eager {r['trace_vs_eager']:.2f}x)"))
+    r512 = m["rows"][-1]
+    results.append(Result("long inputs", "minilm stored trace at 512 tokens", r512["stored_bytes"] / MIB, "MiB", 32,
+                          note="before: 138.8 MiB (every attention map kept)"))
+    if core.MODELS["smollm2"].available():
+        details["smollm2"] = s = _in_process("smollm2", quick)
+        results += [
+            Result("long inputs", f"smollm2 traced pass / untraced forward, {s['tokens']} tokens",
+                   s["traced_vs_forward"], "x", 1.15,
+                   note=f"traced {s['traced_cpu_s']:.2f} s CPU, forward {s['forward_cpu_s']:.2f} s CPU"),
+            Result("long inputs", f"smollm2 stored trace at {s['tokens']} tokens", s["stored_bytes"] / MIB, "MiB", 400,
+                   note="before: 2.2 GB at 1,036 tokens, so the app capped smollm2 at 256 tokens"),
+            Result("long inputs", "smollm2 one layer's maps on first access / the untraced forward",
+                   s["layer_vs_forward"], "x", 0.25, note=f"{s['layer_first_access_cpu_s']:.2f} s CPU (layer 15)"),
+            Result("long inputs", f"smollm2 model view ({s['maps']} maps, pooled layer by layer) / one traced pass",
+                   s["model_view_vs_traced"], "x", 1.5, note=f"{s['model_view_cpu_s']:.2f} s CPU"),
+        ]
+        details["memory"] = mm = _in_process("memory", quick)
+        results.append(Result("long inputs", f"smollm2 peak process memory during a {mm['tokens']}-token traced pass, "
+                                             "above the loaded model", mm["peak_above_loaded_mib"] / 1024, "GiB", 2.5,
+                              note=f"loaded model {mm['loaded_rss_mib']:.0f} MiB resident; "
+                                   f"trace stores {mm['stored_mib']:.0f} MiB; before: 3.2 GB of process memory at "
+                                   "1,036 tokens"))
+    return {"results": [r.to_dict() for r in results], "details": details}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--part", choices=["minilm", "smollm2", "memory"])
+    args = ap.parse_args(argv)
+    rounds = 3 if args.quick else 7
+    if args.part:
+        out = {"minilm": lambda: part_minilm(rounds * 2), "smollm2": lambda: part_smollm2(max(2, rounds // 2)),
+               "memory": part_memory}[args.part]()
+        print(json.dumps(out))
+        return
+    res = run(args.quick)
+    if args.json:
+        print(json.dumps(res, default=str))
+        return
+    info = machine_info()
+    print(f"{info['cpu']}, {info['cores']} cores, load {info['load_average']}, torch threads {info['torch_threads']}")
+    for r in res["results"]:
+        r = Result.from_dict(r)
+        print(f"[{r.status:>6}] {r.name}: {r.value:.3f} {r.unit} (target <= {r.target}) -- {r.note}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
