@@ -77,7 +77,8 @@ COMMANDS = {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval}
 
 def build_parser(prog: str = "python -m core"):
     """The parser and its subcommand group (core/cli.py adds `run` to it)."""
-    ap = argparse.ArgumentParser(prog=prog, description="Attention Lab's transformer core")
+    ap = argparse.ArgumentParser(prog=prog, description="Attention Lab: see how attention works. "
+                                 "The transformer core's commands: models, traces, evaluation.")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     what = "list the models: name, kind, description (and how to install a missing one)"
     sub.add_parser("models", help=what, description=what)

@@ -3,13 +3,14 @@
 `trace`, `models` and `eval` are `python -m core`'s commands (core/__main__.py). `run` starts
 the Streamlit app on the app.py that sits beside the `core` package: the repository's in a
 checkout or an editable install, the one `pip install .` puts in site-packages otherwise.
-Streamlit runs in a child process (core never imports streamlit), with the settings of the
+Streamlit replaces the process (core never imports streamlit), with the settings of the
 repository's .streamlit/config.toml passed as flags, so the app behaves the same from any
 working directory.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,7 +58,9 @@ def cmd_run(args) -> int:
     cmd = streamlit_command(args.port, args.streamlit_args)
     print(f"Attention Lab on http://{STREAMLIT_SETTINGS['server.address']}:{args.port or 8501}  (Ctrl+C stops it)",
           file=sys.stderr)
-    try:
+    if os.name == "posix":
+        os.execv(cmd[0], cmd)  # streamlit takes this process's place: signals reach it directly
+    try:  # pragma: no cover - Windows
         return subprocess.call(cmd)
     except KeyboardInterrupt:
         return 0
