@@ -62,10 +62,12 @@ def _axis_tokens(trace, stack: str, attn: str, n_q: int, n_k: int) -> Tuple[List
 def frame(trace, name: str) -> pd.DataFrame:
     """One attention name of `trace` as a long DataFrame (see the module docstring)."""
     stack, layer, attn, what = parse_name(name)
-    if name not in trace:
+    try:
+        tensor = trace[name]
+    except KeyError:
         raise KeyError(f"{name!r} is not in this trace; its attention names: "
-                       f"{', '.join(attention_names(trace, what)[:6]) or 'none'}")
-    values = trace[name].detach().float().cpu().numpy()
+                       f"{', '.join(attention_names(trace, what)[:6]) or 'none'}") from None
+    values = tensor.detach().float().cpu().numpy()
     if what == "mask":
         values = values[None]  # 1 x n_q x n_k: one mask for every head
     if values.ndim != 3:
@@ -89,18 +91,29 @@ def frame(trace, name: str) -> pd.DataFrame:
     })
 
 
+def _all_attention_names(trace) -> List[str]:
+    """Every attention name of the trace, in its order. Read from `trace.names()`; a trace
+    that lists only what it stores is asked name by name for each stack, layer and kind."""
+    found = [n for n in trace.names() if _NAME.match(n)]
+    if found:
+        return found
+    return [f"{stack}.{i}.{attn}.{what}" for stack in trace.stacks() for i in range(trace.layers(stack))
+            for attn in ("self_attn", "cross_attn") for what in VALUE_COLUMNS
+            if f"{stack}.{i}.{attn}.{what}" in trace]
+
+
 def attention_names(trace, what: str = "weights") -> List[str]:
     """Every attention name of one quantity (`weights`, `scores`, ...) in a trace, in order."""
     if what not in VALUE_COLUMNS:
         raise ValueError(f"unknown attention quantity {what!r}; one of {', '.join(VALUE_COLUMNS)}")
-    return [n for n in trace.names() if _NAME.match(n) and n.endswith("." + what)]
+    return [n for n in _all_attention_names(trace) if n.endswith("." + what)]
 
 
 def select_names(trace, patterns: Sequence[str]) -> List[str]:
     """Attention names matching any of `patterns` (exact names or shell-style wildcards such
     as `decoder.*.cross_attn.weights`), in the trace's order. ValueError when one pattern
     matches nothing."""
-    every = [n for n in trace.names() if _NAME.match(n)]
+    every = _all_attention_names(trace)
     chosen = []
     for pat in patterns:
         hits = [n for n in every if fnmatchcase(n, pat)]

@@ -163,3 +163,30 @@ def test_entry_models_lists_every_model():
     assert res.returncode == 0, res.stderr
     names = [line.split("\t")[0] for line in res.stdout.splitlines()]
     assert names == list(core.registry.MODELS)
+
+
+def test_names_found_when_a_trace_lists_only_what_it_stores(trace):
+    """A trace whose names() lists only stored tensors still yields its attention names."""
+
+    class StoredOnly:
+        def __init__(self, t):
+            self.t = t
+
+        def names(self):
+            return [n for n in self.t.names() if n.endswith(".out") or n.startswith("embed.")]
+
+        def __getattr__(self, attr):
+            return getattr(self.t, attr)
+
+        def __contains__(self, name):
+            return name in self.t
+
+        def __getitem__(self, name):
+            return self.t[name]
+
+    lean = StoredOnly(trace)
+    assert attention_names(lean) == attention_names(trace)
+    masks = select_names(lean, ["decoder.1.*.mask"])
+    assert "decoder.1.self_attn.mask" in masks
+    assert sorted(masks) == sorted(select_names(trace, ["decoder.1.*.mask"]))
+    pd.testing.assert_frame_equal(frame(lean, "encoder.0.self_attn.weights"), frame(trace, "encoder.0.self_attn.weights"))
