@@ -190,3 +190,33 @@ def test_names_found_when_a_trace_lists_only_what_it_stores(trace):
     assert "decoder.1.self_attn.mask" in masks
     assert sorted(masks) == sorted(select_names(trace, ["decoder.1.*.mask"]))
     pd.testing.assert_frame_equal(frame(lean, "encoder.0.self_attn.weights"), frame(trace, "encoder.0.self_attn.weights"))
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_app_and_the_command(tmp_path):
+    """What `pip install .` installs: app.py beside core/ and viz/ (pages included), the
+    bundled checkpoint, and the attention-lab entry point. Built from a copy of the tracked
+    files, so the checkout stays clean."""
+    import shutil
+    import zipfile
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    src = tmp_path / "src"
+    for f in files:
+        if (ROOT / f).is_file():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, src / f)
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("attention_lab-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    assert "app.py" in names and "core/cli.py" in names and "core/frames.py" in names
+    pages = {f.replace("\\", "/") for f in files if f.startswith("viz/pages/") and f.endswith(".py")}
+    assert pages <= names
+    assert {f for f in files if f.startswith("assets/toy-translate/")} <= names
+    assert "attention-lab = core.cli:main" in entry
