@@ -1,4 +1,7 @@
-"""Command line: python -m core models | trace | eval (the contract of DESIGN.md)."""
+"""Command line: python -m core models | trace | eval (the contract of DESIGN.md).
+
+The installed `attention-lab` command (core/cli.py) is this parser plus `run`.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +20,38 @@ def cmd_models(args) -> int:
     return 0
 
 
+FORMATS = ("npz", "csv", "parquet")
+
+
+def trace_format(fmt, out) -> str:
+    """--format, or the --out file's suffix when it names a format, or npz."""
+    if fmt:
+        return fmt
+    suffix = str(out or "").rsplit(".", 1)[-1].lower()
+    return suffix if suffix in FORMATS else "npz"
+
+
 def cmd_trace(args) -> int:
+    fmt = trace_format(args.format, args.out)
+    out = args.out or f"run.{fmt}"
     model = load_model(args.model, device=args.device)
     trace = model.trace(args.text, target=args.target)
-    trace.save(args.out)
     meta = trace.meta
-    print(f"{args.out}: {len(trace)} tensors ({trace.nbytes() / 1e6:.2f} MB), model {model.name} on {meta['device_name']}")
+    if fmt == "npz":
+        if args.names:
+            raise ValueError("--names chooses the attention maps of a csv or parquet table; npz holds every name")
+        trace.save(out)
+        print(f"{out}: {len(trace)} tensors ({trace.nbytes() / 1e6:.2f} MB), model {model.name} on {meta['device_name']}")
+    else:
+        from .frames import attention_names, frames, select_names
+
+        names = select_names(trace, args.names) if args.names else attention_names(trace, "weights")
+        table = frames(trace, names)
+        if fmt == "csv":
+            table.to_csv(out, index=False)
+        else:
+            table.to_parquet(out, index=False)
+        print(f"{out}: {len(table)} rows from {len(names)} attention maps, model {model.name} on {meta['device_name']}")
     print("source tokens:", " ".join(trace.tokens("source")))
     if trace.tokens("target"):
         print("target tokens:", " ".join(trace.tokens("target")))
@@ -43,23 +72,47 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m core", description="Attention Lab's transformer core")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("models", help="list the models: name, kind, description")
-    t = sub.add_parser("trace", help="run a model on a sentence and save every intermediate to .npz")
+COMMANDS = {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval}
+
+
+def build_parser(prog: str = "python -m core"):
+    """The parser and its subcommand group (core/cli.py adds `run` to it)."""
+    ap = argparse.ArgumentParser(prog=prog, description="Attention Lab: see how attention works. "
+                                 "The transformer core's commands: models, traces, evaluation.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    what = "list the models: name, kind, description (and how to install a missing one)"
+    sub.add_parser("models", help=what, description=what)
+    what = ("run a model on a sentence and save it: every intermediate to .npz, or the attention "
+            "maps as one long table (layer, head, query, key, value) to .csv or .parquet")
+    t = sub.add_parser("trace", help=what, description=what)
     t.add_argument("--model", default="toy-translate")
     t.add_argument("--text", required=True)
     t.add_argument("--target", default=None, help="teacher-forced target (decoders); default: greedy")
     t.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
-    t.add_argument("--out", default="run.npz")
-    e = sub.add_parser("eval", help="held-out exact match and alignment accuracy (toy-translate)")
+    t.add_argument("--format", default=None, choices=FORMATS,
+                   help="npz: every trace name; csv / parquet: the attention maps as a long table "
+                        "(default: from --out's suffix, else npz)")
+    t.add_argument("--names", nargs="+", default=None, metavar="NAME",
+                   help="csv / parquet: the attention names to write, wildcards allowed, e.g. "
+                        "'decoder.*.cross_attn.weights' encoder.0.self_attn.scores (default: every .weights)")
+    t.add_argument("--out", default=None, help="output file (default: run.FORMAT)")
+    what = "held-out exact match and alignment accuracy (toy-translate), as one JSON line"
+    e = sub.add_parser("eval", help=what, description=what)
     e.add_argument("--model", default="toy-translate")
     e.add_argument("--n", type=int, default=None)
     e.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
+    return ap, sub
+
+
+def main(argv=None, prog: str = "python -m core", extend=None) -> int:
+    """Parse and run one command. `extend(sub)` may add subcommands; it returns their handlers."""
+    ap, sub = build_parser(prog)
+    handlers = dict(COMMANDS)
+    if extend is not None:
+        handlers.update(extend(sub))
     args = ap.parse_args(argv)
     try:
-        return {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval}[args.cmd](args)
+        return handlers[args.cmd](args)
     except (InputError, ModelUnavailable, KeyError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import common
+from viz.pages import charts, common
 
 FALLBACK_MODEL = "toy-translate"
 
@@ -174,7 +174,7 @@ for col, label, (w, lab, hi), chart_key in ((cols[0], "A", (wa, la, ha), "compar
     with col:
         fig = cmp.attention_bar(w, lab, hi, title=f"Sentence {label}: attention from “{safe_label(word)}” (red)",
                                 y_max=y_max)
-        st.plotly_chart(fig, key=chart_key, width="stretch")
+        charts.chart(fig, key=chart_key, width="stretch")
         top3 = cmp.top_attended(w, lab, skip=hi)
         st.caption("Most attended besides itself: " + ", ".join(f"“{cmp.md_escape(t)}” {v:.2f}" for t, v in top3))
 unit = "word m of its own sentence (the weights on a word's pieces summed)" if in_words else \
@@ -191,7 +191,7 @@ table = cmp.cosine_table(trace_a, word_a, trace_b, word_b, words_b)
 word_plot = safe_label(word)
 fig = cmp.cosine_figure(table, word, mark_layer=layer,
                         title=f"cos(“{word_plot}” in A, “{word_plot}” in B) at every depth of the {stack}")
-st.plotly_chart(fig, key="compare-cosine", width="stretch")
+charts.chart(fig, key="compare-cosine", width="stretch")
 s = cmp.summary(table)
 st.markdown(cmp.input_note(trace_a, word_a, trace_b, word_b, s["input"]))
 start = "started as the same static vector" if s["input"] > 1 - 1e-6 else "started from almost the same input vector"

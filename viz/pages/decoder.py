@@ -16,7 +16,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import common
+from viz.pages import charts, common
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
@@ -265,24 +265,24 @@ per_row = 3 if n <= THREE_UP_TO else 2 if n <= TWO_UP_TO else 1
 
 
 def _mask_panel() -> None:
-    st.plotly_chart(dv.look_ahead_mask_figure(mask, q_tokens, highlight_row=row, height=height, fit=fit_self,
-                                              title=f"Look-ahead mask M ({n}×{n})"),
-                    key="decoder-mask", width="stretch")
+    charts.chart(dv.look_ahead_mask_figure(mask, q_tokens, highlight_row=row, height=height, fit=fit_self,
+                                           title=f"Look-ahead mask M ({n}×{n})"),
+                 key="decoder-mask", width="stretch")
     st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (seed 002's M, seed 003's B): the same in every layer and head.")
 
 
 def _masked_panel() -> None:
-    st.plotly_chart(dv.masked_scores_figure(masked, q_tokens, highlight_row=row, height=height, fit=fit_self,
-                                            title=f"Masked scores QKᵀ/√d_k + M · {where}"),
-                    key="decoder-masked", width="stretch")
+    charts.chart(dv.masked_scores_figure(masked, q_tokens, highlight_row=row, height=height, fit=fit_self,
+                                         title=f"Masked scores QKᵀ/√d_k + M · {where}"),
+                 key="decoder-masked", width="stretch")
     st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
                "after dividing by √d_k gives the same matrix).")
 
 
 def _weights_panel() -> None:
-    st.plotly_chart(dv.weights_figure(weights, q_tokens, highlight_row=row, height=height, fit=fit_self,
-                                      title=f"Weights S' = softmax(…) · {where}"),
-                    key="decoder-weights", width="stretch")
+    charts.chart(dv.weights_figure(weights, q_tokens, highlight_row=row, height=height, fit=fit_self,
+                                   title=f"Weights S' = softmax(…) · {where}"),
+                 key="decoder-weights", width="stretch")
     st.caption("softmax of each row: every row sums to 1 and is exactly 0 above the diagonal, so no token "
                "attends to a later one. " + (
                    f"The outlined row {row} ({dv.chip(q_tokens[row])}) is the newest position; its output gives "
@@ -294,9 +294,9 @@ def _cross_panel() -> None:
     if dv.has_cross_attention(tr):
         src = tr.tokens("source")
         cross = dv.head_matrix(tr, f"decoder.{layer}.cross_attn.weights", head)
-        st.plotly_chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height, fit=(run_tokens, src),
-                                                  title=f"Cross-attention over the source · {where}"),
-                        key="decoder-cross", width="stretch")
+        charts.chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height, fit=(run_tokens, src),
+                                               title=f"Cross-attention over the source · {where}"),
+                     key="decoder-cross", width="stretch")
         best = int(np.argmax(cross[row]))
         st.caption(f"Queries from the decoder, keys and values from the encoder's output (seed 002). "
                    f"Row {row} ({dv.chip(q_tokens[row])}) looks most at source token {best} "
@@ -310,9 +310,9 @@ def _cross_panel() -> None:
 def _next_panel() -> None:
     title = (f"Next token after step {step} (top {len(next_tokens)})" if full is None
              else f"Row {row}'s next-token distribution (top {len(next_tokens)})")
-    st.plotly_chart(dv.next_token_figure(next_tokens, next_probs, chosen=chosen, forced=forced,
-                                         forced_prob=forced_prob, title=title),
-                    key="decoder-next", width="stretch")
+    charts.chart(dv.next_token_figure(next_tokens, next_probs, chosen=chosen, forced=forced,
+                                      forced_prob=forced_prob, title=title),
+                 key="decoder-next", width="stretch")
     if full is None:
         st.caption(f"Linear layer + softmax over the vocabulary (seed 002); greedy decoding takes the most "
                    f"likely token (red) and appends it to the input of step {step + 1}.")

@@ -10,7 +10,7 @@ import streamlit as st
 
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
-from viz.pages import common
+from viz.pages import charts, common
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -107,7 +107,7 @@ with tab_map:
         fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map), zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
-        st.plotly_chart(fig, key="explore-heatmap", width="stretch")
+        charts.chart(fig, key="explore-heatmap", width="stretch")
         st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
                    "Hover a cell for the exact weight.")
         common.downloads(trace, matrix, q_toks, k_toks,
@@ -143,14 +143,14 @@ with tab_model:
         grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{common.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
-        st.plotly_chart(grid, key="explore-grid", on_select=_pick_from_grid,
-                        selection_mode="points", width="stretch")
+        charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,
+                     selection_mode="points", width="stretch")
         if not lo <= layer <= hi:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
         z, zq, zk, _, _ = ex.reduce_map(matrix, q_toks, k_toks)
         small = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
                                               fixed_scale=not per_map, height=420), zq, zk, min_top=90)
-        st.plotly_chart(small, key="explore-enlarged", width="stretch")
+        charts.chart(small, key="explore-enlarged", width="stretch")
 
 with tab_heads:
     if tab_heads.open is not False:
@@ -163,6 +163,6 @@ with tab_heads:
                     f"unreadable, so it is drawn up to {ex.HEAD_VIEW_MAX}. Use the heatmap or the model view.")
         else:
             w_all = ex.word_stack(trace, stack, kind, [layer], text)[0] if words else trace[view.name]
-            st.plotly_chart(head_view(w_all, q_toks, k_toks, heads=chosen,
-                                      title=f"layer {layer}: queries (left) → keys (right)"),
-                            key="explore-headview", width="stretch")
+            charts.chart(head_view(w_all, q_toks, k_toks, heads=chosen,
+                                   title=f"layer {layer}: queries (left) → keys (right)"),
+                         key="explore-headview", width="stretch")

@@ -9,7 +9,7 @@ columns like seed 002), its shape, and numerical checks. Figures come from viz.p
 import streamlit as st
 
 from viz import pipeline
-from viz.pages import common
+from viz.pages import charts, common
 from viz.select import axis_tokens
 
 st.title("Inside a head")
@@ -126,8 +126,8 @@ def show_step(i: int, step: pipeline.Step) -> None:
         if step.matrix is None:
             st.info("Nothing to draw at this step for this model.")
         else:
-            st.plotly_chart(pipeline.step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
-                            width="stretch")
+            charts.chart(pipeline.step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
+                         width="stretch")
     if step.key == "weights":
         full = trace[f"{stack}.{layer}.{kind}.weights"][head]
         common.downloads(trace, full, q_toks, k_toks, name=f"{model_name}-{stack}-{kind}-L{layer}-H{head}",

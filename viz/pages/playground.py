@@ -16,7 +16,7 @@ from core import toy_task
 from core.api import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
-from viz.pages import common
+from viz.pages import charts, common
 
 st.title("Playground")
 state = common.PageState("playground")
@@ -100,8 +100,8 @@ with tabs[0]:
                        f"{w[1, 1]:.2f}." + ("" if scaled else " Without the 1/√d_k the same scores give a much "
                                             "peakier softmax: turn scaling back on to compare."))
         with c[1]:
-            st.plotly_chart(attention_heatmap(w, ql, kl, title="S: attention weights", show_values=True, height=320),
-                            key="playground-hand-weights", width="stretch")
+            charts.chart(attention_heatmap(w, ql, kl, title="S: attention weights", show_values=True, height=320),
+                         key="playground-hand-weights", width="stretch")
 
 
 # ================================================================== 2. parameter-free
@@ -130,9 +130,9 @@ with tabs[1]:
         D = X.shape[1]
         pf = vg.parameter_free_attention(X, scale=1 / math.sqrt(D) if div else 1.0)
         stats = vg.diagonal_stats(X, pf["scores"], pf["weights"])
-        st.plotly_chart(attention_heatmap(pf["weights"], toks, toks,
-                                          title=f"softmax(X Xᵀ{' / √D' if div else ''}) on {len(toks)} tokens, D = {D}"),
-                        key="playground-pfree", width="stretch")
+        charts.chart(attention_heatmap(pf["weights"], toks, toks,
+                                       title=f"softmax(X Xᵀ{' / √D' if div else ''}) on {len(toks)} tokens, D = {D}"),
+                     key="playground-pfree", width="stretch")
         st.markdown(
             f"**Why the diagonal wins.** The diagonal score is x_n·x_n = |x_n|² (here {stats['mean_sq_norm']:,.1f} on "
             f"average), an off-diagonal one is |x_n||x_m| cos θ_nm. Different words' embeddings point in different "
@@ -179,21 +179,21 @@ with tabs[2]:
         c = st.columns(2)
         with c[0]:
             st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, symmetric", f"{float(sv['sym_asymmetry']):.2e}")
-            st.plotly_chart(matrix_heatmap(sv["sym_scores"], toks, toks,
-                                           title="scores Q Qᵀ / √d_k (symmetric: W_k := W_q)",
-                                           zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                           y_title="query", value_name="score"),
-                            key="playground-sym-scores", width="stretch")
-            st.plotly_chart(attention_heatmap(sv["sym_weights"], toks, toks, title="softmax of the symmetric scores"),
-                            key="playground-sym-weights", width="stretch")
+            charts.chart(matrix_heatmap(sv["sym_scores"], toks, toks,
+                                        title="scores Q Qᵀ / √d_k (symmetric: W_k := W_q)",
+                                        zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
+                                        y_title="query", value_name="score"),
+                         key="playground-sym-scores", width="stretch")
+            charts.chart(attention_heatmap(sv["sym_weights"], toks, toks, title="softmax of the symmetric scores"),
+                         key="playground-sym-weights", width="stretch")
         with c[1]:
             st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, learned", f"{float(sv['learned_asymmetry']):.2f}")
-            st.plotly_chart(matrix_heatmap(sv["learned_scores"], toks, toks, title="scores Q Kᵀ / √d_k (learned W_k)",
-                                           zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                           y_title="query", value_name="score"),
-                            key="playground-learned-scores", width="stretch")
-            st.plotly_chart(attention_heatmap(sv["learned_weights"], toks, toks, title="softmax of the learned scores"),
-                            key="playground-learned-weights", width="stretch")
+            charts.chart(matrix_heatmap(sv["learned_scores"], toks, toks, title="scores Q Kᵀ / √d_k (learned W_k)",
+                                        zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
+                                        y_title="query", value_name="score"),
+                         key="playground-learned-scores", width="stretch")
+            charts.chart(attention_heatmap(sv["learned_weights"], toks, toks, title="softmax of the learned scores"),
+                         key="playground-learned-weights", width="stretch")
         rope = model is not None and model.config.positional == "rope"
         st.caption(
             "The symmetric score matrix equals its transpose (asymmetry 0 up to rounding); the learned one does not, "
@@ -227,8 +227,8 @@ with tabs[3]:
         df = _scaling(int(n_keys), seed)
     std_fig, ent_fig = vg.scaling_figures(df, int(n_keys))
     c = st.columns(2)
-    c[0].plotly_chart(std_fig, key="playground-scaling-std", width="stretch")
-    c[1].plotly_chart(ent_fig, key="playground-scaling-entropy", width="stretch")
+    charts.chart(std_fig, key="playground-scaling-std", width="stretch", where=c[0])
+    charts.chart(ent_fig, key="playground-scaling-entropy", width="stretch", where=c[1])
     last, first = df.iloc[-1], df.iloc[0]
     st.caption(f"From d_k = {int(first.d_k)} to {int(last.d_k)} the unscaled spread grows from "
                f"{first.std_unscaled:.2f} to {last.std_unscaled:.2f} (√d_k: {first.sqrt_d_k:.0f} → {last.sqrt_d_k:.0f}) and "
@@ -317,10 +317,10 @@ with tabs[4]:
                 rtrace = rnd.trace(clean)
                 rstack = rtrace.stacks()[0]
                 rtoks = rtrace.tokens("source" if rstack == "encoder" else "target")
-                st.plotly_chart(attention_heatmap(rtrace[f"{rstack}.0.self_attn.weights"][0], rtoks, rtoks,
-                                                  title=f"random model: {rstack} layer 0, head 0 "
-                                                        f"({rtrace.meta['timings']['forward_ms']:.1f} ms forward)"),
-                                key="playground-random-attn", width="stretch")
+                charts.chart(attention_heatmap(rtrace[f"{rstack}.0.self_attn.weights"][0], rtoks, rtoks,
+                                               title=f"random model: {rstack} layer 0, head 0 "
+                                                     f"({rtrace.meta['timings']['forward_ms']:.1f} ms forward)"),
+                             key="playground-random-attn", width="stretch")
                 st.caption("Untrained: the pattern reflects only the random projections (and positions).")
             except InputError as exc:
                 st.warning(f"{exc} (needed to run the random model)")
@@ -359,7 +359,7 @@ with tabs[5]:
         if not result["finished"]:
             st.warning(f"Stopped at the {budget:.0f} s budget after {len(df_cost)} points; the fit uses those.")
         fit = vg.fit_cost(df_cost)
-        st.plotly_chart(vg.cost_figure(df_cost, fit), key="playground-cost", width="stretch")
+        charts.chart(vg.cost_figure(df_cost, fit), key="playground-cost", width="stretch")
         cross = fit["b"] / fit["a"] if fit["a"] > 0 else math.inf
         st.markdown(
             f"Fitted: c₀ = {fit['c0'] * 1e3:.3f} ms, a = {fit['a']:.3g} s per N²D, b = {fit['b']:.3g} s per N·D² "

@@ -6,7 +6,7 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import common
+from viz.pages import charts, common
 
 st.title("Positional encoding")
 state = common.PageState("positions")
@@ -37,7 +37,7 @@ title = f"P for n = {n} positions, d = {d}"
 if len(rows) < n or len(cols) < d:
     title += f" (every {rows[1] - rows[0] if len(rows) > 1 else 1}th position, every "\
              f"{(cols[2] - cols[0]) // 2 if len(cols) > 2 else 1}th sin/cos pair shown)"
-st.plotly_chart(vp.positional_heatmap(shown, rows, cols, title=title), key="positions-pe", width="stretch")
+charts.chart(vp.positional_heatmap(shown, rows, cols, title=title), key="positions-pe", width="stretch")
 st.caption("Left columns (small j) oscillate fast, right columns slowly: wavelengths run from 2π to 2π·10000 "
            "in a geometric progression, so every position gets a different pattern of values in [−1, 1]."
            + (" Large matrices are shown strided: the cells shown are exact values at the labelled indices."
@@ -53,8 +53,8 @@ else:  # d may have shrunk since the dimensions were picked
 dims = st.multiselect("Dimensions", list(range(d)), key=dims_key,
                       help="Even dimensions are sines, odd ones cosines of the same frequency.")
 if dims:
-    st.plotly_chart(vp.dimension_curves(P, dims, title=f"PE[i, dim] for i = 0..{n - 1}"), key="positions-curves",
-                    width="stretch")
+    charts.chart(vp.dimension_curves(P, dims, title=f"PE[i, dim] for i = 0..{n - 1}"), key="positions-curves",
+                 width="stretch")
 else:
     st.info("Pick one or more dimensions to draw them.")
 
@@ -66,12 +66,12 @@ g_idx = vp.stride_indices(n)
 c = st.columns(2)
 with c[0]:
     fig = vp.dot_heatmap(G[g_idx][:, g_idx], g_idx, d, title=f"PE_i · PE_j (n = {n}, d = {d})")
-    st.plotly_chart(fig, key="positions-dot", width="stretch")
+    charts.chart(fig, key="positions-dot", width="stretch")
 with c[1]:
     anchors = sorted(set([0, n // 4, n // 2]))
-    st.plotly_chart(vp.offset_figure(vp.dot_by_offset(P, anchors), d,
-                                     title="PE_i · PE_{i+δ} against δ, from three starting positions i"),
-                    key="positions-offset", width="stretch")
+    charts.chart(vp.offset_figure(vp.dot_by_offset(P, anchors), d,
+                                  title="PE_i · PE_{i+δ} against δ, from three starting positions i"),
+                 key="positions-offset", width="stretch")
 st.caption(f"Each pair (2j, 2j+1) contributes sin(iω)sin(kω) + cos(iω)cos(kω) = cos((i−k)ω), so "
            f"PE_i · PE_k = Σ_j cos((i−k)ω_j): the same along every diagonal of the matrix (largest difference "
            f"between neighbouring diagonal entries here: {dev:.1e}), and the curves from different i lie on top "
@@ -124,11 +124,11 @@ if trace is not None:
                     f"is rotated by the angle i·θ^(−2j/d_k) (θ = {cfg.rope_theta:g}, d_k = {cfg.d_head}), so "
                     "q_i·k_j depends on the offset i − j. The angles for your sentence:")
             ang = vp.rope_angle_matrix(len(toks), cfg.d_head, cfg.rope_theta)
-            st.plotly_chart(matrix_heatmap(ang, labels, [str(j) for j in range(ang.shape[1])],
-                                           title="RoPE rotation angle (radians, mod 2π) per position and feature pair",
-                                           zmin=0, zmax=6.2832, colorscale="Twilight", x_title="feature pair j",
-                                           y_title="position: token", value_name="angle"),
-                            key="positions-rope", width="stretch")
+            charts.chart(matrix_heatmap(ang, labels, [str(j) for j in range(ang.shape[1])],
+                                        title="RoPE rotation angle (radians, mod 2π) per position and feature pair",
+                                        zmin=0, zmax=6.2832, colorscale="Twilight", x_title="feature pair j",
+                                        y_title="position: token", value_name="angle"),
+                         key="positions-rope", width="stretch")
         else:
             st.info(f"{model_name} has no positional encoding (positional = {scheme!r}): X = X′.")
     else:
@@ -139,8 +139,8 @@ if trace is not None:
             ("positions-model-pe", info["P"], f"P: {scheme} positions added by {model_name} ({info['stack']})"),
             ("positions-model-sum", info["X"], "X = X′ + P: the input to layer 0"),
         ]:
-            st.plotly_chart(vp.positional_heatmap(z, title=title, y_title="position: token", y_labels=labels,
-                                                  height=height), key=key, width="stretch")
+            charts.chart(vp.positional_heatmap(z, title=title, y_title="position: token", y_labels=labels,
+                                               height=height), key=key, width="stretch")
         notes = []
         if info["embed_scale"]:
             notes.append(f"This model multiplies its token embeddings by √d = {info['d'] ** 0.5:.2f} before adding P "
@@ -154,10 +154,10 @@ if trace is not None:
         st.caption(" ".join(notes))
         if scheme == "learned":
             Gm = vp.pe_dot_matrix(info["P"])
-            st.plotly_chart(matrix_heatmap(Gm, labels, labels, title="learned positions: P_i · P_j",
-                                           colorscale=DIVERGING, x_title="position j", y_title="position i",
-                                           value_name="P_i·P_j", height=460),
-                            key="positions-model-dot", width="stretch")
+            charts.chart(matrix_heatmap(Gm, labels, labels, title="learned positions: P_i · P_j",
+                                        colorscale=DIVERGING, x_title="position j", y_title="position i",
+                                        value_name="P_i·P_j", height=460),
+                         key="positions-model-dot", width="stretch")
             st.caption("Learned positions are trained freely; compare their dot products with the banded pattern of "
                        "the sinusoidal matrix in section 3.")
 

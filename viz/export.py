@@ -1,0 +1,91 @@
+"""Figures for papers: any plotly figure to SVG, PDF or PNG with plotly's own export (kaleido).
+
+    from viz import export
+    export.save(fig, "heatmap.svg")          # the format from the suffix: .svg .pdf .png
+    svg = export.to_bytes(fig, "svg")
+
+Kaleido draws the figure with the plotly.js that ships inside the plotly package, in a
+headless Chrome or Chromium: Debian's `chromium` (/usr/bin/chromium, which
+scripts/setup.sh --test installs), or the executable named by `browser=` or the
+`BROWSER_PATH` variable. Nothing is fetched from the network (MathJax, which kaleido would
+load from a CDN, is switched off). With no browser, `ExportError` says what to install.
+PNG is drawn at scale 2 by default (twice the figure's pixel size).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import plotly.graph_objects as go
+
+FORMATS = ("svg", "pdf", "png")
+DEBIAN_CHROMIUM = "/usr/bin/chromium"
+INSTALL_HINT = ("install Debian's Chromium (`sudo apt-get install chromium`, or `bash scripts/setup.sh --test`), "
+                "or set BROWSER_PATH to a Chrome or Chromium executable")
+DEFAULT_SIZE = (700, 500)  # plotly's own default width and height
+
+
+class ExportError(RuntimeError):
+    """A figure could not be exported (no browser, or an unknown format)."""
+
+
+def _is_exe(path) -> bool:
+    return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_browser(browser: Optional[str] = None) -> str:
+    """The browser kaleido will use: `browser`, else $BROWSER_PATH, else Debian's chromium,
+    else chromium / chromium-browser / google-chrome on the PATH. ExportError if none."""
+    for label, path in (("browser=", browser), ("BROWSER_PATH=", os.environ.get("BROWSER_PATH"))):
+        if path:
+            if _is_exe(path):
+                return str(path)
+            raise ExportError(f"no browser at {label}{path!r}: figure export needs Chrome or Chromium; {INSTALL_HINT}")
+    if _is_exe(DEBIAN_CHROMIUM):
+        return DEBIAN_CHROMIUM
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise ExportError(f"no Chrome or Chromium found for figure export; {INSTALL_HINT}")
+
+
+def format_of(path) -> str:
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise ExportError(f"{path}: export writes {', '.join('.' + f for f in FORMATS)}, not {Path(path).suffix or 'no suffix'}")
+    return fmt
+
+
+def to_bytes(fig: go.Figure, fmt: str = "svg", scale: float = 2, width: Optional[int] = None,
+             height: Optional[int] = None, browser: Optional[str] = None) -> bytes:
+    """The figure drawn as `fmt` (svg, pdf or png) by plotly.js in a headless browser."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown figure format {fmt!r}; one of {', '.join(FORMATS)}")
+    path = find_browser(browser)
+    try:
+        import kaleido
+        from kaleido.errors import ChromeNotFoundError
+    except ImportError as exc:  # pragma: no cover - kaleido is a pinned dependency
+        raise ExportError("figure export needs kaleido: pip install kaleido==1.5.0") from exc
+    fig_dict = go.Figure(fig).to_plotly_json()
+    layout = fig_dict.get("layout", {})
+    opts = dict(format=fmt, scale=scale,
+                width=width or layout.get("width") or DEFAULT_SIZE[0],
+                height=height or layout.get("height") or DEFAULT_SIZE[1])
+    try:
+        return kaleido.calc_fig_sync(fig_dict, opts=opts, kopts={"path": path, "mathjax": False})
+    except ChromeNotFoundError as exc:
+        raise ExportError(f"the browser at {path!r} could not be started for figure export; {INSTALL_HINT}") from exc
+
+
+def save(fig: go.Figure, path, scale: float = 2, width: Optional[int] = None, height: Optional[int] = None,
+         browser: Optional[str] = None) -> Path:
+    """Write the figure to `path` as SVG, PDF or PNG (from the suffix); returns the path."""
+    path = Path(path)
+    data = to_bytes(fig, format_of(path), scale=scale, width=width, height=height, browser=browser)
+    path.write_bytes(data)
+    return path
