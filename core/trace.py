@@ -259,6 +259,13 @@ class Trace:
         name = f"{stack}.0.self_attn.heads"
         return (self._base or self)._tensors[name].shape[0] if self.is_stored(name) else self[name].shape[0]
 
+    def frame(self, name: str):
+        """An attention name as a long pandas DataFrame, one row per (head, query, key):
+        see core.frames.frame."""
+        from .frames import frame
+
+        return frame(self, name)
+
     # persistence --------------------------------------------------------------------
     def arrays(self) -> Iterator[Tuple[str, np.ndarray]]:
         """Every name as an array, in order, one at a time (layers recomputed one by one)."""

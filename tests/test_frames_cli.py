@@ -220,3 +220,12 @@ def test_wheel_ships_the_app_and_the_command(tmp_path):
     assert pages <= names
     assert {f for f in files if f.startswith("assets/toy-translate/")} <= names
     assert "attention-lab = core.cli:main" in entry
+
+
+def test_trace_frame_is_core_frames_frame():
+    import core
+    from core.frames import frame
+
+    tr = core.load_model("toy-translate", device="cpu").trace("the small dog sees the cat")
+    a, b = tr.frame("decoder.1.cross_attn.weights"), frame(tr, "decoder.1.cross_attn.weights")
+    assert a.equals(b) and len(a) == 4 * len(tr.tokens("target")) * len(tr.tokens("source"))
