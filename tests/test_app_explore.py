@@ -59,6 +59,20 @@ def test_heatmap_is_the_core_trace(app_test, toy, attn, name):
     assert at.query_params["layer"] == "2" and at.query_params["head"] == "3" and at.query_params["attn"] == attn
 
 
+def test_log_colour_scale_colours_by_log10_of_the_weights(app_test, toy):
+    at = app_test("explore", text=TEXT, attn="decoder.self_attn", layer="1", head="2")
+    at.run()
+    at.toggle(key="explore.log").set_value(True).run()
+    assert_no_exception(at)
+    fig = figure(chart_by_key(at, "explore-heatmap"))
+    w = toy.trace(TEXT)["decoder.1.self_attn.weights"][2].numpy()
+    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
+    np.testing.assert_allclose(z, np.log10(np.maximum(w, 1e-5)), atol=1e-5)  # masked weights (0) sit at the floor
+    bar = fig["data"][0]["colorbar"]
+    assert bar["ticktext"][-1] == "1" and bar["ticktext"][0] == "1e-5"
+    assert fig["data"][0]["zmin"] == -5 and fig["data"][0]["zmax"] == 0
+
+
 def test_minilm_read_in_words(app_test):
     _need("minilm")
     at = app_test("explore", model="minilm", text=PIECES, layer="1", head="2")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from typing import Optional, Sequence
 
+import math
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -156,9 +158,24 @@ def attention_heatmap(
     highlight_row: Optional[int] = None,
     show_values: bool = False,
     height: Optional[int] = None,
+    log_scale: bool = False,
 ) -> go.Figure:
-    """Attention weights (n_q x n_k): rows are queries, columns keys; 0-1 colour scale by default."""
+    """Attention weights (n_q x n_k): rows are queries, columns keys; 0-1 colour scale by default.
+
+    log_scale: colour by log10(weight), floored at LOG_FLOOR (1e-5), with the colour bar
+    labelled in weights. Long prompts of decoder LMs put most weight on the first token (an
+    "attention sink"); on a linear scale everything else is then the same dark colour."""
     w = to_numpy(weights)
+    if log_scale:
+        lo = math.log10(LOG_FLOOR)
+        z = np.log10(np.maximum(w, LOG_FLOOR))
+        fig = matrix_heatmap(z, query_tokens, key_tokens, title=title, zmin=lo if fixed_scale else None,
+                             zmax=0.0 if fixed_scale else None, x_title="key", y_title="query",
+                             value_name="log₁₀ weight", highlight_row=highlight_row, height=height, neg_inf_text=False)
+        ticks = list(range(int(lo), 1))
+        fig.update_traces(colorbar=dict(thickness=12, tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks],
+                                        title=dict(text="weight (log)", side="right")))
+        return fig
     return matrix_heatmap(
         w,
         query_tokens,
@@ -173,6 +190,9 @@ def attention_heatmap(
         show_values=show_values,
         height=height,
     )
+
+
+LOG_FLOOR = 1e-5  # the smallest weight a log colour scale tells apart
 
 
 HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

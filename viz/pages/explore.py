@@ -71,6 +71,9 @@ n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shap
 with c[3]:
     mean_heads = st.toggle("Average over heads", key="explore.mean")
     per_map = st.toggle("Scale colours per map", key="explore.permap")
+    log_scale = st.toggle("Log colour scale", key="explore.log",
+                          help="Colour by log10(weight): shows the small weights beside an attention sink (a first "
+                               "token that takes most of the weight in long prompts of decoder models).")
     hide_special = st.toggle("Hide special tokens", key="explore.hide")
     words = False
     if ex.reads_pieces(model):
@@ -104,7 +107,8 @@ with tab_map:
                     f"{max(fq, fk)} neighbouring {unit} so the page stays responsive — within a block the keys' "
                     "weights are summed and the queries' rows averaged, so each drawn row still sums to 1. Hover a "
                     "cell for its block; the CSV download has every token.")
-        fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map), zq, zk, min_top=90)
+        fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map, log_scale=log_scale),
+                          zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
         charts.chart(fig, key="explore-heatmap", width="stretch")
@@ -149,7 +153,8 @@ with tab_model:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
         z, zq, zk, _, _ = ex.reduce_map(matrix, q_toks, k_toks)
         small = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
-                                              fixed_scale=not per_map, height=420), zq, zk, min_top=90)
+                                              fixed_scale=not per_map, height=420, log_scale=log_scale),
+                                      zq, zk, min_top=90)
         charts.chart(small, key="explore-enlarged", width="stretch")
 
 with tab_heads:
