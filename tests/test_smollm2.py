@@ -154,6 +154,37 @@ def test_parity_with_transformers(model, reference, prompt):
     print(f"\nparity n={n}: logits max|diff| {logit_diff:.2e}, attention weights max|diff| {worst:.2e}")
 
 
+@pytest.mark.slow
+def test_parity_at_the_full_context_of_2048_tokens(model, reference):
+    """At the tokenizer's maximum, layers 0, 15 and 29 (recomputed from the stored stream)
+    match transformers' eager attention, captured by hooks so that the other 27 layers'
+    maps are never kept; the stored stream and the last-position distribution match too."""
+    from bench.common import PASSAGE
+
+    ids = model.tokenizer.encode(PASSAGE * 80).ids[:2048]
+    assert len(ids) == 2048
+    tensors, _, runner = model._run_traced(None, ids)  # the traced pass on exactly these ids
+    trace = model._finish(tensors, {"source": model.target_strings(ids)}, {"model": "smollm2"}, runner)
+    assert not trace.is_stored("decoder.15.self_attn.weights")
+    captured = {}
+    hooks = [reference.model.layers[i].self_attn.register_forward_hook(
+        lambda mod, args, out, i=i: captured.__setitem__(i, out[1][0].detach())) for i in (0, 15, 29)]
+    try:
+        with torch.inference_mode():
+            out = reference(torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    for i in (0, 15, 29):
+        d = (trace[f"decoder.{i}.self_attn.weights"] - captured[i]).abs().max().item()
+        assert d < TOL, f"layer {i}: attention weights differ by {d:.2e} at 2,048 tokens"
+    for i in (0, 15, 28):  # hidden_states[i + 1] is layer i's output (the last one is after the final norm)
+        d = (trace[f"decoder.{i}.out"] - out.hidden_states[i + 1][0]).abs().max().item()
+        assert d < 1e-3 * max(1.0, out.hidden_states[i + 1].abs().max().item()), (i, d)
+    ref_last = torch.softmax(out.logits[0, -1], -1)
+    assert (trace["last.probs"] - ref_last).abs().max().item() < TOL
+
+
 def test_q_k_layout_is_llama_cpp_interleaved(model, reference):
     """Our q/k_pre_rope keep the GGUF's row order: feature 2j is HF's j, 2j+1 is HF's j + d_k/2."""
     prompt = "The capital of France is"
