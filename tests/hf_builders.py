@@ -8,6 +8,7 @@ folder with save_pretrained (safetensors) and tokenizer.json.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -52,10 +53,20 @@ def byte_bpe_tokenizer(path: Path, specials=("<|endoftext|>",), roberta: bool = 
 
 
 def randomize(model, std: float = 0.2, seed: int = 0):
+    """Redraw every parameter: norm gains around 1, query/key projections larger (so the
+    attention maps are far from uniform), the rest N(0, std^2)."""
     g = torch.Generator().manual_seed(seed)
+    qk = ("query", "key", "q_proj", "k_proj", "q_lin", "k_lin", "c_attn")
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            low = name.lower()
+            if p.ndim == 1 and ("norm" in low or ".ln_" in low or "layer_norm" in low) and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * r)
+            elif any(k in name for k in qk) and name.endswith("weight"):
+                p.copy_(r * 3.0 / math.sqrt(p.shape[-1] if "c_attn" not in name else p.shape[0]))
+            else:
+                p.copy_(r * std)
     return model.eval()
 
 
