@@ -670,6 +670,15 @@ class LocalModel:
     problem: Optional[str] = None  # why it will not load, when that is known without loading
 
     @property
+    def kind(self) -> str:
+        """encoder / decoder / encoder-decoder by family ("?" when unknown)."""
+        if self.family in ("bert", "roberta", "distilbert"):
+            return "encoder"
+        if self.family in ("gpt2", "llama", "mistral", "qwen2"):
+            return "decoder"
+        return "encoder-decoder" if self.family in SEQ2SEQ else "?"
+
+    @property
     def label(self) -> str:
         return f"{self.name} ({self.family}, {self.size})"
 
