@@ -501,7 +501,10 @@ class HFTokenizer:
         return self.index[tok] if tok in self.index else self.unk_id
 
     def token_str(self, i: int) -> str:
-        piece = self.pieces[int(i)]
+        i = int(i)
+        if not 0 <= i < len(self.pieces):  # checkpoints often pad the embedding past the tokenizer's vocabulary
+            return f"<id {i}>"
+        piece = self.pieces[i]
         if self.byte_level and piece and all(c in self._byte_of for c in piece):
             return bytes(self._byte_of[c] for c in piece).decode("utf-8", errors="backslashreplace")
         return piece.replace("\u2581", " ")
