@@ -563,8 +563,9 @@ class HFModel(AttentionModel):
             hidden = self.net(self._ids(enc.ids))[0]
         return self._fills(hidden, list(enc.ids), k)
 
-    def trace(self, text: str, target=None, pad_to=None, top_k: int = 10):
-        tr = super().trace(text, target=target, pad_to=pad_to, top_k=top_k)
+    def trace(self, text: str, *args, **kwargs):
+        """AttentionModel.trace, plus meta["fill_mask"] when the text holds mask tokens."""
+        tr = super().trace(text, *args, **kwargs)
         if self.mlm_head is not None and self.kind == "encoder":
             mask_str = self.tokenizer.token_str(self.tokenizer.mask_id)
             toks = tr.tokens("source")

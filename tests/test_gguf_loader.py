@@ -21,10 +21,11 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf, tokenizer_json, path, drop=()):
+def write_gguf(hf, tokenizer_json, path, drop=(), arch="llama"):
+    """llama: q/k rows permuted (llama.cpp's LlamaModel); qwen2: rows as stored, with q/k/v biases."""
     cfg = hf.config
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-llama")
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -59,11 +60,15 @@ def write_gguf(hf, tokenizer_json, path, drop=()):
                       p + "mlp.gate_proj.weight": f"blk.{i}.ffn_gate.weight",
                       p + "mlp.up_proj.weight": f"blk.{i}.ffn_up.weight",
                       p + "mlp.down_proj.weight": f"blk.{i}.ffn_down.weight"})
+        if arch == "qwen2":
+            names.update({p + f"self_attn.{x}_proj.bias": f"blk.{i}.attn_{x}.bias" for x in "qkv"})
     for hf_name, g_name in names.items():
         if g_name in drop:
             continue
         t = sd[hf_name]
-        if g_name.endswith("attn_q.weight"):
+        if arch == "qwen2":
+            pass
+        elif g_name.endswith("attn_q.weight"):
             t = permute(t, cfg.num_attention_heads)
         elif g_name.endswith("attn_k.weight"):
             t = permute(t, cfg.num_key_value_heads)
@@ -89,6 +94,20 @@ def test_llama_gguf_matches_transformers(tmp_path, tied):
     for text in SENTENCES:
         ids = ours.encode(text).ids
         assert ids == reference_tok.encode(text).ids  # the vocabulary rebuilt from the GGUF fields
+        tr = ours.trace(text)
+        att, _, logits = hf_eager(hf, ids)
+        for i, a in enumerate(att):
+            assert torch.allclose(tr[f"decoder.{i}.self_attn.weights"], a, atol=TOL), i
+        assert torch.allclose(tr["logits"], logits, atol=TOL)
+
+
+def test_qwen2_gguf_matches_transformers(tmp_path):
+    hf, folder = build("qwen2", tmp_path / "hf")
+    path = write_gguf(hf, folder / "tokenizer.json", tmp_path / "tiny-qwen2.gguf", arch="qwen2")
+    ours = core.load_model(str(path), device="cpu")
+    assert ours.config.rope_layout == "half" and ours.config.qkv_bias
+    for text in SENTENCES:
+        ids = ours.encode(text).ids
         tr = ours.trace(text)
         att, _, logits = hf_eager(hf, ids)
         for i, a in enumerate(att):
