@@ -704,11 +704,12 @@ def describe(path: Path) -> Optional[LocalModel]:
         family = str(read_config(path).get("model_type", "?"))
     except CheckpointError as exc:
         return LocalModel(path.name, path, "?", "?", str(exc))
+    problem = None if family in SUPPORTED else str(unsupported(family))
     try:
         n = open_checkpoint(path).n_parameters()
-        return LocalModel(path.name, path, family, human_size(n), None if family in SUPPORTED else str(unsupported(family)))
+        return LocalModel(path.name, path, family, human_size(n), problem)
     except CheckpointError as exc:
-        return LocalModel(path.name, path, family, "?", str(exc))
+        return LocalModel(path.name, path, family, "?", problem or str(exc))
 
 
 def discover(roots: str, taken=()) -> Dict[str, LocalModel]:
