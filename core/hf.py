@@ -69,9 +69,16 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
 Progress = Optional[Callable[[str], None]]
 
 
+def supported_families() -> tuple:
+    """The families a folder may hold: ours, plus marian / bart / t5 once core/hf_seq2seq.py exists."""
+    import importlib.util
+
+    return SUPPORTED if importlib.util.find_spec(f"{__package__}.hf_seq2seq") is not None else FAMILIES
+
+
 def unsupported(family: str) -> CheckpointError:
     return CheckpointError(
-        f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED)} "
+        f"model_type {family!r} is not supported; supported families: {', '.join(supported_families())} "
         "(folders with config.json and *.safetensors) and GGUF files of the llama and qwen2 architectures"
     )
 
@@ -704,7 +711,7 @@ def describe(path: Path) -> Optional[LocalModel]:
         family = str(read_config(path).get("model_type", "?"))
     except CheckpointError as exc:
         return LocalModel(path.name, path, "?", "?", str(exc))
-    problem = None if family in SUPPORTED else str(unsupported(family))
+    problem = None if family in supported_families() else str(unsupported(family))
     try:
         n = open_checkpoint(path).n_parameters()
         return LocalModel(path.name, path, family, human_size(n), problem)

@@ -225,3 +225,21 @@ def test_discover_lists_folders_and_gguf_one_level_deep(tmp_path):
     m = found["minilm-2"]
     assert m.family == "bert" and m.path == folder and m.problem is None
     assert m.size.endswith("K") and m.label == f"minilm-2 (bert, {m.size})"
+
+
+def test_seq2seq_families_go_to_hf_seq2seq(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    folder = tmp_path / "t5-small"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    calls = []
+    fake = types.ModuleType("core.hf_seq2seq")
+    fake.load = lambda f, device: calls.append((f, device)) or "seq2seq model"
+    monkeypatch.setitem(sys.modules, "core.hf_seq2seq", fake)
+    assert core.load_model(str(folder), device="cpu") == "seq2seq model"
+    assert calls == [(folder, torch.device("cpu"))]
+    monkeypatch.setitem(sys.modules, "core.hf_seq2seq", None)  # absent: the unsupported-family message
+    with pytest.raises(CheckpointError, match="'t5' is not supported; supported families: bert"):
+        core.load_model(str(folder), device="cpu")
