@@ -82,3 +82,17 @@ def test_hostile_model_values_are_refused(app, monkeypatch, hostile):
     assert at.warning, f"no warning for model={hostile!r}"
     assert _picker(at).value == "toy-translate"
     assert all(name in core.MODELS for name in read), read
+
+
+@pytest.mark.parametrize("page", ["inside", "positions", "decoder", "compare", "playground"])
+def test_every_page_takes_a_local_decoder(models_dir, monkeypatch, page):
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.switch_page(f"viz/pages/{page}.py")
+    at.query_params["model"] = "tiny-gpt2"
+    at.query_params["text"] = TEXT
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert not [w for w in at.warning if "not valid here" in w.value]  # the model was taken, not replaced
+    assert at.get("plotly_chart")
