@@ -55,6 +55,8 @@ from .api import AttentionModel
 from .checkpoint import Checkpoint, CheckpointError, check_shape, open_checkpoint, read_config, safetensors_files
 from .config import ModelConfig
 from .device import pick_device
+from .minilm import EMBED_MAP as MINILM_EMBED
+from .minilm import LAYER_MAP as MINILM_LAYER
 from .model import Transformer
 from .tokenizer import Encoded
 
@@ -236,18 +238,7 @@ CONFIGS = {"bert": config_bert, "roberta": config_bert, "distilbert": config_dis
 # ------------------------------------------------------------------------------ weight tables
 # (checkpoint name under the base prefix, our name); "{i}" is the layer; ".weight"/".bias"
 # are added where present. LAYER_T entries are Conv1D (stored transposed).
-BERT_EMBED = [("embeddings.word_embeddings", "src_embed.tok"), ("embeddings.position_embeddings", "src_embed.pos"),
-              ("embeddings.token_type_embeddings", "src_embed.types"), ("embeddings.LayerNorm", "src_embed.norm")]
-BERT_LAYER = [  # the table core/minilm.py uses for all-MiniLM-L6-v2
-    ("encoder.layer.{i}.attention.self.query", "encoder.{i}.self_attn.w_q"),
-    ("encoder.layer.{i}.attention.self.key", "encoder.{i}.self_attn.w_k"),
-    ("encoder.layer.{i}.attention.self.value", "encoder.{i}.self_attn.w_v"),
-    ("encoder.layer.{i}.attention.output.dense", "encoder.{i}.self_attn.w_o"),
-    ("encoder.layer.{i}.attention.output.LayerNorm", "encoder.{i}.norms.0"),
-    ("encoder.layer.{i}.intermediate.dense", "encoder.{i}.ffn.w_1"),
-    ("encoder.layer.{i}.output.dense", "encoder.{i}.ffn.w_2"),
-    ("encoder.layer.{i}.output.LayerNorm", "encoder.{i}.norms.1"),
-]
+BERT_EMBED, BERT_LAYER = MINILM_EMBED, MINILM_LAYER  # the tables core/minilm.py uses for all-MiniLM-L6-v2
 DISTIL_EMBED = [("embeddings.word_embeddings", "src_embed.tok"), ("embeddings.position_embeddings", "src_embed.pos"),
                 ("embeddings.LayerNorm", "src_embed.norm")]
 DISTIL_LAYER = [
