@@ -22,6 +22,8 @@ def models_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     hf, folder = build("gpt2", root / "tiny-gpt2")
     hf.save_pretrained(str(folder))
+    hf, folder = build("bert", root / "tiny-bert")
+    hf.save_pretrained(str(folder))
     broken = root / "old-bert"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "bert"}))
@@ -96,3 +98,13 @@ def test_every_page_takes_a_local_decoder(models_dir, monkeypatch, page):
     assert not at.error, [e.value for e in at.error]
     assert not [w for w in at.warning if "not valid here" in w.value]  # the model was taken, not replaced
     assert at.get("plotly_chart")
+
+
+def test_fill_ins_are_shown_for_mask_tokens(app, models_dir):
+    at = app(model="tiny-bert", text="the small [MASK] sees the cat")
+    at.run()
+    assert_no_exception(at)
+    model = core.load_model(str(models_dir / "tiny-bert"), device="cpu")
+    best, p = model.fill_mask("the small [MASK] sees the cat")[0]["top"][0]
+    infos = [i.value for i in at.info if "fill-ins" in i.value]
+    assert len(infos) == 1 and f"`{best}` {p:.0%}" in infos[0], infos

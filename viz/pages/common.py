@@ -222,6 +222,9 @@ def show_trace_notes(trace) -> None:
                    f"({meta['truncated']} tokens dropped).")
     if meta.get("dropped"):
         st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
+    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.hf)
+        top = " · ".join(f"`{_md_code(tok)}` {p:.0%}" for tok, p in fill["top"])
+        st.info(f"The masked-LM head's fill-ins for token {fill['position']}: {top}")
 
 
 # ------------------------------------------------------------------ URL state
