@@ -38,8 +38,6 @@ GPU by AttentionModel (no half-precision compute, so traces match the CPU's to r
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import time
@@ -52,7 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .api import AttentionModel
-from .checkpoint import Checkpoint, CheckpointError, check_shape, open_checkpoint, read_config, safetensors_files
+from .checkpoint import Checkpoint, CheckpointError, check_shape, open_checkpoint, read_config
 from .config import ModelConfig
 from .device import pick_device
 from .minilm import EMBED_MAP as MINILM_EMBED
