@@ -1,8 +1,10 @@
 # The README's two commands are `make run` and `make test`; both set everything up first.
 .PHONY: run test setup bench train eval
 
+# make run MODELS=/path/to/models[:/other/folder]: every checkpoint folder or .gguf file one level
+# inside those folders joins the model picker ($ATTENTION_LAB_MODELS).
 run:
-	bash scripts/run.sh
+	$(if $(MODELS),ATTENTION_LAB_MODELS="$(MODELS)" )bash scripts/run.sh
 
 test:
 	bash scripts/test.sh

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .api import InputError
@@ -17,6 +18,13 @@ def cmd_models(args) -> int:
     for spec in MODELS.values():
         note = "" if spec.available() else f"  [not installed: {spec.install_hint()}]"
         print(f"{spec.name}\t{spec.kind}\t{spec.description}{note}")
+    roots = os.environ.get("ATTENTION_LAB_MODELS", "")
+    if roots:
+        from .hf import discover
+
+        for m in discover(roots, taken=list(MODELS)).values():
+            note = f"  [{m.problem}]" if m.problem else ""
+            print(f"{m.name}\t{m.kind}\t{m.family}, {m.size} parameters, {m.path}{note}")
     return 0
 
 

@@ -3,7 +3,20 @@
 Notation follows the lecture notes: d (d_model), H (n_heads), d_k (d_head), m (d_ff),
 L (n_layers). The defaults are the notes' block: post-norm LayerNorm, ReLU FFN,
 sinusoidal positions, encoder-decoder.
+
+Fields added for the Hugging Face families (core/hf.py); each defaults to the behaviour the
+bundled models always had, so their configs and numbers are unchanged:
+    position_offset  learned positions start at this row (RoBERTa: padding_idx + 1 = 2);
+                     the position table then has max_len + position_offset rows
+    rope_scaling     None, or {"type": "linear", "factor": f} or {"type": "llama3", "factor",
+                     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}:
+                     how the RoPE frequencies are rescaled (positional.rope_inv_freq)
+    sliding_window   None, or W: decoder self-attention also masks keys W or more positions
+                     back (Mistral); the mask is part of the recorded mask
+    qkv_bias         biases on W_q, W_k, W_v; None: as `bias` (Qwen2: True with bias False)
+    out_bias         bias on the output projection; None: bias and not tie_embeddings
 """
+
 
 from __future__ import annotations
 
@@ -38,6 +51,11 @@ class ModelConfig:
     final_norm: Optional[bool] = None  # norm after the last layer; default: pre-norm only
     tie_embeddings: bool = False  # output projection shares the target embedding
     pad_id: int = 0
+    position_offset: int = 0  # first learned position row (RoBERTa: 2)
+    rope_scaling: Optional[dict] = None  # see the module docstring
+    sliding_window: Optional[int] = None  # decoder self-attention window (Mistral)
+    qkv_bias: Optional[bool] = None  # default: bias
+    out_bias: Optional[bool] = None  # default: bias and not tie_embeddings
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -51,6 +69,14 @@ class ModelConfig:
             raise ValueError("n_heads must be a multiple of n_kv_heads")
         if self.n_decoder_layers is None:
             self.n_decoder_layers = self.n_layers
+        if self.qkv_bias is None:
+            self.qkv_bias = self.bias
+        if self.out_bias is None:
+            self.out_bias = self.bias and not self.tie_embeddings
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError("sliding_window must be positive")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3"):
+            raise ValueError(f"rope_scaling type must be 'linear' or 'llama3', not {self.rope_scaling.get('type')!r}")
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
         for name, value, allowed in [

@@ -163,9 +163,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d, h, hkv, dk = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.h, self.hkv, self.dk = h, hkv, dk
-        self.w_q = nn.Linear(d, h * dk, bias=cfg.bias)
-        self.w_k = nn.Linear(d, hkv * dk, bias=cfg.bias)
-        self.w_v = nn.Linear(d, hkv * dk, bias=cfg.bias)
+        self.w_q = nn.Linear(d, h * dk, bias=cfg.qkv_bias)
+        self.w_k = nn.Linear(d, hkv * dk, bias=cfg.qkv_bias)
+        self.w_v = nn.Linear(d, hkv * dk, bias=cfg.qkv_bias)
         self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
 
@@ -331,7 +331,9 @@ class Embedding(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
-        self.pos = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positional == "learned" else None
+        self.offset = cfg.position_offset  # RoBERTa's positions start at padding_idx + 1
+        n_pos = cfg.max_len + self.offset
+        self.pos = nn.Embedding(n_pos, cfg.d_model) if cfg.positional == "learned" else None
         if cfg.positional == "sinusoidal":
             self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)
         self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
@@ -344,7 +346,7 @@ class Embedding(nn.Module):
             rec("tokens", x)
         if self.cfg.positional in ("sinusoidal", "learned"):
             if self.pos is not None:
-                p = self.pos.weight[offset : offset + n]
+                p = self.pos.weight[self.offset + offset : self.offset + offset + n]
             else:
                 p = self.pe[offset : offset + n].to(x.dtype)
             x = x + p  # X = X' + P (seed 003 eq. 6)
@@ -365,6 +367,16 @@ class Embedding(nn.Module):
         return x
 
 
+def sliding_window_mask(n: int, window: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
+    """(1, 1, n, n_k) additive mask: -inf where key j is `window` or more positions before
+    query i (the queries are the last n of n_k positions)."""
+    n_k = n if n_k is None else n_k
+    i = torch.arange(n_k - n, n_k, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
+    m = torch.zeros(n, n_k, device=device, dtype=dtype).masked_fill(i - j >= window, float("-inf"))
+    return m[None, None]
+
+
 class Transformer(nn.Module):
     """Encoder-decoder, encoder-only or decoder-only stack, per ModelConfig.kind."""
 
@@ -381,14 +393,14 @@ class Transformer(nn.Module):
             self.tgt_embed = Embedding(cfg, cfg.tgt_vocab_size)
             self.decoder = nn.ModuleList(Layer(cfg, cross=cross) for _ in range(n_dec))
             self.decoder_norm = make_norm(cfg) if cfg.final_norm else None
-            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.bias and not cfg.tie_embeddings)
+            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.out_bias)
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
 
     def _angles(self, n: int, offset: int = 0, device=None):
         if self.cfg.positional != "rope":
             return None
-        a = rope_angles(n, self.cfg.d_head, self.cfg.rope_theta, offset)
+        a = rope_angles(n, self.cfg.d_head, self.cfg.rope_theta, offset, self.cfg.rope_scaling)
         return a.to(device=device, dtype=torch.float32)
 
     def layers(self, stack: str) -> nn.ModuleList:
@@ -408,8 +420,11 @@ class Transformer(nn.Module):
         padding, and the cross-attention's padding mask."""
         n_k = n_past + t
         self_mask, causal = None, False
-        if tgt_pad is not None or n_past:
+        window = self.cfg.sliding_window
+        if tgt_pad is not None or n_past or window is not None:
             self_mask = causal_mask(t, device=device, dtype=dtype, n_k=n_k)[None, None]  # (1, 1, t, n_k)
+            if window is not None:  # Mistral: keys `window` or more positions back are masked too
+                self_mask = combine_masks(self_mask, sliding_window_mask(t, window, device, dtype, n_k=n_k))
             if tgt_pad is not None:
                 self_mask = combine_masks(self_mask, padding_mask(tgt_pad, t, dtype)[:, None])
         else:

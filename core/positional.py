@@ -12,6 +12,9 @@ the original paper and of llama.cpp's files).
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 
 
@@ -26,10 +29,36 @@ def sinusoidal_encoding(n: int, d: int, base: float = 10000.0, dtype=torch.float
     return pe.to(dtype)
 
 
-def rope_angles(n: int, d_k: int, theta: float = 10000.0, offset: int = 0) -> torch.Tensor:
+def rope_inv_freq(d_k: int, theta: float = 10000.0, scaling: Optional[dict] = None) -> torch.Tensor:
+    """Frequency of each feature pair, theta^(-2j/d_k) (float64), optionally rescaled:
+
+    linear: every frequency / factor (positions interpolated, Chen et al. 2023).
+    llama3: wavelengths 2 pi / f longer than original_max_position_embeddings / low_freq_factor
+        are divided by factor, those shorter than original / high_freq_factor kept, those
+        between interpolated smoothly (Meta's Llama 3.1; as transformers computes it).
+    """
+    inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    if not scaling:
+        return inv_freq
+    kind, factor = scaling.get("type"), float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unknown RoPE scaling type {kind!r}")
+
+
+def rope_angles(n: int, d_k: int, theta: float = 10000.0, offset: int = 0, scaling: Optional[dict] = None) -> torch.Tensor:
     """Rotation angle (radians) of each position and feature pair: n x d_k/2."""
     pos = torch.arange(offset, offset + n, dtype=torch.float64)[:, None]
-    inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    inv_freq = rope_inv_freq(d_k, theta, scaling)
     return pos * inv_freq[None, :]
 
 

@@ -88,12 +88,28 @@ MODELS: Dict[str, ModelSpec] = {
 }
 
 
+def is_model_path(name) -> bool:
+    """Whether `name` names a checkpoint on disk (an existing folder or .gguf file) rather than a registry entry."""
+    try:
+        p = Path(str(name)).expanduser()
+        return p.is_dir() or (p.is_file() and p.suffix.lower() == ".gguf")
+    except (OSError, ValueError):
+        return False
+
+
 def list_models() -> Dict[str, ModelSpec]:
     return dict(MODELS)
 
 
 def load_model(name: str, device=None, **kwargs) -> AttentionModel:
-    """Load a model by registry name on `device` (None: CUDA > MPS > CPU, or $ATTENTION_LAB_DEVICE)."""
+    """Load a model by registry name on `device` (None: CUDA > MPS > CPU, or $ATTENTION_LAB_DEVICE).
+
+    A name that is not in the registry but is a path -- a checkpoint folder (config.json +
+    *.safetensors + tokenizer.json) or a .gguf file -- is loaded by core.hf.load_path."""
+    if name not in MODELS and is_model_path(name):
+        from .hf import load_path
+
+        return load_path(Path(name), device=pick_device(device), **kwargs)
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     spec = MODELS[name]

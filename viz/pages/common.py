@@ -39,7 +39,37 @@ NOTES_EXAMPLES = {
 
 
 def model_names():
-    return list(core.MODELS)
+    return list(core.MODELS) + list(local_models())
+
+
+# ------------------------------------------------------------------ models on disk ($ATTENTION_LAB_MODELS)
+MODELS_ENV = "ATTENTION_LAB_MODELS"  # folders separated like PATH; each model folder / .gguf one level inside
+LOCAL_INPUT_LIMIT = 256  # tokens, for checkpoints from disk (their trace size is unknown up front)
+
+
+@st.cache_resource(ttl=30, show_spinner=False)
+def _discover(roots: str):
+    import core.hf
+
+    return core.hf.discover(roots, taken=list(core.MODELS))
+
+
+def local_models():
+    """name -> core.hf.LocalModel for the checkpoints found under $ATTENTION_LAB_MODELS. Only these
+    names (never a path from the URL) lead to a file being read."""
+    return _discover(os.environ.get(MODELS_ENV, ""))
+
+
+def model_label(name: str) -> str:
+    """The picker's text: a local model's family and size, or a registry model's install state."""
+    local = local_models().get(name)
+    if local is not None:
+        return local.label
+    return name if core.MODELS[name].available() else f"{name} (not installed)"
+
+
+def model_available(name: str) -> bool:
+    return name in local_models() or (name in core.MODELS and core.MODELS[name].available())
 
 
 # The app's longest input per model, in tokens: the models' own. A trace stores only the
@@ -57,17 +87,25 @@ if not log.handlers:  # one line per model load in the server log (tests count t
 
 
 @st.cache_resource(show_spinner=False)
-def _load_model(name: str):
+def _load_model(name: str, path: str = ""):
     t0 = time.perf_counter()
-    model = core.load_model(name)
-    model.input_limit = INPUT_LIMITS.get(name)
+    model = core.load_model(path or name)
+    model.name = name  # a local model's picker name (its folder name, suffixed if taken)
+    model.input_limit = INPUT_LIMITS.get(name, LOCAL_INPUT_LIMIT if path else None)
     log.info("loaded model %s on %s in %.1f s", name, model.device, time.perf_counter() - t0)
     return model
 
 
 def get_model(name: str):
     """The model, loaded once per process; None (after an st.error) when it cannot load."""
+    local = local_models().get(name) if name not in core.MODELS else None
     try:
+        if local is not None:
+            if local.problem:
+                raise core.ModelUnavailable(local.problem)
+            with st.spinner(f"Loading {local.label} from {local.path.name}: reading its tensors and converting them "
+                            "to float32, then its tokenizer…"):
+                return _load_model(name, str(local.path))
         with st.spinner(f"Loading {name}…"):
             return _load_model(name)
     except core.ModelUnavailable as exc:
@@ -174,6 +212,9 @@ def show_trace_notes(trace) -> None:
                    f"({meta['truncated']} tokens dropped).")
     if meta.get("dropped"):
         st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
+    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.hf)
+        top = " · ".join(f"`{_md_code(tok)}` {p:.0%}" for tok, p in fill["top"])
+        st.info(f"The masked-LM head's fill-ins for token {fill['position']}: {top}")
 
 
 # ------------------------------------------------------------------ URL state
@@ -333,8 +374,7 @@ def model_picker(state: PageState, allowed=None, label: str = "Model") -> str:
     key = state.seed("model", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], valid=lambda v: v in names)
     if st.session_state[key] not in names:
         st.session_state[key] = names[0]
-    fmt = lambda n: n if core.MODELS[n].available() else f"{n} (not installed)"  # noqa: E731
-    return st.selectbox(label, names, key=key, format_func=fmt)
+    return st.selectbox(label, names, key=key, format_func=model_label)
 
 
 def token_chips(tokens, special=None, title: str = "") -> None:

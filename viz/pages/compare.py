@@ -46,13 +46,13 @@ model_key = state.seed("model", preferred, valid=lambda v: v in names)
 if st.session_state[model_key] not in names:
     st.session_state[model_key] = preferred
 wanted = st.session_state[model_key]
-if not core.MODELS[wanted].available():
+if not common.model_available(wanted):
     st.warning(f"{wanted} is not installed ({core.MODELS[wanted].install_hint()}); showing {FALLBACK_MODEL} instead.")
     st.session_state[model_key] = FALLBACK_MODEL
 
 top = st.columns([1, 3])
 model_name = top[0].selectbox("Model", names, key=model_key,
-                              format_func=lambda n: n if core.MODELS[n].available() else f"{n} (not installed)")
+                              format_func=common.model_label)
 model = common.get_model(model_name)
 common.sidebar(model)
 if model is None:

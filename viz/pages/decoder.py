@@ -33,6 +33,7 @@ state = common.PageState("decoder")
 ss = st.session_state
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
+allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
 model_name, model, text_col = common.model_header(state, allowed=allowed)
 if model is None:
     st.stop()

@@ -1,0 +1,128 @@
+"""Tiny random Hugging Face checkpoints built at test time (nothing is downloaded).
+
+Each builder trains a small tokenizer with `tokenizers` on CORPUS, builds a transformers
+model of the family with random weights (every parameter redrawn, so LayerNorm gains and
+biases are not the trivial 1 / 0 and a wrongly mapped tensor shows), and saves both into a
+folder with save_pretrained (safetensors) and tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "the small dog sees the cat near the old river bank",
+    "a cat sat on the mat because it was tired",
+    "the trophy does not fit in the suitcase because it is too big",
+    "alice gave bob the book because he asked for it",
+    "attention is all you need, said the old man to the young woman",
+    "one two three four five six seven eight nine ten",
+] * 4
+SENTENCES = ["the small dog sees the old cat near the river", "alice gave the tired cat a book because it asked"]
+
+
+def wordpiece_tokenizer(path: Path, vocab_size: int = 150) -> int:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tk.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    tk.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tk.save(str(path))
+    return tk.get_vocab_size()
+
+
+def byte_bpe_tokenizer(path: Path, specials=("<|endoftext|>",), roberta: bool = False, vocab_size: int = 300) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(CORPUS, trainer)
+    if roberta:
+        tk.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tk.save(str(path))
+    return tk.get_vocab_size()
+
+
+def randomize(model, std: float = 0.2, seed: int = 0):
+    """Redraw every parameter: norm gains around 1, query/key projections larger (so the
+    attention maps are far from uniform), the rest N(0, std^2)."""
+    g = torch.Generator().manual_seed(seed)
+    qk = ("query", "key", "q_proj", "k_proj", "q_lin", "k_lin", "c_attn")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            low = name.lower()
+            if p.ndim == 1 and ("norm" in low or ".ln_" in low or "layer_norm" in low) and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * r)
+            elif any(k in name for k in qk) and name.endswith("weight"):
+                p.copy_(r * 3.0 / math.sqrt(p.shape[-1] if "c_attn" not in name else p.shape[0]))
+            else:
+                p.copy_(r * std)
+    return model.eval()
+
+
+def save(model, folder: Path, dtype=None, **kw) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(str(folder), safe_serialization=True, **kw)
+    return folder
+
+
+def build(family: str, folder: Path, **over):
+    """(transformers model in eval mode, folder) for a family; `over` overrides config fields."""
+    import transformers as tf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = folder / "tokenizer.json"
+    if family in ("bert", "distilbert"):
+        v = wordpiece_tokenizer(tok)
+    elif family == "roberta":
+        v = byte_bpe_tokenizer(tok, specials=("<s>", "<pad>", "</s>", "<unk>", "<mask>"), roberta=True)
+    else:
+        v = byte_bpe_tokenizer(tok)
+    torch.manual_seed(0)
+    if family == "bert":
+        cfg = tf.BertConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=64, **over)
+        model = tf.BertForMaskedLM(cfg)
+    elif family == "roberta":
+        cfg = tf.RobertaConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=66, pad_token_id=1, bos_token_id=0,
+                               eos_token_id=2, type_vocab_size=1, **over)
+        model = tf.RobertaForMaskedLM(cfg)
+    elif family == "distilbert":
+        cfg = tf.DistilBertConfig(vocab_size=v, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                  max_position_embeddings=64, **over)
+        model = tf.DistilBertForMaskedLM(cfg)
+    elif family == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=v, n_embd=32, n_layer=2, n_head=4, n_positions=64, **over)
+        model = tf.GPT2LMHeadModel(cfg)
+    else:
+        cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+               "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[family]
+        args = dict(vocab_size=v, hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                    intermediate_size=96, max_position_embeddings=128, tie_word_embeddings=False)
+        args.update(over)
+        model = cls[1](cls[0](**args))
+    randomize(model)
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model.eval(), folder
+
+
+def hf_eager(model, ids):
+    """transformers' eager forward with every attention map: (attentions, last hidden, logits)."""
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+    return [a[0] for a in out.attentions], out.hidden_states[-1][0], out.logits[0]
