@@ -44,7 +44,6 @@ def model_names():
 
 # ------------------------------------------------------------------ models on disk ($ATTENTION_LAB_MODELS)
 MODELS_ENV = "ATTENTION_LAB_MODELS"  # folders separated like PATH; each model folder / .gguf one level inside
-LOCAL_INPUT_LIMIT = 256  # tokens, for checkpoints from disk (their trace size is unknown up front)
 
 
 @st.cache_resource(ttl=30, show_spinner=False)
@@ -91,7 +90,7 @@ def _load_model(name: str, path: str = ""):
     t0 = time.perf_counter()
     model = core.load_model(path or name)
     model.name = name  # a local model's picker name (its folder name, suffixed if taken)
-    model.input_limit = INPUT_LIMITS.get(name, LOCAL_INPUT_LIMIT if path else None)
+    model.input_limit = INPUT_LIMITS.get(name)  # models from disk: their own context
     log.info("loaded model %s on %s in %.1f s", name, model.device, time.perf_counter() - t0)
     return model
 
