@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
 from .config import ModelConfig
-from .positional import apply_rope, rope_angles, sinusoidal_encoding
+from .positional import apply_rope, relative_buckets, rope_angles, sinusoidal_encoding
 from .trace import Derived
 
 Rec = Optional[Callable[[str, torch.Tensor], None]]
@@ -143,8 +143,9 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d, hkv * dk, bias=cfg.bias)
         self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
+        self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
 
-    def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None):
+    def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, position_bias=None):
         b, n_q, _ = x_q.shape
         n_k = x_kv.shape[1]
         q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
@@ -169,7 +170,13 @@ class MultiHeadAttention(nn.Module):
         if self.hkv != self.h:
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
             v = v.repeat_interleave(self.h // self.hkv, dim=1)
-        heads = scaled_dot_product_attention(q, k, v, mask, rec)  # (B, H, n_q, d_k)
+        attn_rec = rec
+        if position_bias is not None:  # T5: scores + bias + mask; "masked" records all three
+            if rec:
+                rec("position_bias", position_bias)  # (1, H, n_q, n_k)
+                attn_rec = lambda name, t, batched=True: rec(name, t, batched)  # noqa: E731 (no derive: explicit steps)
+            mask = combine_masks(position_bias, mask)
+        heads = scaled_dot_product_attention(q, k, v, mask, attn_rec, self.scale)  # (B, H, n_q, d_k)
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)
         if rec:
@@ -179,14 +186,16 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u)."""
+    """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u);
+    GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = cfg.activation
         self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if self.act == "swiglu" else None
+        gated = self.act in ("swiglu", "geglu_tanh")
+        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
 
     def forward(self, x, rec: Rec = None):
         a = self.w_1(x)  # (B, n, m)
@@ -196,6 +205,10 @@ class FeedForward(nn.Module):
             hidden = F.gelu(a)
         elif self.act == "gelu_tanh":
             hidden = F.gelu(a, approximate="tanh")
+        elif self.act == "silu":
+            hidden = F.silu(a)
+        elif self.act == "geglu_tanh":
+            hidden = F.gelu(a, approximate="tanh") * self.w_3(x)
         else:
             hidden = F.silu(a) * self.w_3(x)
         out = self.w_2(hidden)  # (B, n, d)
@@ -217,8 +230,8 @@ class Layer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.norms = nn.ModuleList(make_norm(cfg) for _ in range(3 if cross else 2))
 
-    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None):
-        subs = [("self_attn", lambda y: self.self_attn(y, y, self_mask, _sub(rec, "self_attn"), angles))]
+    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None, position_bias=None):
+        subs = [("self_attn", lambda y: self.self_attn(y, y, self_mask, _sub(rec, "self_attn"), angles, position_bias))]
         if self.cross_attn is not None:
             subs.append(("cross_attn", lambda y: self.cross_attn(y, memory, cross_mask, _sub(rec, "cross_attn"))))
         subs.append(("ffn", lambda y: self.ffn(y, _sub(rec, "ffn"))))
@@ -251,7 +264,8 @@ class Embedding(nn.Module):
         self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positional == "learned" else None
         if cfg.positional == "sinusoidal":
-            self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)
+            pe = sinusoidal_encoding(cfg.max_len, cfg.d_model, layout=cfg.sinusoid_layout)
+            self.register_buffer("pe", pe, persistent=False)
         self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
 
@@ -283,6 +297,20 @@ class Embedding(nn.Module):
         return x
 
 
+class RelativePositionBias(nn.Module):
+    """T5's position bias: one learned scalar per head and distance bucket, H x n_q x n_k."""
+
+    def __init__(self, cfg: ModelConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets, self.max_distance = cfg.rel_buckets, cfg.rel_max_distance
+        self.emb = nn.Embedding(cfg.rel_buckets, cfg.n_heads)
+
+    def forward(self, n_q: int, n_k: int):
+        b = relative_buckets(n_q, n_k, self.bidirectional, self.num_buckets, self.max_distance, self.emb.weight.device)
+        return self.emb(b).permute(2, 0, 1)[None]  # (1, H, n_q, n_k)
+
+
 class Transformer(nn.Module):
     """Encoder-decoder, encoder-only or decoder-only stack, per ModelConfig.kind."""
 
@@ -293,13 +321,17 @@ class Transformer(nn.Module):
             self.src_embed = Embedding(cfg, cfg.src_vocab_size)
             self.encoder = nn.ModuleList(Layer(cfg, cross=False) for _ in range(cfg.n_layers))
             self.encoder_norm = make_norm(cfg) if cfg.final_norm else None
+            if cfg.positional == "relative":
+                self.encoder_bias = RelativePositionBias(cfg, bidirectional=True)
         if cfg.has_decoder:
             cross = cfg.kind == "encoder-decoder"
             n_dec = cfg.n_decoder_layers if cross else cfg.n_layers
             self.tgt_embed = Embedding(cfg, cfg.tgt_vocab_size)
             self.decoder = nn.ModuleList(Layer(cfg, cross=cross) for _ in range(n_dec))
             self.decoder_norm = make_norm(cfg) if cfg.final_norm else None
-            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.bias and not cfg.tie_embeddings)
+            if cfg.positional == "relative":
+                self.decoder_bias = RelativePositionBias(cfg, bidirectional=False)
+            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.out_bias)
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
 
@@ -315,8 +347,9 @@ class Transformer(nn.Module):
         x = self.src_embed(src, _sub(rec, "embed.encoder"), token_types=token_types)
         mask = None if src_pad is None else padding_mask(src_pad, n, x.dtype)[:, None]  # (B, 1, n, n)
         angles = self._angles(n, device=src.device)
+        bias = self.encoder_bias(n, n) if self.cfg.positional == "relative" else None
         for i, layer in enumerate(self.encoder):
-            x = layer(x, self_mask=mask, rec=_sub(rec, f"encoder.{i}"), angles=angles)
+            x = layer(x, self_mask=mask, rec=_sub(rec, f"encoder.{i}"), angles=angles, position_bias=bias)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
             if rec:
@@ -334,8 +367,9 @@ class Transformer(nn.Module):
         if memory is not None and src_pad is not None:
             cross_mask = padding_mask(src_pad, t, x.dtype)[:, None]  # (B, 1, t, n)
         angles = self._angles(t, device=tgt.device)
+        bias = self.decoder_bias(t, t) if self.cfg.positional == "relative" else None
         for i, layer in enumerate(self.decoder):
-            x = layer(x, self_mask, memory, cross_mask, rec=_sub(rec, f"decoder.{i}"), angles=angles)
+            x = layer(x, self_mask, memory, cross_mask, rec=_sub(rec, f"decoder.{i}"), angles=angles, position_bias=bias)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
             if rec:
@@ -343,6 +377,8 @@ class Transformer(nn.Module):
         return x
 
     def project(self, hidden, rec: Rec = None):
+        if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings
+            hidden = hidden * self.cfg.logit_scale
         logits = self.out_proj(hidden)  # (B, t, V)
         if rec:
             rec("logits", logits)

@@ -1,0 +1,216 @@
+"""Encoder-decoder checkpoint folders (Marian, BART, T5) read by core.hf_seq2seq.
+
+Each family: a tiny random model built here with transformers and saved as safetensors,
+with a tokenizer trained here (sentencepiece or tokenizers). Our core loads the folder;
+every layer's encoder self-attention, decoder self-attention and cross-attention weights and
+the logits must match transformers' eager forward with a target given, for two sentences.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+import torch
+
+from core import hf_seq2seq
+from core.hf_seq2seq import CheckpointError
+
+transformers = pytest.importorskip("transformers")
+spm = pytest.importorskip("sentencepiece")
+tokenizers = pytest.importorskip("tokenizers")
+
+CORPUS = [
+    "the cat sat on the mat",
+    "a dog ran in the park with the ball",
+    "the small bird sings a song in the morning",
+    "my friend reads a book under the old tree",
+    "we walk to the river and look at the boats",
+    "she drinks coffee while he writes a letter",
+    "the children play football after school",
+    "a big red car stops near the station",
+] * 4
+PAIRS = [  # (source, target)
+    ("the cat sat on the mat", "a dog ran in the park"),
+    ("my friend reads a book under the old tree", "the children play football"),
+]
+ATOL = 1e-4
+SIZES = dict(d_model=32, layers=2, heads=4, ffn=48, max_pos=64)
+
+
+def _train_spm(path, **kw):
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_writer=buf, vocab_size=48, hard_vocab_limit=False,
+        minloglevel=2, num_threads=1, **kw,
+    )
+    path.write_bytes(buf.getvalue())
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def _bart_tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=90, special_tokens=specials, show_progress=False))
+    tk.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tk.save(str(folder / "tokenizer.json"))
+    return tk.get_vocab_size()
+
+
+def _marian_tokenizer(folder):
+    sp = _train_spm(folder / "source.spm", bos_id=-1, eos_id=-1, unk_id=0)
+    shutil.copy(folder / "source.spm", folder / "target.spm")
+    pieces = [sp.id_to_piece(i) for i in range(1, sp.get_piece_size())]
+    vocab = {"</s>": 0, "<unk>": 1}
+    for p in pieces:
+        vocab.setdefault(p, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    return len(vocab)
+
+
+def _t5_tokenizer(folder):
+    sp = _train_spm(folder / "spiece.model", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    return sp.get_piece_size() + 3  # T5 appends sentinel ids past the sentencepiece vocabulary
+
+
+def _build(family, folder):
+    T = transformers
+    s = SIZES
+    torch.manual_seed(0)
+    if family == "bart":
+        v = _bart_tokenizer(folder)
+        cfg = T.BartConfig(
+            vocab_size=v, d_model=s["d_model"], encoder_layers=s["layers"], decoder_layers=s["layers"] + 1,
+            encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ffn"],
+            decoder_ffn_dim=s["ffn"], max_position_embeddings=s["max_pos"], pad_token_id=1, bos_token_id=0,
+            eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
+        )
+        model = T.BartForConditionalGeneration(cfg)
+    elif family == "marian":
+        v = _marian_tokenizer(folder)
+        cfg = T.MarianConfig(
+            vocab_size=v, d_model=s["d_model"], encoder_layers=s["layers"], decoder_layers=s["layers"],
+            encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ffn"],
+            decoder_ffn_dim=s["ffn"], max_position_embeddings=s["max_pos"], pad_token_id=v - 1, eos_token_id=0,
+            decoder_start_token_id=v - 1, scale_embedding=True, activation_function="swish",
+        )
+        model = T.MarianMTModel(cfg)
+    else:
+        v = _t5_tokenizer(folder)
+        cfg = T.T5Config(
+            vocab_size=v, d_model=s["d_model"], d_kv=6, d_ff=s["ffn"], num_layers=s["layers"],
+            num_decoder_layers=s["layers"] + 1, num_heads=s["heads"], feed_forward_proj="gated-gelu",
+            relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
+            eos_token_id=1, decoder_start_token_id=0,
+        )
+        model = T.T5ForConditionalGeneration(cfg)
+    with torch.no_grad():  # random biases and norms too, so a swapped or dropped tensor shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0, 0.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["bart", "marian", "t5"])
+def built(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    theirs = _build(request.param, folder)
+    ours = hf_seq2seq.load(folder, device="cpu")
+    return request.param, folder, theirs, ours
+
+
+def _hf_forward(model, src_ids, dec_ids):
+    # transformers 5 picks the attention kernel at construction; eager gives the weights
+    model.config._attn_implementation = "eager"
+    for m in model.modules():
+        if hasattr(m, "config") and m.config is not model.config:
+            m.config._attn_implementation = "eager"
+    with torch.no_grad():
+        return model(
+            input_ids=torch.tensor([src_ids]), decoder_input_ids=torch.tensor([dec_ids]), output_attentions=True
+        )
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=["short", "long"])
+def test_parity_with_transformers(built, pair):
+    family, _, theirs, ours = built
+    source, target = pair
+    tr = ours.trace(source, target=target)
+    src_ids = ours.encode(source).ids
+    dec_ids = tr.meta["target_ids"]
+    assert len(src_ids) >= 5 and len(dec_ids) >= 4
+    assert ours.tokenizer.unk_id not in src_ids  # the trained tokenizer covers the text
+    out = _hf_forward(theirs, src_ids, dec_ids)
+    cfg = ours.config
+    assert len(out.encoder_attentions) == cfg.n_layers and len(out.decoder_attentions) == cfg.n_decoder_layers
+    for i, a in enumerate(out.encoder_attentions):
+        torch.testing.assert_close(tr[f"encoder.{i}.self_attn.weights"], a[0], atol=ATOL, rtol=0)
+    for i, (a, c) in enumerate(zip(out.decoder_attentions, out.cross_attentions)):
+        torch.testing.assert_close(tr[f"decoder.{i}.self_attn.weights"], a[0], atol=ATOL, rtol=0)
+        torch.testing.assert_close(tr[f"decoder.{i}.cross_attn.weights"], c[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(tr["logits"], out.logits[0], atol=ATOL, rtol=0)
+
+
+def test_tokens_and_specials(built):
+    family, _, _, ours = built
+    enc = ours.encode("the cat sat")
+    assert enc.special[-1] and enc.tokens[-1] == "</s>"
+    assert not any(enc.special[1:-1])
+    body = [t for t, s in zip(enc.tokens, enc.special) if not s]
+    assert "".join(body).replace("\u2581", " ").replace("\u0120", " ").strip() == "the cat sat"
+    if family == "bart":
+        assert enc.tokens[0] == "<s>" and enc.special[0]
+    assert ours.start_id == {"bart": 2, "marian": ours.config.pad_id, "t5": 0}[family]
+
+
+def test_pickle_only_folder_gets_a_convert_message(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bart"}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match="(?i)convert it to safetensors"):
+        hf_seq2seq.load_net(tmp_path)
+
+
+def test_missing_tensor_is_named(built, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    family, folder, _, _ = built
+    for f in folder.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    state = load_file(str(folder / "model.safetensors"))
+    gone = next(k for k in state if ".1." in k and "k" in k.split(".")[-2])  # a key projection in layer 1
+    del state[gone]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing tensors: .*" + gone.removeprefix("model.").replace(".", r"\.")):
+        hf_seq2seq.load_net(tmp_path)
+
+
+def test_wrong_shape_is_named(built, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    family, folder, _, _ = built
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    state = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in state if k.endswith("shared.weight"))
+    state[key] = state[key][:, :-1].contiguous()
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="wrong shape: .*shared.weight"):
+        hf_seq2seq.load_net(tmp_path)
+
+
+def test_unknown_family_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "pegasus"}))
+    with pytest.raises(CheckpointError, match="marian, bart, t5"):
+        hf_seq2seq.load_net(tmp_path)
