@@ -123,12 +123,24 @@ def _build(family, folder):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=["bart", "marian", "t5"])
-def built(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(request.param)
-    theirs = _build(request.param, folder)
-    ours = hf_seq2seq.load(folder, device="cpu")
-    return request.param, folder, theirs, ours
+@pytest.fixture(scope="module")
+def make(tmp_path_factory):
+    """make(family) -> (family, folder, transformers model, our AttentionModel), built once."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            folder = tmp_path_factory.mktemp(family)
+            theirs = _build(family, folder)
+            cache[family] = (family, folder, theirs, hf_seq2seq.load(folder, device="cpu"))
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(params=["bart", "marian", "t5"])
+def built(request, make):
+    return make(request.param)
 
 
 def _hf_forward(model, src_ids, dec_ids):
@@ -214,3 +226,38 @@ def test_unknown_family_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "pegasus"}))
     with pytest.raises(CheckpointError, match="marian, bart, t5"):
         hf_seq2seq.load_net(tmp_path)
+
+
+def test_t5_position_bias_is_recorded_and_added(make):
+    _, _, theirs, ours = make("t5")
+    source, target = PAIRS[1]
+    tr = ours.trace(source, target=target)
+    n, t = len(tr.tokens("source")), len(tr.tokens("target"))
+    for stack, module, shape in (("encoder", theirs.encoder, (n, n)), ("decoder", theirs.decoder, (t, t))):
+        with torch.no_grad():
+            ref = module.block[0].layer[0].SelfAttention.compute_bias(*shape)[0]  # H x n_q x n_k
+        for i in range(len(module.block)):
+            bias = tr[f"{stack}.{i}.self_attn.position_bias"]
+            torch.testing.assert_close(bias, ref, atol=1e-6, rtol=0)
+            scaled = tr[f"{stack}.{i}.self_attn.scaled"]
+            torch.testing.assert_close(scaled, tr[f"{stack}.{i}.self_attn.scores"])  # no 1/sqrt(d_k)
+            want = scaled + bias + tr[f"{stack}.{i}.self_attn.mask"]
+            torch.testing.assert_close(tr[f"{stack}.{i}.self_attn.masked"], want)
+            assert f"{stack}.{i}.cross_attn.position_bias" not in tr.names()
+    assert not any(name.startswith("embed.") and name.endswith(".positions") for name in tr.names())
+
+
+def test_bfloat16_and_sharded_checkpoint(make, tmp_path):
+    _, folder, theirs, _ = make("marian")
+    for f in folder.iterdir():
+        if not f.name.endswith(".safetensors") and f.name != "config.json":
+            shutil.copy(f, tmp_path / f.name)
+    half = type(theirs)(theirs.config).to(torch.bfloat16)
+    half.load_state_dict(theirs.state_dict())
+    half.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("*.safetensors"))) > 1
+    net = hf_seq2seq.load_net(tmp_path)
+    assert all(p.dtype == torch.float32 for p in net.parameters())
+    want = theirs.model.encoder.layers[1].fc1.weight.to(torch.bfloat16).float()
+    assert torch.equal(net.encoder[1].ffn.w_1.weight, want)
+    assert torch.equal(net.out_proj.bias, theirs.final_logits_bias[0].to(torch.bfloat16).float())
