@@ -12,6 +12,7 @@ import io
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -261,3 +262,81 @@ def test_bfloat16_and_sharded_checkpoint(make, tmp_path):
     want = theirs.model.encoder.layers[1].fc1.weight.to(torch.bfloat16).float()
     assert torch.equal(net.encoder[1].ffn.w_1.weight, want)
     assert torch.equal(net.out_proj.bias, theirs.final_logits_bias[0].to(torch.bfloat16).float())
+
+
+# ------------------------------------------------------------------ the app's pages
+@pytest.fixture
+def registered(make, monkeypatch, tmp_path):
+    """register(family) -> a model name the app's picker lists, loading that family's folder."""
+    import core
+
+    def register(family):
+        _, folder, theirs, _ = make(family)
+        name = f"tiny-{family}"
+        mod = f"tiny_{family}_loader"
+        (tmp_path / f"{mod}.py").write_text(
+            "from pathlib import Path\nfrom core import hf_seq2seq\n\n"
+            f"def load(device=None):\n    return hf_seq2seq.load(Path({str(folder)!r}), device='cpu')\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setitem(core.MODELS, name, core.registry.ModelSpec(name, "encoder-decoder", "test", f"{mod}:load"))
+        return name, theirs
+
+    return register
+
+
+def test_positions_page_shows_t5_position_bias(app_test, registered, make):
+    from conftest import assert_no_exception, chart_by_key, heatmap_z
+
+    name, theirs = registered("t5")
+    text = "the cat sat on the mat"
+    at = app_test("positions", model=name, text=text)
+    at.run()
+    assert_no_exception(at)
+    z = heatmap_z(chart_by_key(at, "positions-bias"))
+    n = len(make("t5")[3].encode(text))
+    assert z.shape == (n, n)
+    with torch.no_grad():
+        ref = theirs.encoder.block[0].layer[0].SelfAttention.compute_bias(z.shape[0], z.shape[1])[0]
+    assert np.allclose(z, ref[0].numpy(), atol=1e-6)
+    at.slider(key="positions.bias_head").set_value(2)
+    at.run()
+    assert_no_exception(at)
+    assert np.allclose(heatmap_z(chart_by_key(at, "positions-bias")), ref[2].numpy(), atol=1e-6)
+    assert at.query_params["bias_head"] == "2"
+    from conftest import figure
+
+    lines = figure(chart_by_key(at, "positions-bias-distance"))["data"]
+    assert len(lines) == ref.shape[0]  # one line per head
+
+
+def test_inside_page_adds_the_position_bias(app_test, registered):
+    from conftest import assert_no_exception, chart_by_key
+
+    name, _ = registered("t5")
+    at = app_test("inside", model=name, text="the cat sat on the mat", target="a dog ran")
+    at.run()
+    assert_no_exception(at)
+    titles = [m.value for m in at.markdown]
+    order = [next(i for i, t in enumerate(titles) if key in t)
+             for key in ("Scores QKᵀ", "Scaled: × 1", "+ position bias", "Masked: scaled + position bias + M",
+                         "Attention weights")]
+    assert order == sorted(order)
+    chart_by_key(at, "inside-position_bias-fig")
+    captions = " ".join(c.value for c in at.caption)
+    assert "masked = scaled + position bias + M" in captions and ":red[" not in captions
+
+
+def test_positions_page_explains_marian_layout(app_test, registered):
+    from conftest import assert_no_exception, chart_by_key, heatmap_z
+
+    import core
+
+    name, _ = registered("marian")
+    at = app_test("positions", model=name, text="the cat sat on the mat")
+    at.run()
+    assert_no_exception(at)
+    z = heatmap_z(chart_by_key(at, "positions-model-pe"))
+    half = core.sinusoidal_encoding(z.shape[0], z.shape[1], layout="half").numpy()
+    assert np.allclose(z, half, atol=1e-6)
+    assert any("Marian's layout" in c.value for c in at.caption)
