@@ -340,3 +340,17 @@ def test_positions_page_explains_marian_layout(app_test, registered):
     half = core.sinusoidal_encoding(z.shape[0], z.shape[1], layout="half").numpy()
     assert np.allclose(z, half, atol=1e-6)
     assert any("Marian's layout" in c.value for c in at.caption)
+
+
+def test_long_and_odd_input(built):
+    family, _, _, ours = built
+    long = " ".join(["the cat sat on the mat"] * 40)  # 240 words, past max_position_embeddings (64)
+    enc = ours.encode(long)
+    assert len(enc) == ours.config.max_len and enc.truncated > 0 and enc.tokens[-1] == "</s>"
+    tr = ours.trace(long, target="a dog")
+    assert tr["encoder.0.self_attn.weights"].shape[-1] == ours.config.max_len
+    odd = ours.encode("the cat \u00e9\U0001F600 \x07 \ud800 sat")
+    assert odd.tokens[-1] == "</s>" and len(odd.ids) == len(odd.offsets) == len(odd.word_ids)
+    assert odd.unknown  # characters the tiny vocabulary never saw are reported, not dropped silently
+    for (s, t), special in zip(odd.offsets, odd.special):
+        assert special or 0 <= s <= t
