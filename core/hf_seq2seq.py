@@ -255,9 +255,10 @@ def _bart_table(cfg: ModelConfig, family: str) -> List[Row]:
     return rows
 
 
-# Marian's sinusoids are computed, never read (older files may still carry them).
-_BART_IGNORE = re.compile(r"^(encoder|decoder)\.(version|embed_positions\.weight)$")
-_BART_IGNORE_LEARNED = re.compile(r"^(encoder|decoder)\.version$")
+# Marian's sinusoids are computed, never read (older files may still carry them); "shared"
+# is the tied table, also saved under the encoder's and decoder's names in some files.
+_BART_IGNORE = re.compile(r"^((encoder|decoder)\.(version|embed_positions\.weight)|shared\.weight)$")
+_BART_IGNORE_LEARNED = re.compile(r"^((encoder|decoder)\.version|shared\.weight)$")
 
 
 # ------------------------------------------------------------------------------ t5
@@ -322,7 +323,11 @@ def _t5_table(cfg: ModelConfig) -> List[Row]:
     return rows
 
 
-_T5_IGNORE = re.compile(r"^decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight$")
+# (T5 ties both stacks' token tables to "shared"; some files also save them under their own names.)
+_T5_IGNORE = re.compile(
+    r"^(decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight"
+    r"|(encoder|decoder)\.embed_tokens\.weight)$"
+)
 
 
 # ------------------------------------------------------------------------------ tokenizers

@@ -83,9 +83,12 @@ def _t5_tokenizer(folder):
     return sp.get_piece_size() + 3  # T5 appends sentinel ids past the sentencepiece vocabulary
 
 
-def _build(family, folder):
+def _build(variant, folder):
+    """variant: a family, or "bart-untied" (an output projection of its own) or "t5-relu"
+    (T5 v1.0's relu FFN, without the d^-0.5 output scale of tied embeddings)."""
     T = transformers
     s = SIZES
+    family = variant.split("-")[0]
     torch.manual_seed(0)
     if family == "bart":
         v = _bart_tokenizer(folder)
@@ -94,6 +97,7 @@ def _build(family, folder):
             encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ffn"],
             decoder_ffn_dim=s["ffn"], max_position_embeddings=s["max_pos"], pad_token_id=1, bos_token_id=0,
             eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
+            tie_word_embeddings=variant != "bart-untied",
         )
         model = T.BartForConditionalGeneration(cfg)
     elif family == "marian":
@@ -109,9 +113,10 @@ def _build(family, folder):
         v = _t5_tokenizer(folder)
         cfg = T.T5Config(
             vocab_size=v, d_model=s["d_model"], d_kv=6, d_ff=s["ffn"], num_layers=s["layers"],
-            num_decoder_layers=s["layers"] + 1, num_heads=s["heads"], feed_forward_proj="gated-gelu",
+            num_decoder_layers=s["layers"] + 1, num_heads=s["heads"],
+            feed_forward_proj="relu" if variant == "t5-relu" else "gated-gelu",
             relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
-            eos_token_id=1, decoder_start_token_id=0,
+            eos_token_id=1, decoder_start_token_id=0, tie_word_embeddings=variant != "t5-relu",
         )
         model = T.T5ForConditionalGeneration(cfg)
     with torch.no_grad():  # random biases and norms too, so a swapped or dropped tensor shows
@@ -139,7 +144,7 @@ def make(tmp_path_factory):
     return get
 
 
-@pytest.fixture(params=["bart", "marian", "t5"])
+@pytest.fixture(params=["bart", "bart-untied", "marian", "t5", "t5-relu"])
 def built(request, make):
     return make(request.param)
 
@@ -158,7 +163,17 @@ def _hf_forward(model, src_ids, dec_ids):
 
 @pytest.mark.parametrize("pair", PAIRS, ids=["short", "long"])
 def test_parity_with_transformers(built, pair):
-    family, _, theirs, ours = built
+    family, folder, theirs, ours = built
+    if family == "bart-untied":  # the checkpoint carries its own output projection, and we use it
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            assert "lm_head.weight" in f.keys()
+        assert not torch.equal(ours.net.out_proj.weight, ours.net.tgt_embed.tok.weight)
+    if family == "t5-relu":
+        assert ours.config.logit_scale == 1.0 and ours.config.activation == "relu"
+    elif family == "t5":
+        assert ours.config.logit_scale == pytest.approx(ours.config.d_model ** -0.5)
     source, target = pair
     tr = ours.trace(source, target=target)
     src_ids = ours.encode(source).ids
@@ -183,9 +198,9 @@ def test_tokens_and_specials(built):
     assert not any(enc.special[1:-1])
     body = [t for t, s in zip(enc.tokens, enc.special) if not s]
     assert "".join(body).replace("\u2581", " ").replace("\u0120", " ").strip() == "the cat sat"
-    if family == "bart":
+    if family.startswith("bart"):
         assert enc.tokens[0] == "<s>" and enc.special[0]
-    assert ours.start_id == {"bart": 2, "marian": ours.config.pad_id, "t5": 0}[family]
+    assert ours.start_id == {"bart": 2, "marian": ours.config.pad_id, "t5": 0}[family.split("-")[0]]
 
 
 def test_pickle_only_folder_gets_a_convert_message(tmp_path):
@@ -216,10 +231,11 @@ def test_wrong_shape_is_named(built, tmp_path):
     family, folder, _, _ = built
     shutil.copy(folder / "config.json", tmp_path / "config.json")
     state = load_file(str(folder / "model.safetensors"))
-    key = next(k for k in state if k.endswith("shared.weight"))
+    key = next(k for k in state if k.startswith(("encoder.", "model.encoder."))
+               and k.endswith(("fc1.weight", "DenseReluDense.wo.weight")))
     state[key] = state[key][:, :-1].contiguous()
     save_file(state, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="wrong shape: .*shared.weight"):
+    with pytest.raises(CheckpointError, match="wrong shape: " + key.removeprefix("model.").replace(".", r"\.")):
         hf_seq2seq.load_net(tmp_path)
 
 
