@@ -245,7 +245,8 @@ def _bart_table(cfg: ModelConfig, family: str) -> List[Row]:
         for i in range(n):
             a, b = f"{stack}.layers.{i}", f"{stack}.{i}"
             pairs = [(f"{a}.self_attn.{t}", f"{b}.self_attn.{o}") for t, o in proj]
-            pairs += [(f"{a}.self_attn_layer_norm", f"{b}.norms.0"), (f"{a}.fc1", f"{b}.ffn.w_1"), (f"{a}.fc2", f"{b}.ffn.w_2")]
+            pairs += [(f"{a}.self_attn_layer_norm", f"{b}.norms.0"),
+                      (f"{a}.fc1", f"{b}.ffn.w_1"), (f"{a}.fc2", f"{b}.ffn.w_2")]
             if stack == "decoder":
                 pairs += [(f"{a}.encoder_attn.{t}", f"{b}.cross_attn.{o}") for t, o in proj]
                 pairs += [(f"{a}.encoder_attn_layer_norm", f"{b}.norms.1"), (f"{a}.final_layer_norm", f"{b}.norms.2")]
@@ -368,7 +369,8 @@ class _Pieces:
         truncated = max(len(ids) - self.max_len, 0)
         if truncated:  # keep the closing special token
             keep = list(range(self.max_len - 1)) + [len(ids) - 1] if special[-1] else list(range(self.max_len))
-            ids, tokens, offsets, word_ids, special = ([s[i] for i in keep] for s in (ids, tokens, offsets, word_ids, special))
+            ids, tokens, offsets, word_ids, special = (
+                [s[i] for i in keep] for s in (ids, tokens, offsets, word_ids, special))
         return Encoded(ids=ids, tokens=tokens, offsets=offsets, special=special, unknown=unknown,
                        truncated=truncated, word_ids=word_ids)
 
@@ -481,7 +483,8 @@ def load_net(folder: Path) -> Transformer:
     hf = _read_config(folder)
     family = hf.get("model_type")
     if family not in FAMILIES:
-        raise CheckpointError(f"model_type {family!r} is not an encoder-decoder family read here ({', '.join(FAMILIES)})")
+        raise CheckpointError(
+            f"model_type {family!r} is not an encoder-decoder family read here ({', '.join(FAMILIES)})")
     weights = _Weights(folder)  # first: a pickle-only folder hears about converting, whatever its config
     try:
         cfg = _t5_config(hf) if family == "t5" else _bart_config(hf, family)

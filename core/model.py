@@ -230,7 +230,8 @@ class Layer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.norms = nn.ModuleList(make_norm(cfg) for _ in range(3 if cross else 2))
 
-    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None, position_bias=None):
+    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
+                position_bias=None):
         subs = [("self_attn", lambda y: self.self_attn(y, y, self_mask, _sub(rec, "self_attn"), angles, position_bias))]
         if self.cross_attn is not None:
             subs.append(("cross_attn", lambda y: self.cross_attn(y, memory, cross_mask, _sub(rec, "cross_attn"))))
@@ -369,7 +370,8 @@ class Transformer(nn.Module):
         angles = self._angles(t, device=tgt.device)
         bias = self.decoder_bias(t, t) if self.cfg.positional == "relative" else None
         for i, layer in enumerate(self.decoder):
-            x = layer(x, self_mask, memory, cross_mask, rec=_sub(rec, f"decoder.{i}"), angles=angles, position_bias=bias)
+            x = layer(x, self_mask, memory, cross_mask, rec=_sub(rec, f"decoder.{i}"), angles=angles,
+                      position_bias=bias)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
             if rec:
