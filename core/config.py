@@ -72,8 +72,6 @@ class ModelConfig:
             raise ValueError("n_heads must be a multiple of n_kv_heads")
         if self.n_decoder_layers is None:
             self.n_decoder_layers = self.n_layers
-        if self.out_bias is None:
-            self.out_bias = self.bias and not self.tie_embeddings
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
         for name, value, allowed in [

@@ -332,7 +332,8 @@ class Transformer(nn.Module):
             self.decoder_norm = make_norm(cfg) if cfg.final_norm else None
             if cfg.positional == "relative":
                 self.decoder_bias = RelativePositionBias(cfg, bidirectional=False)
-            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.out_bias)
+            out_bias = cfg.bias and not cfg.tie_embeddings if cfg.out_bias is None else cfg.out_bias
+            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=out_bias)
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
 
