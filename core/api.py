@@ -242,7 +242,7 @@ class AttentionModel:
             k = min(top_k, self.config.tgt_vocab_size)
             ids, probs = [], []
             for r in range(0, hidden.shape[0], LOGIT_ROWS):  # n x V at once would be the largest tensor
-                p = torch.softmax(self.net.out_proj(hidden[r : r + LOGIT_ROWS]), dim=-1)
+                p = torch.softmax(self.net.project(hidden[r : r + LOGIT_ROWS]), dim=-1)
                 top = torch.topk(p, k)
                 ids.append(top.indices)
                 probs.append(top.values)
@@ -404,7 +404,7 @@ class LayerRunner:
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:
         net = self.model.net
         name = "decoder.final_norm" if "decoder.final_norm" in trace else f"decoder.{trace.layers('decoder') - 1}.out"
-        return net.out_proj(trace[name][rows].to(self.model.device)).to("cpu")
+        return net.project(trace[name][rows].to(self.model.device)).to("cpu")
 
     def ordered_names(self, stored: Dict[str, torch.Tensor]) -> List[str]:
         """Every name a trace can give, in forward order: the stored ones, each layer's

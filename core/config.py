@@ -15,6 +15,20 @@ bundled models always had, so their configs and numbers are unchanged:
                      back (Mistral); the mask is part of the recorded mask
     qkv_bias         biases on W_q, W_k, W_v; None: as `bias` (Qwen2: True with bias False)
     out_bias         bias on the output projection; None: bias and not tie_embeddings
+Fields for checkpoint families (core/hf_seq2seq.py); their defaults change nothing:
+    sinusoid_layout  "interleaved" (the notes: sin in even, cos in odd features) or "half"
+                     (Marian: sin in the first half of the features, cos in the second).
+    positional       "relative": no position vectors; a learned, bucketed bias per head is
+                     added to the scores (T5), computed once per stack (rel_buckets buckets,
+                     logarithmic beyond rel_max_distance / 2 ... rel_max_distance; both ways in
+                     the encoder, backwards only in the decoder).
+    attn_scale       the factor on Q K^T; None is 1/sqrt(d_k) (T5 uses 1.0).
+    activation       also "silu" (Marian's swish) and "geglu_tanh" (T5's gated-gelu:
+                     gelu_tanh(W_1^T u) * W_3^T u).
+    out_bias         a bias on the output projection; None: bias and not tie_embeddings
+                     (BART and Marian: their final_logits_bias, with tied weights).
+    logit_scale      the decoder's last hidden state is multiplied by this before the output
+                     projection (T5 with tied embeddings: d^-0.5).
 """
 
 
@@ -36,13 +50,13 @@ class ModelConfig:
     src_vocab_size: int = 0
     tgt_vocab_size: int = 0  # decoders; for decoder-only models the one vocabulary
     max_len: int = 512
-    positional: str = "sinusoidal"  # sinusoidal | learned | rope | none
+    positional: str = "sinusoidal"  # sinusoidal | learned | rope | relative | none
     rope_theta: float = 10000.0
     rope_layout: str = "half"  # half | interleaved (see positional.apply_rope)
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     norm_placement: str = "post"  # post | pre
-    activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
+    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu_tanh
     kind: str = "encoder-decoder"  # encoder | decoder | encoder-decoder
     bias: bool = True  # biases in the attention and FFN projections
     embed_scale: bool = False  # multiply token embeddings by sqrt(d) (Vaswani et al.)
@@ -50,6 +64,12 @@ class ModelConfig:
     type_vocab_size: int = 0  # token-type (segment) embeddings (BERT)
     final_norm: Optional[bool] = None  # norm after the last layer; default: pre-norm only
     tie_embeddings: bool = False  # output projection shares the target embedding
+    sinusoid_layout: str = "interleaved"  # interleaved | half (Marian)
+    rel_buckets: int = 32  # positional="relative" (T5): number of buckets
+    rel_max_distance: int = 128  # positional="relative": distance of the last bucket
+    attn_scale: Optional[float] = None  # factor on Q K^T; None: 1/sqrt(d_k)
+    out_bias: Optional[bool] = None  # output projection bias; None: bias and not tie_embeddings
+    logit_scale: float = 1.0  # hidden state times this before the output projection (T5)
     pad_id: int = 0
     position_offset: int = 0  # first learned position row (RoBERTa: 2)
     rope_scaling: Optional[dict] = None  # see the module docstring
@@ -80,10 +100,11 @@ class ModelConfig:
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
         for name, value, allowed in [
-            ("positional", self.positional, ("sinusoidal", "learned", "rope", "none")),
+            ("positional", self.positional, ("sinusoidal", "learned", "rope", "relative", "none")),
             ("norm", self.norm, ("layernorm", "rmsnorm")),
             ("norm_placement", self.norm_placement, ("post", "pre")),
-            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "swiglu")),
+            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")),
+            ("sinusoid_layout", self.sinusoid_layout, ("interleaved", "half")),
             ("kind", self.kind, ("encoder", "decoder", "encoder-decoder")),
             ("rope_layout", self.rope_layout, ("half", "interleaved")),
         ]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
 from .config import ModelConfig
-from .positional import apply_rope, rope_angles, sinusoidal_encoding
+from .positional import apply_rope, relative_buckets, rope_angles, sinusoidal_encoding
 
 Rec = Optional[Callable[[str, torch.Tensor], None]]
 ATTENTION_KINDS = ("self_attn", "cross_attn")
@@ -168,14 +168,17 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d, hkv * dk, bias=cfg.qkv_bias)
         self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
+        self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
 
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
-                off: Optional[Sequence[int]] = None, ablation: str = "zero", cache: Optional[dict] = None):
+                off: Optional[Sequence[int]] = None, ablation: str = "zero", cache: Optional[dict] = None,
+                position_bias=None):
         """mask: additive (broadcast to B, H, n_q, n_k). is_causal: the mask is exactly the
         look-ahead mask (the fused kernel then builds it itself). off: heads switched off
         (Ablation). cache: a dict that keeps this attention's keys and values between calls
         (greedy decoding): new keys/values are appended to the kept ones (self-attention),
-        or computed once (cross-attention, flagged by cache["static"])."""
+        or computed once (cross-attention, flagged by cache["static"]). position_bias: T5's
+        relative position bias (1, H, n_q, n_k), added to the scores with the mask."""
         b, n_q, _ = x_q.shape
         q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
         if cache is not None and cache.get("static") and "k" in cache:
@@ -212,7 +215,13 @@ class MultiHeadAttention(nn.Module):
         if self.hkv != self.h:
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
             v = v.repeat_interleave(self.h // self.hkv, dim=1)
-        heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None,
+        if position_bias is not None:  # T5: scores + bias + mask; "masked" records all three
+            if explicit:
+                rec("position_bias", position_bias[:, :, -n_q:])  # (1, H, n_q, n_k)
+            if is_causal and mask is None:
+                mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
+            mask, is_causal = combine_masks(position_bias[:, :, -n_q:], mask), False
+        heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None, self.scale,
                                              is_causal=is_causal)  # (B, H, n_q, d_k)
         if rec:
             rec("heads", heads)
@@ -231,14 +240,16 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u)."""
+    """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u);
+    GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = cfg.activation
         self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if self.act == "swiglu" else None
+        gated = self.act in ("swiglu", "geglu_tanh")
+        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
 
     def forward(self, x, rec: Rec = None):
         a = self.w_1(x)  # (B, n, m)
@@ -248,6 +259,10 @@ class FeedForward(nn.Module):
             hidden = F.gelu(a)
         elif self.act == "gelu_tanh":
             hidden = F.gelu(a, approximate="tanh")
+        elif self.act == "silu":
+            hidden = F.silu(a)
+        elif self.act == "geglu_tanh":
+            hidden = F.gelu(a, approximate="tanh") * self.w_3(x)
         else:
             hidden = F.silu(a) * self.w_3(x)
         out = self.w_2(hidden)  # (B, n, d)
@@ -265,6 +280,7 @@ class Layer(nn.Module):
         super().__init__()
         self.pre = cfg.norm_placement == "pre"
         self.rope = cfg.positional == "rope"
+        self.relative = cfg.positional == "relative"
         self.self_attn = MultiHeadAttention(cfg)
         self.cross_attn = MultiHeadAttention(cfg) if cross else None
         self.ffn = FeedForward(cfg)
@@ -282,15 +298,17 @@ class Layer(nn.Module):
                 inner = ["ffn.hidden", "ffn.out"]
             else:
                 pre_rope = ["q_pre_rope", "k_pre_rope"] if self.rope and sub == "self_attn" else []
-                inner = [f"{sub}.{n}" for n in pre_rope + attn]
+                names_ = attn if not (self.relative and sub == "self_attn") else attn[:4] + ["position_bias"] + attn[4:]
+                inner = [f"{sub}.{n}" for n in pre_rope + names_]
             names += ([f"norm{j}"] + inner + [f"residual{j}"]) if self.pre else (inner + [f"residual{j}", f"norm{j}"])
         return names + ["out"]
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
                 self_causal: bool = False, off: Optional[Dict[str, List[int]]] = None, ablation: str = "zero",
-                cache: Optional[dict] = None):
+                cache: Optional[dict] = None, position_bias=None):
         """off: {attention kind: heads switched off} (Ablation.layer). cache: a dict kept
-        between calls for greedy decoding (keys and values of both attentions)."""
+        between calls for greedy decoding (keys and values of both attentions).
+        position_bias: T5's relative position bias, for the self-attention."""
         off = off or {}
         caches = {} if cache is None else cache
 
@@ -301,7 +319,8 @@ class Layer(nn.Module):
                 c = caches.setdefault(kind, {"static": kind == "cross_attn"})
             mask = self_mask if kind == "self_attn" else cross_mask
             return attn(y, kv, mask, _sub(rec, kind), angles if kind == "self_attn" else None,
-                        is_causal=self_causal and kind == "self_attn", off=off.get(kind), ablation=ablation, cache=c)
+                        is_causal=self_causal and kind == "self_attn", off=off.get(kind), ablation=ablation, cache=c,
+                        position_bias=position_bias if kind == "self_attn" else None)
 
         for j, (sub, norm) in enumerate(zip(self.sublayers(), self.norms), start=1):
             fn = (lambda y: self.ffn(y, _sub(rec, "ffn"))) if sub == "ffn" else (lambda y, s=sub: attend(s, y))
@@ -335,7 +354,8 @@ class Embedding(nn.Module):
         n_pos = cfg.max_len + self.offset
         self.pos = nn.Embedding(n_pos, cfg.d_model) if cfg.positional == "learned" else None
         if cfg.positional == "sinusoidal":
-            self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)
+            pe = sinusoidal_encoding(cfg.max_len, cfg.d_model, layout=cfg.sinusoid_layout)
+            self.register_buffer("pe", pe, persistent=False)
         self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
 
@@ -377,6 +397,20 @@ def sliding_window_mask(n: int, window: int, device=None, dtype=torch.float32, n
     return m[None, None]
 
 
+class RelativePositionBias(nn.Module):
+    """T5's position bias: one learned scalar per head and distance bucket, H x n_q x n_k."""
+
+    def __init__(self, cfg: ModelConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets, self.max_distance = cfg.rel_buckets, cfg.rel_max_distance
+        self.emb = nn.Embedding(cfg.rel_buckets, cfg.n_heads)
+
+    def forward(self, n_q: int, n_k: int):
+        b = relative_buckets(n_q, n_k, self.bidirectional, self.num_buckets, self.max_distance, self.emb.weight.device)
+        return self.emb(b).permute(2, 0, 1)[None]  # (1, H, n_q, n_k)
+
+
 class Transformer(nn.Module):
     """Encoder-decoder, encoder-only or decoder-only stack, per ModelConfig.kind."""
 
@@ -387,13 +421,18 @@ class Transformer(nn.Module):
             self.src_embed = Embedding(cfg, cfg.src_vocab_size)
             self.encoder = nn.ModuleList(Layer(cfg, cross=False) for _ in range(cfg.n_layers))
             self.encoder_norm = make_norm(cfg) if cfg.final_norm else None
+            if cfg.positional == "relative":
+                self.encoder_bias = RelativePositionBias(cfg, bidirectional=True)
         if cfg.has_decoder:
             cross = cfg.kind == "encoder-decoder"
             n_dec = cfg.n_decoder_layers if cross else cfg.n_layers
             self.tgt_embed = Embedding(cfg, cfg.tgt_vocab_size)
             self.decoder = nn.ModuleList(Layer(cfg, cross=cross) for _ in range(n_dec))
             self.decoder_norm = make_norm(cfg) if cfg.final_norm else None
-            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.out_bias)
+            if cfg.positional == "relative":
+                self.decoder_bias = RelativePositionBias(cfg, bidirectional=False)
+            out_bias = cfg.bias and not cfg.tie_embeddings if cfg.out_bias is None else cfg.out_bias
+            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=out_bias)
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
 
@@ -408,6 +447,12 @@ class Transformer(nn.Module):
 
     def final_norm(self, stack: str) -> Optional[nn.Module]:
         return self.encoder_norm if stack == "encoder" else self.decoder_norm
+
+    def position_bias(self, stack: str, n: int):
+        """T5's relative position bias of a stack for n positions (1, H, n, n), else None."""
+        if self.cfg.positional != "relative":
+            return None
+        return (self.encoder_bias if stack == "encoder" else self.decoder_bias)(n, n)
 
     def encoder_masks(self, src_pad, n: int, dtype=torch.float32) -> dict:
         """The encoder's attention masks: padding columns -inf (B, 1, n, n), or none."""
@@ -438,8 +483,10 @@ class Transformer(nn.Module):
         x = self.src_embed(src, _sub(rec, "embed.encoder"), token_types=token_types)
         masks = self.encoder_masks(src_pad, n, x.dtype)
         angles = self._angles(n, device=src.device)
+        bias = self.position_bias("encoder", n)
         for i, layer in enumerate(self.encoder):
-            x = layer(x, **masks, rec=_sub(rec, f"encoder.{i}"), angles=angles, **_off(ablate, "encoder", i))
+            x = layer(x, **masks, rec=_sub(rec, f"encoder.{i}"), angles=angles, position_bias=bias,
+                      **_off(ablate, "encoder", i))
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
             if rec:
@@ -457,10 +504,11 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tgt, _sub(rec, "embed.decoder"), offset=n_past)
         masks = self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past)
         angles = self._angles(n_past + t, device=tgt.device)
+        bias = self.position_bias("decoder", n_past + t)
         for i, layer in enumerate(self.decoder):
             c = None if cache is None else cache.setdefault(i, {})
             x = layer(x, memory=memory, **masks, rec=_sub(rec, f"decoder.{i}"), angles=angles,
-                      cache=c, **_off(ablate, "decoder", i))
+                      cache=c, position_bias=bias, **_off(ablate, "decoder", i))
         if cache is not None:
             cache["n"] = n_past + t
         if self.decoder_norm is not None:
@@ -481,9 +529,12 @@ class Transformer(nn.Module):
             masks = self.decoder_masks(n, src_pad if memory is not None else None, None, x.device, x.dtype)
             masks["memory"] = memory
         return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
+                                     position_bias=self.position_bias(stack, n),
                                      **_off(ablate, stack, i))
 
     def project(self, hidden, rec: Rec = None):
+        if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings
+            hidden = hidden * self.cfg.logit_scale
         logits = self.out_proj(hidden)  # (B, t, V)
         if rec:
             rec("logits", logits)

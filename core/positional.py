@@ -8,6 +8,12 @@ Rotary (RoPE, Su et al. 2021): each pair of query/key features is rotated by the
 position * theta^(-2j/d_k). Pairs are either the two halves of the head ("half", the
 layout of Hugging Face's Llama) or neighbours (2j, 2j+1) ("interleaved", the layout of
 the original paper and of llama.cpp's files).
+
+Relative position bias (T5, Raffel et al. 2020): no position vectors at all; each head
+learns one scalar per bucket of the distance key - query, added to the scores. Distances
+below half the buckets get a bucket each; longer ones share logarithmically wider buckets up
+to max_distance. The encoder's buckets tell "before" from "after" (bidirectional); the
+decoder's only look back.
 """
 
 from __future__ import annotations
@@ -18,15 +24,54 @@ from typing import Optional
 import torch
 
 
-def sinusoidal_encoding(n: int, d: int, base: float = 10000.0, dtype=torch.float32) -> torch.Tensor:
-    """P, n x d: the sinusoidal positional encoding of positions 0..n-1."""
+def sinusoidal_encoding(
+    n: int, d: int, base: float = 10000.0, dtype=torch.float32, layout: str = "interleaved"
+) -> torch.Tensor:
+    """P, n x d: the sinusoidal positional encoding of positions 0..n-1.
+
+    layout "interleaved": sin in the even features, cos in the odd ones (the notes);
+    "half": the same sines in the first ceil(d/2) features, the cosines after them (Marian).
+    """
     i = torch.arange(n, dtype=torch.float64)[:, None]  # (n, 1) positions
     two_j = torch.arange(0, d, 2, dtype=torch.float64)[None, :]  # (1, ceil(d/2)) = 2j
     angle = i / base ** (two_j / d)  # (n, ceil(d/2)) radians
     pe = torch.zeros(n, d, dtype=torch.float64)
+    if layout == "half":
+        half = angle.shape[1]
+        pe[:, :half] = torch.sin(angle)
+        pe[:, half:] = torch.cos(angle[:, : d // 2])
+        return pe.to(dtype)
+    if layout != "interleaved":
+        raise ValueError(f"unknown sinusoid layout {layout!r}")
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d // 2])
     return pe.to(dtype)
+
+
+def relative_buckets(
+    n_q: int, n_k: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128, device=None
+) -> torch.Tensor:
+    """Bucket of each (query i, key j) pair, n_q x n_k long, from the distance j - i (T5).
+
+    Bidirectional: half the buckets for keys after the query, half for the others. Within a
+    half, distances 0 .. b/2 - 1 have a bucket each; longer ones fall into b/2 more buckets,
+    spaced logarithmically up to max_distance (anything further shares the last one).
+    Unidirectional (decoder): keys after the query get bucket 0, like distance 0.
+    """
+    rel = torch.arange(n_k, device=device)[None, :] - torch.arange(n_q, device=device)[:, None]  # j - i
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).long() * num_buckets
+        dist = rel.abs()
+    else:
+        dist = (-rel).clamp(min=0)  # how far back the key is
+    exact = num_buckets // 2
+    far = exact + (
+        torch.log(dist.float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+    ).long()
+    far = far.clamp(max=num_buckets - 1)
+    return buckets + torch.where(dist < exact, dist, far)
 
 
 def rope_inv_freq(d_k: int, theta: float = 10000.0, scaling: Optional[dict] = None) -> torch.Tensor:

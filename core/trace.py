@@ -74,7 +74,7 @@ def decoder_rows(name: str, x: torch.Tensor, t: int) -> torch.Tensor:
     if ".self_attn." in name:
         if last == "mask":
             return x[:t, :t]
-        if last in MAPS:
+        if last in MAPS or last == "position_bias":
             return x[:, :t, :t]
         return x[:, :t] if last in PER_HEAD else x[:t]
     if ".cross_attn." in name:

@@ -437,11 +437,30 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
        r"S = Q K^{T},\quad S_{ij} = q_i^{T} k_j",
        r"S^{T} = K^{T} Q,\quad (S^{T})_{ji} = k_j^{T} q_i",
        "How well each query matches each key: one dot product per (query, key) pair.")
-    nn(f"{p}.scaled", "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
-       rf"\frac{{Q K^{{T}}}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
-       rf"\frac{{K^{{T}} Q}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
-       r"Dividing by $\sqrt{d_k}$ keeps the scores' spread independent of $d_k$ (their variance would be $d_k$), "
-       "so softmax does not saturate (seed 004).")
+    scale = getattr(cfg, "attn_scale", None)
+    if scale is None:
+        nn(f"{p}.scaled", "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
+           rf"\frac{{Q K^{{T}}}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
+           rf"\frac{{K^{{T}} Q}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
+           r"Dividing by $\sqrt{d_k}$ keeps the scores' spread independent of $d_k$ (their variance would be $d_k$), "
+           "so softmax does not saturate (seed 004).")
+    else:
+        nn(f"{p}.scaled", "scaled", f"Scaled: × {scale:.4g} (not ÷ √d_k)",
+           rf"{scale:.4g} \cdot Q K^{{T}}", rf"{scale:.4g} \cdot K^{{T}} Q",
+           "This model does not divide by √d_k" + (" (T5: the scale is folded into the initialisation of W_q), "
+                                                  "so the scaled scores are the scores." if scale == 1.0 else "."))
+    bias_name = f"{p}.position_bias"
+    has_bias = bias_name in trace
+    if has_bias:
+        direction = ("keys before and after the query have their own buckets (encoder)" if stack == "encoder"
+                     else "only keys before the query are told apart (decoder: later keys are masked anyway)")
+        nn(bias_name, "position_bias", f"+ position bias (head {head}; relative positions, T5)",
+           r"\mathrm{PB}_{ij} = b^{(h)}\big(\mathrm{bucket}(j - i)\big)",
+           r"(\mathrm{PB}^{T})_{ji} = b^{(h)}\big(\mathrm{bucket}(j - i)\big)",
+           "No position vectors are added to the embeddings: each head learns one number per bucket of the "
+           "distance j − i, added to the scores. Near distances get a bucket each, far ones share logarithmically "
+           f"wider buckets; {direction}. The same bias serves every layer of the {stack}.",
+           value_name="bias")
     mask = _np(trace[f"{p}.mask"])
     mk = mask_kind(mask)
     mask_text = {
@@ -458,11 +477,17 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
     out.append(Step(key="mask", group=g_att, title="Mask M (additive: 0 or -∞)", matrix=mask, name=f"{p}.mask",
                     latex_rows=m_rows, latex_cols=m_cols, explain=mask_text, dims=(nq, nk), axes=("query", "key"),
                     row_labels=list(q_toks), col_labels=list(k_toks), style="mask", value_name="mask"))
-    nn(f"{p}.masked", "masked", "Masked: scaled + M",
-       r"\frac{Q K^{T}}{\sqrt{d_k}} + M",
-       r"\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}",
-       r"Adding $M$ leaves allowed scores unchanged and sets forbidden ones to $-\infty$. (Seed 003 eq. 18 adds "
-       r"$B$ before scaling: the same, since $-\infty/\sqrt{d_k} = -\infty$.)")
+    if has_bias:
+        nn(f"{p}.masked", "masked", "Masked: scaled + position bias + M",
+           r"Q K^{T} + \mathrm{PB} + M", r"K^{T} Q + \mathrm{PB}^{T} + M^{T}",
+           r"The position bias shifts every score by an amount that depends only on the distance; adding $M$ "
+           r"sets forbidden scores to $-\infty$.")
+    else:
+        nn(f"{p}.masked", "masked", "Masked: scaled + M",
+           r"\frac{Q K^{T}}{\sqrt{d_k}} + M",
+           r"\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}",
+           r"Adding $M$ leaves allowed scores unchanged and sets forbidden ones to $-\infty$. (Seed 003 eq. 18 "
+           r"adds $B$ before scaling: the same, since $-\infty/\sqrt{d_k} = -\infty$.)")
     nn(f"{p}.weights", "weights", f"Attention weights A = softmax (head {head})",
        r"A = \operatorname{softmax}_{\text{row}}\!\Big(\frac{Q K^{T}}{\sqrt{d_k}} + M\Big),\quad "
        r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
@@ -562,8 +587,19 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
     qk = q @ k.T
     checks["scores"] = [Check("QKᵀ recomputed from Q and K equals the recorded scores", max_abs_diff(qk, scores),
                               _tol(scores))]
-    checks["scaled"] = [Check(f"scaled = scores / √{d_k}", max_abs_diff(scores / math.sqrt(d_k), scaled), _tol(scaled))]
-    checks["masked"] = [Check("masked = scaled + M (same -∞ cells)", max_abs_diff(scaled + mask, masked), _tol(masked))]
+    scale = trace.meta.get("config", {}).get("attn_scale") if config is None else getattr(config, "attn_scale", None)
+    if scale is None:
+        checks["scaled"] = [Check(f"scaled = scores / √{d_k}", max_abs_diff(scores / math.sqrt(d_k), scaled),
+                                  _tol(scaled))]
+    else:
+        checks["scaled"] = [Check(f"scaled = {scale:.4g} × scores", max_abs_diff(scores * scale, scaled), _tol(scaled))]
+    if f"{p}.position_bias" in trace:
+        bias = _np(trace[f"{p}.position_bias"][head]).astype(np.float64)
+        checks["masked"] = [Check("masked = scaled + position bias + M (same -∞ cells)",
+                                  max_abs_diff(scaled + bias + mask, masked), _tol(masked))]
+    else:
+        checks["masked"] = [Check("masked = scaled + M (same -∞ cells)", max_abs_diff(scaled + mask, masked),
+                                  _tol(masked))]
     blocked = np.isneginf(mask)
     checks["weights"] = [
         Check("each row of A sums to 1" if notation == ROWS else "each column of Aᵀ sums to 1", row_sum_error(w), 1e-5),

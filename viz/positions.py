@@ -40,9 +40,9 @@ NOTES_PE_1_0 = 0.02
 
 
 # ------------------------------------------------------------------ the matrix
-def pe_matrix(n: int, d: int) -> np.ndarray:
-    """P (n x d) in float64, from core.sinusoidal_encoding."""
-    return core.sinusoidal_encoding(n, d, dtype=torch.float64).numpy()
+def pe_matrix(n: int, d: int, layout: str = "interleaved") -> np.ndarray:
+    """P (n x d) in float64, from core.sinusoidal_encoding (layout "half": Marian's sin | cos)."""
+    return core.sinusoidal_encoding(n, d, dtype=torch.float64, layout=layout).numpy()
 
 
 def pe_degrees(n: int, d: int, base: float = 10000.0) -> np.ndarray:
@@ -241,6 +241,7 @@ def model_positions(trace) -> dict:
         "embed_scale": bool(cfg.get("embed_scale", False)),
         "embed_norm": bool(cfg.get("embed_norm", False)),
         "types": f"embed.{stack}.types" in trace,
+        "sinusoid_layout": cfg.get("sinusoid_layout", "interleaved"),
         "d": X.shape[1],
     }
     if P is not None:
@@ -248,10 +249,39 @@ def model_positions(trace) -> dict:
         # X = X' + P (seed 003 eq. 6); models with a LayerNorm after the sum (BERT) differ by it
         info["sum_residual"] = float(np.abs(X - (tok + P + extra)).max())
         if info["scheme"] == "sinusoidal":
-            info["formula_residual"] = float(np.abs(P - pe_matrix(P.shape[0], P.shape[1])).max())
+            layout = info["sinusoid_layout"]
+            info["formula_residual"] = float(np.abs(P - pe_matrix(P.shape[0], P.shape[1], layout)).max())
     return info
 
 
 def rope_angle_matrix(n: int, d_k: int, theta: float) -> np.ndarray:
     """RoPE rotation angle (radians, mod 2π) of each position and feature pair: n x d_k/2."""
     return np.mod(core.rope_angles(n, d_k, theta).numpy(), 2 * math.pi)
+
+
+def position_bias(trace) -> Optional[dict]:
+    """T5's relative position bias on the user's sentence (None for other models): the bias
+    of the first stack (H x n x n, shared by its layers) and, per head, its value by the
+    distance j - i (the bias depends on nothing else, so each diagonal is constant)."""
+    stack = embed_stack(trace)
+    name = f"{stack}.0.self_attn.position_bias" if stack else None
+    if name is None or name not in trace:
+        return None
+    B = trace[name].double().numpy()  # H x n_q x n_k
+    n_q, n_k = B.shape[1:]
+    dist = np.arange(-(n_q - 1), n_k)  # j - i
+    by_dist = np.stack([np.array([np.diagonal(B[h], offset=int(o))[0] for o in dist]) for h in range(B.shape[0])])
+    spread = max(float(np.ptp(np.diagonal(B[h], offset=int(o)))) for h in range(B.shape[0]) for o in dist)
+    return {"stack": stack, "name": name, "bias": B, "distance": dist, "by_distance": by_dist,
+            "diagonal_spread": spread, "tokens": trace.tokens("source" if stack == "encoder" else "target")}
+
+
+def bias_by_distance_figure(info: dict, *, title: str = "", height: int = 380) -> go.Figure:
+    """One line per head: the bias added to a score, against the distance j - i of key and query."""
+    fig = go.Figure()
+    for h, row in enumerate(info["by_distance"]):
+        fig.add_trace(go.Scatter(x=info["distance"], y=row, mode="lines+markers", name=f"head {h}",
+                                 hovertemplate=f"head {h}<br>j − i = %{{x}}<br>bias = %{{y:.3f}}<extra></extra>"))
+    fig.update_layout(title=title, height=height, xaxis_title="distance j − i (key − query)",
+                      yaxis_title="bias added to the score", margin=dict(l=60, r=20, t=50, b=50))
+    return fig

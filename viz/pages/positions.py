@@ -129,6 +129,30 @@ if trace is not None:
                                         zmin=0, zmax=6.2832, colorscale="Twilight", x_title="feature pair j",
                                         y_title="position: token", value_name="angle"),
                          key="positions-rope", width="stretch")
+        elif scheme == "relative" and vp.position_bias(trace) is not None:
+            bias = vp.position_bias(trace)
+            n_heads = bias["bias"].shape[0]
+            st.info(f"{model_name} adds no position vectors (X = X′). Instead every head learns one number per "
+                    f"bucket of the distance j − i between key and query, added to the attention scores before the "
+                    f"softmax (T5's relative position bias; {cfg.rel_buckets} buckets, exact for short distances, "
+                    f"logarithmic up to {cfg.rel_max_distance}). It is computed once per stack and shared by all its "
+                    f"layers; the {bias['stack']}'s buckets "
+                    + ("tell keys before the query from keys after it." if bias["stack"] == "encoder"
+                       else "only look back."))
+            head_key = common.int_from_url(state, "bias_head", 0, 0, n_heads - 1)
+            bias_head = st.slider("Head", 0, n_heads - 1, key=head_key)
+            state.show_messages()
+            charts.chart(matrix_heatmap(bias["bias"][bias_head], labels, labels,
+                                           title=f"Position bias of head {bias_head} ({bias['stack']}), "
+                                                 f"trace name {bias['name']}",
+                                           colorscale=DIVERGING, x_title="key j", y_title="query i",
+                                           value_name="bias", height=int(min(640, 220 + 18 * len(toks)))),
+                            key="positions-bias", width="stretch")
+            charts.chart(vp.bias_by_distance_figure(bias, title="Every head's bias against the distance j − i"),
+                            key="positions-bias-distance", width="stretch")
+            st.caption("Each diagonal of the heatmap is one distance, so it holds one value (largest spread along "
+                       f"a diagonal here: {bias['diagonal_spread']:.1e}). Heads differ: some prefer nearby keys, "
+                       "some keys before or after the query. Inside a head shows the bias added to the scores.")
         else:
             st.info(f"{model_name} has no positional encoding (positional = {scheme!r}): X = X′.")
     else:
@@ -146,7 +170,12 @@ if trace is not None:
             notes.append(f"This model multiplies its token embeddings by √d = {info['d'] ** 0.5:.2f} before adding P "
                          "(Vaswani et al.), so the positions are a small perturbation of the words.")
         if "formula_residual" in info:
-            notes.append(f"Its P equals the formula above (largest difference {info['formula_residual']:.1e}).")
+            if info["sinusoid_layout"] == "half":
+                notes.append("Its P holds the formula's sines in the first half of the dimensions and the cosines in "
+                             "the second half (Marian's layout) instead of interleaving them: the same numbers, "
+                             f"columns reordered (largest difference {info['formula_residual']:.1e}).")
+            else:
+                notes.append(f"Its P equals the formula above (largest difference {info['formula_residual']:.1e}).")
         if info["embed_norm"] or info["types"]:
             notes.append("X here is LayerNorm(X′ + P + token-type embedding), as in BERT, so X ≠ X′ + P exactly.")
         else:
@@ -161,4 +190,6 @@ if trace is not None:
             st.caption("Learned positions are trained freely; compare their dot products with the banded pattern of "
                        "the sinusoidal matrix in section 3.")
 
-state.publish(model=model_name, text=text, d=d, n=n)
+bias_key = state.key("bias_head")
+state.publish(model=model_name, text=text, d=d, n=n,
+              bias_head=st.session_state.get(bias_key) if trace is not None and vp.position_bias(trace) else None)
