@@ -3,15 +3,17 @@
     qn, kn = normalise(Q, K)                  # Q, K: (N, d_k) one head's query and key vectors
     xy = project(qn, kn, "pca")               # (2N, 2): the N queries, then the N keys
 
-Normalisation, exactly (it changes no attention weight):
-  1. translate the keys so that their centroid is the queries' centroid:
-         k_j' = k_j - mean_j(k) + mean_i(q)
-     a query's scores all move by the same q_i . (mean(q) - mean(k)), and softmax ignores a
-     constant added to a row;
-  2. scale both to the same mean norm, leaving every dot product q . k as it was:
-         a = sqrt(m_k / m_q),  q_i'' = a q_i,  k_j'' = k_j' / a
-     where m_q = mean_i |q_i| and m_k = mean_j |k_j'|; afterwards both mean norms are
-     sqrt(m_q m_k).
+Normalisation, exactly (it changes no attention weight): with a > 0,
+        q_i'' = a q_i,    k_j'' = (k_j - mean(k)) / a + a mean(q)
+  1. q and k scaled by a and 1/a: every dot product q . k is unchanged;
+  2. the keys translated so that their centroid is the queries' (a mean(q)): each query's
+     scores all move by the same constant, which softmax ignores;
+  3. a is the one scale at which both then have the same mean norm,
+         mean_j |k_j''| = mean_i |q_i''|,
+     found by bisection on log a: as a -> 0 the keys' mean norm (~ mean|k - mean k| / a)
+     exceeds the queries' (mean|q| a); as a -> inf it tends to |mean(q)| a <= mean|q| a;
+     the two cross in between (where all queries are equal they never do, and
+     a = sqrt(mean|k - mean k| / mean|q|) is used).
 Then queries and keys are projected together (one fit on the 2N points), so a query lands
 near the keys it scores highly.
 
@@ -33,17 +35,31 @@ class ProjectionUnavailable(RuntimeError):
 
 
 def normalise(q: np.ndarray, k: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """AttentionViz's normalisation (see the module docstring): keys translated onto the
-    queries' centroid, then both scaled to the same mean norm, every q . k unchanged."""
+    """AttentionViz's normalisation (see the module docstring): q -> a q, k -> (k - mean k) / a
+    + a mean q, with a such that both mean norms are equal. No attention weight changes."""
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
-    k = k - k.mean(axis=0) + q.mean(axis=0)  # centroids coincide
+    mu_q, kc = q.mean(axis=0), k - k.mean(axis=0)
     m_q = np.linalg.norm(q, axis=1).mean()
-    m_k = np.linalg.norm(k, axis=1).mean()
-    if m_q == 0 or m_k == 0:
-        return q, k
-    a = np.sqrt(m_k / m_q)
-    return q * a, k / a
+    m_kc = np.linalg.norm(kc, axis=1).mean()
+    if m_q == 0 or m_kc == 0:  # degenerate: all queries zero, or all keys equal
+        return q, kc + mu_q
+
+    def gap(log_a: float) -> float:  # log(mean key norm / mean query norm) at scale a
+        a = np.exp(log_a)
+        return np.log(np.linalg.norm(kc / a + a * mu_q, axis=1).mean()) - np.log(a * m_q)
+
+    mid = 0.5 * np.log(m_kc / m_q)  # where the norms would meet with mean(q) = 0
+    lo, hi = mid - 30.0, mid + 30.0
+    if gap(hi) > 0:  # queries all equal: |mean q| = mean |q|, the norms never cross
+        log_a = mid
+    else:
+        for _ in range(80):  # gap(lo) > 0 > gap(hi)
+            m = 0.5 * (lo + hi)
+            lo, hi = (m, hi) if gap(m) > 0 else (lo, m)
+        log_a = 0.5 * (lo + hi)
+    a = np.exp(log_a)
+    return q * a, kc / a + a * mu_q
 
 
 def pca(x: np.ndarray, n: int = 2) -> np.ndarray:

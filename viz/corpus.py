@@ -83,7 +83,7 @@ def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", ti
         else:
             marker.update(color=QUERY_COLOUR if side == "query" else KEY_COLOUR)
         fig.add_trace(go.Scattergl(
-            x=xy[lo:hi, 0], y=xy[lo:hi, 1], mode="markers", name=f"{side}s", marker=marker,
+            x=xy[lo:hi, 0], y=xy[lo:hi, 1], mode="markers", name="queries" if side == "query" else "keys", marker=marker,
             customdata=np.stack([sid, pos, np.full(n, int(side == "key"))], axis=1),
             hovertext=[f"<b>{side}</b> · {h}" for h in hover], hoverinfo="text"))
     if color_by == "token" and top:
