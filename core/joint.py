@@ -23,9 +23,12 @@ Projections: "pca" (numpy's SVD of the centred points: the top two principal axe
 
 from __future__ import annotations
 
+import os
 from typing import Tuple
 
 import numpy as np
+
+from .device import THREADS_VAR
 
 PROJECTIONS = {"pca": "PCA", "tsne": "t-SNE", "umap": "UMAP"}
 
@@ -79,7 +82,19 @@ def pca(x: np.ndarray, n: int = 2) -> np.ndarray:
 
 
 def project(q: np.ndarray, k: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarray:
-    """(2N, 2) coordinates: rows 0..N-1 the queries, N..2N-1 the keys, fitted together."""
+    """(2N, 2) coordinates: rows 0..N-1 the queries, N..2N-1 the keys, fitted together.
+
+    BLAS and OpenMP run with $ATTENTION_LAB_THREADS threads (default 1), as the model does:
+    on a shared machine more threads than free cores slow t-SNE by an order of magnitude."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # scikit-learn brings it; without it, the libraries' own defaults
+        return _project(q, k, method, seed)
+    with threadpool_limits(limits=max(1, int(os.environ.get(THREADS_VAR, 1)))):
+        return _project(q, k, method, seed)
+
+
+def _project(q, k, method: str, seed: int) -> np.ndarray:
     x = np.vstack([q, k])
     if method == "pca":
         return pca(x)
