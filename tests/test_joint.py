@@ -89,4 +89,12 @@ def test_small_multiples_one_panel_per_head():
     fig = vc.head_multiples(xys, 10, n_cols=4).to_dict()
     assert len(fig["data"]) == 12
     assert {int(decode_array(t["customdata"]).reshape(-1)[0]) for t in fig["data"]} == set(range(6))
-    assert vc.picked_head([{"customdata": [4]}]) == 4
+    assert vc.picked_head([{"customdata": [4]}]) == 4 == vc.picked_head([{"customdata": {"0": 4}}])
+
+
+def test_picked_point_from_the_browser_forms():
+    rows = _rows()
+    assert vc.picked_point([{"customdata": {"0": 1, "1": 0, "2": 1}}]) == {"sentence_id": 1, "position": 0, "is_key": True}
+    assert vc.picked_point([{"point_index": 6, "curve_number": 0}], rows) == {"sentence_id": 1, "position": 1,
+                                                                               "is_key": False}
+    assert vc.picked_point([{"point_index": 60}], rows) is None and vc.picked_point([]) is None

@@ -122,18 +122,43 @@ def head_multiples(xys: Sequence[np.ndarray], n_points: int, n_cols: int = 4, ti
     return fig
 
 
-def picked_point(points) -> Optional[dict]:
-    """The first clicked point of a joint scatter selection -> {sentence_id, position, is_key}."""
+def _as_list(cd) -> Optional[list]:
+    """A selection point's customdata as a list: the browser sends a list, or (from a typed
+    array) an object {"0": .., "1": ..}."""
+    if isinstance(cd, (list, tuple)):
+        return list(cd)
+    if isinstance(cd, dict):
+        try:
+            return [cd[k] for k in sorted(cd, key=int)]
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def picked_point(points, rows: Optional[pd.DataFrame] = None) -> Optional[dict]:
+    """The first clicked point of a joint scatter selection -> {sentence_id, position, is_key}:
+    from its customdata, else (given the drawn rows) from its curve and point index."""
     for p in points or []:
-        cd = p.get("customdata")
-        if cd is not None and len(cd) >= 2:
-            return {"sentence_id": int(cd[0]), "position": int(cd[1]), "is_key": bool(cd[2]) if len(cd) > 2 else False}
+        cd = _as_list(p.get("customdata"))
+        try:
+            if cd is not None and len(cd) >= 2:
+                return {"sentence_id": int(cd[0]), "position": int(cd[1]), "is_key": bool(cd[2]) if len(cd) > 2 else False}
+            i = p.get("point_index", p.get("pointIndex"))
+            if rows is not None and i is not None and 0 <= int(i) < len(rows):
+                r = rows.iloc[int(i)]
+                return {"sentence_id": int(r.sentence_id), "position": int(r.position),
+                        "is_key": p.get("curve_number", p.get("curveNumber")) == 1}
+        except (TypeError, ValueError):
+            continue
     return None
 
 
 def picked_head(points) -> Optional[int]:
     for p in points or []:
-        cd = p.get("customdata")
-        if cd is not None and len(cd) >= 1:
-            return int(cd[0])
+        cd = _as_list(p.get("customdata"))
+        if cd:
+            try:
+                return int(cd[0])
+            except (TypeError, ValueError):
+                continue
     return None

@@ -150,8 +150,8 @@ st.caption("Queries and keys of one head, projected together after AttentionViz'
            "moved so that their centroid is the queries' and both are scaled to the same mean norm (no attention "
            "weight changes). A query lands near the keys it attends to. Hover a point for its token in its "
            "sentence; click it to open the sentence in Explore at this layer and head.")
-picked = vc.picked_point(event.selection.points if event else None)
-if picked is not None:
+picked = vc.picked_point(event.selection.points if event else None, rows)
+if picked is not None and 0 <= picked["sentence_id"] < len(sentences):
     st.switch_page("viz/pages/explore.py", query_params={
         "model": model_name, "text": sentences[picked["sentence_id"]], "attn": f"{stack}.self_attn",
         "layer": str(layer), "head": str(head)})
