@@ -149,8 +149,9 @@ def vectors_for_batch(model, batch, layers: Sequence[int], stack: Optional[str] 
     else:
         model.net.decode(x, rec=rec)  # causal: a real token never sees the padding after it
     group = cfg.n_heads // cfg.n_kv_heads
-    q = torch.stack([rec.tensors[f"{stack}.{l}.self_attn.q"] for l in layers], 1)  # (B, L, H, n, d_k)
-    k = torch.stack([rec.tensors[f"{stack}.{l}.self_attn.k"] for l in layers], 1)  # (B, L, Hkv, n, d_k)
+    got = _recorded(rec)
+    q = torch.stack([got[f"{stack}.{l}.self_attn.q"] for l in layers], 1)  # (B, L, H, n, d_k)
+    k = torch.stack([got[f"{stack}.{l}.self_attn.k"] for l in layers], 1)  # (B, L, Hkv, n, d_k)
     k = k.repeat_interleave(group, dim=2)  # (B, L, H, n, d_k): the kv head each query head reads
     q, k = q.float().cpu().numpy(), k.float().cpu().numpy()
     n_l, n_h, d_k = q.shape[1], q.shape[2], q.shape[-1]
@@ -169,6 +170,12 @@ def vectors_for_batch(model, batch, layers: Sequence[int], stack: Optional[str] 
     cols = [pa.array(sid), pa.array(pos), pa.array(tok, type=pa.string()), pa.array(lay), pa.array(head),
             pa.ListArray.from_arrays(offsets, pa.array(qv)), pa.ListArray.from_arrays(offsets, pa.array(kv))]
     return pa.Table.from_arrays(cols, schema=schema())
+
+
+def _recorded(rec) -> dict:
+    """The recorder's tensors by name (its `tensors`, else `entries()`)."""
+    got = getattr(rec, "tensors", None)
+    return got if got else dict(rec.entries())
 
 
 def _finish(tables: List[pa.Table]) -> pa.Table:
