@@ -53,6 +53,25 @@ def test_tsne_and_unknown_projection():
         cj.joint_embedding(q, k, "mds")
 
 
+def test_umap_missing_says_how_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "umap", None)  # as if umap-learn were not installed
+    q, k = _qk(20, 4)
+    with pytest.raises(cj.ProjectionUnavailable, match="pip install"):
+        cj.joint_embedding(q, k, "umap")
+
+
+def test_page_shows_missing_umap_as_an_error(monkeypatch, app_test):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "umap", None)
+    at = app_test("corpus", projection="umap")
+    at.run()
+    assert not at.exception
+    assert any("umap-learn" in e.value for e in at.error)
+
+
 def _rows():
     sents = [["[CLS]", "the", "<b>", "dog", "[SEP]"], ["a", "cat"]]
     return pd.DataFrame([(s, p, t) for s, toks in enumerate(sents) for p, t in enumerate(toks)],

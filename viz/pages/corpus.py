@@ -100,7 +100,9 @@ head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
 proj_key = state.seed("projection", "pca", valid=lambda v: v in cj.PROJECTIONS)
 layer = c[0].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
-projection = c[2].selectbox("Projection", list(cj.PROJECTIONS), key=proj_key, format_func=cj.PROJECTIONS.get)
+projection = c[2].selectbox("Projection", list(cj.PROJECTIONS), key=proj_key, format_func=cj.PROJECTIONS.get,
+                            help="PCA: instant, linear. t-SNE and UMAP: local neighbourhoods, on a sample of "
+                                 f"{MAX_SLOW_TOKENS:,} tokens; UMAP compiles its code on first use (up to a minute).")
 color_by = c[3].selectbox("Colour by", list(vc.COLOR_BY), key="corpus.color", format_func=vc.COLOR_BY.get)
 st.session_state.setdefault("corpus.n", min(DEFAULT_SENTENCES, len(sentences)))
 st.session_state["corpus.n"] = max(1, min(st.session_state["corpus.n"], len(sentences)))
@@ -146,10 +148,11 @@ fig = vc.joint_scatter(xy, rows, color_by=color_by,
                              f"of {len(rows):,} queries and {len(rows):,} keys")
 event = st.plotly_chart(fig, key="corpus-scatter", on_select="rerun", selection_mode="points", width="stretch",
                         config={"scrollZoom": True})
-st.caption("Queries and keys of one head, projected together after AttentionViz's normalisation: the keys are "
-           "moved so that their centroid is the queries' and both are scaled to the same mean norm (no attention "
-           "weight changes). A query lands near the keys it attends to. Hover a point for its token in its "
-           "sentence; click it to open the sentence in Explore at this layer and head.")
+st.caption("Queries and keys of one head, projected together after AttentionViz's normalisation: queries scaled "
+           "by a and keys by 1/a (no dot product changes), the keys moved onto the queries' centroid (each query's "
+           "scores shift by one constant, which softmax ignores), a chosen so that both have the same mean norm. "
+           "A query lands near the keys it attends to. Hover a point for its token in its sentence; click it to "
+           "open the sentence in Explore at this layer and head.")
 picked = vc.picked_point(event.selection.points if event else None, rows)
 if picked is not None and 0 <= picked["sentence_id"] < len(sentences):
     st.switch_page("viz/pages/explore.py", query_params={
