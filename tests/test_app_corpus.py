@@ -97,3 +97,13 @@ def test_pasted_corpus_and_empty_input(app_test):
     assert any("left out" in w.value for w in at.warning)  # "!!!" has no word
     fig = figure(chart_by_key(at, "corpus-scatter"))
     assert len(decode_array(fig["data"][0]["x"])) == 6 + 4  # tokens of the two readable sentences
+
+
+def test_page_shows_missing_umap_as_an_error(monkeypatch, app_test):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "umap", None)
+    at = app_test("corpus", projection="umap")
+    at.run()
+    assert not at.exception
+    assert any("umap-learn" in e.value for e in at.error)

@@ -62,16 +62,6 @@ def test_umap_missing_says_how_to_install(monkeypatch):
         cj.joint_embedding(q, k, "umap")
 
 
-def test_page_shows_missing_umap_as_an_error(monkeypatch, app_test):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "umap", None)
-    at = app_test("corpus", projection="umap")
-    at.run()
-    assert not at.exception
-    assert any("umap-learn" in e.value for e in at.error)
-
-
 def _rows():
     sents = [["[CLS]", "the", "<b>", "dog", "[SEP]"], ["a", "cat"]]
     return pd.DataFrame([(s, p, t) for s, toks in enumerate(sents) for p, t in enumerate(toks)],
