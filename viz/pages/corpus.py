@@ -45,7 +45,7 @@ def _parquet(table) -> bytes:
     return buf.getvalue()
 
 
-def _corpus_text(state) -> str:
+def _corpus_text() -> str:
     source = st.radio("Corpus", SOURCES, horizontal=True, key="corpus.source")
     if source == SOURCES[0]:
         st.caption(f"{CORPUS_FILE.name}: the lecture notes' examples and sentences of the toy translation task's "
@@ -79,7 +79,7 @@ if model is None:
     st.stop()
 
 with top_col:
-    text = _corpus_text(state)
+    text = _corpus_text()
 if re.search(r"[\x00-\x08\x0b-\x1f]", text):
     text = re.sub(r"[\x00-\x08\x0b-\x1f]", " ", text)
     st.warning("Control characters in the corpus were replaced by spaces.")
