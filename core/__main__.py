@@ -1,4 +1,4 @@
-"""Command line: python -m core models | trace | eval (the contract of DESIGN.md).
+"""Command line: python -m core models | trace | eval | corpus (the contract of DESIGN.md).
 
 The installed `attention-lab` command (core/cli.py) is this parser plus `run`.
 """
@@ -80,7 +80,36 @@ def cmd_eval(args) -> int:
     return 0
 
 
-COMMANDS = {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval}
+def cmd_corpus(args) -> int:
+    from pathlib import Path
+
+    from . import corpus
+
+    path = Path(args.input)
+    if not path.is_file():
+        raise InputError(f"no such file: {path}")
+    sentences = corpus.read_sentences(path.read_text(encoding="utf-8", errors="replace"))
+    if not sentences:
+        raise InputError(f"{path} holds no sentences (one a line)")
+    if args.ray is not None:
+        print(f"corpus: {len(sentences)} sentences on Ray ({args.ray or 'a local Ray'})", file=sys.stderr)
+        result = corpus.run_ray(args.model, sentences, args.layers, address=args.ray or None,
+                                batch_size=args.batch_size)
+    else:
+        model = load_model(args.model, device=args.device)
+        print(f"corpus: {len(sentences)} sentences, {model.name} on {model.device}", file=sys.stderr)
+        result = corpus.run(model, sentences, args.layers, batch_size=args.batch_size, progress=corpus.ProgressBar())
+    corpus.write_parquet(result.table, args.out)
+    for sid, why in result.skipped[:10]:
+        print(f"skipped sentence {sid}: {why}", file=sys.stderr)
+    if len(result.skipped) > 10:
+        print(f"... and {len(result.skipped) - 10} more skipped", file=sys.stderr)
+    print(f"{args.out}: {result.table.num_rows} rows ({len(sentences) - len(result.skipped)} sentences) "
+          f"in {result.seconds:.1f} s")
+    return 0
+
+
+COMMANDS = {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval, "corpus": cmd_corpus}
 
 
 def build_parser(prog: str = "python -m core"):
@@ -109,6 +138,16 @@ def build_parser(prog: str = "python -m core"):
     e.add_argument("--model", default="toy-translate")
     e.add_argument("--n", type=int, default=None)
     e.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
+    what = "every token's per-head query and key over a corpus of sentences, to Parquet"
+    c = sub.add_parser("corpus", help=what, description=what)
+    c.add_argument("--model", default="toy-translate")
+    c.add_argument("--input", required=True, help="a text file, one sentence a line")
+    c.add_argument("--layers", default=None, help="comma-separated layers, e.g. 0,3 (default: all)")
+    c.add_argument("--out", default="vectors.parquet")
+    c.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
+    c.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
+    c.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray Data: a cluster's address, or none for a local Ray")
     return ap, sub
 
 

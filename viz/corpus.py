@@ -1,0 +1,164 @@
+"""Queries and keys of a whole corpus in one scatter per head (AttentionViz's joint view).
+
+    rows, q, k = core.corpus.head_vectors(table, layer, head)
+    xy = core.joint.joint_embedding(q, k, "pca")          # (2N, 2): queries, then keys
+    fig = joint_scatter(xy, rows, color_by="type")         # plotly WebGL scatter
+
+Every point carries customdata [sentence_id, position, is_key] (clicks open that sentence);
+its hover shows the token inside its sentence, the token marked. head_multiples draws every
+head of a layer as small multiples; a click there carries the head (customdata [head]).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+QUERY_COLOUR, KEY_COLOUR = "#1b9e77", "#e7298a"  # AttentionViz: queries green, keys pink
+COLOR_BY = {"type": "query / key", "position": "position", "token": "token (most frequent)"}
+N_TOKEN_COLOURS = 10
+TOKEN_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
+                 "#17becf", "#7f7f7f"]
+OTHER_COLOUR = "#d0d0d0"
+HOVER_WINDOW = 8  # tokens either side of the marked one
+
+
+def sentence_tokens(rows: pd.DataFrame) -> Dict[int, List[str]]:
+    """sentence_id -> its tokens in order, from one head's rows (every token is a row)."""
+    out: Dict[int, List[str]] = {}
+    for sid, pos, tok in zip(rows.sentence_id.to_numpy(), rows.position.to_numpy(), rows.token.to_numpy()):
+        toks = out.setdefault(int(sid), [])
+        if pos == len(toks):
+            toks.append(tok)
+    return out
+
+
+def token_in_sentence(tokens: Sequence[str], position: int, window: int = HOVER_WINDOW) -> str:
+    """The sentence as hover HTML with the token at `position` marked: … a b <b>[c]</b> d …"""
+    lo, hi = max(0, position - window), min(len(tokens), position + window + 1)
+    parts = [html.escape(t) if i != position else f"<b>[{html.escape(t)}]</b>" for i, t in
+             zip(range(lo, hi), tokens[lo:hi])]
+    return ("… " if lo > 0 else "") + " ".join(parts) + (" …" if hi < len(tokens) else "")
+
+
+def hover_texts(rows: pd.DataFrame, tokens: Optional[Dict[int, List[str]]] = None) -> List[str]:
+    tokens = tokens if tokens is not None else sentence_tokens(rows)
+    return [f"sentence {sid} · position {pos}<br>{token_in_sentence(tokens[int(sid)], int(pos))}"
+            for sid, pos in zip(rows.sentence_id.to_numpy(), rows.position.to_numpy())]
+
+
+def _token_colours(tok: np.ndarray):
+    counts = pd.Series(tok).value_counts()
+    top = list(counts.index[:N_TOKEN_COLOURS])
+    lookup = {t: TOKEN_PALETTE[i] for i, t in enumerate(top)}
+    return [lookup.get(t, OTHER_COLOUR) for t in tok], top
+
+
+def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", title: str = "",
+                  height: int = 640, marker_size: int = 5) -> go.Figure:
+    """Queries (first N rows of xy) and keys (last N) of one head as a WebGL scatter."""
+    n = len(rows)
+    xy = np.asarray(xy, dtype=np.float64)
+    assert xy.shape == (2 * n, 2), (xy.shape, n)
+    hover = hover_texts(rows)
+    sid = rows.sentence_id.to_numpy()
+    pos = rows.position.to_numpy()
+    tok = rows.token.to_numpy()
+    fig = go.Figure()
+    top: List[str] = []
+    if color_by == "token":
+        colours, top = _token_colours(tok)
+    for side, (lo, hi), symbol in (("query", (0, n), "circle"), ("key", (n, 2 * n), "diamond")):
+        marker = dict(size=marker_size, symbol=symbol, opacity=0.75)
+        if color_by == "position":
+            marker.update(color=pos, colorscale="Viridis", cmin=0, cmax=max(int(pos.max()) if n else 1, 1),
+                          showscale=side == "query", colorbar=dict(title="position"))
+        elif color_by == "token":
+            marker.update(color=colours)
+        else:
+            marker.update(color=QUERY_COLOUR if side == "query" else KEY_COLOUR)
+        fig.add_trace(go.Scattergl(
+            x=xy[lo:hi, 0], y=xy[lo:hi, 1], mode="markers", name="queries" if side == "query" else "keys", marker=marker,
+            customdata=np.stack([sid, pos, np.full(n, int(side == "key"))], axis=1),
+            hovertext=[f"<b>{side}</b> · {h}" for h in hover], hoverinfo="text"))
+    if color_by == "token" and top:
+        legend = ", ".join(f"<span style='color:{TOKEN_PALETTE[i]}'>■</span> {html.escape(t)}" for i, t in enumerate(top))
+        fig.add_annotation(text=legend + f" · <span style='color:{OTHER_COLOUR}'>■</span> other", showarrow=False,
+                           xref="paper", yref="paper", x=0, y=-0.08, xanchor="left", align="left")
+    fig.update_layout(title=title or None, height=height, margin=dict(l=20, r=20, t=50 if title else 20, b=50),
+                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom",
+                                  itemsizing="constant"),
+                      xaxis=dict(showticklabels=False, zeroline=False, title=None),
+                      yaxis=dict(showticklabels=False, zeroline=False, title=None, scaleanchor="x"),
+                      hoverlabel=dict(align="left"), dragmode="pan")
+    return fig
+
+
+def head_multiples(xys: Sequence[np.ndarray], n_points: int, n_cols: int = 4, title: str = "",
+                   panel_height: int = 230) -> go.Figure:
+    """Every head of a layer: one small joint scatter per head (queries green, keys pink).
+    xys[h] is head h's (2N, 2) joint embedding; a point's customdata is [head]."""
+    n_heads = len(xys)
+    n_rows = -(-n_heads // n_cols)
+    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f"head {h}" for h in range(n_heads)],
+                        horizontal_spacing=0.02, vertical_spacing=0.06)
+    for h, xy in enumerate(xys):
+        r, c = h // n_cols + 1, h % n_cols + 1
+        for side, lo, hi, colour in (("queries", 0, n_points, QUERY_COLOUR), ("keys", n_points, 2 * n_points, KEY_COLOUR)):
+            fig.add_trace(go.Scattergl(x=xy[lo:hi, 0], y=xy[lo:hi, 1], mode="markers", name=side,
+                                       marker=dict(size=3, color=colour, opacity=0.6), showlegend=h == 0,
+                                       legendgroup=side, customdata=np.full((hi - lo, 1), h),
+                                       hovertemplate=f"head {h} · {side}<extra></extra>"), row=r, col=c)
+    fig.update_xaxes(showticklabels=False, zeroline=False, showgrid=False)
+    fig.update_yaxes(showticklabels=False, zeroline=False, showgrid=False)
+    fig.update_layout(title=title or None, height=panel_height * n_rows + 60,
+                      margin=dict(l=10, r=10, t=60 if title else 30, b=10),
+                      legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom"))
+    return fig
+
+
+def _as_list(cd) -> Optional[list]:
+    """A selection point's customdata as a list: the browser sends a list, or (from a typed
+    array) an object {"0": .., "1": ..}."""
+    if isinstance(cd, (list, tuple)):
+        return list(cd)
+    if isinstance(cd, dict):
+        try:
+            return [cd[k] for k in sorted(cd, key=int)]
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def picked_point(points, rows: Optional[pd.DataFrame] = None) -> Optional[dict]:
+    """The first clicked point of a joint scatter selection -> {sentence_id, position, is_key}:
+    from its customdata, else (given the drawn rows) from its curve and point index."""
+    for p in points or []:
+        cd = _as_list(p.get("customdata"))
+        try:
+            if cd is not None and len(cd) >= 2:
+                return {"sentence_id": int(cd[0]), "position": int(cd[1]), "is_key": bool(cd[2]) if len(cd) > 2 else False}
+            i = p.get("point_index", p.get("pointIndex"))
+            if rows is not None and i is not None and 0 <= int(i) < len(rows):
+                r = rows.iloc[int(i)]
+                return {"sentence_id": int(r.sentence_id), "position": int(r.position),
+                        "is_key": p.get("curve_number", p.get("curveNumber")) == 1}
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def picked_head(points) -> Optional[int]:
+    for p in points or []:
+        cd = _as_list(p.get("customdata"))
+        if cd:
+            try:
+                return int(cd[0])
+            except (TypeError, ValueError):
+                continue
+    return None
