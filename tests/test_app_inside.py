@@ -34,7 +34,8 @@ def test_default_state_renders(app_test):
     assert at.query_params["notation"] == "rows"
     assert len(at.latex) >= 15  # a formula per step
     captions = " ".join(c.value for c in at.caption)
-    assert "✓" in captions and "each row of A sums to 1" in captions and "equals the recorded head" in captions
+    assert "✓" in captions and "each row of A sums to 1" in captions and "fused kernel computed it" in captions
+    assert "run again with the explicit formula gives the output the fused forward pass stored" in captions
     assert "✗" not in captions
 
 
