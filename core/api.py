@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .device import device_name
-from .model import Recorder, Transformer
+from .model import Ablation, Recorder, Transformer
 from .tokenizer import Encoded
-from .trace import Trace
+from .trace import Trace, layer_of
 
 
 class InputError(ValueError):
@@ -144,38 +144,51 @@ class AttentionModel:
 
     # ------------------------------------------------------------------ decoding
     @torch.inference_mode()
-    def _greedy(self, src: Optional[torch.Tensor], prefix: List[int], max_new: int) -> Tuple[List[int], bool]:
-        """Greedy decoding: returns the generated ids (with <end> if reached) and whether it ended."""
-        memory = self.net.encode(src) if src is not None else None
+    def _greedy(self, src: Optional[torch.Tensor], prefix: List[int], max_new: int,
+                ablate: Optional[Ablation] = None) -> Tuple[List[int], bool]:
+        """Greedy decoding: returns the generated ids (with <end> if reached) and whether it ended.
+
+        Keeps each layer's keys and values between steps (a KV cache), so a step costs one
+        position, not the whole prefix. Mean-ablation depends on every position, so it
+        decodes without the cache."""
+        memory = self.net.encode(src, ablate=ablate) if src is not None else None
         seq = list(prefix)
         out: List[int] = []
         limit = self.config.max_len
+        cache: Optional[dict] = None if (ablate and ablate.mode == "mean") else {}
+        new = seq
         for _ in range(max_new):
             if len(seq) >= limit:
                 break
-            hidden = self.net.decode(self._ids(seq), memory)
+            if cache is None:
+                hidden = self.net.decode(self._ids(seq), memory, ablate=ablate)
+            else:
+                hidden = self.net.decode(self._ids(new), memory, ablate=ablate, cache=cache)
             nxt = int(self.net.project(hidden[:, -1:]).argmax(-1).item())
             out.append(nxt)
             if nxt == self.end_id:
                 return out, True
             seq.append(nxt)
+            new = [nxt]
         return out, False
 
     @cpu_fallback
-    def generate(self, text: str, max_new_tokens: Optional[int] = None) -> Tuple[List[str], bool]:
-        """Greedy output tokens (strings, without <end>) and whether <end> was reached."""
+    def generate(self, text: str, max_new_tokens: Optional[int] = None, ablate: Sequence = (),
+                 ablation: str = "zero") -> Tuple[List[str], bool]:
+        """Greedy output tokens (strings, without <end>) and whether <end> was reached.
+        ablate / ablation: heads switched off, as in trace()."""
         enc = self.encode(text)
-        ids, ended = self._generate_ids(enc, max_new_tokens)
+        ids, ended = self._generate_ids(enc, max_new_tokens, Ablation(ablate, ablation))
         if ended:
             ids = ids[:-1]
         return self.target_strings(ids), ended
 
-    def _generate_ids(self, enc: Encoded, max_new_tokens: Optional[int]):
+    def _generate_ids(self, enc: Encoded, max_new_tokens: Optional[int], ablate: Optional[Ablation] = None):
         max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if self.kind == "encoder-decoder":
-            return self._greedy(self._ids(enc.ids), [self.start_id], max_new)
+            return self._greedy(self._ids(enc.ids), [self.start_id], max_new, ablate)
         if self.kind == "decoder":
-            return self._greedy(None, list(enc.ids), max_new)
+            return self._greedy(None, list(enc.ids), max_new, ablate)
         raise InputError(f"{self.name} is an encoder: it does not generate text")
 
     @cpu_fallback
@@ -211,8 +224,11 @@ class AttentionModel:
 
     # ------------------------------------------------------------------ tracing
     @torch.inference_mode()
-    def _run_traced(self, src_ids, tgt_ids, src_pad=None, top_k: int = 10):
-        rec = Recorder()
+    def _run_traced(self, src_ids, tgt_ids, src_pad=None, top_k: int = 10, ablate: Optional[Ablation] = None):
+        """One pass on the fast path (fused attention), storing only what is O(n d): see
+        core/trace.py. Returns the stored tensors (CPU), the forward time in ms, and the
+        LayerRunner that recomputes the rest."""
+        rec = Recorder(names=_stored_name, maps=False)
         sync = self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize()
@@ -220,31 +236,46 @@ class AttentionModel:
         src = self._ids(src_ids) if src_ids is not None else None
         tgt = self._ids(tgt_ids) if tgt_ids is not None else None
         pad = None if src_pad is None else torch.tensor([src_pad], device=self.device)
-        out = self.net(src, tgt, src_pad=pad, rec=rec)
+        memory = self.net.encode(src, pad, rec, ablate=ablate) if self.config.has_encoder else None
         if self.config.has_decoder:
-            probs = torch.softmax(out[0, -1], dim=-1)
-            k = min(top_k, probs.shape[-1])
-            top = torch.topk(probs, k)
-            rec("next.ids", top.indices, batched=False)
-            rec("next.probs", top.values, batched=False)
+            hidden = self.net.decode(tgt, memory, pad, rec=rec, ablate=ablate)[0]  # (t, d)
+            k = min(top_k, self.config.tgt_vocab_size)
+            ids, probs = [], []
+            for r in range(0, hidden.shape[0], LOGIT_ROWS):  # n x V at once would be the largest tensor
+                p = torch.softmax(self.net.out_proj(hidden[r : r + LOGIT_ROWS]), dim=-1)
+                top = torch.topk(p, k)
+                ids.append(top.indices)
+                probs.append(top.values)
+            rec("topk.ids", torch.cat(ids), batched=False)
+            rec("topk.probs", torch.cat(probs), batched=False)
+            rec("last.probs", p[-1], batched=False)
+            rec("next.ids", rec.tensors["topk.ids"][-1], batched=False)
+            rec("next.probs", rec.tensors["topk.probs"][-1], batched=False)
         if sync:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
-        return rec.entries(), ms  # tensors, and recipes for the names derived on access
+        tensors = {n: t.to("cpu") for n, t in rec.tensors.items()}
+        return tensors, ms, LayerRunner(self, pad, ablate)
 
-    def _finish(self, tensors, tokens, meta) -> Trace:
+    def _finish(self, tensors, tokens, meta, runner) -> Trace:
         if "next.ids" in tensors:
             tokens["next"] = self.target_strings(tensors["next.ids"].tolist())
-        return Trace(tensors, tokens, meta)
+        return Trace(tensors, tokens, meta, runner=runner, names=runner.ordered_names(tensors))
 
     @cpu_fallback
-    def trace(self, text: str, target: Optional[str] = None, pad_to: Optional[int] = None, top_k: int = 10) -> Trace:
-        """Every intermediate of one forward pass on `text`.
+    def trace(self, text: str, target: Optional[str] = None, pad_to: Optional[int] = None, top_k: int = 10,
+              ablate: Sequence = (), ablation: str = "zero") -> Trace:
+        """Every intermediate of one forward pass on `text` (stored or recomputed on access:
+        see core/trace.py).
 
         Encoder-decoder: `target` (teacher forcing) or the greedy translation. Decoder-only:
         the prompt, followed by `target` if given. `pad_to` pads the source with <pad> to a
-        fixed length (the padding mask then shows in every encoder mask).
+        fixed length (the padding mask then shows in every encoder mask). `ablate`: heads
+        switched off, as (stack, layer, head) or (stack, layer, head, "cross_attn"), their
+        slice of Concat(heads) zeroed (ablation="zero") or replaced by its mean over
+        positions ("mean") before W_o; the greedy translation is that of the ablated model.
         """
+        abl = Ablation(ablate, ablation)
         enc = self.encode(text)
         src_ids, src_tokens, src_pad = list(enc.ids), self.source_strings(enc), None
         if pad_to is not None and pad_to > len(src_ids):
@@ -254,44 +285,48 @@ class AttentionModel:
             src_pad = [False] * len(src_ids) + [True] * extra
             src_ids += [self.config.pad_id] * extra
             src_tokens += [self.tokenizer.token_str(self.config.pad_id)] * extra
-        meta_extra = {}
+        meta_extra: dict = {"ablate": [list(s) for s in _ablated_list(abl)], "ablation": abl.mode} if abl else {}
         if self.kind == "encoder":
-            tensors, ms = self._run_traced(src_ids, None, src_pad, top_k)
+            tensors, ms, runner = self._run_traced(src_ids, None, src_pad, top_k, abl)
             tokens = {"source": src_tokens}
         elif self.kind == "encoder-decoder":
             if target is None:
-                gen, ended = self._greedy(self._ids(enc.ids), [self.start_id], self.max_new_tokens)
+                gen, ended = self._greedy(self._ids(enc.ids), [self.start_id], self.max_new_tokens, abl)
                 body = gen[:-1] if ended else gen
-                meta_extra = {"mode": "greedy", "ended": ended}
+                meta_extra.update(mode="greedy", ended=ended)
             else:
                 tenc = self.target_tokenizer.encode(target)
                 body = list(tenc.ids)[: self.config.max_len - 1]  # room for <start>
-                meta_extra = {"mode": "teacher-forcing", "target_unknown": list(tenc.unknown),
-                              "target_truncated": tenc.truncated + len(tenc.ids) - len(body)}
+                meta_extra.update(mode="teacher-forcing", target_unknown=list(tenc.unknown),
+                                  target_truncated=tenc.truncated + len(tenc.ids) - len(body))
             dec_in = [self.start_id] + body
-            tensors, ms = self._run_traced(src_ids, dec_in, src_pad, top_k)
+            tensors, ms, runner = self._run_traced(src_ids, dec_in, src_pad, top_k, abl)
             tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
             meta_extra["target_ids"] = list(dec_in)
         else:  # decoder-only: the prompt is the decoder's input
             dec_in = list(enc.ids)
-            meta_extra = {"mode": "prompt"}
+            meta_extra["mode"] = "prompt"
             if target:
                 tenc = self.tokenizer.encode(target)
                 dec_in += [i for i, s in zip(tenc.ids, tenc.special) if not s]
-                meta_extra = {"mode": "teacher-forcing"}
+                meta_extra["mode"] = "teacher-forcing"
             dec_in = dec_in[: self.config.max_len]
-            tensors, ms = self._run_traced(None, dec_in, None, top_k)
+            tensors, ms, runner = self._run_traced(None, dec_in, None, top_k, abl)
             tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
             meta_extra["target_ids"] = list(dec_in)
         meta = self._meta(enc, timings={"forward_ms": ms}, **meta_extra)
-        return self._finish(tensors, tokens, meta)
+        return self._finish(tensors, tokens, meta, runner)
 
     @cpu_fallback
     def steps(self, text: str, max_new_tokens: Optional[int] = None, top_k: int = 10) -> List[Trace]:
-        """One Trace per generated token: step t runs the decoder on the prefix that ends at
-        the t-th input token (<start> for t = 1) and records its choice of the next token,
-        the argmax of its own last row (greedy decoding, one traced pass per token). Every
-        step is a fresh forward pass, so steps can be checked against teacher forcing."""
+        """One Trace per generated token (greedy decoding): step t is the decoder on the
+        prefix that ends at its t-th input token (<start> for t = 1 in an encoder-decoder)
+        and its choice of the next token.
+
+        Generation runs with a KV cache; then ONE traced pass over prompt + generated
+        tokens, and step t is a view of that pass's first rows (Trace.prefix): under the
+        look-ahead mask, row j of a longer pass is row j of the shorter one (tests compare
+        the views with step-by-step passes). All steps together cost about one trace."""
         enc = self.encode(text)
         if self.kind == "encoder-decoder":
             src_ids, prefix0 = list(enc.ids), [self.start_id]
@@ -300,31 +335,94 @@ class AttentionModel:
         else:
             raise InputError(f"{self.name} is an encoder: it does not generate text")
         max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        max_new = min(max_new, self.config.max_len - len(prefix0) + 1)
-        gen: List[int] = []
-        steps = []
-        ended = False
-        while len(gen) < max_new and not ended:
-            dec_in = prefix0 + gen
-            tensors, ms = self._run_traced(src_ids, dec_in, None, top_k)
-            nxt = int(tensors["next.ids"][0])
-            gen.append(nxt)
-            ended = nxt == self.end_id
-            steps.append((dec_in, tensors, ms, nxt))
+        max_new = max(0, min(max_new, self.config.max_len - len(prefix0) + 1))
+        t0 = time.perf_counter()
+        gen, ended = self._greedy(self._ids(src_ids) if src_ids is not None else None, prefix0, max_new)
+        gen_ms = (time.perf_counter() - t0) * 1000
+        full = prefix0 + gen[:-1]  # the inputs of the last step (its own choice is never an input)
+        tensors, ms, runner = self._run_traced(src_ids, full, None, top_k)
+        whole = self._finish(tensors, {"source": self.source_strings(enc), "target": self.target_strings(full)},
+                             self._meta(enc, timings={"forward_ms": ms, "generate_ms": gen_ms}), runner)
         traces = []
-        for t, (dec_in, tensors, ms, nxt) in enumerate(steps):
-            tokens = {"source": self.source_strings(enc), "target": self.target_strings(dec_in)}
+        for t, nxt in enumerate(gen):
+            n_in = len(prefix0) + t
+            ids = whole["topk.ids"][n_in - 1].tolist()
+            tokens = {"source": self.source_strings(enc), "target": self.target_strings(full[:n_in]),
+                      "next": self.target_strings(ids)}
             meta = self._meta(
                 enc,
-                timings={"forward_ms": ms},
+                timings={"forward_ms": ms, "generate_ms": gen_ms},
                 mode="step",
                 step=t + 1,
-                n_steps=len(steps),
+                n_steps=len(gen),
                 chosen=self.target_strings([nxt])[0],
                 chosen_id=nxt,
                 ended=ended,
                 prefix_len=len(prefix0),
-                target_ids=list(dec_in),
+                target_ids=list(full[:n_in]),
             )
-            traces.append(self._finish(tensors, tokens, meta))
+            traces.append(whole.prefix(n_in, tokens, meta))
         return traces
+
+
+LOGIT_ROWS = 256  # next-token distributions computed this many positions at a time
+
+
+def _stored_name(name: str) -> bool:
+    """What a traced pass keeps (see core/trace.py): O(n d) tensors only."""
+    return (name.startswith(("embed.", "topk.", "next.")) or name == "last.probs" or name.endswith((".out", ".final_norm", "_attn.heads"))
+            and not name.endswith(("_attn.out", "ffn.out")))
+
+
+def _ablated_list(abl: Ablation) -> List[tuple]:
+    return [(s, l, h) if k == "self_attn" else (s, l, h, k) for (s, l, k), hs in sorted(abl.sites.items()) for h in hs]
+
+
+class LayerRunner:
+    """Recomputes what a trace does not store, on the model that made it (core/trace.py).
+
+    layer(trace, stack, i): every name of layer i, from one explicit run of that layer on
+    its stored input, with the pass's padding and ablation. logits(trace, rows): the
+    output projection of the stored final hidden states."""
+
+    def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None):
+        self.model, self.src_pad, self.ablate = model, src_pad, ablate
+
+    @torch.inference_mode()
+    def layer(self, trace: Trace, stack: str, i: int) -> Dict[str, torch.Tensor]:
+        net, dev = self.model.net, self.model.device
+        x = trace.layer_input(stack, i).to(dev)[None]  # (1, n, d)
+        memory = None
+        if stack == "decoder" and net.cfg.kind == "encoder-decoder":
+            memory = trace[_encoder_output(trace)].to(dev)[None]
+        pad = None if self.src_pad is None else self.src_pad.to(dev)
+        rec = Recorder()
+        net.run_layer(stack, i, x, rec.scope(f"{stack}.{i}"), memory=memory, src_pad=pad, ablate=self.ablate)
+        return {n: t.to("cpu") for n, t in rec.tensors.items()}
+
+    @torch.inference_mode()
+    def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:
+        net = self.model.net
+        name = "decoder.final_norm" if "decoder.final_norm" in trace else f"decoder.{trace.layers('decoder') - 1}.out"
+        return net.out_proj(trace[name][rows].to(self.model.device)).to("cpu")
+
+    def ordered_names(self, stored: Dict[str, torch.Tensor]) -> List[str]:
+        """Every name a trace can give, in forward order: the stored ones, each layer's
+        recorded names in place, logits and probs after the decoder's last stored name."""
+        net, names, seen = self.model.net, [], set()
+        for n in stored:
+            where = layer_of(n)
+            if where is not None:
+                if where not in seen:
+                    seen.add(where)
+                    stack, i = where
+                    names += [f"{stack}.{i}.{s}" for s in net.layers(stack)[i].recorded_names()]
+                continue
+            if n == "topk.ids":
+                names += ["logits", "probs"]
+            names.append(n)
+        return names
+
+
+def _encoder_output(trace: Trace) -> str:
+    return "encoder.final_norm" if "encoder.final_norm" in trace else f"encoder.{trace.layers('encoder') - 1}.out"

@@ -7,7 +7,9 @@ Tokens are rows. Masks are additive float matrices: 0 where a query may look at 
 
 One function serves every model in the project. With a recorder it computes each step
 explicitly and hands every intermediate to the recorder; without one it takes PyTorch's
-fused kernel, which computes the same thing without keeping the n x n matrices.
+fused kernel, which computes the same thing without keeping the n x n matrices. A traced
+pass takes the fused kernel; a layer looked at is run again on the explicit path (see
+core/trace.py), so the two paths check each other.
 """
 
 from __future__ import annotations
@@ -64,40 +66,25 @@ def scaled_dot_product_attention(
     mask: Optional[torch.Tensor] = None,
     record: Optional[Recorder] = None,
     scale: Optional[float] = None,
+    is_causal: bool = False,
 ) -> torch.Tensor:
     """softmax(Q K^T * scale + M) V for q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v).
 
+    Two paths, the same maths:
+    - fast (record is None): PyTorch's fused kernel; no n_q x n_k matrix is kept. With
+      is_causal=True (and no mask) the kernel applies the look-ahead mask itself.
+    - explicit (record given): the formula line by line, each step handed to the recorder
+      as scores, scaled, masked and weights (seed 003's Q K^T, F, F + B and S).
     scale defaults to 1/sqrt(d_k). mask is additive and broadcasts to (..., n_q, n_k).
-    With `record`, the steps are recorded as scores, scaled, masked and weights
-    (seed 003's Q K^T, F, F + B and S).
-
-    A recorder with a `derive` method (core.model's Recorder, through MultiHeadAttention,
-    which has already recorded q, k before any grouped-query repeat, and mask, in the same
-    scope) gets only the weights as a tensor; scores, scaled and masked are recorded as
-    recipes (q @ k^T, scores * scale, scaled + mask) that the Trace evaluates on access with
-    the same operations as here, so they come out bit for bit the same. The forward pass
-    then keeps one H x n_q x n_k buffer (scaled and masked in place) instead of three or four.
     """
     d_k = q.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     if record is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        causal = is_causal and mask is None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
+    if is_causal and mask is None:
+        mask = causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
     scores = q @ k.transpose(-2, -1)  # (..., n_q, n_k)
-    derive = getattr(record, "derive", None)
-    if derive is not None and (mask is None or _adds_in_place(scores, mask)):
-        logits = scores.mul_(scale)  # in place: the same values as scores * scale
-        if mask is not None:
-            logits.add_(mask)  # the same values as scaled + mask
-        weights = torch.softmax(logits, dim=-1)
-        del scores, logits
-        derive("scores", "qk", "q", "k")
-        derive("scaled", "mul", "scores", scale)
-        if mask is None:
-            derive("masked", "same", "scaled")
-        else:
-            derive("masked", "add", "scaled", "mask")
-        record("weights", weights)
-        return weights @ v  # (..., n_q, d_v)
     scaled = scores * scale
     masked = scaled if mask is None else scaled + mask
     weights = torch.softmax(masked, dim=-1)
@@ -106,11 +93,3 @@ def scaled_dot_product_attention(
     record("masked", masked)
     record("weights", weights)
     return weights @ v  # (..., n_q, d_v)
-
-
-def _adds_in_place(scores: torch.Tensor, mask: torch.Tensor) -> bool:
-    """Whether scores.add_(mask) gives exactly scores + mask (same dtype, no broadcast growth)."""
-    try:
-        return mask.dtype == scores.dtype and torch.broadcast_shapes(scores.shape, mask.shape) == scores.shape
-    except RuntimeError:
-        return False

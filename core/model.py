@@ -9,12 +9,14 @@ Pre-norm (Llama, many later models):
 Every intermediate passes through a named recording point. Recording is opt-in: with
 `rec=None` (the default) nothing is kept and attention takes the fused kernel. Names are
 the Trace contract of DESIGN.md; a Recorder keeps batch item 0 (traces are unbatched).
+`run_layer` runs one layer on its stored input: how a trace computes a layer's inside
+when it is looked at (core/trace.py).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -23,65 +25,49 @@ import torch.nn.functional as F
 from .attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
 from .config import ModelConfig
 from .positional import apply_rope, rope_angles, sinusoidal_encoding
-from .trace import Derived
 
 Rec = Optional[Callable[[str, torch.Tensor], None]]
+ATTENTION_KINDS = ("self_attn", "cross_attn")
 
 
 class Recorder:
     """Collects named tensors during a forward pass.
 
     By default it keeps batch item 0, detached (a Trace is unbatched). `names` keeps only
-    the names asked for; `whole_batch=True, detach=False` keeps the full tensors with
-    their gradients (used by training to supervise one attention head).
+    the names asked for (a collection of names, or a predicate name -> bool);
+    `whole_batch=True, detach=False` keeps the full tensors with their gradients (used by
+    training to supervise one attention head).
 
-    With `lazy` (the default, when neither `names` nor `whole_batch` is given) attention
-    does not hand over scores / scaled / masked (nor an all-zero mask) but says how to
-    derive them from q, k and mask (`derive`; the recipes land in `derived`): the Trace
-    computes them on access, bit for bit as the forward pass did (see core/trace.py).
-    `entries()` gives tensors and recipes together, in recording order, for a Trace.
-    `lazy=False` keeps every tensor, as before.
+    `maps` says whether attention runs on the explicit path (every n_q x n_k step recorded,
+    the default) or on the fused kernel (`maps=False`: only O(n d) tensors such as the
+    layer outputs and the per-head outputs are recorded). A traced pass uses maps=False;
+    a layer looked at is run again with maps=True (core/trace.py).
     """
 
-    def __init__(self, names=None, whole_batch: bool = False, detach: bool = True, lazy: bool = True):
+    def __init__(self, names=None, whole_batch: bool = False, detach: bool = True, maps: bool = True):
         self.tensors: Dict[str, torch.Tensor] = {}
-        self.derived: Dict[str, Derived] = {}
-        self._order: Dict[str, None] = {}
-        self.names = None if names is None else set(names)
+        if names is None or callable(names):
+            self.keep = names
+        else:
+            wanted = set(names)
+            self.keep = wanted.__contains__
         self.whole_batch = whole_batch
         self.detach = detach
-        self.lazy = bool(lazy) and names is None and not whole_batch
+        self.maps = maps
 
     def __call__(self, name: str, t: torch.Tensor, batched: bool = True) -> None:
-        if self.names is not None and name not in self.names:
+        if self.keep is not None and not self.keep(name):
             return
         if batched and not self.whole_batch:
             t = t[0]
         self.tensors[name] = t.detach() if self.detach and t.requires_grad else t
-        self.derived.pop(name, None)
-        self._order[name] = None
-
-    @property
-    def derive(self) -> Optional[Callable[..., None]]:
-        """derive(name, op, *args): record `name` as a core.trace.Derived recipe; None unless lazy."""
-        return self._derive if self.lazy else None
-
-    def _derive(self, name: str, op: str, *args) -> None:
-        self.derived[name] = Derived(op, *args)
-        self.tensors.pop(name, None)
-        self._order[name] = None
-
-    def entries(self) -> Dict[str, object]:
-        """Every recorded name in order: a tensor, or a Derived recipe."""
-        return {n: self.tensors[n] if n in self.tensors else self.derived[n] for n in self._order}
 
     def scope(self, prefix: str) -> "_Scope":
         return _Scope(self, prefix)
 
 
 class _Scope:
-    """A recorder that prefixes names ("encoder.0.self_attn" + "." + name). Its `derive` is
-    the root recorder's, with the recipe's name arguments prefixed the same way."""
+    """A recorder that prefixes names ("encoder.0.self_attn" + "." + name)."""
 
     __slots__ = ("rec", "prefix")
 
@@ -92,12 +78,8 @@ class _Scope:
         self.rec(f"{self.prefix}.{name}", t, batched)
 
     @property
-    def derive(self) -> Optional[Callable[..., None]]:
-        parent = getattr(self.rec, "derive", None)
-        if parent is None:
-            return None
-        p = self.prefix
-        return lambda name, op, *args: parent(f"{p}.{name}", op, *(f"{p}.{a}" if isinstance(a, str) else a for a in args))
+    def maps(self) -> bool:
+        return getattr(self.rec, "maps", True)
 
 
 def _sub(rec: Rec, prefix: str) -> Rec:
@@ -106,6 +88,49 @@ def _sub(rec: Rec, prefix: str) -> Rec:
     if isinstance(rec, _Scope):  # one prefix, one call per record, however deep the nesting
         return _Scope(rec.rec, f"{rec.prefix}.{prefix}")
     return _Scope(rec, prefix)
+
+
+def _explicit(rec: Rec) -> bool:
+    """Whether attention under this recorder takes the explicit (recorded) path."""
+    return rec is not None and getattr(rec, "maps", True)
+
+
+class Ablation:
+    """Heads switched off: their slice of Concat(head_1..head_H) is zeroed ("zero") or
+    replaced by its mean over the query positions ("mean") before W_o.
+
+    heads: (stack, layer, head) for self-attention, or (stack, layer, head, "cross_attn").
+    """
+
+    MODES = ("zero", "mean")
+
+    def __init__(self, heads: Sequence = (), mode: str = "zero"):
+        if mode not in self.MODES:
+            raise ValueError(f"ablation must be one of {self.MODES}, not {mode!r}")
+        by_site: Dict[Tuple[str, int, str], List[int]] = {}
+        for item in heads:
+            stack, layer, head = item[0], int(item[1]), int(item[2])
+            kind = item[3] if len(item) > 3 else "self_attn"
+            if stack not in ("encoder", "decoder") or kind not in ATTENTION_KINDS:
+                raise ValueError(f"cannot ablate {item!r}: use (stack, layer, head[, kind])")
+            by_site.setdefault((stack, layer, kind), []).append(head)
+        self.mode = mode
+        self.sites = {k: sorted(set(v)) for k, v in by_site.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self.sites)
+
+    def heads(self, stack: str, layer: int, kind: str) -> Optional[List[int]]:
+        return self.sites.get((stack, layer, kind))
+
+    def key(self) -> tuple:
+        """A hashable description (for caches): sorted sites and the mode."""
+        return (self.mode,) + tuple((s, l, k, tuple(h)) for (s, l, k), h in sorted(self.sites.items()))
+
+    def layer(self, stack: str, layer: int) -> Optional[Dict[str, List[int]]]:
+        """{attention kind: heads off} for one layer, or None when nothing is off there."""
+        out = {k: self.sites[(stack, layer, k)] for k in ATTENTION_KINDS if (stack, layer, k) in self.sites}
+        return out or None
 
 
 class RMSNorm(nn.Module):
@@ -144,36 +169,63 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
 
-    def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None):
+    def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
+                off: Optional[Sequence[int]] = None, ablation: str = "zero", cache: Optional[dict] = None):
+        """mask: additive (broadcast to B, H, n_q, n_k). is_causal: the mask is exactly the
+        look-ahead mask (the fused kernel then builds it itself). off: heads switched off
+        (Ablation). cache: a dict that keeps this attention's keys and values between calls
+        (greedy decoding): new keys/values are appended to the kept ones (self-attention),
+        or computed once (cross-attention, flagged by cache["static"])."""
         b, n_q, _ = x_q.shape
-        n_k = x_kv.shape[1]
         q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
-        k = self.w_k(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_k, d_k)
-        v = self.w_v(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_k, d_k)
-        if angles is not None:  # RoPE: self-attention only, same positions for q and k
+        if cache is not None and cache.get("static") and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            n_new = x_kv.shape[1]
+            k = self.w_k(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
+            v = self.w_v(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
+        n_k = k.shape[2] + (cache["k"].shape[2] if cache is not None and "k" in cache and not cache.get("static") else 0)
+        if angles is not None:  # RoPE: self-attention only; angles cover positions 0..n_k-1
             if rec:
                 rec("q_pre_rope", q)
                 rec("k_pre_rope", k)
-            q = apply_rope(q, angles[-n_q:], self.rope_layout)
-            k = apply_rope(k, angles[-n_k:], self.rope_layout)
-        if rec:
+            q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
+            if not (cache is not None and cache.get("static") and "k" in cache):
+                k = apply_rope(k, angles[n_k - k.shape[2] : n_k], self.rope_layout)
+        if cache is not None:
+            if cache.get("static"):
+                cache["k"], cache["v"] = k, v
+            else:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)  # (B, Hkv, n_k, d_k)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        explicit = _explicit(rec)
+        if explicit:
             rec("q", q)
             rec("k", k)
             rec("v", v)
-            derive = getattr(rec, "derive", None)
-            if mask is None and derive is not None:  # no mask: zeros on access, nothing kept
-                derive("mask", "zeros", (n_q, n_k), q.dtype)
-            else:
-                m = mask if mask is not None else q.new_zeros(1, 1, n_q, n_k)
-                rec("mask", m.expand(b, 1, n_q, n_k)[:, 0])
+            if mask is None and is_causal:
+                mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
+            m = mask if mask is not None else q.new_zeros(1, 1, n_q, n_k)
+            rec("mask", m.expand(b, 1, n_q, n_k)[:, 0])
         if self.hkv != self.h:
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
             v = v.repeat_interleave(self.h // self.hkv, dim=1)
-        heads = scaled_dot_product_attention(q, k, v, mask, rec)  # (B, H, n_q, d_k)
+        heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None,
+                                             is_causal=is_causal)  # (B, H, n_q, d_k)
+        if rec:
+            rec("heads", heads)
+        if off:
+            keep = torch.ones(self.h, 1, 1, dtype=heads.dtype, device=heads.device)
+            keep[list(off)] = 0
+            if ablation == "mean":  # each switched-off head gives its mean over positions
+                heads = heads * keep + heads.mean(dim=2, keepdim=True) * (1 - keep)
+            else:
+                heads = heads * keep
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)
         if rec:
-            rec("heads", heads)
             rec("out", out)
         return out
 
@@ -212,17 +264,47 @@ class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, cross: bool):
         super().__init__()
         self.pre = cfg.norm_placement == "pre"
+        self.rope = cfg.positional == "rope"
         self.self_attn = MultiHeadAttention(cfg)
         self.cross_attn = MultiHeadAttention(cfg) if cross else None
         self.ffn = FeedForward(cfg)
         self.norms = nn.ModuleList(make_norm(cfg) for _ in range(3 if cross else 2))
 
-    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None):
-        subs = [("self_attn", lambda y: self.self_attn(y, y, self_mask, _sub(rec, "self_attn"), angles))]
-        if self.cross_attn is not None:
-            subs.append(("cross_attn", lambda y: self.cross_attn(y, memory, cross_mask, _sub(rec, "cross_attn"))))
-        subs.append(("ffn", lambda y: self.ffn(y, _sub(rec, "ffn"))))
-        for j, ((_, fn), norm) in enumerate(zip(subs, self.norms), start=1):
+    def sublayers(self) -> List[str]:
+        return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
+
+    def recorded_names(self) -> List[str]:
+        """What an explicit run of this layer records, in order (names under the layer)."""
+        attn = ["q", "k", "v", "mask", "scores", "scaled", "masked", "weights", "heads", "out"]
+        names = []
+        for j, sub in enumerate(self.sublayers(), start=1):
+            if sub == "ffn":
+                inner = ["ffn.hidden", "ffn.out"]
+            else:
+                pre_rope = ["q_pre_rope", "k_pre_rope"] if self.rope and sub == "self_attn" else []
+                inner = [f"{sub}.{n}" for n in pre_rope + attn]
+            names += ([f"norm{j}"] + inner + [f"residual{j}"]) if self.pre else (inner + [f"residual{j}", f"norm{j}"])
+        return names + ["out"]
+
+    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
+                self_causal: bool = False, off: Optional[Dict[str, List[int]]] = None, ablation: str = "zero",
+                cache: Optional[dict] = None):
+        """off: {attention kind: heads switched off} (Ablation.layer). cache: a dict kept
+        between calls for greedy decoding (keys and values of both attentions)."""
+        off = off or {}
+        caches = {} if cache is None else cache
+
+        def attend(kind, y):
+            attn, kv = (self.self_attn, y) if kind == "self_attn" else (self.cross_attn, memory)
+            c = None
+            if cache is not None:
+                c = caches.setdefault(kind, {"static": kind == "cross_attn"})
+            mask = self_mask if kind == "self_attn" else cross_mask
+            return attn(y, kv, mask, _sub(rec, kind), angles if kind == "self_attn" else None,
+                        is_causal=self_causal and kind == "self_attn", off=off.get(kind), ablation=ablation, cache=c)
+
+        for j, (sub, norm) in enumerate(zip(self.sublayers(), self.norms), start=1):
+            fn = (lambda y: self.ffn(y, _sub(rec, "ffn"))) if sub == "ffn" else (lambda y, s=sub: attend(s, y))
             if self.pre:  # u = x + f(Norm(x))
                 normed = norm(x)
                 if rec:
@@ -309,58 +391,105 @@ class Transformer(nn.Module):
         a = rope_angles(n, self.cfg.d_head, self.cfg.rope_theta, offset)
         return a.to(device=device, dtype=torch.float32)
 
-    def encode(self, src, src_pad=None, rec: Rec = None, token_types=None):
+    def layers(self, stack: str) -> nn.ModuleList:
+        return self.encoder if stack == "encoder" else self.decoder
+
+    def final_norm(self, stack: str) -> Optional[nn.Module]:
+        return self.encoder_norm if stack == "encoder" else self.decoder_norm
+
+    def encoder_masks(self, src_pad, n: int, dtype=torch.float32) -> dict:
+        """The encoder's attention masks: padding columns -inf (B, 1, n, n), or none."""
+        return {"self_mask": None if src_pad is None else padding_mask(src_pad, n, dtype)[:, None]}
+
+    def decoder_masks(self, t: int, src_pad=None, tgt_pad=None, device=None, dtype=torch.float32,
+                      n_past: int = 0) -> dict:
+        """The decoder's masks for t new positions after n_past known ones: the look-ahead
+        mask (seed 002's M; left to the fused kernel as is_causal when it is all there is),
+        padding, and the cross-attention's padding mask."""
+        n_k = n_past + t
+        self_mask, causal = None, False
+        if tgt_pad is not None or n_past:
+            self_mask = causal_mask(t, device=device, dtype=dtype, n_k=n_k)[None, None]  # (1, 1, t, n_k)
+            if tgt_pad is not None:
+                self_mask = combine_masks(self_mask, padding_mask(tgt_pad, t, dtype)[:, None])
+        else:
+            causal = True
+        cross_mask = None if src_pad is None else padding_mask(src_pad, t, dtype)[:, None]  # (B, 1, t, n)
+        return {"self_mask": self_mask, "cross_mask": cross_mask, "self_causal": causal}
+
+    def encode(self, src, src_pad=None, rec: Rec = None, token_types=None, ablate: Optional[Ablation] = None):
         """src (B, n) ids, src_pad (B, n) bool (True = padding). Returns memory (B, n, d)."""
         n = src.shape[1]
         x = self.src_embed(src, _sub(rec, "embed.encoder"), token_types=token_types)
-        mask = None if src_pad is None else padding_mask(src_pad, n, x.dtype)[:, None]  # (B, 1, n, n)
+        masks = self.encoder_masks(src_pad, n, x.dtype)
         angles = self._angles(n, device=src.device)
         for i, layer in enumerate(self.encoder):
-            x = layer(x, self_mask=mask, rec=_sub(rec, f"encoder.{i}"), angles=angles)
+            x = layer(x, **masks, rec=_sub(rec, f"encoder.{i}"), angles=angles, **_off(ablate, "encoder", i))
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
             if rec:
                 rec("encoder.final_norm", x)
         return x
 
-    def decode(self, tgt, memory=None, src_pad=None, tgt_pad=None, rec: Rec = None):
-        """tgt (B, t) decoder input ids (<start> y_1 ...). Returns hidden states (B, t, d)."""
+    def decode(self, tgt, memory=None, src_pad=None, tgt_pad=None, rec: Rec = None,
+               ablate: Optional[Ablation] = None, cache: Optional[dict] = None):
+        """tgt (B, t) decoder input ids (<start> y_1 ...). Returns hidden states (B, t, d).
+
+        cache: a dict kept between calls for greedy decoding: the keys and values of the
+        positions already decoded (tgt then holds only the new ids)."""
         t = tgt.shape[1]
-        x = self.tgt_embed(tgt, _sub(rec, "embed.decoder"))
-        self_mask = causal_mask(t, device=tgt.device, dtype=x.dtype)[None, None]  # (1, 1, t, t)
-        if tgt_pad is not None:
-            self_mask = combine_masks(self_mask, padding_mask(tgt_pad, t, x.dtype)[:, None])
-        cross_mask = None
-        if memory is not None and src_pad is not None:
-            cross_mask = padding_mask(src_pad, t, x.dtype)[:, None]  # (B, 1, t, n)
-        angles = self._angles(t, device=tgt.device)
+        n_past = 0 if cache is None else cache.get("n", 0)
+        x = self.tgt_embed(tgt, _sub(rec, "embed.decoder"), offset=n_past)
+        masks = self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past)
+        angles = self._angles(n_past + t, device=tgt.device)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, self_mask, memory, cross_mask, rec=_sub(rec, f"decoder.{i}"), angles=angles)
+            c = None if cache is None else cache.setdefault(i, {})
+            x = layer(x, memory=memory, **masks, rec=_sub(rec, f"decoder.{i}"), angles=angles,
+                      cache=c, **_off(ablate, "decoder", i))
+        if cache is not None:
+            cache["n"] = n_past + t
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
             if rec:
                 rec("decoder.final_norm", x)
         return x
 
+    def run_layer(self, stack: str, i: int, x, rec: Rec, memory=None, src_pad=None,
+                  ablate: Optional[Ablation] = None):
+        """Layer i of `stack` run alone on its input x (B, n, d): how a trace computes the
+        inside of a layer it stored only the input and output of. Same masks, positions and
+        ablation as encode/decode, so the same layer code gives the same numbers."""
+        n = x.shape[1]
+        if stack == "encoder":
+            masks = self.encoder_masks(src_pad, n, x.dtype)
+        else:
+            masks = self.decoder_masks(n, src_pad if memory is not None else None, None, x.device, x.dtype)
+            masks["memory"] = memory
+        return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
+                                     **_off(ablate, stack, i))
+
     def project(self, hidden, rec: Rec = None):
         logits = self.out_proj(hidden)  # (B, t, V)
         if rec:
             rec("logits", logits)
-            derive = getattr(rec, "derive", None)
-            if derive is not None:  # n x V twice would be the largest part of a decoder trace
-                derive("probs", "softmax", "logits")
-            else:
-                rec("probs", torch.softmax(logits, dim=-1))
+            rec("probs", torch.softmax(logits, dim=-1))
         return logits
 
-    def forward(self, src=None, tgt=None, src_pad=None, tgt_pad=None, rec: Rec = None, token_types=None):
+    def forward(self, src=None, tgt=None, src_pad=None, tgt_pad=None, rec: Rec = None, token_types=None,
+                ablate: Optional[Ablation] = None):
         """Encoder-decoder: logits for tgt given src. Encoder-only: final hidden states.
         Decoder-only: logits for tgt."""
-        memory = self.encode(src, src_pad, rec, token_types) if self.cfg.has_encoder else None
+        memory = self.encode(src, src_pad, rec, token_types, ablate) if self.cfg.has_encoder else None
         if not self.cfg.has_decoder:
             return memory
-        hidden = self.decode(tgt, memory, src_pad, tgt_pad, rec)
+        hidden = self.decode(tgt, memory, src_pad, tgt_pad, rec, ablate)
         return self.project(hidden, rec)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _off(ablate: Optional[Ablation], stack: str, i: int) -> dict:
+    """Keyword arguments that switch a layer's ablated heads off (none without ablation)."""
+    off = ablate.layer(stack, i) if ablate else None
+    return {"off": off, "ablation": ablate.mode} if off else {}

@@ -504,7 +504,7 @@ def load(
     cache: bool = True,
     cache_root_dir: Optional[Path] = None,
     path: Optional[Path] = None,
-    max_new_tokens: int = 32,
+    max_new_tokens: int = 64,
 ) -> AttentionModel:
     """SmolLM2-135M-Instruct as an AttentionModel (decoder: the prompt is the decoder's input)."""
     t0 = time.perf_counter()

@@ -3,38 +3,47 @@
 An ordered mapping from stable names to detached CPU tensors, plus the token strings and
 metadata (model, config, device, timings). Saves to and loads from `.npz`.
 
-Stored and derived names
-------------------------
-Every DESIGN.md name reads as a tensor (`trace[name]`), but a traced forward pass does not
-keep four H x n_q x n_k matrices per attention: at 512 tokens each one is 12 MiB per layer
-for minilm. A trace made by `AttentionModel.trace` stores the attention `weights` (what the
-model used) and derives the other three on access, with the very operations, inputs and
-order of the forward pass, so they come out bit for bit as the forward pass computed them:
+Stored and recomputed names
+---------------------------
+Keeping every attention map costs L x H x n^2 floats: 2.2 GB for SmolLM2 at 1,036 tokens.
+So a traced pass (AttentionModel.trace) runs the model's fast path, fused attention with no
+n x n matrix kept, and STORES only what is O(n d):
 
-    scores = q @ k^T            (k repeated per query head under grouped-query attention)
-    scaled = scores * (1/sqrt(d_k))
-    masked = scaled + mask      (masked is scaled itself where the attention had no mask)
-    mask   = zeros(n_q, n_k)    (attention with no mask; stored when there is one)
+    embed.{stack}.*                 token embeddings, positions, their sum (input to layer 0)
+    {stack}.{i}.out                 the residual stream at every layer boundary
+    {stack}.{i}.{attn}.heads        each attention's per-head output (n x d in all)
+    {stack}.final_norm              final norms (the encoder output for cross-attention)
+    topk.ids, topk.probs            decoders: the top-k next tokens at every position (n x k)
+    last.probs                      decoders: the whole next-token distribution at the end
+    next.ids, next.probs            decoders: the top-k at the last position
 
-`scaled` and `masked` repeat the forward's elementwise operations on the same values, so
-they are exact. `scores` repeats the forward's matmul on the recorded q and k: bit for bit
-on the CPU in our tests (1, 2 and 4 threads; minilm, toy-translate, smollm2); a trace run on
-a GPU recomputes it on the CPU, within float rounding of the GPU's (about 1e-6 relative).
-So scaled = scores / sqrt(d_k) and masked = scaled + mask hold as they did, and
-softmax(masked) = weights holds to float rounding (tests check 1e-6). Derived tensors are
-computed afresh on every access (nothing is memoised, so a trace's memory never grows) and
-count nothing in `nbytes()`. `stored(name)` / `is_derived(name)` / `derivation(name)` tell
-which is which; `save()` writes every name as an array, as before.
+Every other name (q, k, v, scores, scaled, mask, masked, weights, the attention's out,
+residual*, norm*, ffn.*, logits, probs) is COMPUTED WHEN IT IS READ: `trace[name]` runs that
+one layer again on its stored input ({stack}.{i-1}.out, or embed.{stack}.sum for layer 0)
+with recording on, through the same layer code (core.model.Transformer.run_layer) and the
+explicit attention path, and keeps the result in a small cache of the last LAYER_CACHE
+layers, so moving between the heads of one layer does no model work. This is activation
+checkpointing, in one place: `Trace._layer`. `is_stored(name)` / `stored_names()` say which
+names are kept; `nbytes()` counts what is stored.
 
-`to_half_attention()` gives a copy whose stored attention maps are kept in float16 (half
-the bytes, for caches); reading them gives float32 again, rounded to float16's precision.
+Because the stored output came from the fused kernel and the re-run takes the explicit
+formula, the two check each other: `recomputed(f"{stack}.{i}.out")` is the re-run's output
+of layer i, to compare with the stored `{stack}.{i}.out`; the stored `heads` (fused) is to
+compare with A V from the re-run's weights and values (viz.checks shows both).
+
+A trace loaded from an .npz file has every name stored and recomputes nothing. A decoder
+step (`AttentionModel.steps`) is `prefix(t)`: a view of the first t decoder positions of one
+traced pass (causal attention makes those rows independent of the later tokens).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import threading
+import zipfile
 from collections import OrderedDict
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -43,112 +52,83 @@ import torch
 # Token lists live beside the tensors; these names reach them like tensors.
 LIST_NAMES = {"tokens.source": "source", "tokens.target": "target", "next.tokens": "next"}
 
-# Names whose tensors are H x n_q x n_k attention maps (the bulk of a long trace).
-ATTENTION_MAPS = (".scores", ".scaled", ".masked", ".weights")
+MAPS = ("scores", "scaled", "masked", "weights")  # the H x n_q x n_k attention maps
+PER_HEAD = ("q", "k", "v", "q_pre_rope", "k_pre_rope", "heads")  # H x n x d_k
+STEP_NAMES = ("next.ids", "next.probs", "last.probs")  # per step view: the prediction at its last row
+LAYER_CACHE = 2  # recomputed layers kept (each holds its maps: 4 x H x n^2 floats)
 
 
-class Derived:
-    """A recipe for a trace name computed from other names of the same trace.
+def layer_of(name: str) -> Optional[Tuple[str, int]]:
+    """(stack, layer) for a name inside a layer ('decoder.3.self_attn.q' -> ('decoder', 3))."""
+    parts = name.split(".", 2)
+    if len(parts) >= 3 and parts[0] in ("encoder", "decoder") and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    return None
 
-    op is one of:
-      "qk"    (q_name, k_name)      q @ k^T, k's heads repeated to q's under GQA
-      "mul"   (name, factor)        tensor * factor
-      "add"   (name_a, name_b)      a + b (broadcasting)
-      "same"  (name,)               the tensor itself
-      "softmax" (name,)             softmax over the last axis (probs from logits)
-      "zeros" (shape, dtype)        torch.zeros(shape, dtype=dtype)
-    String arguments are trace names; everything else is a constant.
-    """
 
-    __slots__ = ("op", "args")
-    OPS = ("qk", "mul", "add", "same", "zeros", "softmax")
-
-    def __init__(self, op: str, *args):
-        if op not in self.OPS:
-            raise ValueError(f"unknown derivation {op!r}; one of {self.OPS}")
-        self.op, self.args = op, tuple(args)
-
-    def sources(self) -> List[str]:
-        if self.op == "zeros":
-            return []
-        return [a for a in self.args if isinstance(a, str)]
-
-    def compute(self, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
-        op, a = self.op, self.args
-        if op == "qk":
-            q, k = get(a[0]), get(a[1])
-            if k.shape[-3] != q.shape[-3]:  # grouped-query attention: as the forward repeats them
-                k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-            return q @ k.transpose(-2, -1)
-        if op == "mul":
-            return get(a[0]) * a[1]
-        if op == "add":
-            return get(a[0]) + get(a[1])
-        if op == "same":
-            return get(a[0])
-        if op == "softmax":
-            return torch.softmax(get(a[0]), dim=-1)
-        return torch.zeros(tuple(a[0]), dtype=a[1])
-
-    def describe(self) -> str:
-        op, a = self.op, self.args
-        return {
-            "qk": lambda: f"{a[0]} @ {a[1]}^T",
-            "mul": lambda: f"{a[0]} * {a[1]!r}",
-            "add": lambda: f"{a[0]} + {a[1]}",
-            "same": lambda: f"{a[0]}",
-            "softmax": lambda: f"softmax({a[0]})",
-            "zeros": lambda: f"zeros{tuple(a[0])}",
-        }[op]()
-
-    def __repr__(self) -> str:
-        return f"Derived({self.describe()})"
-
-    def __getstate__(self):
-        return (self.op, self.args)
-
-    def __setstate__(self, state):
-        self.op, self.args = state
+def decoder_rows(name: str, x: torch.Tensor, t: int) -> torch.Tensor:
+    """The part of a decoder-side tensor that belongs to the first t decoder positions."""
+    if not (name.startswith(("decoder.", "embed.decoder.")) or name in ("logits", "probs", "topk.ids", "topk.probs")):
+        return x
+    last = name.rsplit(".", 1)[-1]
+    if ".self_attn." in name:
+        if last == "mask":
+            return x[:t, :t]
+        if last in MAPS:
+            return x[:, :t, :t]
+        return x[:, :t] if last in PER_HEAD else x[:t]
+    if ".cross_attn." in name:
+        if last == "mask":
+            return x[:t]
+        if last in ("k", "v"):
+            return x  # the encoder's positions
+        return x[:, :t] if last in MAPS or last in PER_HEAD else x[:t]
+    return x[:t]
 
 
 class Trace:
-    def __init__(self, tensors: Dict[str, object], tokens: Dict[str, List[str]], meta: Optional[dict] = None):
-        """tensors: name -> tensor, or name -> Derived (computed from other names on access)."""
-        self._order: List[str] = []
-        self._tensors: "OrderedDict[str, torch.Tensor]" = OrderedDict()
-        self._derived: Dict[str, Derived] = {}
-        self._half: Dict[str, torch.dtype] = {}  # stored in float16; read back in this dtype
-        for k, v in tensors.items():
-            self._order.append(k)
-            if isinstance(v, Derived):
-                self._derived[k] = v
-            else:
-                self._tensors[k] = v if v.device.type == "cpu" and not v.requires_grad else v.detach().to("cpu")
-        for k, d in self._derived.items():
-            missing = [s for s in d.sources() if s not in self._tensors and s not in self._derived]
-            if missing:
-                raise ValueError(f"{k!r} is derived from {missing}, which this trace lacks")
+    def __init__(self, tensors: Dict[str, torch.Tensor], tokens: Dict[str, List[str]], meta: Optional[dict] = None,
+                 runner=None, names: Optional[List[str]] = None):
+        """tensors: the stored names. runner: what recomputes the others (core.api's
+        LayerRunner: .layer(trace, stack, i) and .logits(trace)); None for a trace whose
+        every name is stored. names: every name in order (default: the stored ones)."""
+        self._tensors: "OrderedDict[str, torch.Tensor]" = OrderedDict(
+            (k, v if v.device.type == "cpu" and not v.requires_grad else v.detach().to("cpu"))
+            for k, v in tensors.items())
+        self._order: List[str] = list(names) if names is not None else list(self._tensors)
+        self._known = set(self._order)
         self._tokens = {k: list(v) for k, v in tokens.items()}
         self.meta = dict(meta or {})
+        self._runner = runner
+        self._cache: "OrderedDict[tuple, Dict[str, torch.Tensor]]" = OrderedDict()
+        self._lock = threading.RLock()
+        self._rows: Optional[int] = None  # a step view: the first _rows decoder positions
+        self._base: Optional["Trace"] = None
 
     # mapping interface ------------------------------------------------------------
-    def _get(self, name: str) -> torch.Tensor:
-        t = self._tensors.get(name)
-        if t is not None:
-            dtype = self._half.get(name)
-            return t if dtype is None else t.to(dtype)
-        return self._derived[name].compute(self._get)
-
     def __getitem__(self, name: str):
         if name in LIST_NAMES and LIST_NAMES[name] in self._tokens:
             return self.tokens(LIST_NAMES[name])
-        if name in self._tensors or name in self._derived:
-            return self._get(name)
-        raise KeyError(f"no tensor named {name!r} in this trace")
+        if name not in self._known:
+            raise KeyError(f"no tensor named {name!r} in this trace")
+        base = self._base or self
+        if self._rows is not None and name in STEP_NAMES:
+            return base._step_value(name, self._rows)
+        t = base._tensors.get(name)
+        if t is None:
+            t = base._computed(name)
+        return t if self._rows is None else decoder_rows(name, t, self._rows)
+
+    def _step_value(self, name: str, t: int) -> torch.Tensor:
+        """next.* and last.probs of a step view: the prediction at position t - 1."""
+        if name == "next.ids":
+            return self._tensors["topk.ids"][t - 1]
+        if name == "next.probs":
+            return self._tensors["topk.probs"][t - 1]
+        return torch.softmax(self._runner.logits(self, rows=slice(t - 1, t))[0], dim=-1)  # last.probs
 
     def __contains__(self, name: str) -> bool:
-        return (name in self._tensors or name in self._derived
-                or (name in LIST_NAMES and LIST_NAMES[name] in self._tokens))
+        return name in self._known or (name in LIST_NAMES and LIST_NAMES[name] in self._tokens)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._order)
@@ -157,9 +137,7 @@ class Trace:
         return len(self._order)
 
     def get(self, name: str, default=None):
-        if name in self._tensors or name in self._derived:
-            return self._get(name)
-        return default
+        return self[name] if name in self._known else default
 
     def names(self, prefix: str = "") -> List[str]:
         return [n for n in self._order if n.startswith(prefix)]
@@ -171,59 +149,94 @@ class Trace:
     def token_sets(self) -> Dict[str, List[str]]:
         return {k: list(v) for k, v in self._tokens.items()}
 
-    # stored vs derived ----------------------------------------------------------------
-    def is_derived(self, name: str) -> bool:
-        return name in self._derived
+    # stored vs recomputed -------------------------------------------------------------
+    def is_stored(self, name: str) -> bool:
+        return name in (self._base or self)._tensors
 
-    def stored(self, name: str) -> Optional[torch.Tensor]:
-        """The tensor as kept (float16 where halved), or None for a derived name."""
-        return self._tensors.get(name)
+    def stored_names(self) -> List[str]:
+        stored = (self._base or self)._tensors
+        return [n for n in self._order if n in stored]
 
-    def derivation(self, name: str) -> Optional[str]:
-        """How a derived name is computed (e.g. 'encoder.0.self_attn.scores * 0.17...'), else None."""
-        d = self._derived.get(name)
-        return None if d is None else d.describe()
+    def _layer(self, stack: str, i: int) -> Dict[str, torch.Tensor]:
+        """Every name of one layer, run again on its stored input with recording on (kept
+        in a cache of the last LAYER_CACHE layers)."""
+        key = (stack, i)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            if self._runner is None:
+                raise KeyError(f"{stack}.{i} is not stored in this trace and it has no model to recompute it")
+            out = self._runner.layer(self, stack, i)
+            self._cache[key] = out
+            while len(self._cache) > LAYER_CACHE:
+                self._cache.popitem(last=False)
+            return out
+
+    def _computed(self, name: str) -> torch.Tensor:
+        where = layer_of(name)
+        if where is not None:
+            return self._layer(*where)[name]
+        if name in ("logits", "probs"):
+            with self._lock:
+                if ("head",) not in self._cache:
+                    logits = self._runner.logits(self)
+                    self._cache[("head",)] = {"logits": logits, "probs": torch.softmax(logits, dim=-1)}
+                    while len(self._cache) > LAYER_CACHE:
+                        self._cache.popitem(last=False)
+                return self._cache[("head",)][name]
+        raise KeyError(f"{name!r} is neither stored nor recomputable in this trace")
+
+    def recomputed(self, name: str) -> torch.Tensor:
+        """A name inside a layer as the explicit re-run of that layer gives it, even where the
+        trace stores the fast pass's value (`{stack}.{i}.out`, `...heads`): the two should
+        agree to float rounding, and a check shown to the user compares them."""
+        where = layer_of(name)
+        if where is None:
+            raise KeyError(f"{name!r} is not inside a layer")
+        t = (self._base or self)._layer(*where)[name]
+        return t if self._rows is None else decoder_rows(name, t, self._rows)
+
+    def layer_input(self, stack: str, i: int) -> torch.Tensor:
+        """The stored input of layer i: embed.{stack}.sum for layer 0, else {stack}.{i-1}.out."""
+        return self[f"embed.{stack}.sum" if i == 0 else f"{stack}.{i - 1}.out"]
+
+    def each_layer(self, stack: str, names: Iterable[str] = ("self_attn.weights",)) -> Iterator[Dict[str, torch.Tensor]]:
+        """Layer by layer, the asked-for names (suffixes under the layer) of every layer of a
+        stack, computed one layer at a time and not kept: for views of all layers (the
+        model view, rollout) that must never hold L full sets of maps at once."""
+        base = self._base or self
+        for i in range(self.layers(stack)):
+            with base._lock:
+                cached = base._cache.get((stack, i))
+            if cached is None and base._runner is not None and not all(
+                    f"{stack}.{i}.{s}" in base._tensors for s in names):
+                cached = base._runner.layer(base, stack, i)
+            got = {}
+            for s in names:
+                full = f"{stack}.{i}.{s}"
+                t = base._tensors.get(full) if cached is None or full in base._tensors else cached[full]
+                got[s] = t if self._rows is None else decoder_rows(full, t, self._rows)
+            yield got
 
     def nbytes(self) -> int:
-        """Bytes this trace keeps alive: its stored tensors (derived names cost nothing), each
-        memory block counted once however many names or views share it, and never more than
-        the views into it cover (a slice of a model parameter counts as the slice)."""
-        blocks: Dict[int, list] = {}
-        for t in self._tensors.values():
-            st = t.untyped_storage()
-            view = (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-            entry = blocks.setdefault(st.data_ptr() or id(st), [st.nbytes(), {}])
-            entry[1][view] = t.numel() * t.element_size()
-        return sum(min(size, sum(views.values())) for size, views in blocks.values())
+        """Bytes this trace keeps alive: its stored tensors (recomputed names and the layer
+        cache count nothing), each memory block counted once however many names or views
+        share it, and never more than the views into it cover."""
+        return nbytes_of([self])
 
-    # memory policy --------------------------------------------------------------------
-    def to_half_attention(self) -> "Trace":
-        """A copy whose stored H x n_q x n_k attention maps (names ending in .weights, and
-        .scores/.scaled/.masked where stored, e.g. in loaded traces) are kept in float16.
-
-        Reading them still gives float32: the float16 value, exactly. Weights lie in [0, 1], so
-        the error is at most 2^-12 (~2.4e-4) absolute, ~2^-11 relative; zeros stay exactly 0
-        (masked keys keep weight 0). Derived names come from float32 q and k, unchanged.
-        Other tensors are shared with this trace, not copied."""
-        out = Trace.__new__(Trace)
-        out._order = list(self._order)
-        out._derived = dict(self._derived)
-        out._tokens = {k: list(v) for k, v in self._tokens.items()}
-        out.meta = dict(self.meta)
-        out._tensors = OrderedDict()
-        out._half = dict(self._half)
-        for k, t in self._tensors.items():
-            if k.endswith(ATTENTION_MAPS) and t.is_floating_point() and t.dtype != torch.float16 and t.dim() >= 2:
-                out._tensors[k] = t.to(torch.float16)
-                out._half[k] = t.dtype
-            else:
-                out._tensors[k] = t
-        out.meta["half_attention"] = sorted(out._half)
-        return out
-
-    def attention_nbytes(self) -> int:
-        """Bytes of the stored H x n_q x n_k attention maps (the part float16 halves)."""
-        return sum(t.numel() * t.element_size() for k, t in self._tensors.items() if k.endswith(ATTENTION_MAPS))
+    # step views -----------------------------------------------------------------------
+    def prefix(self, t: int, tokens: Optional[Dict[str, List[str]]] = None, meta: Optional[dict] = None) -> "Trace":
+        """A view of the first t decoder positions (a decoder step): every decoder-side name
+        cut to those rows, the encoder side whole. Shares storage and layer cache."""
+        base = self._base or self
+        view = Trace.__new__(Trace)
+        view._tensors, view._order, view._known = base._tensors, base._order, base._known
+        view._runner, view._cache, view._lock = base._runner, base._cache, base._lock
+        view._tokens = {k: list(v) for k, v in (tokens or base._tokens).items()}
+        view.meta = dict(meta if meta is not None else base.meta)
+        view._rows, view._base = t, base
+        return view
 
     # structure helpers --------------------------------------------------------------
     def layers(self, stack: str) -> int:
@@ -232,27 +245,35 @@ class Trace:
         return max(idx) + 1 if idx else 0
 
     def attention_kinds(self, stack: str) -> List[str]:
-        kinds = []
-        for kind in ("self_attn", "cross_attn"):
-            if f"{stack}.0.{kind}.weights" in self:
-                kinds.append(kind)
-        return kinds
+        return [kind for kind in ("self_attn", "cross_attn") if f"{stack}.0.{kind}.weights" in self]
 
     def stacks(self) -> List[str]:
         return [s for s in ("encoder", "decoder") if f"{s}.0.self_attn.weights" in self]
 
+    def n_heads(self, stack: str) -> int:
+        """Heads per attention, from the stored per-head outputs (no recomputation)."""
+        name = f"{stack}.0.self_attn.heads"
+        return (self._base or self)._tensors[name].shape[0] if self.is_stored(name) else self[name].shape[0]
+
     # persistence --------------------------------------------------------------------
-    def to_numpy(self) -> Dict[str, np.ndarray]:
-        """Every name as an array (derived names computed, float16 maps back to float32)."""
-        arrays = {k: self._get(k).numpy() for k in self._order}
+    def arrays(self) -> Iterator[Tuple[str, np.ndarray]]:
+        """Every name as an array, in order, one at a time (layers recomputed one by one)."""
+        for k in self._order:
+            yield k, self[k].numpy()
         for which, toks in self._tokens.items():
-            key = "next.tokens" if which == "next" else f"tokens.{which}"
-            arrays[key] = np.array(toks, dtype=str)
-        arrays["meta"] = np.array(json.dumps(self.meta, default=str))
-        return arrays
+            yield ("next.tokens" if which == "next" else f"tokens.{which}"), np.array(toks, dtype=str)
+        yield "meta", np.array(json.dumps(self.meta, default=str))
+
+    def to_numpy(self) -> Dict[str, np.ndarray]:
+        """Every name as an array (all in memory at once: for short inputs)."""
+        return dict(self.arrays())
 
     def save(self, path) -> None:
-        np.savez_compressed(path, **self.to_numpy())
+        """Write every name to an .npz file, computing and writing one layer at a time."""
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for name, arr in self.arrays():
+                with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
 
     @classmethod
     def load(cls, path) -> "Trace":
@@ -260,38 +281,33 @@ class Trace:
             tensors, tokens, meta = OrderedDict(), {}, {}
             for k in z.files:
                 if k in LIST_NAMES or k.startswith("tokens."):
-                    tokens[LIST_NAMES.get(k, k[len("tokens.") :])] = [str(s) for s in z[k]]
+                    tokens[LIST_NAMES.get(k, k[len("tokens."):])] = [str(s) for s in z[k]]
                 elif k == "meta":
                     meta = json.loads(str(z[k]))
                 else:
                     tensors[k] = torch.from_numpy(z[k])
         return cls(tensors, tokens, meta)
 
+    def __getstate__(self):
+        """Pickled, a trace keeps every name (computed now, layer by layer) and no model."""
+        return {"tensors": OrderedDict((n, self[n]) for n in self._order), "tokens": self._tokens, "meta": self.meta}
+
+    def __setstate__(self, state):
+        self.__init__(state["tensors"], state["tokens"], state["meta"])
+
     def __repr__(self) -> str:
         toks = {k: len(v) for k, v in self._tokens.items()}
         return f"Trace(model={self.meta.get('model')!r}, tokens={toks}, tensors={len(self)})"
 
 
-HALF_ATTENTION_VAR = "ATTENTION_LAB_HALF_ATTENTION"
-
-
-def half_attention_requested() -> bool:
-    """Whether $ATTENTION_LAB_HALF_ATTENTION asks for float16 attention maps in caches."""
-    import os
-
-    return os.environ.get(HALF_ATTENTION_VAR, "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def for_cache(trace: Trace, half_attention: Optional[bool] = None, min_tokens: int = 0) -> Trace:
-    """The form in which to keep a trace in a cache: float16 attention maps when asked.
-
-    half_attention: True / False; None reads $ATTENTION_LAB_HALF_ATTENTION ("1" halves,
-    default "0"). Only traces with at least `min_tokens` source (or target) positions are
-    halved, so short ones keep float32 exactly. Off by default: the Inside page's checks
-    (row sums, softmax(masked) = weights, to 1e-5) are float32 checks, and float16 weights
-    are off by up to 2.4e-4 (see Trace.to_half_attention and docs/benchmarks.md).
-    """
-    if half_attention is None:
-        half_attention = half_attention_requested()
-    n = max(len(trace.tokens("source")), len(trace.tokens("target")))
-    return trace.to_half_attention() if half_attention and n >= min_tokens else trace
+def nbytes_of(traces: Iterable[Trace]) -> int:
+    """Bytes that some traces keep alive together: each memory block once (decoder steps
+    are views of one pass and share all of it)."""
+    blocks: Dict[int, list] = {}
+    for tr in traces:
+        for t in (tr._base or tr)._tensors.values():
+            st = t.untyped_storage()
+            view = (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            entry = blocks.setdefault(st.data_ptr() or id(st), [st.nbytes(), {}])
+            entry[1][view] = t.numel() * t.element_size()
+    return sum(min(size, sum(views.values())) for size, views in blocks.values())

@@ -227,32 +227,6 @@ def test_600_token_prompt_on_smollm2_is_capped(app_test):
     assert np.all(z[0, 1:] == 0)  # causal, block by block
 
 
-def test_half_attention_cache_option(app_test, monkeypatch):
-    """$ATTENTION_LAB_HALF_ATTENTION=1: long inputs' maps are cached in float16 (the sidebar
-    says so), short ones stay float32, and the drawn map is the float32 map within 2.4e-4."""
-    from viz.pages import common
-
-    monkeypatch.setenv("ATTENTION_LAB_HALF_ATTENTION", "1")
-    monkeypatch.setattr(common, "HALF_ATTENTION_MIN_TOKENS", 16)  # the toy model stops at 64 tokens
-    common.trace_cache().clear()
-    long_text = " ".join([TEXT] * 4)  # 24 words: over the threshold
-    at = app_test("explore", text=long_text, layer="1", head="2")
-    at.run()
-    assert_no_exception(at)
-    assert any("float16" in c.value for c in at.sidebar.caption), [c.value for c in at.sidebar.caption]
-    cached = common.trace_cache().get(("toy-translate", long_text, "trace", None, None))
-    assert cached is not None and "encoder.1.self_attn.weights" in cached.meta.get("half_attention", [])
-    expected = core.load_model("toy-translate").trace(long_text)["encoder.1.self_attn.weights"][2].numpy()
-    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
-    assert z.shape == expected.shape == (24, 24)
-    assert 0 < np.abs(z - expected).max() <= 2.5e-4
-    at_short = app_test("explore", text=TEXT)
-    at_short.run()
-    short = common.trace_cache().get(("toy-translate", TEXT, "trace", None, None))
-    assert short is not None and not short.meta.get("half_attention")
-    common.trace_cache().clear()
-
-
 def test_an_emptied_sentence_stays_empty_in_the_url(app_test):
     at = app_test("explore", text=TEXT)
     at.run()

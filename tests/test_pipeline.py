@@ -167,7 +167,25 @@ def test_checks_hold_on_real_traces(seq2seq, view):
         w = trace[f"{stack}.1.{kind}.weights"][head]
         assert pipeline.row_sum_error(w) < 1e-5
     res = pipeline.residual_checks(trace, "decoder", 1, model.config)
-    assert set(res) == {"residual1", "residual2", "residual3"} and all(c.ok for cs in res.values() for c in cs)
+    assert set(res) == {"residual1", "residual2", "residual3", "out"} and all(c.ok for cs in res.values() for c in cs)
+
+
+def test_checks_against_the_fused_pass_catch_a_tampered_stored_tensor(encoder):
+    """The two checks that hold the explicit re-run against what the fused forward pass
+    stored: a changed stored layer output or head output makes each fail."""
+    model, _ = encoder
+    trace = model.trace(TEXT)
+    assert all(c.ok for c in pipeline.residual_checks(trace, "encoder", 1, model.config)["out"])
+    assert all(c.ok for c in pipeline.head_checks(trace, "encoder", "self_attn", 1, 2, model.config)["heads"])
+    bad = model.trace(TEXT)
+    out = bad._tensors["encoder.1.out"] = bad._tensors["encoder.1.out"].clone()
+    out[2, 5] += 0.5
+    heads = bad._tensors["encoder.1.self_attn.heads"] = bad._tensors["encoder.1.self_attn.heads"].clone()
+    heads[2, 1, 0] -= 0.25
+    chk = pipeline.residual_checks(bad, "encoder", 1, model.config)["out"][0]
+    assert not chk.ok and chk.error == pytest.approx(0.5, rel=1e-3) and "✗" in chk.text()
+    chk = pipeline.head_checks(bad, "encoder", "self_attn", 1, 2, model.config)["heads"][0]
+    assert not chk.ok and chk.error == pytest.approx(0.25, rel=1e-3)
 
 
 def test_checks_catch_a_wrong_head(encoder):

@@ -156,8 +156,8 @@ def test_maximum_length_stops_without_end(model):
     assert len(cut) == 2
     assert all(s.meta["ended"] is False and s.meta["n_steps"] == 2 for s in cut)
     assert [s.meta["chosen"] for s in cut] == [s.meta["chosen"] for s in full[:2]]
-    for a, b in zip(cut, full):
-        assert torch.equal(a["decoder.0.self_attn.weights"], b["decoder.0.self_attn.weights"])
+    for a, b in zip(cut, full):  # views of passes of different lengths: the same rows, to float rounding
+        assert torch.allclose(a["decoder.0.self_attn.weights"], b["decoder.0.self_attn.weights"], atol=1e-6, rtol=0)
 
 
 def test_steps_reject_empty_text(model):

@@ -570,8 +570,8 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
         Check("A = softmax(masked), recomputed", max_abs_diff(softmax_rows(masked), w), 1e-5),
         Check("A is exactly 0 where M = -∞", float(np.abs(w[blocked]).max()) if blocked.any() else 0.0, 0.0),
     ]
-    checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {g})'} equals the recorded head {head}",
-                             max_abs_diff(w @ v, heads), _tol(heads))]
+    checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {g})'} equals head {head}'s output as the "
+                             "forward pass's fused kernel computed it", max_abs_diff(w @ v, heads), _tol(heads))]
     if f"{p}.q_pre_rope" in trace:
         import torch
 
@@ -592,7 +592,9 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
 
 
 def residual_checks(trace, stack: str, layer: int, config=None) -> Dict[str, List[Check]]:
-    """residual_j = (stream before sub-layer j) + (sub-layer j's output), for each sub-layer."""
+    """residual_j = (stream before sub-layer j) + (sub-layer j's output), for each sub-layer;
+    and, where the trace stored the layer's output from its fused forward pass and computes
+    the rest by running the layer again explicitly (core/trace.py), that the two agree."""
     cfg = config
     if cfg is None:
         from core.config import ModelConfig
@@ -610,6 +612,16 @@ def residual_checks(trace, stack: str, layer: int, config=None) -> Dict[str, Lis
             out[f"residual{j}"] = [Check("input + sub-layer output equals the recorded residual",
                                          max_abs_diff(x + f, r), _tol(r))]
         x_name = r_name if pre else f"{p}.norm{j}"
+    stored = f"{p}.out"
+    if trace.is_stored(stored) and not trace.is_stored(f"{p}.norm1"):
+        try:
+            rerun = trace.recomputed(stored)  # this layer again, on the explicit path
+        except KeyError:  # a trace without its model: nothing to re-run
+            rerun = None
+        if rerun is not None:
+            out["out"] = [Check(f"layer {layer} run again with the explicit formula gives the output the fused forward "
+                                "pass stored (the next layer's input)", max_abs_diff(rerun, trace[stored]),
+                                _tol(trace[stored]))]
     return out
 
 

@@ -29,9 +29,6 @@ core.device.keep_freed_memory()  # reuse freed trace buffers instead of page-fau
 DEFAULT_MODEL = "toy-translate"
 MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
 TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "1024")) * 2**20
-# $ATTENTION_LAB_HALF_ATTENTION=1 keeps the attention maps of long traces (>= this many
-# tokens) in float16 in the cache: 27% less memory at 512 tokens, weights off by <= 2.4e-4.
-HALF_ATTENTION_MIN_TOKENS = 128
 
 NOTES_EXAMPLES = {
     "bank (river)": "I swam across the river to get to the other bank.",
@@ -45,9 +42,10 @@ def model_names():
     return list(core.MODELS)
 
 
-# The app's longest input per model, in tokens: a smollm2 trace of n tokens holds about
-# 4.4 KB * n^2 (30 layers x 9 heads of n x n maps), so 256 tokens is ~0.3 GB.
-INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 256}
+# The app's longest input per model, in tokens: the models' own. A trace stores only the
+# residual stream (O(n d)) and recomputes a layer's maps when they are looked at
+# (core/trace.py), so a 2,048-token smollm2 trace is ~0.3 GB, not L x H x n^2 floats.
+INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 2048}
 
 
 log = logging.getLogger("attention_lab")
@@ -88,8 +86,8 @@ def trace_cache() -> ByteLRU:
 
 
 def _size_of(value) -> int:
-    """Bytes of a Trace or of a list of Traces (decoder steps)."""
-    return sum(t.nbytes() for t in value) if isinstance(value, list) else value.nbytes()
+    """Bytes of a Trace or of a list of Traces (decoder steps: views of one pass, counted once)."""
+    return core.trace.nbytes_of(value if isinstance(value, list) else [value])
 
 
 def clean_text(text: str) -> Tuple[str, list]:
@@ -105,14 +103,6 @@ def clean_text(text: str) -> Tuple[str, list]:
     return text, msgs
 
 
-def _for_cache(result):
-    """A trace (or a list of step traces) as the cache keeps it (core.trace.for_cache, which
-    reads $ATTENTION_LAB_HALF_ATTENTION)."""
-    if isinstance(result, list):
-        return [core.trace.for_cache(t, min_tokens=HALF_ATTENTION_MIN_TOKENS) for t in result]
-    return core.trace.for_cache(result, min_tokens=HALF_ATTENTION_MIN_TOKENS)
-
-
 def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
     """run(model, text) through the shared cache, turning every failure into a message."""
     model = get_model(model_name)
@@ -123,7 +113,7 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
         st.warning(m)
     try:
         with st.spinner(spinner):
-            return trace_cache().get_or_compute((model_name, text) + key, lambda: _for_cache(run(model, text)))
+            return trace_cache().get_or_compute((model_name, text) + key, lambda: run(model, text))
     except InputError as exc:
         st.warning(str(exc))
     except Exception as exc:
@@ -141,10 +131,10 @@ def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: 
     return trace
 
 
-# The decoder stepper keeps one Trace per generated token (32 for smollm2): for a prompt of n
-# tokens that is ~32 traces of n..n+31 tokens, ~3.3 GB at n = 64 and ~15 GB at the 256 the
-# other pages allow, so its prompts get a lower cap.
-STEP_INPUT_LIMITS = {"smollm2": 64}
+# The decoder stepper generates up to 64 tokens with a KV cache, then traces prompt + output
+# once (every step is a view of that pass): smollm2 prompts are capped at 1,024 tokens so
+# that generation stays within seconds on a CPU.
+STEP_INPUT_LIMITS = {"smollm2": 1024}
 
 
 def step_prompt(model_name: str, text: str) -> str:
@@ -162,7 +152,7 @@ def step_prompt(model_name: str, text: str) -> str:
     if len(enc) <= limit:
         return text
     end = max(t for _, t in enc.offsets[:limit])
-    st.warning(f"The decoder stepper keeps a trace for every step, so it runs {model_name} on the first {limit} "
+    st.warning(f"The decoder stepper generates token by token, so it runs {model_name} on the first {limit} "
                f"tokens of the prompt (the other pages take up to {INPUT_LIMITS.get(model_name)}).")
     return text[:end]
 
@@ -315,9 +305,6 @@ def sidebar(model=None) -> None:
             cfg = model.config
             st.caption(f"Model: **{model.name}** · {cfg.kind} · L={cfg.n_layers} H={cfg.n_heads} "
                        f"d={cfg.d_model} d_k={cfg.d_head} m={cfg.d_ff}")
-        if core.trace.half_attention_requested():
-            st.caption(f"Inputs of {HALF_ATTENTION_MIN_TOKENS}+ tokens keep their attention maps in float16 "
-                       "(weights within 2.4e-4 of float32).")
 
 
 def model_header(state: PageState, allowed=None):
