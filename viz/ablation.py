@@ -17,6 +17,21 @@ Head = Tuple[str, int, int]
 STACKS = ("encoder", "decoder")
 
 
+def head_sizes(config) -> Dict[str, Tuple[int, int]]:
+    """{stack: (layers, heads)} of a ModelConfig."""
+    sizes = {}
+    if config.has_encoder:
+        sizes["encoder"] = (config.n_layers, config.n_heads)
+    if config.has_decoder:
+        n_dec = config.n_decoder_layers if config.kind == "encoder-decoder" else config.n_layers
+        sizes["decoder"] = (n_dec, config.n_heads)
+    return sizes
+
+
+def all_head_names(sizes: Dict[str, Tuple[int, int]]) -> List[str]:
+    return [f"{s}.{l}.{h}" for s, (n_l, n_h) in sizes.items() for l in range(n_l) for h in range(n_h)]
+
+
 def head_name(head: Head) -> str:
     return f"{head[0]}.{int(head[1])}.{int(head[2])}"
 
