@@ -78,9 +78,10 @@ def mark_grid(fig: go.Figure, heads: Sequence[Head], stack: str) -> go.Figure:
     keep = [k for k, row in enumerate(custom) if (int(row[0]), int(row[1])) in off]
     if keep:
         fig.add_trace(go.Scatter(
-            x=[targets.x[k] for k in keep], y=[targets.y[k] for k in keep], customdata=custom[keep], mode="markers",
+            x=[targets.x[k] for k in keep], y=[targets.y[k] for k in keep], customdata=custom[keep].tolist(), mode="markers",
             name="switched off", showlegend=False,
             marker=dict(symbol="x-thin", size=28, line=dict(width=4, color="#7f7f7f"), color="#7f7f7f"),
+            selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1)),
             hovertemplate="layer %{customdata[0]} · head %{customdata[1]}: switched off<br>click to switch it back on"
                           "<extra></extra>"))
     return fig

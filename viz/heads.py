@@ -45,18 +45,22 @@ def score_heatmap(scores: pd.DataFrame, score: str, stack: str, title: Optional[
                       colorbar=dict(thickness=10, len=0.8), hoverongaps=False,
                       hovertemplate="layer %{y} · head %{x}<br>" + score + " %{z:.3f}<extra></extra>")
     layer_idx, head_idx = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    # plain lists (not base64 arrays), so the browser's click handler reads [layer, head] as numbers
     custom = np.stack([layer_idx.ravel(), head_idx.ravel(), np.nan_to_num(z.ravel(), nan=-1.0)], axis=1)
     cell = 22 if n_layers > 12 else 36
     targets = go.Scatter(
-        x=head_idx.ravel(), y=layer_idx.ravel(), mode="markers", customdata=custom, showlegend=False, name="heads",
+        x=head_idx.ravel().tolist(), y=layer_idx.ravel().tolist(), mode="markers", customdata=custom.tolist(),
+        showlegend=False, name="heads",
         marker=dict(symbol="square", size=cell - 4, opacity=0, color="#000000"),
         selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
         hovertemplate="layer %{customdata[0]} · head %{customdata[1]}<br>" + score
                       + " %{customdata[2]:.3f}<br>click to open this head in Explore<extra></extra>")
     fig = go.Figure([heat, targets])
-    fig.update_xaxes(title="head", tickmode="linear", dtick=1, side="top", showgrid=False, zeroline=False)
-    fig.update_yaxes(title="layer", tickmode="linear", dtick=1 if n_layers <= 12 else 2, autorange="reversed",
+    fig.update_xaxes(tickvals=list(range(n_heads)), ticktext=[f"H{h}" for h in range(n_heads)], side="top",
                      showgrid=False, zeroline=False)
+    step = 1 if n_layers <= 12 else 2
+    fig.update_yaxes(tickvals=list(range(0, n_layers, step)), ticktext=[f"L{l}" for l in range(0, n_layers, step)],
+                     autorange="reversed", showgrid=False, zeroline=False)
     if selected is not None:
         li, h = selected
         fig.add_shape(type="rect", x0=h - 0.5, x1=h + 0.5, y0=li - 0.5, y1=li + 0.5, line=dict(color="#d62728", width=3))
@@ -102,7 +106,8 @@ def rollout_heatmap(rollout: np.ndarray, tokens: Sequence[str], query: int, titl
     fig.update_xaxes(tickvals=pos, ticktext=labels, side="top", tickangle=-60, title="input token")
     fig.update_yaxes(title="after layer", autorange="reversed", tickmode="linear", dtick=1 if n_layers <= 12 else 2)
     fig.update_layout(title=dict(text=title or f"Rollout of token {query} ({labels[query]}) through the layers", x=0),
-                      height=120 + 22 * n_layers, margin=dict(l=10, r=10, t=140, b=10), plot_bgcolor="white")
+                      height=150 + max(28 * n_layers, 140), margin=dict(l=10, r=10, t=140, b=10),
+                      plot_bgcolor="white")
     return fig
 
 
