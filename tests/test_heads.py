@@ -139,6 +139,18 @@ def test_clicked_head_opens_in_explore(app_test, toy):
     np.testing.assert_allclose(z, toy.trace(TEXT)["encoder.2.self_attn.weights"][3].numpy(), atol=1e-6)
 
 
+def test_long_input_draws_rollout_without_flow(app_test, toy):
+    text = " ".join([TEXT] * 10)  # 60 tokens: above the page's flow limit
+    at = app_test("heads", text=text)
+    at.run()
+    assert_no_exception(at)
+    assert any("maximum-flow problem per input token" in i.value for i in at.info)
+    comp = figure(chart_by_key(at, "heads-compare"))
+    assert len(comp["data"]) == 2  # attention and rollout, no flow
+    rolled = analysis.rollout(toy.trace(text), "encoder")
+    np.testing.assert_allclose(decode_array(comp["data"][1]["x"]), rolled[-1, 1], atol=1e-9)
+
+
 def test_bad_input_is_a_warning(app_test):
     at = app_test("heads", text="   ")
     at.run()

@@ -12,6 +12,7 @@ from viz.pages import common
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
+ROLLOUT_MAX_TOKENS = 512  # rollout keeps L x n x n float64 and multiplies n x n maps: 30 x 512^2 x 8 B = 63 MB
 
 pending = st.session_state.pop(OPEN_KEY, None)
 if pending:
@@ -106,6 +107,10 @@ with st.expander("Every score (table)"):
 st.subheader("Attention through the layers")
 tokens = trace.tokens(view_sides(stack, "self_attn")[0])
 n = len(tokens)
+if n > ROLLOUT_MAX_TOKENS:
+    st.info(f"Rollout multiplies the layers' {n} × {n} maps and keeps one per layer; it is drawn up to "
+            f"{ROLLOUT_MAX_TOKENS} tokens. Shorten the text to see it.")
+    st.stop()
 c = st.columns([2, 1])
 default_query = n - 1 if model.kind == "decoder" or stack == "decoder" else min(1, n - 1)
 if st.session_state.get("heads.token", 0) >= n:
