@@ -38,17 +38,18 @@ if trace is None:
     st.stop()
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+# cache_resource: the results are shared read-only (no copy per hit, as cache_data would make)
+@st.cache_resource(max_entries=16, show_spinner=False)
 def _head_scores(model_name: str, text: str, _model, _trace):
     return analysis.head_scores(_model, trace=_trace)
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@st.cache_resource(max_entries=32, show_spinner=False)
 def _rollout(model_name: str, text: str, stack: str, residual: float, _trace):
     return analysis.rollout(_trace, stack, residual=residual)
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
+@st.cache_resource(max_entries=32, show_spinner=False)
 def _flow_row(model_name: str, text: str, stack: str, residual: float, query: int, _trace):
     last = _trace.layers(stack) - 1
     return analysis.flow(_trace, stack, residual=residual, query=query, layers=[last])[last, query]

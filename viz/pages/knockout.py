@@ -59,7 +59,7 @@ def controls(model, key: str, mode_key: str) -> None:
                 help="In the model view, a click on a map switches that head off (or back on) instead of selecting it.")
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@st.cache_resource(max_entries=64, show_spinner=False)
 def _continuation(model_name: str, text: str, off: tuple, mode: str, _model) -> str:
     tokens, _ = _model.generate(text, max_new_tokens=CONTINUATION_TOKENS, ablate=list(off), ablation=mode)
     return va.continuation(tokens)
