@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from viz.figures import safe_labels
+
 Head = Tuple[str, int, int]
 STACKS = ("encoder", "decoder")
 
@@ -110,7 +112,7 @@ def token_cosines(before, after) -> np.ndarray:
 def cosine_figure(cos: np.ndarray, tokens: Sequence[str], title: str = "") -> go.Figure:
     """One bar per token: the cosine between its last-layer vectors before and after."""
     pos = list(range(len(tokens)))
-    labels = [str(t).replace("\n", "\\n") or "␣" for t in tokens]
+    labels = safe_labels([str(t) for t in tokens])
     fig = go.Figure(go.Bar(x=pos, y=np.asarray(cos, dtype=float), customdata=labels,
                            hovertemplate="%{customdata} (%{x}): cosine %{y:.4f}<extra></extra>"))
     fig.update_xaxes(tickvals=pos, ticktext=labels, tickangle=-60)

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.figures import ATTN_SCALE
+from viz.figures import ATTN_SCALE, safe_labels
 
 SCORE_LABELS = {
     "previous_token": "previous token: mean A[i, i-1]",
@@ -89,8 +89,8 @@ def explore_params(model: str, text: str, stack: str, layer: int, head: int) -> 
 
 
 def _token_axis(tokens: Sequence[str]):
-    """Positions with the tokens as tick labels (repeated tokens stay separate rows)."""
-    return list(range(len(tokens))), [f"{t!s}".replace("\n", "\\n") or "␣" for t in tokens]
+    """Positions with the tokens as tick labels, markup escaped (repeated tokens stay separate rows)."""
+    return list(range(len(tokens))), safe_labels([str(t) for t in tokens])
 
 
 def rollout_heatmap(rollout: np.ndarray, tokens: Sequence[str], query: int, title: str = "") -> go.Figure:
