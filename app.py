@@ -12,6 +12,7 @@ PAGES = [
     st.Page("viz/pages/decoder.py", title="Decoder stepper", url_path="decoder", icon=":material/skip_next:"),
     st.Page("viz/pages/compare.py", title="Compare", url_path="compare", icon=":material/compare_arrows:"),
     st.Page("viz/pages/playground.py", title="Playground", url_path="playground", icon=":material/science:"),
+    st.Page("viz/pages/heads.py", title="Heads", url_path="heads", icon=":material/psychology:"),
     st.Page("viz/pages/corpus.py", title="Corpus", url_path="corpus", icon=":material/scatter_plot:"),
 ]
 

@@ -21,9 +21,10 @@ from viz.cache import ByteLRU
 from viz.figures import attention_heatmap, head_view, safe_label
 from viz.pages import common
 
-PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
+PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads"]
 MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",
-              "decoder": "decoder-weights", "compare": "compare-attn-a", "playground": "playground-pfree"}
+              "decoder": "decoder-weights", "compare": "compare-attn-a", "playground": "playground-pfree",
+              "heads": "heads-compare"}
 NORMAL = "the small dog sees the cat"
 
 BIG = (NORMAL + " ") * (100_000 // (len(NORMAL) + 1) + 1)
@@ -236,7 +237,10 @@ def outside_code_spans(markdown: str) -> str:
 def url_cases():
     for page in PAGES:
         # positions reads d and n (and model); every other page layer, head (step) and model
+        # heads reads only model and text
         cases = POSITION_URLS + [p for p in BAD_URLS if "model" in p] if page == "positions" else BAD_URLS
+        if page == "heads":
+            cases = [p for p in BAD_URLS if "model" in p]
         for params in cases:
             yield pytest.param(page, params, id=f"{page}-" + "&".join(f"{k}={v}" for k, v in params.items()))
 

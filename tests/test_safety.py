@@ -133,7 +133,7 @@ def test_figures_are_built_without_streamlit():
 SENTINEL = "zq7sentinel <b>bold</b> <img src=x onerror=alert(1)>"
 
 
-@pytest.mark.parametrize("page", ["explore", "inside", "positions", "decoder", "compare", "playground"])
+@pytest.mark.parametrize("page", ["explore", "inside", "positions", "decoder", "compare", "playground", "heads"])
 def test_user_text_never_reaches_html_elements(app_test, page):
     """At run time: no element rendered with HTML allowed carries the typed text."""
     params = {"text": SENTINEL}

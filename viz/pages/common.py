@@ -12,7 +12,7 @@ import os
 import re
 import time
 import urllib.parse
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import streamlit as st
 
@@ -158,12 +158,17 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
     return None
 
 
-def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None):
-    """Trace for (model, text, target, padding), cached across sessions and bounded in bytes.
-    Returns None after showing a message when the input cannot be traced."""
-    trace = _cached_run(model_name, text, ("trace", target or None, pad_to),
-                        lambda m, t: m.trace(t, target=target or None, pad_to=pad_to), "Running the model…")
-    if trace is not None:
+def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None,
+              ablate: Sequence = (), ablation: str = "zero", notes: bool = True):
+    """Trace for (model, text, target, padding, heads switched off), cached across sessions and
+    bounded in bytes. Returns None after showing a message when the input cannot be traced.
+    notes=False leaves out the notes about the input (for a second trace of the same text)."""
+    off = tuple(sorted(tuple(h) for h in ablate))
+    key = ("trace", target or None, pad_to) + ((("ablate", off, ablation),) if off else ())
+    trace = _cached_run(model_name, text, key,
+                        lambda m, t: m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation),
+                        "Running the model…")
+    if trace is not None and notes:
         show_trace_notes(trace)
     return trace
 

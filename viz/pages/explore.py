@@ -10,7 +10,8 @@ import streamlit as st
 
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
-from viz.pages import charts, common
+from viz import ablation as va
+from viz.pages import charts, common, knockout
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -47,9 +48,12 @@ with text_col:
 st.caption("Examples from the lecture notes and for this model:")
 common.example_buttons(examples, "explore-ex", _use_example)
 
-trace = common.get_trace(model_name, text)
+ablate_key, ablation_key = knockout.seed(state, model)
+off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
+url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
+trace = common.get_trace(model_name, text, ablate=off, ablation=ablation)
 if trace is None:
-    state.publish(model=model_name, text=text)
+    state.publish(model=model_name, text=text, **url_ablation)
     state.show_messages()
     st.stop()
 
@@ -81,7 +85,10 @@ with c[3]:
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
 state.show_messages()
-state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head)
+state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, **url_ablation)
+knockout.controls(model, ablate_key, ablation_key)
+if off:
+    knockout.what_changed(model, model_name, text, trace, off, ablation)
 
 view = View(stack, kind, layer, None if mean_heads else head)
 if words:
@@ -123,7 +130,9 @@ def _pick_from_grid() -> None:
     sel = st.session_state.get("explore-grid")
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
     picked = ex.grid_pick(pts[0]) if pts else None
-    if picked is not None:
+    if picked is not None and st.session_state.get("explore.knockout"):
+        knockout.toggle_head(ablate_key, stack, *picked)
+    elif picked is not None:
         st.session_state[layer_key], st.session_state[head_key] = picked
         st.session_state["explore.mean"] = False
 
@@ -138,7 +147,8 @@ with tab_model:
             lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
                                help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
                                     "layers to draw (fewer layers draw faster).")
-        st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red); "
+        st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red), or, "
+                   "with “Clicks switch heads off” on, to switch that head off or back on (crossed out); "
                    f"the enlarged map is on the Heatmap tab and below. Maps wider than {ex.MAX_GRID_SIDE} cells are "
                    "drawn in blocks (keys summed, queries averaged).")
         layers = list(range(lo, hi + 1))
@@ -147,6 +157,7 @@ with tab_model:
         grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{common.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
+        va.mark_grid(grid, off, stack)
         charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,
                      selection_mode="points", width="stretch")
         if not lo <= layer <= hi:

@@ -1,0 +1,137 @@
+"""Heads: what each head does (head scores as layer x head heatmaps; a click opens the head in
+Explore), and where a token's information comes from through the layers (rollout, flow).
+Scores and maps come from core.analysis; figures from viz.heads.
+"""
+
+import streamlit as st
+
+from core import analysis
+from viz import heads as hv
+from viz.explore import view_sides
+from viz.pages import charts, common
+
+OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
+FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
+ROLLOUT_MAX_TOKENS = 512  # rollout keeps L x n x n float64 and multiplies n x n maps: 30 x 512^2 x 8 B = 63 MB
+
+pending = st.session_state.pop(OPEN_KEY, None)
+if pending:
+    st.switch_page("viz/pages/explore.py", query_params=pending)
+
+st.title("Which heads do what")
+st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
+           "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
+state = common.PageState("heads")
+
+model_name, model, text_col = common.model_header(state)
+if model is None:
+    st.stop()
+text_key = state.seed("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)
+with text_col:
+    text = st.text_input("Sentence (press Enter)", key=text_key,
+                         help="previous-token, first-token and self scores are read on this sentence.")
+
+trace = common.get_trace(model_name, text)
+state.publish(model=model_name, text=text)
+state.show_messages()
+if trace is None:
+    st.stop()
+
+
+# cache_resource: the results are shared read-only (no copy per hit, as cache_data would make)
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _head_scores(model_name: str, text: str, _model, _trace):
+    return analysis.head_scores(_model, trace=_trace)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _rollout(model_name: str, text: str, stack: str, residual: float, _trace):
+    return analysis.rollout(_trace, stack, residual=residual)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _flow_row(model_name: str, text: str, stack: str, residual: float, query: int, _trace):
+    last = _trace.layers(stack) - 1
+    return analysis.flow(_trace, stack, residual=residual, query=query, layers=[last])[last, query]
+
+
+try:
+    with st.spinner("Scoring every head…"):
+        scores = _head_scores(model_name, text, model, trace)
+except Exception as exc:  # a model the scores cannot run on must not take the page down
+    st.error(f"Could not score the heads of {model_name}: {exc}")
+    st.stop()
+
+stacks = trace.stacks()
+stack = stacks[0]
+if len(stacks) > 1:
+    stack = st.radio("Stack", stacks, key="heads.stack", horizontal=True,
+                     format_func=lambda s: f"{s} self-attention")
+
+
+def _open(chart_key: str) -> None:
+    sel = st.session_state.get(chart_key)
+    pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
+    picked = hv.head_pick(pts[0]) if pts else None
+    if picked is not None:
+        st.session_state[OPEN_KEY] = hv.explore_params(model_name, text, stack, *picked)
+
+
+st.subheader("Head scores")
+st.caption(f"Rows are layers, columns heads. previous token, first token and self are read on your sentence; induction "
+           f"and duplicate token on {analysis.REPEAT_LENGTH} random tokens repeated twice (R = "
+           f"{analysis.REPEAT_LENGTH}, seeded). Click a cell to open that head in Explore.")
+cols = st.columns(3)
+for k, score in enumerate(analysis.SCORES):
+    key = f"heads-{score}"
+    with cols[k % 3]:
+        charts.chart(hv.score_heatmap(scores, score, stack), key=key, on_select=lambda key=key: _open(key),
+                        selection_mode="points", width="stretch")
+
+with cols[2]:
+    score = st.selectbox("Top heads by", analysis.SCORES, key="heads.top", index=3,
+                         format_func=lambda s: s.replace("_", " "))
+    top = analysis.top_heads(scores[scores["stack"] == stack], score, 5)
+    for row in top.itertuples():
+        st.page_link("viz/pages/explore.py", label=f"layer {row.layer} · head {row.head}: {getattr(row, score):.3f}",
+                     query_params=hv.explore_params(model_name, text, stack, row.layer, row.head))
+if model.kind == "decoder":
+    st.info("**Induction heads** (Olsson et al. 2022) complete patterns: after [A][B] … [A], they attend from the second "
+            "[A] to the token that followed the first one, [B], and help copy it. On a random sequence repeated twice "
+            "the only way to predict the second copy is to look back one copy, so such a head puts most of its "
+            "attention at position i − R + 1: its induction score is near 1. They need a previous-token head in an "
+            "earlier layer, so look for high previous-token scores above them.")
+with st.expander("Every score (table)"):
+    st.dataframe(scores[scores["stack"] == stack], hide_index=True, width="stretch")
+
+# ------------------------------------------------------------------ rollout and flow
+st.subheader("Attention through the layers")
+tokens = trace.tokens(view_sides(stack, "self_attn")[0])
+n = len(tokens)
+if n > ROLLOUT_MAX_TOKENS:
+    st.info(f"Rollout multiplies the layers' {n} × {n} maps and keeps one per layer; it is drawn up to "
+            f"{ROLLOUT_MAX_TOKENS} tokens. Shorten the text to see it.")
+    st.stop()
+c = st.columns([2, 1])
+default_query = n - 1 if model.kind == "decoder" or stack == "decoder" else min(1, n - 1)
+if st.session_state.get("heads.token", 0) >= n:
+    st.session_state["heads.token"] = default_query
+query = c[0].selectbox("Token", list(range(n)), index=default_query, key="heads.token",
+                       format_func=lambda i: f"{i}: {tokens[i]!r}")
+residual = c[1].slider("Residual weight", 0.0, 1.0, 0.5, 0.05, key="heads.residual",
+                       help="A~ = r·I + (1 − r)·A: how much of each layer's input the residual connection carries.")
+st.caption("Rollout multiplies the layers' head-averaged maps A~ (the residual connection mixed in); flow treats them "
+           "as a graph with capacities A~ and takes the maximum flow from each input token (Abnar & Zuidema 2020).")
+rolled = _rollout(model_name, text, stack, residual, trace)
+last = trace.layers(stack) - 1
+raw = trace[f"{stack}.{last}.self_attn.weights"].float().mean(0)[query].numpy()
+flowed = None
+if n <= FLOW_MAX_TOKENS:
+    with st.spinner("Computing attention flow…"):
+        flowed = _flow_row(model_name, text, stack, residual, query, trace)
+else:
+    st.info(f"Flow runs one maximum-flow problem per input token; with {n} tokens it is drawn up to "
+            f"{FLOW_MAX_TOKENS} tokens. Rollout is shown for every length.")
+charts.chart(hv.side_by_side(raw, rolled[last, query], flowed, tokens, query), key="heads-compare",
+                width="stretch")
+charts.chart(hv.rollout_heatmap(rolled, tokens, query), key="heads-rollout", width="stretch")
