@@ -6,8 +6,8 @@
    fresh temporary cache folder, removed afterwards);
 2. cached load: median of N loads that read the cache;
 3. trace: one traced forward pass on a 16-token prompt (median of N, after one warm-up);
-4. steps: a 10-token greedy generation via model.steps() (the greedy run plus one traced
-   pass per generated token), and the same 10 tokens via model.generate() (untraced).
+4. steps: a 10-token greedy generation via model.steps() (KV-cached greedy decoding, then
+   one traced pass over prompt + output), and the same 10 tokens via model.generate().
 
 On a small shared machine, torch's OpenMP threads slow down badly when other processes
 keep the cores busy (the load average is printed); --threads 1 gives steadier figures there.

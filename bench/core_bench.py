@@ -1,6 +1,6 @@
 """Core benchmark: minilm in our core against transformers' BertModel, timed alternately.
 
-    python -m bench.core_bench [--config after|before|lazy|mallopt] [--rounds 15]
+    python -m bench.core_bench [--config after|glibc] [--rounds 15]
                                [--lengths 16,128,512] [--device cpu|cuda] [--json]
 
 At each length, one round runs each of these once, round after round:
@@ -15,11 +15,8 @@ CPU time, and the ratios ours / theirs (ratio of the medians, and the median of 
 per-round ratios).
 
 Configurations (one process each: glibc's malloc settings cannot be undone in-process):
-    before    the old recording (Recorder(lazy=False): scores, scaled, masked, weights and
-              the zero mask kept as tensors), glibc defaults
-    lazy      scores / scaled / masked / zero mask derived on access (core/trace.py), glibc defaults
-    mallopt   the old recording, with core.device.keep_freed_memory()
-    after     lazy + core.device.keep_freed_memory(): what the app runs
+    glibc     glibc's malloc defaults
+    after     core.device.keep_freed_memory(): what the app runs
 
 On CUDA (--device cuda, or by default when a GPU is present) everything runs there; wall
 times are taken after torch.cuda.synchronize() and the trace's meta records the device.
@@ -28,29 +25,20 @@ times are taken after torch.cuda.synchronize() and the trace's meta records the 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
 
 from bench.common import ROOT, alternate, machine_info, median, paired_ratio, text_of  # noqa: F401
 
-CONFIGS = ("before", "lazy", "mallopt", "after")
+CONFIGS = ("glibc", "after")
 
 
 def run(config: str = "after", rounds: int = 15, lengths=(16, 128, 512), device=None, threads: int = 1) -> dict:
     import core
     import core.api
     import core.device
-    from core.model import Recorder
-    from core.trace import Trace
-
-    if config in ("after", "mallopt"):
-        kept = core.device.keep_freed_memory()
-    else:
-        kept = False
-    if config in ("before", "mallopt"):  # the recording before this change: every tensor kept
-        core.api.Recorder = functools.partial(Recorder, lazy=False)
+    kept = core.device.keep_freed_memory() if config == "after" else False
     os.environ.setdefault("ATTENTION_LAB_THREADS", str(threads))
     core.device.configure_threads(threads)
     import torch
@@ -75,8 +63,8 @@ def run(config: str = "after", rounds: int = 15, lengths=(16, 128, 512), device=
         toks = model.tokenizer.encode(text).tokens
 
         def trace_from_ids():  # the same Trace as model.trace, from the same ids transformers gets
-            entries, _ = model._run_traced(id_list, None, None)
-            return Trace(entries, {"source": toks}, {"model": model.name, "device": str(dev)})
+            tensors, _, runner = model._run_traced(id_list, None, None)
+            return model._finish(tensors, {"source": toks}, {"model": model.name, "device": str(dev)}, runner)
 
         fns = {
             "ours trace": lambda: model.trace(text),

@@ -111,7 +111,7 @@ for n in (128, 1024):
     text = text[:cut]
     t0 = time.perf_counter()
     tr = model.trace(text)
-    w = tr["decoder.0.self_attn.weights"]  # read one map (recomputed on access if the trace is lazy)
+    w = tr["decoder.0.self_attn.weights"]  # read one map (recomputed from the stored stream)
     out[f"trace_{len(tr.tokens('target'))}_s"] = time.perf_counter() - t0
     out[f"rss_after_trace_{n}_mb"] = rss_mb()
     del tr, w

@@ -1,13 +1,13 @@
 """Every benchmark, then docs/benchmarks.md: `python -m bench.run_all [--quick]` (`make bench`).
 
 1. core    minilm trace / untraced forward against transformers (bench.core_bench), in one
-           fresh process per configuration: before (every tensor kept, glibc defaults),
-           lazy, mallopt, after (= what the app runs); on a CUDA machine also on the GPU;
-2. memory  trace bytes, float16 attention error, the trace cache (bench.memory_bench);
+           fresh process per configuration: glibc's malloc defaults and after (= what the app
+           runs); on a CUDA machine also on the GPU;
+2. long inputs  what a trace stores and costs at the models' own context (bench.trace_bench);
 3. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens
            (bench.browser_bench).
 Each runs in its own process. --quick: fewer rounds and repetitions, configurations
-before/after only, lengths 128 and 512 (a few minutes instead of ~15).
+glibc/after, lengths 128 and 512 (a few minutes instead of ~15).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ def core_results(runs: dict) -> list:
     if after is None:
         return [Result("core", "minilm full trace / transformers eager (output_attentions)", None, "x", 1.0,
                        note="core benchmark failed")]
-    before = {r["tokens"]: r for r in runs.get("before", {}).get("rows", [])}
+    before = {r["tokens"]: r for r in runs.get("glibc", {}).get("rows", [])}
     for r in after["rows"]:
         n = r["tokens"]
         target = 1.0 if n in (128, 512) else None
         b = before.get(n)
-        was = (f"; before this change {b['trace_vs_eager_cpu']:.2f} (wall {b['trace_vs_eager']:.2f}), "
+        was = (f"; with glibc's malloc defaults {b['trace_vs_eager_cpu']:.2f} (wall {b['trace_vs_eager']:.2f}), "
                f"trace {b['median_ms']['ours trace']:.0f} ms wall / {b['cpu_median_ms']['ours trace']:.0f} ms CPU") if b else ""
         out.append(Result(
             "core", f"minilm model.trace(text), tokenizing included / transformers eager + output_attentions, {n} "
@@ -144,14 +144,11 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "time, which on this shared machine also counts the time other processes held the cores. Targets are "
              "judged on the ratio of CPU-time medians; the wall ratios are in the notes.")
     L.append("")
-    L.append("- **before**: the recording before this change (every tensor kept: scores, scaled, masked (the same "
-             "tensor as scaled when there is no mask), weights and an n x n zero mask per layer), glibc defaults;")
-    L.append("- **lazy**: scores / scaled / masked and all-zero masks derived on access (core/trace.py);")
-    L.append("- **mallopt**: the old recording with `core.device.keep_freed_memory()`;")
-    L.append("- **after**: lazy + keep_freed_memory: what the app runs (viz/pages/common.py calls keep_freed_memory()).")
+    L.append("- **glibc**: glibc's malloc defaults;")
+    L.append("- **after**: `core.device.keep_freed_memory()`: what the app runs (viz/pages/common.py calls it).")
     L.append("")
     L.append("```")
-    for name in ("before", "lazy", "mallopt", "after", "after-cuda"):
+    for name in ("glibc", "after", "after-cuda"):
         if name in core_runs:
             L.append(format_table(core_runs[name]))
             L.append("")
@@ -160,67 +157,28 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
         L.append("")
         L.append("Errors: " + "; ".join(core_runs["errors"]))
     L.append("")
-    L.append("## What a trace stores and what it derives")
+    L.append("## Long inputs: what a trace stores")
     L.append("")
-    L.append("Every DESIGN.md name still reads as a tensor (`trace[name]`, `trace.get`, `names()`, `save()` write "
-             "them all). A trace from `model.trace` stores `weights` and derives on access, with the forward "
-             "pass's own operations on the same values:")
-    L.append("")
-    L.append("| name | how | exactness |")
-    L.append("|---|---|---|")
-    L.append("| `scores` | `q @ k^T` from the recorded q and k (k's heads repeated under grouped-query attention) | "
-             "the forward's matmul on the same q, k: bit for bit on the CPU in our tests (1, 2, 4 threads; "
-             "minilm, toy-translate, smollm2); on a GPU run, recomputed on the CPU, within ~1e-6 relative |")
-    L.append("| `scaled` | `scores * (1/sqrt(d_k))` | exact: the forward's own elementwise op |")
-    L.append("| `masked` | `scaled + mask`, or `scaled` itself when the attention had no mask | exact |")
-    L.append("| `mask` | `zeros(n_q, n_k)` when the attention had no mask (stored otherwise) | exact |")
-    L.append("| `weights` and every other name | stored | — |")
-    L.append("")
-    L.append("So scaled = scores / sqrt(d_k) and masked = scaled + mask hold exactly as before; softmax(masked) = "
-             "weights to float rounding (tests/test_trace_memory.py checks 1e-6). Derived tensors are computed "
-             "afresh on each access (nothing memoised) and count nothing in `Trace.nbytes()`, which now counts "
-             "each memory block once (before, `masked` = `scaled` was counted twice).")
-    L.append("")
+    L.append("A traced pass runs the fused attention kernel and stores only O(n d) tensors: the embeddings, every "
+             "layer's output (the residual stream), each attention's per-head output, the final norms and, for "
+             "decoders, the top-10 next tokens at every position and the whole distribution at the last one. "
+             "Every other name is computed when it is read, by running that one layer again on its stored input "
+             "(core/trace.py; the last two layers are cached). The model view pools each layer's maps as it is "
+             "computed. Before this design every attention map was kept: minilm's 512-token trace was 138.8 MiB "
+             "and its trace 1.12x transformers' sdpa forward at 512 tokens; smollm2 at 1,036 tokens took 2.2 GB "
+             "of trace and 3.2 GB of process memory, so the app capped it at 256 tokens. The figures below are "
+             "the targets' rows above, from `python -m bench.trace_bench`.")
     d = mem.get("details", {})
-    if "trace_512" in d:
-        t = d["trace_512"]
-        mib = 2**20
-        L.append("## Memory")
+    if "smollm2" in d:
+        s = d["smollm2"]
         L.append("")
-        L.append(f"- minilm trace at 512 tokens: **{t['bytes'] / mib:.1f} MiB** ({t['bytes']} bytes; {t['names']} "
-                 f"names, {t['derived']} derived), of which {t['attention_bytes'] / mib:.1f} MiB attention weights. "
-                 f"Before: {t['before_bytes'] / mib:.1f} MiB kept ({t['before_nbytes_reported'] / mib:.1f} MiB by the "
-                 f"old nbytes()). transformers' output_attentions alone: {t['hf_output_attentions_bytes'] / mib:.0f} MiB.")
-        L.append(f"- with float16 attention maps (`Trace.to_half_attention()`): {t['half_bytes'] / mib:.1f} MiB.")
-    if "float16" in d:
-        w = d["float16"]["worst"]
-        L.append(f"- float16 error over {w['maps']} real attention tensors ({len(d['float16']['cases'])} traces: minilm "
-                 f"at 16/128/512 tokens and its examples, toy-translate with causal, cross and padding masks, smollm2 "
-                 f"with grouped-query attention where installed): max |w16 - w32| = {w['max_abs']:.2e} (bound "
-                 f"2^-12 = 2.44e-4), max relative error {w['max_rel_ge_1e-3']:.2e} for weights >= 1e-3 (bound 2^-11); "
-                 f"rows sum to 1 within {w['row_sum_err_16']:.2e} (float32: {w['row_sum_err_32']:.2e}); masked "
-                 f"weights stay exactly 0: {'yes' if w['masked_exact_zero'] else 'NO'}.")
-        L.append("")
-        L.append("| model | tokens | max abs | max rel (w >= 1e-3) | row sum fp16 | row sum fp32 |")
-        L.append("|---|---|---|---|---|---|")
-        for c in d["float16"]["cases"]:
-            L.append(f"| {c['model']} | {c['tokens']} | {c['max_abs']:.2e} | {c['max_rel_ge_1e-3']:.2e} | "
-                     f"{c['row_sum_err_16']:.2e} | {c['row_sum_err_32']:.2e} |")
-    if "cache" in d:
-        c = d["cache"]
-        L.append("")
-        L.append(f"- the trace cache (viz.cache.ByteLRU, bounded in bytes, default 1 GiB) holds "
-                 f"{c['fits_512_float32']} traces of 512 tokens (float16 maps: {c['fits_512_float16']}; before this "
-                 f"change: {c['fits_512_before']}). Its eviction by bytes, refusal of oversize items and one "
-                 f"computation for concurrent requests are tested in tests/test_trace_memory.py.")
-    if "cache_rss" in d:
-        c = d["cache_rss"]
-        grow = ", ".join(f"{(r - c['rss_start_kib']) / 1024:.0f}" for r in c["rss_kib"])
-        L.append(f"- resident memory while {len(c['rss_kib'])} different 512-token traces pass through a "
-                 f"{c['bound_bytes'] / 2**20:.0f} MiB cache (keep_freed_memory on): "
-                 f"{grow} MiB above the start "
-                 f"({c['entries']} traces kept, {c['cache_bytes'] / 2**20:.0f} MiB): bounded by the cache, not growing "
-                 "with the number of traces.")
+        L.append(f"- smollm2 at {s['tokens']} tokens: untraced forward {s['forward_cpu_s']:.2f} s CPU, traced pass "
+                 f"{s['traced_cpu_s']:.2f} s, one layer's maps on first access {s['layer_first_access_cpu_s']:.2f} s, "
+                 f"the {s['maps']}-map model view {s['model_view_cpu_s']:.2f} s (torch threads: {s['threads']}).")
+    if "memory" in d:
+        m = d["memory"]
+        L.append(f"- smollm2 loaded: {m['loaded_rss_mib']:.0f} MiB resident; peak during a {m['tokens']}-token traced "
+                 f"pass: {m['peak_above_loaded_mib']:.0f} MiB above that; the trace stores {m['stored_mib']:.0f} MiB.")
     L.append("")
     bd = browser.get("details", {})
     L.append("## Browser")
@@ -265,7 +223,7 @@ def main(argv=None) -> int:
     print(f"{info['cpu']}, {info['cores']} cores, load {info['load_average']}; torch {info['torch']}, "
           f"transformers {info['transformers']}, streamlit {info['streamlit']}; GPU: {info['gpu'] or 'none'}", flush=True)
 
-    configs = ("before", "after") if args.quick else ("before", "lazy", "mallopt", "after")
+    configs = ("glibc", "after")
     rounds = 5 if args.quick else 21
     lengths = (128, 512) if args.quick else (16, 128, 512)
     core_runs = {}
@@ -294,11 +252,12 @@ def main(argv=None) -> int:
         results.append(Result("core (GPU)", "GPU figures", None, "x", None,
                               note="no GPU on this machine: GPU figures were not taken here"))
 
-    print("memory ...", flush=True)
+    print("long inputs ...", flush=True)
     try:
-        mem = _sub("bench.memory_bench", ["--quick"] if args.quick else [])
+        mem = _sub("bench.trace_bench", ["--quick"] if args.quick else [])
     except Exception as exc:
-        mem = {"results": [Result("memory", "memory benchmark", None, "", note=str(exc)[-300:]).to_dict()], "details": {}}
+        mem = {"results": [Result("long inputs", "trace benchmark", None, "", note=str(exc)[-300:]).to_dict()],
+               "details": {}}
     results += [Result.from_dict(r) for r in mem["results"]]
 
     browser = {"results": [], "details": {}}
