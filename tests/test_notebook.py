@@ -47,6 +47,9 @@ def test_quickstart_runs_and_shows_every_view(executed):
     figures = [h for h in html if "plotly-graph-div" in h]
     assert len(figures) >= 5  # heatmap, model view, head view, decoder step, next tokens
     assert any("<table" in h and "weight" in h for h in html)  # the pandas table of frame()
+    assert any("<table" in h and "previous_token" in h and "induction" in h for h in html)  # head scores
+    printed = "".join("".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
+    assert "plain:" in printed and "ablated:" in printed  # the ablation cell ran
     assert (work / "cross-attention.svg").is_file() or any(
         "install Debian's Chromium" in "".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
 
