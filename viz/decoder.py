@@ -41,6 +41,35 @@ def head_matrix(trace, name: str, head: int) -> np.ndarray:
     return t if t.ndim == 2 else t[head]
 
 
+MAX_SIDE = 96  # decoder maps longer than this are drawn in blocks
+
+
+def in_blocks(mask, masked, weights, tokens: Sequence[str], row: int, max_side: int = MAX_SIDE):
+    """The stepper's three n x n maps of a long prefix in at most max_side blocks per side:
+    weights with keys summed and queries averaged (rows still sum to 1, as on Explore);
+    masked scores and the mask as the mean of each block's finite cells (-inf where every
+    cell is masked). Returns the three maps, the block labels and the block of `row`."""
+    from viz.explore import block_labels, blocks
+
+    groups = blocks(len(tokens), max_side)
+    starts = [g[0] for g in groups]
+
+    def mean_finite(m):
+        m = np.asarray(m, dtype=np.float64)
+        fin = np.isfinite(m)
+        s = np.add.reduceat(np.add.reduceat(np.where(fin, m, 0.0), starts, axis=0), starts, axis=1)
+        c = np.add.reduceat(np.add.reduceat(fin.astype(np.float64), starts, axis=0), starts, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(c > 0, s / np.maximum(c, 1), -np.inf)
+
+    w = np.asarray(weights, dtype=np.float64)
+    summed = np.add.reduceat(w, starts, axis=1)  # keys summed within a block
+    sizes = np.array([len(g) for g in groups], dtype=np.float64)[:, None]
+    w_blocks = np.add.reduceat(summed, starts, axis=0) / sizes  # queries averaged
+    f = len(groups[0])
+    return mean_finite(mask), mean_finite(masked), w_blocks, block_labels(groups, tokens), row // f
+
+
 def newest_row(trace) -> int:
     """Index of the last decoder input position: the row whose output is the next token."""
     return len(trace.tokens("target")) - 1

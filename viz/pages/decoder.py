@@ -257,6 +257,12 @@ masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)
 weights = dv.head_matrix(tr, f"decoder.{layer}.self_attn.weights", head)
 n = len(q_tokens)
 where = f"layer {layer} · head {head}"
+shown_tokens, shown_row = q_tokens, row
+if n > dv.MAX_SIDE:  # long prompts: the three n x n maps in blocks (the newest row's block outlined)
+    mask, masked, weights, shown_tokens, shown_row = dv.in_blocks(mask, masked, weights, q_tokens, row)
+    st.caption(f"{n} positions are drawn in {len(shown_tokens)} blocks per side: weights summed over each block "
+               "of keys and averaged over its queries (rows still sum to 1); scores and the mask averaged over "
+               "each block's cells (−∞ where all are masked). Hover gives each block's range; Explore shows any map.")
 # Margins fit the labels of the longest decoder input of this run, so they stay put from
 # step to step (viz.decoder._tidy); the maps themselves grow with the step.
 run_tokens = q_tokens if full is not None else steps[-1].tokens("target")
@@ -266,14 +272,16 @@ per_row = 3 if n <= THREE_UP_TO else 2 if n <= TWO_UP_TO else 1
 
 
 def _mask_panel() -> None:
-    charts.chart(dv.look_ahead_mask_figure(mask, q_tokens, highlight_row=row, height=height, fit=fit_self,
+    charts.chart(dv.look_ahead_mask_figure(mask, shown_tokens, highlight_row=shown_row, height=height,
+                                   fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
                                            title=f"Look-ahead mask M ({n}×{n})"),
                  key="decoder-mask", width="stretch")
     st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (seed 002's M, seed 003's B): the same in every layer and head.")
 
 
 def _masked_panel() -> None:
-    charts.chart(dv.masked_scores_figure(masked, q_tokens, highlight_row=row, height=height, fit=fit_self,
+    charts.chart(dv.masked_scores_figure(masked, shown_tokens, highlight_row=shown_row, height=height,
+                                   fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
                                          title=f"Masked scores QKᵀ/√d_k + M · {where}"),
                  key="decoder-masked", width="stretch")
     st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
@@ -281,7 +289,8 @@ def _masked_panel() -> None:
 
 
 def _weights_panel() -> None:
-    charts.chart(dv.weights_figure(weights, q_tokens, highlight_row=row, height=height, fit=fit_self,
+    charts.chart(dv.weights_figure(weights, shown_tokens, highlight_row=shown_row, height=height,
+                                   fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
                                    title=f"Weights S' = softmax(…) · {where}"),
                  key="decoder-weights", width="stretch")
     st.caption("softmax of each row: every row sums to 1 and is exactly 0 above the diagonal, so no token "
