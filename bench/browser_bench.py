@@ -391,6 +391,27 @@ def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> 
     return {"times": times, "all_charts": all_times, "breakdown": collect(bds)}
 
 
+def scenario_decoder_long(page, base_url: str, text: str, n_reps: int, warm: int) -> dict:
+    """smollm2 with a 1,024-token prompt and up to 64 new tokens: Next until the step's
+    next-token chart (and its maps) show the new step. Every step is a view of one traced
+    pass, so a step reads one recomputed layer (cached after the first)."""
+    page.goto(f"{base_url}/decoder?model=smollm2&layer=3&head=1&text=" + urllib.parse.quote(text))
+    wait_idle(page, 900_000)
+    wait_chart(page, "decoder-next", 900_000)
+    times, weights_times = [], []
+    for i in range(n_reps + warm):
+        btn = page.get_by_role("button", name="Next", exact=True)
+        page.evaluate(WATCH_ALL_JS, ["decoder-weights", "decoder-next"])
+        t = timed(page, btn.click, "decoder-next", "true", None, 300_000)
+        page.wait_for_function("n => Object.keys(window.__seen).length >= n", arg=2, timeout=300_000)
+        t_w = page.evaluate("() => (window.__seen['decoder-weights'] - window.__bench.t0) / 1000")
+        if i >= warm:
+            times.append(t)
+            weights_times.append(t_w)
+        wait_idle(page)
+    return {"times": times, "weights": weights_times}
+
+
 def scenario_long(page, base_url: str, texts: list, warm: int) -> dict:
     """512-token inputs: heatmap after Enter, grid after the tab click, head change; long tasks."""
     page.goto(f"{base_url}/explore?model=minilm&text=" + urllib.parse.quote("a short warm up sentence"))
@@ -528,6 +549,24 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     results.append(Result("browser", "decoder step: Next -> all five of the step's charts redrawn "
                                           "(mask, masked scores, weights, cross-attention, next token)",
                                           median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
+
+            if not quick and core.MODELS["smollm2"].available():
+                name = "decoder step: Next -> next-token chart (smollm2, 1,024-token prompt, 64 new tokens)"
+
+                def long_decoder():
+                    from bench.common import PASSAGE
+
+                    smol = core.load_model("smollm2", device="cpu")
+                    text = PASSAGE * 40
+                    text = text[: smol.tokenizer.encode(text).offsets[1023][1]]
+                    return scenario_decoder_long(page, server.url, text, reps, warm)
+
+                dl = attempt("browser", [(name, 0.3)], long_decoder)
+                if dl is not None:
+                    details["decoder_long"] = dl
+                    results.append(Result("browser", name, median(dl["times"]), "s", 0.3,
+                                          note=_note(dl["times"]) + f"; its weights map (in blocks) redrawn after "
+                                               f"{median(dl['weights']):.3f} s (median)"))
 
             if not quick:
                 name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"
