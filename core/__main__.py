@@ -36,8 +36,10 @@ def cmd_trace(args) -> int:
 def cmd_eval(args) -> int:
     from .evaluate import evaluate, format_table
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, step=args.step)
     result = evaluate(model, n=args.n)
+    if args.step is not None:
+        result["step"] = model.info.get("step")
     print(format_table(result), file=sys.stderr)
     print(json.dumps(result))
     return 0
@@ -56,6 +58,8 @@ def main(argv=None) -> int:
     e = sub.add_parser("eval", help="held-out exact match and alignment accuracy (toy-translate)")
     e.add_argument("--model", default="toy-translate")
     e.add_argument("--n", type=int, default=None)
+    e.add_argument("--step", type=int, default=None,
+                   help="toy-translate after this many training updates (a saved step; default: the final weights)")
     e.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
     args = ap.parse_args(argv)
     try:
