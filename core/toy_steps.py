@@ -57,14 +57,16 @@ def available_steps(folder: Path = TOY_DIR) -> List[int]:
 def weights_file(folder: Path, step: Optional[int]) -> Path:
     """The checkpoint of `step` (None: the final one); ValueError naming the available steps."""
     folder = Path(folder)
-    last = final_step(folder)
-    if step is None or (last is not None and int(step) == last):
+    if step is None:
         return folder / "model.safetensors"
     try:
         n = int(step)
     except (TypeError, ValueError):
         n = -1
-    path = step_file(folder, n) if n >= 0 and str(n) == str(step).strip() else None
+    n = n if n >= 0 and str(n) == str(step).strip() else -1
+    if n >= 0 and n == final_step(folder):
+        return folder / "model.safetensors"
+    path = step_file(folder, n) if n >= 0 else None
     if path is None or not path.exists():
         avail = ", ".join(str(s) for s in available_steps(folder)) or "none"
         raise ValueError(f"toy-translate has no checkpoint for training step {step!r}; available steps: {avail}")
