@@ -10,7 +10,7 @@ import streamlit as st
 
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
-from viz.pages import common
+from viz.pages import common, training_panel
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -46,8 +46,9 @@ with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 st.caption("Examples from the lecture notes and for this model:")
 common.example_buttons(examples, "explore-ex", _use_example)
+run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
-trace = common.get_trace(model_name, text)
+trace = common.get_trace(run_model, text)
 if trace is None:
     state.publish(model=model_name, text=text)
     state.show_messages()
