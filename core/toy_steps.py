@@ -120,9 +120,11 @@ def best_unsupervised(per_head: Dict[str, Dict[str, float]], guided_layer: int, 
     return best
 
 
-def evaluate_steps(folder: Path = TOY_DIR, n: int = 1000, log=print, results: Optional[Dict[int, Dict]] = None) -> Dict:
+def evaluate_steps(folder: Path = TOY_DIR, n: int = 1000, log=print, results: Optional[Dict[int, Dict]] = None,
+                   note: Optional[str] = None) -> Dict:
     """Evaluate every saved step (as it loads: float16 files in float32) and write steps/metrics.json.
-    `results`: core.evaluate.evaluate_toy(model, n) of some steps, already computed."""
+    `results`: core.evaluate.evaluate_toy(model, n) of some steps, already computed; `note`: where
+    the checkpoints come from, when that needs saying (kept in the file, shown by the app)."""
     from .evaluate import evaluate_toy
     from .registry import load_toy
 
@@ -148,7 +150,7 @@ def evaluate_steps(folder: Path = TOY_DIR, n: int = 1000, log=print, results: Op
         log(f"step {step:5d}: loss {row.get('train_loss', float('nan')):.4f}  exact match {row['exact_match']:.3f}  "
             f"alignment {row['alignment_accuracy']:.3f}  best unsupervised {row['best_unsupervised']['accuracy']:.3f}")
     out = {"final_step": final_step(folder), "n_heldout": n, "guided": {"layer": g_layer, "head": g_head},
-           "align_weight": align_weight,
+           "align_weight": align_weight, **({"note": note} if note else {}),
            "chance_alignment": round(chance_alignment(n), 4), "steps": rows}
     path = folder / STEPS_DIR / METRICS
     path.parent.mkdir(parents=True, exist_ok=True)

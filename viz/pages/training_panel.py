@@ -65,6 +65,8 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
                             f"{metrics.get('chance_alignment', 0):.1%}).")
             st.caption("Checkpoints before the final one are stored in float16." if step != final else
                        "The final, shipped weights (float32).")
+            if metrics and metrics.get("note"):
+                st.caption(metrics["note"])
         with right:
             if metrics:
                 st.plotly_chart(tv.training_curve(metrics, step, losses), key=f"{key}-training-curve", width="stretch")
