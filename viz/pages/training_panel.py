@@ -47,6 +47,10 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
     step_key = state.seed("step_train", final, parse=lambda v: int(str(v).strip()), valid=lambda v: v in steps)
     if st.session_state.get(step_key) not in steps:
         st.session_state[step_key] = final
+    if not (text or "").strip():  # the page stops at its empty-text warning: keep the step, draw nothing
+        step = st.session_state[step_key]
+        state.extra["step_train"] = step
+        return common.model_key(model_name, None if step == final else step)
     rows = {r["step"]: r for r in (metrics or {}).get("steps", [])}
     with st.expander("Training step: watch the attention learn", expanded=True):
         left, right = st.columns([1, 2])
