@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import core
-from browser_utils import chart_data, no_exception, wait_idle
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
 from core import toy_steps, toy_task
 
 pytestmark = pytest.mark.browser
@@ -44,3 +44,10 @@ def test_moving_the_slider_changes_the_cross_attention_map(server, page):
     final = core.load_model("toy-translate", device="cpu").trace(TEXT, target=" ".join(target))
     assert np.abs(after - final["decoder.1.cross_attn.weights"][0].numpy()).max() < 1e-5
     assert no_exception(page)
+    thumb.focus()
+    thumb.press("Home")  # back to step 0 for the README's picture: attention before any learning
+    page.wait_for_function("() => window.location.search.includes('step_train=0')", timeout=60_000)
+    wait_idle(page)
+    assert np.abs(_z(page) - after).max() > 0.1
+    page.locator('[data-testid="stExpander"]').filter(has_text="Training step").screenshot(
+        path=str(SCREENSHOTS / "training-step.png"))

@@ -71,7 +71,8 @@ def training_curve(metrics: Dict, step: Optional[int] = None, losses: Optional[D
         fig.add_vline(x=step, line=dict(color=STEP_COLOUR, width=2),
                       annotation_text=f"step {step}", annotation_position="top")
     fig.update_yaxes(title_text="training loss", type="log", secondary_y=False, showgrid=False)
-    fig.update_yaxes(title_text="exact match / alignment", range=[-0.02, 1.05], secondary_y=True)
+    fig.update_yaxes(title_text="exact match / alignment", range=[-0.02, 1.05], tickmode="linear", tick0=0,
+                     dtick=0.2, tickformat=".0%", secondary_y=True)
     fig.update_xaxes(title_text="training step (parameter updates)")
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=10),
                       legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0, font=dict(size=11)))
