@@ -3,7 +3,7 @@
     python -m core.train_toy                 # the shipped recipe (fixed seed, one thread)
     python -m core.train_toy --steps 200 --out /tmp/toy   # a quick run elsewhere
 
-Along the way it keeps the weights after 0, 25, 50, ... 1600 updates (core.toy_steps:
+Along the way it keeps the weights after 0, 50, 100, 150, 200, 400 updates (core.toy_steps:
 float16, in steps/), every update's loss (steps/losses.json), and then scores each saved
 step on the held-out set (steps/metrics.json), for the app's "training step" slider.
 
