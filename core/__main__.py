@@ -73,8 +73,10 @@ def cmd_trace(args) -> int:
 def cmd_eval(args) -> int:
     from .evaluate import evaluate, format_table
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, step=args.step)
     result = evaluate(model, n=args.n)
+    if args.step is not None:
+        result["step"] = model.info.get("step")
     print(format_table(result), file=sys.stderr)
     print(json.dumps(result))
     return 0
@@ -137,6 +139,8 @@ def build_parser(prog: str = "python -m core"):
     e = sub.add_parser("eval", help=what, description=what)
     e.add_argument("--model", default="toy-translate")
     e.add_argument("--n", type=int, default=None)
+    e.add_argument("--step", type=int, default=None,
+                   help="toy-translate after this many training updates (a saved step; default: the final weights)")
     e.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
     what = "every token's per-head query and key over a corpus of sentences, to Parquet"
     c = sub.add_parser("corpus", help=what, description=what)

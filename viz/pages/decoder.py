@@ -16,7 +16,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import charts, common
+from viz.pages import charts, common, training_panel
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
@@ -81,8 +81,9 @@ for i, sentence in enumerate(examples):
 mode = st.radio("Mode", list(MODES), key=mode_key, format_func=MODES.get, horizontal=True, on_change=_mode_changed)
 
 # ------------------------------------------------------------------ all steps, once (cached)
-run_text = common.step_prompt(model_name, text)  # capped where every step's trace is large
-steps = common.get_steps(model_name, run_text)
+run_model = training_panel.training_step(state, model_name, model, text, "decoder")  # toy-translate: a training step
+run_text = common.step_prompt(run_model, text)  # capped where every step's trace is large
+steps = common.get_steps(run_model, run_text)
 if not steps:
     if steps is not None:  # ran, but generated nothing (max length 0)
         st.warning("The model generated no tokens for that input (it is already at the maximum length).")
@@ -124,7 +125,7 @@ if mode == "teacher":
         state.show_messages()
         ss[PLAYING] = False
         st.stop()
-    full = common.get_trace(model_name, run_text, target=target)
+    full = common.get_trace(run_model, run_text, target=target)
     if full is None:
         state.publish(model=model_name, text=text, mode=mode, target=target)
         state.show_messages()

@@ -11,7 +11,7 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, knockout
+from viz.pages import charts, common, knockout, training_panel
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -47,11 +47,12 @@ with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 st.caption("Examples from the lecture notes and for this model:")
 common.example_buttons(examples, "explore-ex", _use_example)
+run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
 ablate_key, ablation_key = knockout.seed(state, model)
 off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
-trace = common.get_trace(model_name, text, ablate=off, ablation=ablation)
+trace = common.get_trace(run_model, text, ablate=off, ablation=ablation)
 if trace is None:
     state.publish(model=model_name, text=text, **url_ablation)
     state.show_messages()
@@ -88,7 +89,8 @@ state.show_messages()
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, **url_ablation)
 knockout.controls(model, ablate_key, ablation_key)
 if off:
-    knockout.what_changed(model, model_name, text, trace, off, ablation)
+    knockout.what_changed(model if run_model == model_name else common.get_model(run_model), run_model, text,
+                          trace, off, ablation)
 
 view = View(stack, kind, layer, None if mean_heads else head)
 if words:

@@ -9,7 +9,7 @@ columns like seed 002), its shape, and numerical checks. Figures come from viz.p
 import streamlit as st
 
 from viz import pipeline
-from viz.pages import charts, common
+from viz.pages import charts, common, training_panel
 from viz.select import axis_tokens
 
 st.title("Inside a head")
@@ -42,8 +42,9 @@ if model.kind == "encoder-decoder":
 elif model.kind == "decoder":
     target = st.text_input("Continuation (optional, appended to the prompt)", key=target_key)
 common.example_buttons(examples, "inside-ex", _use_example, max_cols=6)
+run_model = training_panel.training_step(state, model_name, model, text, "inside")  # toy-translate: a training step
 
-trace = common.get_trace(model_name, text, target or None)
+trace = common.get_trace(run_model, text, target or None)
 if trace is None:
     state.publish(model=model_name, text=text, target=target or None)
     state.show_messages()
