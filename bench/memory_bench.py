@@ -91,7 +91,7 @@ def run(quick: bool = False) -> dict:
                             "before_nbytes_reported": before_counted, "half_bytes": half.nbytes(),
                             "hf_output_attentions_bytes": hf_attn}
     mib = 2**20
-    results.append(Result("memory", "minilm trace at 512 tokens (every DESIGN.md name)", lazy_bytes / mib, "MiB",
+    results.append(Result("memory", "minilm trace at 512 tokens (every name of docs/design.md)", lazy_bytes / mib, "MiB",
                           note=f"{len(tr)} names, {details['trace_512']['derived']} derived on access; "
                                f"{att_bytes / mib:.0f} MiB of it the 6 x 12 x 512 x 512 weights. Before: "
                                f"{before_bytes / mib:.0f} MiB kept ({before_counted / mib:.0f} MiB by the old "

@@ -162,7 +162,7 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
     L.append("")
     L.append("## What a trace stores and what it derives")
     L.append("")
-    L.append("Every DESIGN.md name still reads as a tensor (`trace[name]`, `trace.get`, `names()`, `save()` write "
+    L.append("Every name of docs/design.md still reads as a tensor (`trace[name]`, `trace.get`, `names()`, `save()` write "
              "them all). A trace from `model.trace` stores `weights` and derives on access, with the forward "
              "pass's own operations on the same values:")
     L.append("")

@@ -205,11 +205,11 @@ def scaling_demo(d_ks: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024), 
 
     One row per d_k: std of the logits (unscaled grows like sqrt(d_k), scaled stays ~1), mean
     softmax entropy over n_keys keys in nats (max log n_keys) and the mean largest weight."""
-    g = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     rows = []
     for d_k in d_ks:
-        q = torch.randn(n_samples, 1, d_k, generator=g, dtype=torch.float64)  # (S, 1, d_k)
-        k = torch.randn(n_samples, n_keys, d_k, generator=g, dtype=torch.float64)  # (S, n, d_k)
+        q = torch.randn(n_samples, 1, d_k, generator=gen, dtype=torch.float64)  # (S, 1, d_k)
+        k = torch.randn(n_samples, n_keys, d_k, generator=gen, dtype=torch.float64)  # (S, n, d_k)
         v = torch.zeros(n_samples, n_keys, 1, dtype=torch.float64)
         row = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k)}
         for label, scale in (("unscaled", 1.0), ("scaled", None)):

@@ -256,10 +256,11 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     for j, sub in enumerate(subs, start=1):
         x_sym, y_sym = syms[j - 1], syms[j]
         is_attn = sub != "ffn"
-        g = (f"Sub-layer {j}: {KIND_TEXT.get(sub, 'feed-forward network')}"
+        sub_group = (f"Sub-layer {j}: {KIND_TEXT.get(sub, 'feed-forward network')}"
              + (f" (head {head} in detail)" if sub == kind else "") + (" (summary)" if is_attn and sub != kind else ""))
         f_in = rf"\tilde{{{x_sym}}}" if pre else x_sym  # what the sub-layer function reads
-        g_head, g_tail = (g + " · projections Q, K, V", g + " · heads → output, add & norm") if sub == kind else (g, g)
+        g_head, g_tail = ((sub_group + " · projections Q, K, V", sub_group + " · heads → output, add & norm")
+                          if sub == kind else (sub_group, sub_group))
         if pre:
             tok_feat(f"{p}.norm{j}", f"norm{j}", g_head, f"{norm_word} before the sub-layer (pre-norm)",
                      rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, ROWS),
@@ -267,18 +268,18 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
                      "Pre-norm: this model normalises first and adds the sub-layer's result to the un-normalised "
                      "stream. " + _norm_explain(cfg, x_sym))
         if sub == kind:
-            steps.extend(_attention_steps(trace, cfg, stack, kind, layer, head, g, f_in, toks))
+            steps.extend(_attention_steps(trace, cfg, stack, kind, layer, head, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{MultiHead}}({f_in})"
         elif is_attn:
             q_t, k_t = axis_tokens(trace, stack, sub)
-            tok_feat(f"{p}.{sub}.out", f"{sub}-out", g, f"{KIND_TEXT[sub].capitalize()} output",
+            tok_feat(f"{p}.{sub}.out", f"{sub}-out", sub_group, f"{KIND_TEXT[sub].capitalize()} output",
                      rf"\operatorname{{MultiHead}}({f_in}) \in \mathbb{{R}}^{{n \times d}}",
                      rf"\operatorname{{MultiHead}}({f_in}) \in \mathbb{{R}}^{{d \times n}}",
                      f"All heads of this layer's {KIND_TEXT[sub]}, combined by W^O. Choose it in the attention "
                      "selector to see its steps.")
             f_latex_rows = rf"\operatorname{{MultiHead}}({f_in})"
         else:
-            steps.extend(_ffn_steps(trace, cfg, p, g, f_in, toks))
+            steps.extend(_ffn_steps(trace, cfg, p, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{FFN}}({f_in})"
         res_rows = rf"{x_sym} + {f_latex_rows}"
         if pre:
@@ -309,15 +310,15 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
     w_all = trace[f"{p}.weights"]
     n_heads = w_all.shape[0]
     n_kv = trace[f"{p}.k"].shape[0]
-    g = kv_head(head, n_heads, n_kv)
+    kv = kv_head(head, n_heads, n_kv)
     d_k = trace[f"{p}.q"].shape[-1]
     cross = kind == "cross_attn"
     nq, nk = ("n_q", "n_k") if cross else ("n", "n")
     kv_in = r"Z_{\text{enc}}" if cross else f_in
     b = lambda s: rf" + b_{{{s}}}" if cfg.bias else ""  # noqa: E731
     gqa = (f" Grouped-query attention: {n_heads} query heads share {n_kv} key/value heads, so query head {head} "
-           rf"uses key/value head $\lfloor {head} / ({n_heads}/{n_kv}) \rfloor$ = {g}.") if n_kv != n_heads else ""
-    kv_who = f"kv head {g}" if n_kv != n_heads else f"head {head}"
+           rf"uses key/value head $\lfloor {head} / ({n_heads}/{n_kv}) \rfloor$ = {kv}.") if n_kv != n_heads else ""
+    kv_who = f"kv head {kv}" if n_kv != n_heads else f"head {head}"
     sq = math.sqrt(d_k)
     out: List[Step] = []
     g_qkv = group + " · projections Q, K, V"
@@ -339,14 +340,14 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
     if rope:
         qkv(f"{p}.q_pre_rope", head, "qhat", f"Queries before rotation Q̂ (head {head})", r"\hat Q^{(h)}", "q",
             f_in, q_toks, f"Queries from {src_q}, before RoPE adds their position.", (nq, "d_k"))
-        qkv(f"{p}.k_pre_rope", g, "khat", f"Keys before rotation K̂ (kv head {g})", r"\hat K^{(h)}", "k", kv_in,
+        qkv(f"{p}.k_pre_rope", kv, "khat", f"Keys before rotation K̂ (kv head {kv})", r"\hat K^{(h)}", "k", kv_in,
             k_toks, f"Keys from {src_kv}, before RoPE.{gqa}", (nk, "d_k"))
     else:
         qkv(f"{p}.q", head, "q", f"Queries Q (head {head})", r"Q^{(h)}", "q", f_in, q_toks,
             f"One query vector per token of {src_q}: what each token is looking for.", (nq, "d_k"))
-        qkv(f"{p}.k", g, "k", f"Keys K ({kv_who})", r"K^{(h)}", "k", kv_in, k_toks,
+        qkv(f"{p}.k", kv, "k", f"Keys K ({kv_who})", r"K^{(h)}", "k", kv_in, k_toks,
             f"One key vector per token of {src_kv}: what each token offers to be found by.{gqa}", (nk, "d_k"))
-    qkv(f"{p}.v", g, "v", f"Values V ({kv_who})", r"V^{(h)}", "v", kv_in, k_toks,
+    qkv(f"{p}.v", kv, "v", f"Values V ({kv_who})", r"V^{(h)}", "v", kv_in, k_toks,
         f"One value vector per token of {src_kv}: what each token passes on when attended to.{gqa}", (nk, "d_k"))
     if rope:
         n_pos = len(q_toks)
@@ -362,7 +363,7 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
                         col_labels=_feature_labels(ang.shape[1]), style="angle", value_name="angle (rad)"))
         rot = (r"\begin{bmatrix} \cos\phi_{i,j} & -\sin\phi_{i,j} \\ \sin\phi_{i,j} & \cos\phi_{i,j}\end{bmatrix}")
         for key, name, idx, sym, lab, who in [("q", f"{p}.q", head, "q", q_toks, f"head {head}"),
-                                              ("k", f"{p}.k", g, "k", k_toks, f"kv head {g}")]:
+                                              ("k", f"{p}.k", kv, "k", k_toks, f"kv head {kv}")]:
             m = _np(trace[name][idx])
             out.append(Step(key=key, group=g_qkv, title=f"{'Queries' if key == 'q' else 'Keys'} after rotation "
                             f"{sym.upper()} ({who})", matrix=m, name=name,
@@ -375,25 +376,25 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
                             dims=(nq if key == "q" else nk, "d_k"), axes=("token", "feature"), row_labels=list(lab),
                             col_labels=_feature_labels(m.shape[1])))
 
-    def nn(name, key, title, lr, lc, explain, style="signed", value_name="score", matrix=None):
+    def add_map(name, key, title, lr, lc, explain, style="signed", value_name="score", matrix=None):
         m = _np(trace[name][head]) if matrix is None else matrix
         out.append(Step(key=key, group=g_att, title=title, matrix=m, name=name, latex_rows=lr, latex_cols=lc,
                         explain=explain, dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks),
                         col_labels=list(k_toks), style=style, value_name=value_name))
 
-    nn(f"{p}.scores", "scores", "Scores QKᵀ",
+    add_map(f"{p}.scores", "scores", "Scores QKᵀ",
        r"S = Q K^{T},\quad S_{ij} = q_i^{T} k_j",
        r"S^{T} = K^{T} Q,\quad (S^{T})_{ji} = k_j^{T} q_i",
        "How well each query matches each key: one dot product per (query, key) pair.")
     scale = getattr(cfg, "attn_scale", None)
     if scale is None:
-        nn(f"{p}.scaled", "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
+        add_map(f"{p}.scaled", "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
            rf"\frac{{Q K^{{T}}}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
            rf"\frac{{K^{{T}} Q}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
            r"Dividing by $\sqrt{d_k}$ keeps the scores' spread independent of $d_k$ (their variance would be $d_k$), "
            "so softmax does not saturate (seed 004).")
     else:
-        nn(f"{p}.scaled", "scaled", f"Scaled: × {scale:.4g} (not ÷ √d_k)",
+        add_map(f"{p}.scaled", "scaled", f"Scaled: × {scale:.4g} (not ÷ √d_k)",
            rf"{scale:.4g} \cdot Q K^{{T}}", rf"{scale:.4g} \cdot K^{{T}} Q",
            "This model does not divide by √d_k" + (" (T5: the scale is folded into the initialisation of W_q), "
                                                   "so the scaled scores are the scores." if scale == 1.0 else "."))
@@ -402,7 +403,7 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
     if has_bias:
         direction = ("keys before and after the query have their own buckets (encoder)" if stack == "encoder"
                      else "only keys before the query are told apart (decoder: later keys are masked anyway)")
-        nn(bias_name, "position_bias", f"+ position bias (head {head}; relative positions, T5)",
+        add_map(bias_name, "position_bias", f"+ position bias (head {head}; relative positions, T5)",
            r"\mathrm{PB}_{ij} = b^{(h)}\big(\mathrm{bucket}(j - i)\big)",
            r"(\mathrm{PB}^{T})_{ji} = b^{(h)}\big(\mathrm{bucket}(j - i)\big)",
            "No position vectors are added to the embeddings: each head learns one number per bucket of the "
@@ -426,17 +427,17 @@ def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) ->
                     latex_rows=m_rows, latex_cols=m_cols, explain=mask_text, dims=(nq, nk), axes=("query", "key"),
                     row_labels=list(q_toks), col_labels=list(k_toks), style="mask", value_name="mask"))
     if has_bias:
-        nn(f"{p}.masked", "masked", "Masked: scaled + position bias + M",
+        add_map(f"{p}.masked", "masked", "Masked: scaled + position bias + M",
            r"Q K^{T} + \mathrm{PB} + M", r"K^{T} Q + \mathrm{PB}^{T} + M^{T}",
            r"The position bias shifts every score by an amount that depends only on the distance; adding $M$ "
            r"sets forbidden scores to $-\infty$.")
     else:
-        nn(f"{p}.masked", "masked", "Masked: scaled + M",
+        add_map(f"{p}.masked", "masked", "Masked: scaled + M",
            r"\frac{Q K^{T}}{\sqrt{d_k}} + M",
            r"\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}",
            r"Adding $M$ leaves allowed scores unchanged and sets forbidden ones to $-\infty$. (Seed 003 eq. 18 "
            r"adds $B$ before scaling: the same, since $-\infty/\sqrt{d_k} = -\infty$.)")
-    nn(f"{p}.weights", "weights", f"Attention weights A = softmax (head {head})",
+    add_map(f"{p}.weights", "weights", f"Attention weights A = softmax (head {head})",
        r"A = \operatorname{softmax}_{\text{row}}\!\Big(\frac{Q K^{T}}{\sqrt{d_k}} + M\Big),\quad "
        r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
        r"A^{T} = \operatorname{softmax}_{\text{col}}\!\Big(\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}\Big),\quad "
