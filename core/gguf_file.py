@@ -37,7 +37,7 @@ from .api import AttentionModel
 from .checkpoint import CheckpointError
 from .config import ModelConfig
 from .device import pick_device
-from .smollm2 import CONTROL, LAYER_MAP, USER_DEFINED, ByteBPETokenizer, _field
+from .smollm2 import CONTROL, LAYER_MAP, USER_DEFINED, ByteBPETokenizer, _field, decoder_config
 
 ARCHS = ("llama", "qwen2")
 MAX_LEN = 2048
@@ -95,30 +95,13 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         raise CheckpointError(f"{name}: per-frequency RoPE factors (rope_freqs, Llama 3.1 scaling) are not supported in GGUF files")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     ctx = int(_field(reader, f"{arch}.context_length", MAX_LEN))
-    tied = not any(t.name == "output.weight" for t in reader.tensors)
-    return ModelConfig(
-        kind="decoder",
-        d_model=d,
-        n_heads=h,
-        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", h)),
-        d_head=d_head,
-        d_ff=int(need("feed_forward_length")),
-        n_layers=int(need("block_count")),
+    return decoder_config(
+        reader, arch, need, d, h, d_head, min(MAX_LEN, ctx),
         tgt_vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
-        max_len=min(MAX_LEN, ctx),
-        positional="rope",
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         rope_layout="interleaved" if arch == "llama" else "half",
-        norm="rmsnorm",
-        norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        norm_placement="pre",
-        activation="swiglu",
-        bias=False,
         qkv_bias=arch == "qwen2",
-        final_norm=True,
-        tie_embeddings=tied,
-        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0) or 0),
+        tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         extra={"family": arch, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
     )
 

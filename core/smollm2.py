@@ -202,11 +202,22 @@ def config_from_gguf(reader, max_len: int = DEFAULT_MAX_LEN) -> ModelConfig:
     if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
         raise ValueError("RoPE scaling is not supported")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens)))
     ctx = int(_field(reader, f"{arch}.context_length", max_len))
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
-    if has_output:
+    if any(t.name == "output.weight" for t in reader.tensors):
         raise ValueError("this GGUF has an untied output.weight; only tied embeddings are supported")
+    return decoder_config(
+        reader, arch, need, d, h, d_head, min(max_len, ctx),
+        tgt_vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        rope_layout="interleaved",  # the GGUF rows are kept; see the module docstring
+        tie_embeddings=True,
+        extra={"source": SOURCE, "package": PACKAGE, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
+    )
+
+
+def decoder_config(reader, arch: str, need, d: int, h: int, d_head: int, max_len: int, **fields) -> ModelConfig:
+    """The ModelConfig of a Llama-style GGUF decoder (pre-norm RMSNorm, SwiGLU, RoPE, no
+    biases) from the header fields every such file has; `fields` add or override the rest
+    (core/gguf_file.py reads other architectures through this too)."""
     return ModelConfig(
         kind="decoder",
         d_model=d,
@@ -215,20 +226,17 @@ def config_from_gguf(reader, max_len: int = DEFAULT_MAX_LEN) -> ModelConfig:
         d_head=d_head,
         d_ff=int(need("feed_forward_length")),
         n_layers=int(need("block_count")),
-        tgt_vocab_size=vocab,
-        max_len=min(max_len, ctx),
+        max_len=max_len,
         positional="rope",
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rope_layout="interleaved",  # the GGUF rows are kept; see the module docstring
         norm="rmsnorm",
         norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         norm_placement="pre",
         activation="swiglu",
         bias=False,
         final_norm=True,
-        tie_embeddings=True,
-        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)),
-        extra={"source": SOURCE, "package": PACKAGE, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
+        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0) or 0),
+        **fields,
     )
 
 
