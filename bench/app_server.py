@@ -18,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.common import status_kib
+
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -49,14 +51,8 @@ class AppServer:
 
     def rss_mib(self) -> float:
         """Resident memory of the server process, from /proc (nan once it has gone)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return float("nan")
+        kib = status_kib("VmRSS", self.proc.pid)
+        return kib / 1024 if kib >= 0 else float("nan")
 
 
 def start_app(root: Path, log_dir: Path, env: dict | None = None, timeout: float = 120,

@@ -22,15 +22,7 @@ import argparse
 import functools
 import json
 
-from bench.common import Result, text_of
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return -1
+from bench.common import Result, status_kib, text_of
 
 
 def half_errors(trace) -> dict:
@@ -151,16 +143,16 @@ def run(quick: bool = False) -> dict:
     del tr, half
     bound = 512 * mib
     cache = ByteLRU(bound, size_of=lambda v: v.nbytes())
-    rss0 = _status_kib("VmRSS")
+    rss0 = status_kib("VmRSS")
     rss = []
     for i in range(4 if quick else 8):
         words = text512.split()
         words[i + 1], words[i + 2] = words[i + 2], words[i + 1]  # a different 512-token input each time
         key = " ".join(words)
         cache.get_or_compute(key, lambda: minilm.trace(key))
-        rss.append(_status_kib("VmRSS"))
+        rss.append(status_kib("VmRSS"))
     details["cache_rss"] = {"bound_bytes": bound, "entries": len(cache), "cache_bytes": cache.nbytes,
-                            "rss_start_kib": rss0, "rss_kib": rss, "hwm_kib": _status_kib("VmHWM")}
+                            "rss_start_kib": rss0, "rss_kib": rss, "hwm_kib": status_kib("VmHWM")}
     results.append(Result("memory", "process memory growth while 512-token traces pass through a 512 MiB cache",
                           (max(rss) - rss0) / 1024, "MiB",
                           note=f"{len(rss)} traces, {len(cache)} kept ({cache.nbytes / mib:.0f} MiB); resident "

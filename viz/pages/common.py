@@ -236,6 +236,12 @@ class PageState:
         """The session-state key of a widget for `field`, its value first set (once, or again
         when the URL changed) from the URL, else from this session's other pages, else
         `default`; a URL value that `parse` or `valid` rejects leaves a message."""
+        return self._seed_from_url(field, default, parse, valid, lambda raw, value: (
+            value, f"The URL's {field}={url_value(raw)} is not valid here; showing {url_value(value)}."))
+
+    def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected) -> str:
+        """seeded_key's rule; rejected(raw, value) -> (the value to use, the message) for a URL
+        value that parse or valid refuses."""
         key = self.key(field)
         raw = self.qp.get(field)
         if key not in st.session_state or (self.external and raw is not None):
@@ -247,8 +253,8 @@ class PageState:
                         raise ValueError
                     value = parsed
                 except (ValueError, TypeError):
-                    self.messages.append(f"The URL's {field}={url_value(raw)} is not valid here; "
-                                         f"showing {url_value(value)}.")
+                    value, message = rejected(raw, value)
+                    self.messages.append(message)
             st.session_state[key] = value
         return key
 
@@ -280,18 +286,8 @@ class PageState:
 
 def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int) -> str:
     """Seed an integer widget from the URL, clamped to [lo, hi] with a notice."""
-    key = state.key(field)
-    raw = state.qp.get(field)
-    if key not in st.session_state or (state.external and raw is not None):
-        value = state.shared.get(field, default)
-        if raw is not None:
-            try:
-                value = int(str(raw).strip())
-            except ValueError:
-                state.messages.append(f"The URL's {field}={url_value(raw)} is not a whole number; "
-                                      f"showing {field} {default}.")
-                value = default
-        st.session_state[key] = value
+    key = state._seed_from_url(field, default, lambda raw: int(str(raw).strip()), None, lambda raw, value: (
+        default, f"The URL's {field}={url_value(raw)} is not a whole number; showing {field} {default}."))
     value = st.session_state[key]
     if not isinstance(value, int) or value < lo or value > hi:
         fixed = min(max(int(value) if isinstance(value, int) else default, lo), hi)
