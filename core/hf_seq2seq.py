@@ -61,7 +61,6 @@ and .bias):
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple

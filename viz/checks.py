@@ -12,7 +12,8 @@ import numpy as np
 
 from core.positional import apply_rope, rope_angles
 from viz.figures import to_numpy
-from viz.steps import ROWS, kv_head, layer_input_name, sublayers
+from viz.step import ROWS, kv_head
+from viz.steps import layer_input_name, sublayers
 
 _np = to_numpy
 

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, matrix_heatmap, safe_label
 from viz.reduce import block_means, block_size, tick_indices
-from viz.steps import COLS, ROWS, Step
+from viz.step import COLS, ROWS, Step
 
 MAX_TOKENS_DRAWN = 128  # token axes longer than this are drawn as block means
 MAX_CELLS_DRAWN = 16_384  # feature axes are cut so a drawn matrix stays within about this many cells

@@ -1,113 +1,23 @@
-"""Inside a head: one attention head and the layer around it, as a list of `Step`s.
-
-Pure functions from a Trace to a list of `Step`s: the real tensor of each step, with its
-formula in both notations of the lecture notes, a one-line explanation and its shape. The
-numerical checks of those steps are in viz/checks.py, their pictures in viz/step_figures.py.
-No Streamlit here, so it works in Jupyter too:
+"""Inside a head: one attention head and the layer around it, as a list of `Step`s
+(viz/step.py): the embeddings, each sub-layer with its norms and residuals, and, for the
+chosen attention, the head in detail (viz/head_steps.py). The numerical checks of those
+steps are in viz/checks.py, their pictures in viz/step_figures.py. No Streamlit here, so it
+works in Jupyter too:
 
     steps = layer_steps(trace, "encoder", "self_attn", layer=0, head=2)
     fig = step_figure(steps_by_key(steps)["weights"], notation="cols")  # viz.step_figures
-
-Notation. Seeds 000, 001, 003 and 004 put tokens in ROWS: X is n x d, Q = X W_q,
-A = softmax(Q K^T / sqrt(d_k)), head = A V. Seed 002 puts tokens in COLUMNS: X is d x n,
-Q = W_q^T X, Z = V softmax(. / sqrt(p)) with p = d_k. Every matrix is stored here in the
-row form (the core's); the column form of a picture is its transpose.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
-from core.positional import rope_angles
-from viz.figures import to_numpy
+from viz.figures import to_numpy as _np
+from viz.head_steps import attention_steps
 from viz.select import axis_tokens
-
-ROWS, COLS = "rows", "cols"
-NOTATIONS = {
-    ROWS: "tokens as rows (seeds 000/001/003/004)",
-    COLS: "tokens as columns (seed 002)",
-}
-KIND_TEXT = {"self_attn": "self-attention", "cross_attn": "cross-attention"}
-
-
-@dataclass
-class Step:
-    """One picture of the pipeline. `matrix` is in the row form (tokens first)."""
-
-    key: str  # unique within a pipeline, e.g. "q", "scores", "weights"
-    group: str  # section it belongs to
-    title: str
-    matrix: Optional[np.ndarray]  # None: a text-only step (e.g. "no positional vector here")
-    name: Optional[str] = None  # the Trace name it comes from (None if computed here)
-    latex_rows: str = ""
-    latex_cols: str = ""
-    explain: str = ""
-    dims: Tuple[str, str] = ("n", "d")  # symbols of the row-form shape
-    axes: Tuple[str, str] = ("token", "feature")  # what the row-form axes index
-    row_labels: List[str] = field(default_factory=list)
-    col_labels: List[str] = field(default_factory=list)
-    style: str = "signed"  # signed | attention | mask | angle
-    value_name: str = "value"
-
-    def latex(self, notation: str = ROWS) -> str:
-        """The formula, centred lines: parts separated by ',\\quad' (or a top-level '\\\\')
-        go on separate lines so that narrow columns fit."""
-        tex = self.latex_cols if notation == COLS and self.latex_cols else self.latex_rows
-        if not tex:
-            return ""
-        return r"\begin{gathered} " + r" \\ ".join(tex.split(r",\quad ")) + r" \end{gathered}"
-
-    def shape(self, notation: str = ROWS) -> Tuple[int, int]:
-        r, c = self.matrix.shape
-        return (c, r) if notation == COLS else (r, c)
-
-    def shape_latex(self, notation: str = ROWS) -> str:
-        """E.g. 'n \\times d_k = 6 \\times 32' (swapped in column notation)."""
-        a, b = self.dims if notation == ROWS else self.dims[::-1]
-        if self.matrix is None:
-            return ""
-        r, c = self.shape(notation)
-        return rf"{a} \times {b} = {r} \times {c}"
-
-
-
-# ------------------------------------------------------------------ small helpers
-def kv_head(head: int, n_heads: int, n_kv_heads: int) -> int:
-    """The key/value head that query head `head` reads under grouped-query attention."""
-    return head // (n_heads // n_kv_heads)
-
-
-def mask_kind(mask) -> str:
-    """'none' (all 0), 'causal' (-inf exactly above the diagonal), 'padding' (-inf in whole
-    key columns), 'causal+padding' or 'custom'."""
-    m = to_numpy(mask)
-    blocked = np.isneginf(m)
-    if not blocked.any():
-        return "none"
-    n_q, n_k = m.shape
-    q_pos = np.arange(n_k - n_q, n_k)[:, None]
-    causal = np.arange(n_k)[None, :] > q_pos
-    if np.array_equal(blocked, causal):
-        return "causal"
-    cols = blocked.all(0)
-    if np.array_equal(blocked, np.broadcast_to(cols, blocked.shape)):
-        return "padding"
-    if np.array_equal(blocked, causal | cols[None, :]):
-        return "causal+padding"
-    return "custom"
-
-
-
-def _np(t) -> np.ndarray:
-    return to_numpy(t)
-
-
-def _feature_labels(n: int, prefix: str = "") -> List[str]:
-    return [f"{prefix}{j}" for j in range(n)]
+from viz.step import COLS, KIND_TEXT, ROWS, Step
+from viz.step import feature_labels as _feature_labels
 
 
 # ------------------------------------------------------------------ the pipeline
@@ -268,7 +178,7 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
                      "Pre-norm: this model normalises first and adds the sub-layer's result to the un-normalised "
                      "stream. " + _norm_explain(cfg, x_sym))
         if sub == kind:
-            steps.extend(_attention_steps(trace, cfg, stack, kind, layer, head, sub_group, f_in, toks))
+            steps.extend(attention_steps(trace, cfg, stack, kind, layer, head, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{MultiHead}}({f_in})"
         elif is_attn:
             q_t, k_t = axis_tokens(trace, stack, sub)
@@ -302,169 +212,6 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
              rf"{syms[-1]} \in \mathbb{{R}}^{{n \times d}}", rf"{syms[-1]} \in \mathbb{{R}}^{{d \times n}}",
              f"Same shape as the layer's input: {out_next}.")
     return steps
-
-
-def _attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> List[Step]:
-    p = f"{stack}.{layer}.{kind}"
-    q_toks, k_toks = axis_tokens(trace, stack, kind)
-    w_all = trace[f"{p}.weights"]
-    n_heads = w_all.shape[0]
-    n_kv = trace[f"{p}.k"].shape[0]
-    kv = kv_head(head, n_heads, n_kv)
-    d_k = trace[f"{p}.q"].shape[-1]
-    cross = kind == "cross_attn"
-    nq, nk = ("n_q", "n_k") if cross else ("n", "n")
-    kv_in = r"Z_{\text{enc}}" if cross else f_in
-    b = lambda s: rf" + b_{{{s}}}" if cfg.bias else ""  # noqa: E731
-    gqa = (f" Grouped-query attention: {n_heads} query heads share {n_kv} key/value heads, so query head {head} "
-           rf"uses key/value head $\lfloor {head} / ({n_heads}/{n_kv}) \rfloor$ = {kv}.") if n_kv != n_heads else ""
-    kv_who = f"kv head {kv}" if n_kv != n_heads else f"head {head}"
-    sq = math.sqrt(d_k)
-    out: List[Step] = []
-    g_qkv = group + " · projections Q, K, V"
-    g_att = group + " · scores → weights"
-    g_out = group + " · heads → output, add & norm"
-
-    def qkv(name, idx, key, title, sym, w, x, rows_lab, explain, dims):
-        m = _np(trace[name][idx])
-        out.append(Step(key=key, group=g_qkv, title=title, matrix=m, name=name,
-                        latex_rows=rf"{sym} = {x}\, W_{{h,{w}}}{b(w)},\quad W_{{h,{w}}} \in \mathbb{{R}}^{{d \times d_k}}",
-                        latex_cols=rf"{sym} = W_{{{w.upper()}}}^{{h\,T}} {x}{b(w)} \in \mathbb{{R}}^{{d_k \times {dims[0]}}}",
-                        explain=explain, dims=dims, axes=("token", "feature"), row_labels=list(rows_lab),
-                        col_labels=_feature_labels(m.shape[1])))
-
-    rope = f"{p}.q_pre_rope" in trace
-    hat = r"\hat " if rope else ""
-    src_q = "this layer's tokens" if not cross else "the decoder's tokens"
-    src_kv = "the encoder's output (source tokens)" if cross else "the same tokens"
-    if rope:
-        qkv(f"{p}.q_pre_rope", head, "qhat", f"Queries before rotation Q̂ (head {head})", r"\hat Q^{(h)}", "q",
-            f_in, q_toks, f"Queries from {src_q}, before RoPE adds their position.", (nq, "d_k"))
-        qkv(f"{p}.k_pre_rope", kv, "khat", f"Keys before rotation K̂ (kv head {kv})", r"\hat K^{(h)}", "k", kv_in,
-            k_toks, f"Keys from {src_kv}, before RoPE.{gqa}", (nk, "d_k"))
-    else:
-        qkv(f"{p}.q", head, "q", f"Queries Q (head {head})", r"Q^{(h)}", "q", f_in, q_toks,
-            f"One query vector per token of {src_q}: what each token is looking for.", (nq, "d_k"))
-        qkv(f"{p}.k", kv, "k", f"Keys K ({kv_who})", r"K^{(h)}", "k", kv_in, k_toks,
-            f"One key vector per token of {src_kv}: what each token offers to be found by.{gqa}", (nk, "d_k"))
-    qkv(f"{p}.v", kv, "v", f"Values V ({kv_who})", r"V^{(h)}", "v", kv_in, k_toks,
-        f"One value vector per token of {src_kv}: what each token passes on when attended to.{gqa}", (nk, "d_k"))
-    if rope:
-        n_pos = len(q_toks)
-        ang = rope_angles(n_pos, d_k, cfg.rope_theta).numpy()
-        pairs = ("(2j, 2j+1): neighbouring features" if cfg.rope_layout == "interleaved"
-                 else f"(j, j+{d_k // 2}): the two halves of the head")
-        out.append(Step(key="angles", group=g_qkv, title="RoPE rotation angles", matrix=ang, name=None,
-                        latex_rows=rf"\phi_{{i,j}} = i\,\Theta^{{-2j/d_k}},\quad \Theta = {cfg.rope_theta:g}",
-                        latex_cols=rf"\phi_{{j,i}} = i\,\Theta^{{-2j/d_k}},\quad \Theta = {cfg.rope_theta:g}",
-                        explain=f"Feature pair j of the query/key at position i is rotated by φ (radians); pairs are "
-                                f"{pairs}. Low pairs turn fast, high pairs slowly.",
-                        dims=("n", r"d_k/2"), axes=("position", "pair j"), row_labels=list(q_toks),
-                        col_labels=_feature_labels(ang.shape[1]), style="angle", value_name="angle (rad)"))
-        rot = (r"\begin{bmatrix} \cos\phi_{i,j} & -\sin\phi_{i,j} \\ \sin\phi_{i,j} & \cos\phi_{i,j}\end{bmatrix}")
-        for key, name, idx, sym, lab, who in [("q", f"{p}.q", head, "q", q_toks, f"head {head}"),
-                                              ("k", f"{p}.k", kv, "k", k_toks, f"kv head {kv}")]:
-            m = _np(trace[name][idx])
-            out.append(Step(key=key, group=g_qkv, title=f"{'Queries' if key == 'q' else 'Keys'} after rotation "
-                            f"{sym.upper()} ({who})", matrix=m, name=name,
-                            latex_rows=rf"\begin{{bmatrix}} {sym}_{{i,a}} \\ {sym}_{{i,b}} \end{{bmatrix}} = {rot}"
-                                       rf"\begin{{bmatrix}} \hat {sym}_{{i,a}} \\ \hat {sym}_{{i,b}} \end{{bmatrix}}",
-                            latex_cols=rf"\begin{{bmatrix}} {sym}_{{a,i}} \\ {sym}_{{b,i}} \end{{bmatrix}} = {rot}"
-                                       rf"\begin{{bmatrix}} \hat {sym}_{{a,i}} \\ \hat {sym}_{{b,i}} \end{{bmatrix}}",
-                            explain="Each pair (a, b) = " + pairs.split(":")[0] + " is rotated by its angle φ; the dot "
-                                    "product q·k then depends on the positions only through their difference.",
-                            dims=(nq if key == "q" else nk, "d_k"), axes=("token", "feature"), row_labels=list(lab),
-                            col_labels=_feature_labels(m.shape[1])))
-
-    def add_map(name, key, title, lr, lc, explain, style="signed", value_name="score", matrix=None):
-        m = _np(trace[name][head]) if matrix is None else matrix
-        out.append(Step(key=key, group=g_att, title=title, matrix=m, name=name, latex_rows=lr, latex_cols=lc,
-                        explain=explain, dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks),
-                        col_labels=list(k_toks), style=style, value_name=value_name))
-
-    add_map(f"{p}.scores", "scores", "Scores QKᵀ",
-       r"S = Q K^{T},\quad S_{ij} = q_i^{T} k_j",
-       r"S^{T} = K^{T} Q,\quad (S^{T})_{ji} = k_j^{T} q_i",
-       "How well each query matches each key: one dot product per (query, key) pair.")
-    scale = getattr(cfg, "attn_scale", None)
-    if scale is None:
-        add_map(f"{p}.scaled", "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
-           rf"\frac{{Q K^{{T}}}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
-           rf"\frac{{K^{{T}} Q}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
-           r"Dividing by $\sqrt{d_k}$ keeps the scores' spread independent of $d_k$ (their variance would be $d_k$), "
-           "so softmax does not saturate (seed 004).")
-    else:
-        add_map(f"{p}.scaled", "scaled", f"Scaled: × {scale:.4g} (not ÷ √d_k)",
-           rf"{scale:.4g} \cdot Q K^{{T}}", rf"{scale:.4g} \cdot K^{{T}} Q",
-           "This model does not divide by √d_k" + (" (T5: the scale is folded into the initialisation of W_q), "
-                                                  "so the scaled scores are the scores." if scale == 1.0 else "."))
-    bias_name = f"{p}.position_bias"
-    has_bias = bias_name in trace
-    if has_bias:
-        direction = ("keys before and after the query have their own buckets (encoder)" if stack == "encoder"
-                     else "only keys before the query are told apart (decoder: later keys are masked anyway)")
-        add_map(bias_name, "position_bias", f"+ position bias (head {head}; relative positions, T5)",
-           r"\mathrm{PB}_{ij} = b^{(h)}\big(\mathrm{bucket}(j - i)\big)",
-           r"(\mathrm{PB}^{T})_{ji} = b^{(h)}\big(\mathrm{bucket}(j - i)\big)",
-           "No position vectors are added to the embeddings: each head learns one number per bucket of the "
-           "distance j − i, added to the scores. Near distances get a bucket each, far ones share logarithmically "
-           f"wider buckets; {direction}. The same bias serves every layer of the {stack}.",
-           value_name="bias")
-    mask = _np(trace[f"{p}.mask"])
-    mk = mask_kind(mask)
-    mask_text = {
-        "none": "No mask here: every query may look at every key, so M = 0 everywhere.",
-        "causal": "Look-ahead mask (seed 002's M, seed 003's B): a token may not look at later tokens; "
-                  "softmax turns -∞ into a weight of exactly 0.",
-        "padding": "Padding mask: the columns of padding keys are -∞, so no query attends to padding.",
-        "causal+padding": "Look-ahead and padding masks together: later tokens and padding are -∞.",
-        "custom": "An additive mask: 0 where a query may look, -∞ where it may not.",
-    }[mk]
-    m_rows = (r"M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}" if mk.startswith("causal")
-              else r"M_{ij} = \begin{cases} 0 & \text{key } j \text{ allowed} \\ -\infty & \text{otherwise} \end{cases}")
-    m_cols = m_rows.replace("M_{ij}", r"(M^{T})_{ji}")
-    out.append(Step(key="mask", group=g_att, title="Mask M (additive: 0 or -∞)", matrix=mask, name=f"{p}.mask",
-                    latex_rows=m_rows, latex_cols=m_cols, explain=mask_text, dims=(nq, nk), axes=("query", "key"),
-                    row_labels=list(q_toks), col_labels=list(k_toks), style="mask", value_name="mask"))
-    if has_bias:
-        add_map(f"{p}.masked", "masked", "Masked: scaled + position bias + M",
-           r"Q K^{T} + \mathrm{PB} + M", r"K^{T} Q + \mathrm{PB}^{T} + M^{T}",
-           r"The position bias shifts every score by an amount that depends only on the distance; adding $M$ "
-           r"sets forbidden scores to $-\infty$.")
-    else:
-        add_map(f"{p}.masked", "masked", "Masked: scaled + M",
-           r"\frac{Q K^{T}}{\sqrt{d_k}} + M",
-           r"\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}",
-           r"Adding $M$ leaves allowed scores unchanged and sets forbidden ones to $-\infty$. (Seed 003 eq. 18 "
-           r"adds $B$ before scaling: the same, since $-\infty/\sqrt{d_k} = -\infty$.)")
-    add_map(f"{p}.weights", "weights", f"Attention weights A = softmax (head {head})",
-       r"A = \operatorname{softmax}_{\text{row}}\!\Big(\frac{Q K^{T}}{\sqrt{d_k}} + M\Big),\quad "
-       r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
-       r"A^{T} = \operatorname{softmax}_{\text{col}}\!\Big(\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}\Big),\quad "
-       r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
-       r"Softmax over the keys turns each query's scores into weights $\alpha_{ij} \ge 0$ that sum to 1 "
-       "(each row; each column in column notation).", style="attention", value_name="weight")
-    m = _np(trace[f"{p}.heads"][head])
-    out.append(Step(key="heads", group=g_out, title=f"Head output AV (head {head})", matrix=m, name=f"{p}.heads",
-                    latex_rows=r"\text{head}_h = A V \in \mathbb{R}^{" + nq + r" \times d_k},\quad y^{(i)} = \sum_j \alpha_{ij} v_j",
-                    latex_cols=r"Z_h = V A^{T} \in \mathbb{R}^{d_k \times " + nq + r"},\quad z_i = \sum_j \alpha_{ij} v_j",
-                    explain="Each query's output is the weighted average of the value vectors $v_j$, with its row "
-                            "of $A$ as the weights.",
-                    dims=(nq, "d_k"), axes=("token", "feature"), row_labels=list(q_toks),
-                    col_labels=_feature_labels(m.shape[1])))
-    m = _np(trace[f"{p}.out"])
-    bo = r" + b^{O}" if cfg.bias else ""
-    out.append(Step(key="attn-out", group=g_out, title="Multi-head output: Concat(heads) Wᴼ", matrix=m, name=f"{p}.out",
-                    latex_rows=rf"\operatorname{{MultiHead}}({f_in}) = \\ \operatorname{{Concat}}(\text{{head}}_1, "
-                               rf"\dots, \text{{head}}_{{{n_heads}}})\, W^{{O}}{bo},\quad W^{{O}} \in \mathbb{{R}}^{{H d_k \times d}}",
-                    latex_cols=rf"\operatorname{{MultiHead}}({f_in}) = W^{{O\,T}} \begin{{bmatrix}} Z_1 \\ \vdots \\ "
-                               rf"Z_{{{n_heads}}} \end{{bmatrix}}{bo}",
-                    explain=f"All $H$ = {n_heads} heads (not only head {head}) side by side, projected back to $d$ = "
-                            f"{cfg.d_model} features by $W^O$ (seed 003 eq. 14; seed 001 writes it "
-                            r"$\sum_h W_{h,c}^T\,\cdot$).",
-                    dims=(nq, "d"), axes=("token", "feature"), row_labels=list(q_toks),
-                    col_labels=_feature_labels(m.shape[1])))
-    return out
 
 
 def _ffn_steps(trace, cfg, p, group, f_in, toks) -> List[Step]:

@@ -10,7 +10,7 @@ import io
 import logging
 import os
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 import streamlit as st
 
