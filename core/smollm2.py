@@ -59,10 +59,10 @@ Tokenizer
     no BOS, no chat template (chat_prompt() builds the template's text when wanted).
     Generation stops at the file's EOS token, <|im_end|>.
 
-Trace sizes: a traced pass keeps 4 n x n float32 matrices (scores, scaled, masked, weights)
-for each of the 270 heads plus the n x 49152 logits and probs: about 4.4 KB * n^2 + 0.4 MB * n
-(n = 16: 22 MiB in all; n = 256: 0.4 GB). max_len (default 2048) caps the prompt and
-generation, not what is sensible to trace; the app should keep traced prompts short.
+Trace sizes: a traced pass stores only the residual stream at every layer boundary, each
+attention's per-head output and the top-k next tokens (core/trace.py): two 30 x n x 576
+float32 stacks, about 0.3 GB at n = 2,048; a layer's n x n maps are recomputed when read.
+max_len (default 2048) caps the prompt and generation.
 """
 
 from __future__ import annotations
