@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, matrix_heatmap, safe_label
-from viz.reduce import block_means, block_size, tick_indices
+from viz.reduce import block_means, block_size, blocks, tick_indices
 from viz.step import COLS, ROWS, Step
 
 MAX_TOKENS_DRAWN = 128  # token axes longer than this are drawn as block means
@@ -25,7 +25,7 @@ def _fit_axis(n: int, labels: List[str], is_token: bool, max_tokens: int, max_fe
     axes are cut to their first max_features entries."""
     if is_token and n > max_tokens:
         f = block_size(n, max_tokens)
-        lab = [f"{i}–{min(i + f, n) - 1} {labels[i]}…" for i in range(0, n, f)]
+        lab = [f"{g[0]}–{g[-1]} {labels[g[0]]}…" for g in blocks(n, max_tokens)]
         return f, n, lab, f"{n} tokens drawn as {len(lab)} blocks of {f} (block means)"
     if not is_token and n > max_features:
         return 1, max_features, labels[:max_features], f"features 0–{max_features - 1} of {n} shown"
