@@ -1,6 +1,10 @@
-"""Attention Lab: page configuration and navigation. Nothing else lives here."""
+"""Attention Lab: process setup, page configuration and navigation. Nothing else lives here."""
 
 import streamlit as st
+
+from viz.pages.common import setup_process
+
+setup_process()
 
 st.set_page_config(page_title="Attention Lab", page_icon=":material/visibility:", layout="wide")
 

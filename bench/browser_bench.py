@@ -32,21 +32,14 @@ import argparse
 import json
 import os
 import random
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
-from contextlib import closing
 from pathlib import Path
 
+from bench.app_server import CHROMIUM, AppServer, launch, start_app
 from bench.common import ROOT, Result, median, text_of
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TAB_MODEL = "Model view (all layers × heads)"
 TAB_MAP = "Heatmap"
 
@@ -88,55 +81,16 @@ window.__ticks = e => (e && e.layout && e.layout.xaxis && e.layout.xaxis.ticktex
 """
 
 
-def free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, keep_freed: bool = True, timeout: float = 180, root: Path = ROOT):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = Path(tempfile.mkdtemp(prefix="attention-lab-bench-")) / "streamlit.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATTENTION_LAB_THREADS": os.environ.get("ATTENTION_LAB_THREADS", "1"),
-               "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}
-        if not keep_freed:
-            env["ATTENTION_LAB_KEEP_FREED_MEMORY"] = "0"
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)  # bench.serve
-        cmd = [sys.executable, "-m", "bench.serve", "run", str(Path(root) / "app.py"), "--server.port", str(self.port),
-               "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited early:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"streamlit did not start within {timeout}s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def rss_mib(self) -> float:
-        try:
-            with open(f"/proc/{self.proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return float("nan")
+def start_server(keep_freed: bool = True, timeout: float = 180, root: Path = ROOT) -> AppServer:
+    """The app through bench.serve (keep_freed_memory before streamlit starts), one torch
+    thread, no file watcher; its log in a fresh temporary folder."""
+    env = {"ATTENTION_LAB_THREADS": os.environ.get("ATTENTION_LAB_THREADS", "1"),
+           "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}
+    if not keep_freed:
+        env["ATTENTION_LAB_KEEP_FREED_MEMORY"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)  # bench.serve
+    return start_app(Path(root), Path(tempfile.mkdtemp(prefix="attention-lab-bench-")), env=env, timeout=timeout,
+                     module="bench.serve")
 
 
 # ------------------------------------------------------------------ page helpers
@@ -479,7 +433,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
     minilm = core.load_model("minilm", device="cpu")
     sents = minilm_sentences(minilm, reps + warm + 1)
     ticks = [expected_ticks(minilm.tokenizer.encode(s).tokens) for s in sents]
-    server = Server(keep_freed=keep_freed, root=Path(app_root) if app_root else ROOT)
+    server = start_server(keep_freed=keep_freed, root=Path(app_root) if app_root else ROOT)
 
     def attempt(section, names_targets, fn):
         """Run one scenario; on failure record 'not measured' rows with the reason."""
@@ -498,7 +452,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
 
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            browser = launch(p)
             ctx = browser.new_context(viewport={"width": 1400, "height": 1600})
             ctx.add_init_script(INIT_JS)
             page = ctx.new_page()

@@ -83,6 +83,18 @@ def _version(mod: str) -> str:
         return "not installed"
 
 
+def status_kib(field: str, pid="self") -> int:
+    """A /proc/PID/status field in KiB (VmRSS, VmHWM); -1 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
 def chromium_version() -> str:
     import shutil
     import subprocess

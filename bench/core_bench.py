@@ -4,7 +4,7 @@
                                [--lengths 16,128,512] [--device cpu|cuda] [--json]
 
 At each length, one round runs each of these once, round after round:
-    ours trace      model.trace(text): tokenize + traced forward (every DESIGN.md name) + Trace
+    ours trace      model.trace(text): tokenize + traced forward (every name of docs/design.md) + Trace
     ours trace (ids) the same Trace from the token ids (what transformers is given): traced
                     forward + Trace, without tokenizing or the text-side metadata
     hf eager+attn   BertModel(attn_implementation="eager")(ids, output_attentions=True)

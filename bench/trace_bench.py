@@ -27,17 +27,9 @@ import os
 import subprocess
 import sys
 
-from bench.common import ROOT, Result, alternate, machine_info, median, text_of
+from bench.common import ROOT, Result, alternate, machine_info, median, status_kib, text_of
 
 MIB = 2**20
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return -1
 
 
 def _trace_from_ids(model, ids, toks):
@@ -130,11 +122,11 @@ def part_memory(n: int = 2048) -> dict:
     toks = model.target_strings(ids)
     with torch.inference_mode():
         model.net(None, torch.tensor([ids[:16]]))  # allocator warmed on a short input
-    loaded = _status_kib("VmRSS")
+    loaded = status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM, the peak resident set, to the current one
     tr = _trace_from_ids(model, ids, toks)
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {"tokens": n, "loaded_rss_mib": loaded / 1024, "peak_above_loaded_mib": (peak - loaded) / 1024,
             "stored_mib": tr.nbytes() / MIB}
 

@@ -1,4 +1,4 @@
-"""Command line: python -m core models | trace | eval | corpus (the contract of DESIGN.md).
+"""Command line: python -m core models | trace | eval | corpus (the contract of docs/design.md).
 
 The installed `attention-lab` command (core/cli.py) is this parser plus `run`.
 """

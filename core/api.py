@@ -1,4 +1,4 @@
-"""AttentionModel: a Transformer with its tokenizers, and the Python API of DESIGN.md.
+"""AttentionModel: a Transformer with its tokenizers, and the Python API of docs/design.md.
 
     model = core.load_model("toy-translate")
     trace = model.trace("the small dog sees the cat")   # greedy target for encoder-decoders

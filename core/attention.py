@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-Recorder = Callable[[str, torch.Tensor], None]
+RecordFn = Callable[[str, torch.Tensor], None]  # record(name, tensor); core.model.Recorder is one
 
 NEG_INF = float("-inf")
 
@@ -64,7 +64,7 @@ def scaled_dot_product_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: Optional[torch.Tensor] = None,
-    record: Optional[Recorder] = None,
+    record: Optional[RecordFn] = None,
     scale: Optional[float] = None,
     is_causal: bool = False,
 ) -> torch.Tensor:

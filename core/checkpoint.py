@@ -48,16 +48,18 @@ def read_config(folder) -> dict:
     return cfg
 
 
-def convert_hint(folder) -> str:
-    """The message for a folder whose weights are only in a pickle-based format."""
+def convert_hint(folder, auto_class: str = "AutoModel") -> str:
+    """The message for a folder whose weights are only in a pickle-based format; auto_class is
+    the transformers class that reads the whole model (heads included) for the conversion."""
     return (
         f"{Path(folder).name}: the weights are only in pytorch_model.bin (a pickle file, which this app never "
-        "loads because unpickling can run code). Convert them to safetensors once, e.g. in Python with "
-        "transformers: AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)"
+        "loads because unpickling can run code). Convert it to safetensors once, where you trust the file, e.g. "
+        f"in Python with transformers: {auto_class}.from_pretrained(folder).save_pretrained(folder, "
+        "safe_serialization=True)"
     )
 
 
-def safetensors_files(folder) -> List[Path]:
+def safetensors_files(folder, auto_class: str = "AutoModel") -> List[Path]:
     """The *.safetensors files of a folder: those named by model.safetensors.index.json when it
     exists (sharded checkpoints), else every *.safetensors file. CheckpointError when there are
     none (with the convert message if pickle weights are there instead)."""
@@ -82,7 +84,7 @@ def safetensors_files(folder) -> List[Path]:
     if any((folder / n).exists() for n in PICKLE_NAMES) or any(
         p.suffix in PICKLE_SUFFIXES for p in folder.iterdir() if p.is_file()
     ):
-        raise CheckpointError(convert_hint(folder))
+        raise CheckpointError(convert_hint(folder, auto_class))
     raise CheckpointError(f"{folder.name}: no *.safetensors weights in the folder")
 
 
@@ -152,9 +154,9 @@ class Checkpoint:
         return n
 
 
-def open_checkpoint(folder) -> Checkpoint:
+def open_checkpoint(folder, auto_class: str = "AutoModel") -> Checkpoint:
     """A Checkpoint over the folder's safetensors files (see safetensors_files)."""
-    return Checkpoint(safetensors_files(folder))
+    return Checkpoint(safetensors_files(folder, auto_class))
 
 
 def check_tensors(ckpt: Checkpoint, needed: Iterable[str], optional: Iterable[str] = (), ignore=None, where: str = "") -> None:

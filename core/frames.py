@@ -1,6 +1,6 @@
 """Attention maps as long pandas DataFrames: one row per (head, query, key).
 
-`frame(trace, name)` takes any attention name of DESIGN.md's table,
+`frame(trace, name)` takes any attention name of docs/design.md's table,
 `{stack}.{i}.{attn}.scores|scaled|mask|masked|weights`, and returns
 
     stack, layer, attn, head, query_index, query_token, key_index, key_token, <value>
@@ -30,7 +30,7 @@ from typing import Iterable, List, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-# The attention maps of DESIGN.md and the column each one's values go in.
+# The attention maps of docs/design.md and the column each one's values go in.
 VALUE_COLUMNS = {"scores": "score", "scaled": "scaled", "mask": "mask", "masked": "masked", "weights": "weight"}
 COLUMNS = ["stack", "layer", "attn", "head", "query_index", "query_token", "key_index", "key_token"]
 

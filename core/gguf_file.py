@@ -36,8 +36,7 @@ import torch
 from .api import AttentionModel
 from .checkpoint import CheckpointError
 from .config import ModelConfig
-from .device import pick_device
-from .smollm2 import CONTROL, LAYER_MAP, USER_DEFINED, ByteBPETokenizer, _field
+from .smollm2 import LAYER_MAP, ByteBPETokenizer, _field, decoder_config, finish_byte_tokenizer, gguf_shape
 
 ARCHS = ("llama", "qwen2")
 MAX_LEN = 2048
@@ -74,17 +73,7 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in ARCHS:
         raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}")
-
-    def need(key):
-        v = _field(reader, f"{arch}.{key}")
-        if v is None:
-            raise CheckpointError(f"{name}: the GGUF file lacks {arch}.{key}")
-        return v
-
-    d, h = int(need("embedding_length")), int(need("attention.head_count"))
-    d_head = int(_field(reader, f"{arch}.attention.key_length", d // h))
-    if int(_field(reader, f"{arch}.rope.dimension_count", d_head)) != d_head:
-        raise CheckpointError(f"{name}: partial RoPE is not supported")
+    need, d, h, d_head = gguf_shape(reader, arch, where=f"{name}: ", error=CheckpointError)
     scaling = None
     kind = _field(reader, f"{arch}.rope.scaling.type")
     if kind == "linear":
@@ -95,30 +84,13 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         raise CheckpointError(f"{name}: per-frequency RoPE factors (rope_freqs, Llama 3.1 scaling) are not supported in GGUF files")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     ctx = int(_field(reader, f"{arch}.context_length", MAX_LEN))
-    tied = not any(t.name == "output.weight" for t in reader.tensors)
-    return ModelConfig(
-        kind="decoder",
-        d_model=d,
-        n_heads=h,
-        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", h)),
-        d_head=d_head,
-        d_ff=int(need("feed_forward_length")),
-        n_layers=int(need("block_count")),
+    return decoder_config(
+        reader, arch, need, d, h, d_head, min(MAX_LEN, ctx),
         tgt_vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
-        max_len=min(MAX_LEN, ctx),
-        positional="rope",
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         rope_layout="interleaved" if arch == "llama" else "half",
-        norm="rmsnorm",
-        norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        norm_placement="pre",
-        activation="swiglu",
-        bias=False,
         qkv_bias=arch == "qwen2",
-        final_norm=True,
-        tie_embeddings=tied,
-        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0) or 0),
+        tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         extra={"family": arch, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
     )
 
@@ -161,7 +133,7 @@ def weights_from_gguf(reader, cfg: ModelConfig, name: str) -> Dict[str, torch.Te
 
 def tokenizer_from_gguf(reader, name: str):
     """(tokenizers.Tokenizer, info) for a byte-level BPE GGUF vocabulary."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -184,25 +156,12 @@ def tokenizer_from_gguf(reader, name: str):
         ])
     else:
         raise CheckpointError(f"{name}: GGUF pre-tokenizer {pre!r} is not supported")
-    tk.decoder = decoders.ByteLevel()
-    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
-    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-    if control:
-        tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
-    if user:
-        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    info = {
-        "pre": pre,
-        "bos_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
-    }
-    return tk, info
+    return tk, finish_byte_tokenizer(tk, reader, tokens, types, pre)
 
 
 def load_gguf(path, device=None, name: Optional[str] = None, progress=None) -> AttentionModel:
     """A llama / qwen2 GGUF file as an AttentionModel (decoder)."""
-    from .hf import EXAMPLES, HFModel, human_size
+    from .hf import local_model
 
     path = Path(path)
     t0 = time.perf_counter()
@@ -226,16 +185,6 @@ def load_gguf(path, device=None, name: Optional[str] = None, progress=None) -> A
     n = sum(p.numel() for p in net.parameters())
     tok = ByteBPETokenizer(tk, info, max_len=cfg.max_len)
     say("ready")
-    return HFModel(
-        name or path.name,
-        net,
-        tok,
-        device=pick_device(device),
-        description=f"{cfg.extra['family']} GGUF file {path.name} ({human_size(n)} parameters)",
-        start_id=None,
-        end_id=info.get("eos_id"),
-        max_new_tokens=32,
-        examples=EXAMPLES["decoder"],
-        info={"path": str(path), "family": cfg.extra["family"], "parameters": n,
-              "load_s": round(time.perf_counter() - t0, 3)},
-    )
+    family = cfg.extra["family"]
+    return local_model(name or path.name, net, tok, device, f"{family} GGUF file {path.name}", path, family, n, t0,
+                       "decoder", end_id=info.get("eos_id"))

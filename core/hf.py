@@ -56,7 +56,7 @@ from .device import pick_device
 from .minilm import EMBED_MAP as MINILM_EMBED
 from .minilm import LAYER_MAP as MINILM_LAYER
 from .model import Transformer
-from .tokenizer import Encoded
+from .tokenizer import Encoded, PieceTable
 
 FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
 SEQ2SEQ = ("marian", "bart", "t5")
@@ -100,46 +100,34 @@ def config_bert(hf: dict) -> ModelConfig:
         raise CheckpointError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
     roberta = hf.get("model_type") == "roberta"
     offset = int(hf.get("pad_token_id", 1)) + 1 if roberta else 0
-    return ModelConfig(
-        kind="encoder",
-        d_model=hf["hidden_size"],
-        n_heads=hf["num_attention_heads"],
-        d_ff=hf["intermediate_size"],
-        n_layers=hf["num_hidden_layers"],
-        src_vocab_size=hf["vocab_size"],
+    return _bert_family(
+        hf, ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"),
         max_len=hf.get("max_position_embeddings", 512) - offset,
         position_offset=offset,
-        positional="learned",
         type_vocab_size=hf.get("type_vocab_size", 2),
-        embed_norm=True,
         activation=_act(hf.get("hidden_act", "gelu")),
-        norm="layernorm",
-        norm_placement="post",
         norm_eps=hf.get("layer_norm_eps", 1e-12),
-        bias=True,
-        final_norm=False,
-        pad_id=hf.get("pad_token_id") or 0,
     )
 
 
+def _bert_family(hf: dict, sizes: Tuple[str, str, str, str], **fields) -> ModelConfig:
+    """What BERT, RoBERTa and DistilBERT share: a post-norm encoder with learned positions, an
+    embedding LayerNorm and biases. sizes: the config.json keys of d, H, m and L, which each
+    family names its own way; `fields` the rest."""
+    d, h, m, n_layers = (hf[k] for k in sizes)
+    return ModelConfig(kind="encoder", d_model=d, n_heads=h, d_ff=m, n_layers=n_layers,
+                       src_vocab_size=hf["vocab_size"], positional="learned", embed_norm=True, norm="layernorm",
+                       norm_placement="post", bias=True, final_norm=False, pad_id=hf.get("pad_token_id") or 0,
+                       **fields)
+
+
 def config_distilbert(hf: dict) -> ModelConfig:
-    return ModelConfig(
-        kind="encoder",
-        d_model=hf["dim"],
-        n_heads=hf["n_heads"],
-        d_ff=hf["hidden_dim"],
-        n_layers=hf["n_layers"],
-        src_vocab_size=hf["vocab_size"],
+    return _bert_family(
+        hf, ("dim", "n_heads", "hidden_dim", "n_layers"),
         max_len=hf.get("max_position_embeddings", 512),
-        positional="learned",  # sinusoidal_pos_embds too: the table is stored in the checkpoint
-        embed_norm=True,
+        # positional="learned" for sinusoidal_pos_embds too: the table is stored in the checkpoint
         activation=_act(hf.get("activation", "gelu")),
-        norm="layernorm",
-        norm_placement="post",
         norm_eps=1e-12,
-        bias=True,
-        final_norm=False,
-        pad_id=hf.get("pad_token_id") or 0,
     )
 
 
@@ -449,7 +437,7 @@ def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class HFTokenizer:
+class HFTokenizer(PieceTable):
     """Any tokenizer.json (WordPiece, byte-level BPE, SentencePiece-style BPE/Unigram) with the
     interface of core.tokenizer.WordTokenizer.
 
@@ -472,26 +460,13 @@ class HFTokenizer:
         self._tk.no_padding()
         self._tk.no_truncation()
         self.max_len = max_len
-        self.index: Dict[str, int] = self._tk.get_vocab(with_added_tokens=True)
-        self.pieces: List[str] = [""] * (max(self.index.values()) + 1)
-        for t, i in self.index.items():
-            self.pieces[i] = t
+        self._read_pieces(self._tk)
         self.byte_level = isinstance(self._tk.decoder, decoders.ByteLevel)
         self._byte_of = BYTE_OF
         self.mask_token = next((t for t in ("[MASK]", "<mask>") if t in self.index), None)
         self.mask_id = self.index.get(self.mask_token) if self.mask_token else None
         unk = next((t for t in ("[UNK]", "<unk>", "<|endoftext|>") if t in self.index), None)
         self.unk_id = self.index.get(unk) if unk in ("[UNK]", "<unk>") else None
-        self._vocab: Optional[List[str]] = None
-
-    def __len__(self) -> int:
-        return len(self.pieces)
-
-    @property
-    def vocab(self) -> List[str]:
-        if self._vocab is None:
-            self._vocab = [self.token_str(i) for i in range(len(self.pieces))]
-        return self._vocab
 
     def token_id(self, tok: str) -> int:
         return self.index[tok] if tok in self.index else self.unk_id
@@ -613,24 +588,35 @@ def load_folder(folder, device=None, name: Optional[str] = None, progress: Progr
         end = tok.index.get("[SEP]", tok.index.get("</s>"))
     else:
         end = _ids_from(hf, "eos_token_id")
-    model = HFModel(
-        name or folder.name,
-        net,
-        tok,
-        device=pick_device(device),
-        description=f"{family} checkpoint from {folder.name} ({human_size(n)} parameters)",
-        start_id=start,
-        end_id=end,
-        max_new_tokens=32,
-        examples=EXAMPLES.get(cfg.kind, []),
-        info={"path": str(folder), "family": family, "parameters": n, "load_s": round(time.perf_counter() - t0, 3),
-              "dtypes": ckpt.dtypes(), "masked_lm": head is not None},
-    )
+    model = local_model(name or folder.name, net, tok, device, f"{family} checkpoint from {folder.name}", folder,
+                        family, n, t0, cfg.kind, start_id=start, end_id=end, dtypes=ckpt.dtypes(),
+                        masked_lm=head is not None)
     model.mlm_head = head
     if head is not None and tok.mask_token:
         model.examples = [f"The capital of France is {tok.mask_token}."] + model.examples
     say("ready")
     return model
+
+
+def local_model(name: str, net, tok, device, what: str, path: Path, family: str, n: int, t0: float, kind: str,
+                start_id=None, end_id=None, **info) -> "HFModel":
+    """A model read from a local file or folder (a checkpoint here, a GGUF file in
+    core/gguf_file.py) as the app shows it: `what` and its parameter count as the description,
+    up to 32 new tokens, the examples of its kind, and where it came from and how long it
+    took (since t0) in `info`."""
+    return HFModel(
+        name,
+        net,
+        tok,
+        device=pick_device(device),
+        description=f"{what} ({human_size(n)} parameters)",
+        start_id=start_id,
+        end_id=end_id,
+        max_new_tokens=32,
+        examples=EXAMPLES.get(kind, []),
+        info={"path": str(path), "family": family, "parameters": n, "load_s": round(time.perf_counter() - t0, 3),
+              **info},
+    )
 
 
 EXAMPLES = {

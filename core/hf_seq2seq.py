@@ -61,7 +61,6 @@ and .bias):
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -69,6 +68,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .api import AttentionModel
+from .checkpoint import CheckpointError, open_checkpoint, read_config
 from .config import ModelConfig
 from .device import pick_device
 from .model import Transformer
@@ -84,50 +84,15 @@ EXAMPLES = [
 ]
 
 
-class CheckpointError(ValueError):
-    """A checkpoint folder this loader cannot read; the message says what is wrong and what to do."""
-
-
 # ------------------------------------------------------------------------------ files
-def _read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{folder} has no config.json: not a Hugging Face checkpoint folder")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-
-
 class _Weights:
-    """The checkpoint's tensors by name (a leading "model." dropped), read on demand from
-    memory-mapped safetensors files."""
+    """The checkpoint's tensors by name, a leading "model." dropped; core.checkpoint reads them
+    on demand from the memory-mapped safetensors files (never a pickle)."""
 
     def __init__(self, folder: Path):
-        from safetensors import safe_open
-
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            if any((folder / n).is_file() for n in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
-                raise CheckpointError(
-                    f"{folder} holds only pytorch_model.bin, a pickle file, which is never loaded here. "
-                    "Convert it to safetensors once, where you trust the file, e.g. with transformers: "
-                    "AutoModelForSeq2SeqLM.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)"
-                )
-            raise CheckpointError(f"{folder} has no *.safetensors weights")
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-            missing = [s for s in shards if not (folder / s).is_file()]
-            if missing:
-                raise CheckpointError(f"{folder}: shards listed in {index.name} are missing: {', '.join(missing)}")
-            files = [folder / s for s in shards]
-        self._handles = [safe_open(str(f), framework="pt") for f in files]
-        self.where: Dict[str, Tuple[object, str]] = {}
-        for h in self._handles:
-            for key in h.keys():
-                name = key[len("model."):] if key.startswith("model.") else key
-                self.where[name] = (h, key)
+        self._ckpt = open_checkpoint(folder, auto_class="AutoModelForSeq2SeqLM")
+        self.where: Dict[str, str] = {(key[len("model."):] if key.startswith("model.") else key): key
+                                      for key in self._ckpt.names()}
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
@@ -136,8 +101,7 @@ class _Weights:
         return list(self.where)
 
     def get(self, name: str) -> torch.Tensor:
-        h, key = self.where[name]
-        return h.get_tensor(key)
+        return self._ckpt.get(self.where[name], dtype=None)
 
 
 # (our name, checkpoint names -- the first present is used, optional transform)
@@ -480,7 +444,7 @@ def _tokenizers(folder: Path, family: str, hf: dict, cfg: ModelConfig):
 def load_net(folder: Path) -> Transformer:
     """Our Transformer with the folder's weights (float32)."""
     folder = Path(folder)
-    hf = _read_config(folder)
+    hf = read_config(folder)
     family = hf.get("model_type")
     if family not in FAMILIES:
         raise CheckpointError(
@@ -507,7 +471,7 @@ def load_net(folder: Path) -> Transformer:
 def load(folder: Path, device=None) -> AttentionModel:
     """A Marian, BART or T5 checkpoint folder as an AttentionModel (encoder-decoder)."""
     folder = Path(folder)
-    hf = _read_config(folder)
+    hf = read_config(folder)
     net = load_net(folder)
     family = hf["model_type"]
     src_tok, tgt_tok = _tokenizers(folder, family, hf, net.cfg)

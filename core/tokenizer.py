@@ -71,3 +71,30 @@ class WordTokenizer:
 
     def decode(self, ids: List[int]) -> List[str]:
         return [self.vocab[i] for i in ids]
+
+
+class PieceTable:
+    """A tokenizers.Tokenizer's vocabulary both ways, for the tokenizers read from checkpoint
+    files (core.hf.HFTokenizer, core.smollm2.ByteBPETokenizer): `index` (the file's spelling
+    -> id), `pieces` (id -> the file's spelling), len(), and `vocab`, every id's display
+    string (token_str, which the subclass defines), built on first use."""
+
+    def _read_pieces(self, tk) -> None:
+        self.index: Dict[str, int] = tk.get_vocab(with_added_tokens=True)
+        self.pieces: List[str] = [""] * (max(self.index.values()) + 1)
+        for t, i in self.index.items():
+            self.pieces[i] = t
+        self._vocab: Optional[List[str]] = None
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def vocab(self) -> List[str]:
+        """Display string of every id."""
+        if self._vocab is None:
+            self._vocab = [self.token_str(i) for i in range(len(self.pieces))]
+        return self._vocab
+
+    def token_str(self, i: int) -> str:
+        raise NotImplementedError

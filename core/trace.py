@@ -1,4 +1,4 @@
-"""Trace: every intermediate tensor of one forward pass, under the names of DESIGN.md.
+"""Trace: every intermediate tensor of one forward pass, under the names of docs/design.md.
 
 An ordered mapping from stable names to detached CPU tensors, plus the token strings and
 metadata (model, config, device, timings). Saves to and loads from `.npz`.

@@ -1,4 +1,8 @@
-"""Shared test helpers: run pages with AppTest and read plotly figures back as numbers."""
+"""Shared test helpers: the bundled models, run pages with AppTest, read plotly figures back
+as numbers, and a real server and browser for the browser tests.
+
+Model fixtures load once per test module, on the app's default device unless the module
+sets DEVICE (e.g. DEVICE = "cpu"); a model whose weight package is not installed skips."""
 
 import base64
 import json
@@ -7,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import core
 import core.device
 
 # Tests share the machine with a browser and an app server: one intra-op thread keeps
@@ -87,6 +92,28 @@ def app_test():
     return make
 
 
+# ------------------------------------------------------------------ the bundled models
+def _load(request, name: str):
+    if not core.MODELS[name].available():
+        pytest.skip(f"{name}'s weight package is not installed")
+    return core.load_model(name, device=getattr(request.module, "DEVICE", None))
+
+
+@pytest.fixture(scope="module")
+def toy(request):
+    return _load(request, "toy-translate")
+
+
+@pytest.fixture(scope="module")
+def minilm(request):
+    return _load(request, "minilm")
+
+
+@pytest.fixture(scope="module")
+def smollm2(request):
+    return _load(request, "smollm2")
+
+
 # ------------------------------------------------------------------ browser tests
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -110,3 +137,13 @@ def browser(server):
         b = launch(p)
         yield b
         b.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    """A fresh browser context and page, VIEWPORT = (width, height) of the module, else 1400 x 2400."""
+    width, height = getattr(request.module, "VIEWPORT", (1400, 2400))
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()

@@ -12,6 +12,8 @@ import torch
 import core
 from core import analysis as an
 
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
+
 TEXT = "The cat sat on the mat. The cat sat"
 
 
@@ -42,13 +44,6 @@ def _random_maps(n_layers, n_heads, n, seed, causal=False):
 
 
 # ------------------------------------------------------------------ head scores on smollm2
-@pytest.fixture(scope="module")
-def smollm2():
-    if not core.MODELS["smollm2"].available():
-        pytest.skip("smollm2's weight package is not installed")
-    return core.load_model("smollm2", device="cpu")
-
-
 def _direct_scores(w, start=None, r=None):
     """The issue's definitions, one head and one query at a time."""
     w = w.double().numpy()

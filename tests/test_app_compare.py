@@ -13,13 +13,6 @@ from viz import compare as cmp
 BANK_A, BANK_B = cmp.BANK_A, cmp.BANK_B
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    if not core.MODELS["minilm"].available():
-        pytest.skip("minilm's weight package is not installed")
-    return core.load_model("minilm")  # same default device as the app
-
-
 def _warnings(at):
     return [w.value for w in at.warning]
 

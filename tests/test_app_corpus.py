@@ -2,17 +2,10 @@
 projected; URL state (model, layer, head, projection); pasted corpora and bad input."""
 
 import numpy as np
-import pytest
 
-import core
 import core.corpus as cc
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
 from core.corpus_data import load as load_bundled
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate")
 
 
 def _xy(trace):

@@ -10,12 +10,9 @@ import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
 from viz.pages import common
 
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
+
 TEXT = "the small dog sees the cat"
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate", device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,6 @@ PIECES = "Tokenization splits embeddings into pieces."
 TAB_MODEL = "Model view (all layers × heads)"
 
 
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate")  # same default device as the app
-
-
 def _need(model):
     if not core.MODELS[model].available():
         pytest.skip(f"{model}'s weight package is not installed")

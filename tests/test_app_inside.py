@@ -11,11 +11,6 @@ TEXT = "the small dog sees the cat"
 WEIGHTS = "inside-weights-fig"
 
 
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate")  # same default device as the app
-
-
 def _warnings(at):
     return [w.value for w in at.warning]
 

@@ -13,14 +13,6 @@ pytestmark = pytest.mark.browser
 PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
 
 
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
-
-
 def _ticktext(fig, axis="xaxis"):
     return list(fig["layout"][axis]["ticktext"])
 

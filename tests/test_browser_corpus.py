@@ -13,12 +13,7 @@ from core.corpus_data import load as load_bundled
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1600})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
+VIEWPORT = (1400, 1600)  # the page fixture's (conftest.py)
 
 
 SEL = '.st-key-corpus-scatter[data-stale="false"] .js-plotly-plot'

@@ -12,14 +12,6 @@ pytestmark = pytest.mark.browser
 TEXT = "the small dog sees the cat"
 
 
-@pytest.fixture
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
-
-
 def _click_target(page, key, layer, head, trace_index=1):
     """Click the click-target marker of (layer, head) in chart `key`, at its pixel centre."""
     sel = f'.st-key-{key}[data-stale="false"] .js-plotly-plot'

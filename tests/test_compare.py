@@ -10,21 +10,12 @@ import core
 from core.trace import Trace
 from viz import compare as cmp
 
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
+
 
 def _available(name):
     if not core.MODELS[name].available():
         pytest.skip(f"{name}'s weight package is not installed")
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    _available("minilm")
-    return core.load_model("minilm", device="cpu")
 
 
 def independent_cosines(ta, ia, tb, ib, stack):

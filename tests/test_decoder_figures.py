@@ -11,16 +11,13 @@ import core
 from core import ModelConfig
 from viz import decoder as dv
 
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
+
 NEG = float("-inf")
 
 
 def _z(fig, i=0):
     return np.asarray(fig.data[i].z, dtype=float)
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate", device="cpu")
 
 
 @pytest.fixture(scope="module")

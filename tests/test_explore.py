@@ -12,12 +12,7 @@ from conftest import grid_shape, grid_tile
 from viz import explore as ex
 from viz.select import View, attention_matrix
 
-
-@pytest.fixture(scope="module")
-def minilm():
-    if not core.MODELS["minilm"].available():
-        pytest.skip("minilm's weight package is not installed")
-    return core.load_model("minilm", device="cpu")
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
 
 def test_blocks_keep_rows_summing_to_one():

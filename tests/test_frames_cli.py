@@ -16,13 +16,10 @@ from core import cli
 from core.__main__ import main as core_main
 from core.frames import attention_names, frame, frames, select_names
 
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "the small dog sees the cat"
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate", device="cpu")
 
 
 @pytest.fixture(scope="module")

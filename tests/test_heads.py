@@ -18,11 +18,6 @@ TEXT = "the small dog sees the cat"
 
 
 @pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate")  # same default device as the app
-
-
-@pytest.fixture(scope="module")
 def toy_scores(toy):
     return analysis.head_scores(toy, TEXT)
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import core
-from browser_utils import CHROMIUM, CHROMIUM_ARGS, require_browser, start_server
+from browser_utils import launch, require_browser, start_server
 from core import toy_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -123,7 +123,7 @@ def test_eight_sessions_at_once(tmp_path, toy):
 
         async def main():
             async with async_playwright() as p:
-                browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                browser = await launch(p)
                 go = asyncio.Event()
                 tasks = [asyncio.create_task(session(browser, i, go)) for i in range(N_SESSIONS)]
                 await asyncio.sleep(1.0)  # every context ready, then all go at once
@@ -179,7 +179,7 @@ def test_memory_is_bounded_over_200_sentences(tmp_path, toy):
     sentences = distinct_sentences(N_SENTENCES + 1, seed=200)
     tokens = {s: toy.trace(s).tokens("source") for s in sentences}
     server = start_server(tmp_path, env_extra={"ATTENTION_LAB_TRACE_CACHE_MB": str(MEMORY_CACHE_MB)})
-    rss = {"start": server.rss_mb()}
+    rss = {"start": server.rss_mib()}
     latencies = []
     try:
         async def serve(browser, batch: list, workers: int = 2):
@@ -211,16 +211,16 @@ def test_memory_is_bounded_over_200_sentences(tmp_path, toy):
 
         async def main():
             async with async_playwright() as p:
-                browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                browser = await launch(p)
                 await serve(browser, sentences[:1], workers=1)  # warm-up: the model loads
                 await asyncio.sleep(1)
-                rss["warm"] = server.rss_mb()
+                rss["warm"] = server.rss_mib()
                 await serve(browser, sentences[1:101])
                 await asyncio.sleep(1)
-                rss["100"] = server.rss_mb()
+                rss["100"] = server.rss_mib()
                 await serve(browser, sentences[101:201])
                 await asyncio.sleep(1)
-                rss["200"] = server.rss_mb()
+                rss["200"] = server.rss_mib()
                 await browser.close()
 
         t0 = time.perf_counter()

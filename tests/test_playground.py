@@ -2,7 +2,6 @@
 argument, the parameter-count formula and the cost measurement, against independent numpy."""
 
 import math
-import time
 
 import numpy as np
 import pandas as pd
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 import core
+from core import cost
 from viz import playground as vg
 
 
@@ -163,22 +163,22 @@ CONFIGS = [
 @pytest.mark.parametrize("kw", CONFIGS)
 def test_param_formula_equals_core_count(kw):
     cfg = core.ModelConfig(src_vocab_size=190, tgt_vocab_size=173, **kw)
-    formula = vg.param_formula(cfg)
+    formula = cost.param_formula(cfg)
     real = core.Transformer(cfg).num_parameters()
     assert int(formula.total.sum()) == real
-    meta = vg.meta_model(cfg)
+    meta = cost.meta_model(cfg)
     assert meta.num_parameters() == real
-    shapes = vg.weight_shapes(meta)
+    shapes = cost.weight_shapes(meta)
     assert int(shapes.entries.sum()) == sum(p.numel() for p in meta.parameters())
 
 
 def test_notes_layer_formula():
     for d, m in [(64, 256), (128, 512), (512, 2048)]:
         cfg = core.ModelConfig(kind="encoder", d_model=d, n_heads=4, d_ff=m, n_layers=1, src_vocab_size=10)
-        formula = vg.param_formula(cfg)
+        formula = cost.param_formula(cfg)
         per_layer = int(formula[formula.part != "encoder token embedding"].total.sum())
         assert per_layer == 4 * d * d + 4 * d + 2 * d * m + m + d + 4 * d
-        assert vg.layer_formula(cfg).endswith(f"{per_layer:,}")
+        assert cost.layer_formula(cfg).endswith(f"{per_layer:,}")
         layer = core.Transformer(cfg).encoder[0]
         assert sum(p.numel() for p in layer.parameters()) == per_layer
 
@@ -186,23 +186,22 @@ def test_notes_layer_formula():
 # ------------------------------------------------------------------ 6. cost
 def test_cost_grid_measures_and_respects_budget():
     seen = []
-    df, finished = vg.cost_grid([8, 16], [16, 32], budget_s=30, progress=lambda f, m: seen.append(f))
+    df, finished = cost.cost_grid([8, 16], [16, 32], budget_s=30, progress=lambda f, m: seen.append(f))
     assert finished and len(df) == 4 and (df.seconds > 0).all()
     assert seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
-    t0 = time.perf_counter()
-    df, finished = vg.cost_grid([8, 16, 32], [16, 32], budget_s=0.0)
-    assert not finished and len(df) == 0 and time.perf_counter() - t0 < 5
+    df, finished = cost.cost_grid([8, 16, 32], [16, 32], budget_s=0.0)  # spent before the first point
+    assert not finished and len(df) == 0
 
 
 def test_fit_cost_recovers_coefficients():
     rows = [dict(N=N, D=D, seconds=2e-4 + 3e-11 * N * N * D + 5e-11 * N * D * D)
             for N in (16, 64, 256, 1024) for D in (64, 256, 512)]
-    fit = vg.fit_cost(pd.DataFrame(rows))
+    fit = cost.fit_cost(pd.DataFrame(rows))
     assert fit["c0"] == pytest.approx(2e-4, rel=1e-6)
     assert fit["a"] == pytest.approx(3e-11, rel=1e-6) and fit["b"] == pytest.approx(5e-11, rel=1e-6)
     assert fit["rel_rms"] < 1e-9
     # never a negative coefficient, even when the data want one
     rows = [dict(N=N, D=D, seconds=1e-3 - 1e-12 * N * N * D + 1e-10 * N * D * D) for N in (16, 64, 256) for D in (64, 256)]
-    fit = vg.fit_cost(pd.DataFrame(rows))
+    fit = cost.fit_cost(pd.DataFrame(rows))
     assert min(fit["c0"], fit["a"], fit["b"]) >= 0
-    assert vg.cost_model(fit, 64, 64) > 0
+    assert cost.cost_model(fit, 64, 64) > 0

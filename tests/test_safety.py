@@ -122,7 +122,7 @@ def test_no_unsafe_html_with_computed_strings():
 
 
 def test_figures_are_built_without_streamlit():
-    """viz figure builders stay pure (DESIGN.md): no Streamlit import outside viz/pages."""
+    """viz figure builders stay pure (docs/design.md): no Streamlit import outside viz/pages."""
     for path in (ROOT / "viz").glob("*.py"):
         for node in ast.walk(parsed(path)):
             if isinstance(node, (ast.Import, ast.ImportFrom)):

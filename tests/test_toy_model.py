@@ -14,10 +14,7 @@ from core import toy_task
 from core.registry import TOY_DIR
 from conftest import ROOT
 
-
-@pytest.fixture(scope="module")
-def toy():
-    return core.load_model("toy-translate", device="cpu")
+DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
 
 def test_checkpoint_is_safetensors_and_small():

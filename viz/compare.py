@@ -33,6 +33,7 @@ import torch
 
 from core.words import merge_attention, word_groups, word_labels
 from viz.figures import safe_label, to_numpy
+from viz.reduce import thinned
 from viz.select import SPECIAL_TOKENS
 
 BANK_A = "I swam across the river to get to the other bank."
@@ -288,8 +289,8 @@ def attention_bar(weights, labels: Sequence[str], highlight: Sequence[int] = (),
         x=list(range(n)), y=w, marker_color=colours, customdata=shown,
         hovertemplate="key %{customdata} (%{x})<br>weight %{y:.4f}<extra></extra>",
     ))
-    step = max(1, int(np.ceil(n / 48)))
-    fig.update_xaxes(tickvals=list(range(0, n, step)), ticktext=shown[::step], tickangle=-45)
+    idx, text = thinned(shown, 48)
+    fig.update_xaxes(tickvals=idx, ticktext=text, tickangle=-45)
     fig.update_yaxes(title="attention weight", range=[0, y_max if y_max else max(1e-6, float(w.max()) * 1.1)])
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=height,
                       margin=dict(l=10, r=10, t=50 if title else 20, b=10), bargap=0.15)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-import numpy as np
 import plotly.graph_objects as go
 import torch
 
 from core.tokenizer import WordTokenizer
 from core.words import Groups, merge_attention, word_groups, word_labels
 from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
+from viz.reduce import blocks, reduce_to, tick_indices
 from viz.select import SPECIAL_TOKENS, View, attention_matrix, drop_special
 
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
@@ -87,12 +87,6 @@ def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Option
 
 
 # ------------------------------------------------------------------ long inputs
-def blocks(n: int, max_side: int) -> Groups:
-    """Contiguous blocks of positions 0..n-1, as few as keep the count <= max_side."""
-    f = max(1, int(np.ceil(n / max(1, max_side))))
-    return [list(range(i, min(i + f, n))) for i in range(0, n, f)]
-
-
 def block_labels(groups: Groups, labels: Sequence[str]) -> List[str]:
     out = []
     for g in groups:
@@ -112,18 +106,13 @@ def reduce_map(matrix, q_labels: Sequence[str], k_labels: Sequence[str], max_sid
     if n_q <= max_side and n_k <= max_side:
         return m, list(q_labels), list(k_labels), 1, 1
     qg, kg = blocks(n_q, max_side), blocks(n_k, max_side)
-    z = merge_attention(m, qg, kg)
+    z = reduce_to(m, max_side)
     return z, block_labels(qg, q_labels), block_labels(kg, k_labels), len(qg[0]), len(kg[0])
 
 
 def reduce_stack(weights_by_layer: Sequence, max_side: int = MAX_GRID_SIDE) -> List[torch.Tensor]:
     """Each H x n_q x n_k map reduced like reduce_map (so thumbnails keep the 0-1 scale)."""
-    out = []
-    for w in weights_by_layer:
-        w = torch.as_tensor(w)
-        n_q, n_k = w.shape[-2], w.shape[-1]
-        out.append(w if max(n_q, n_k) <= max_side else merge_attention(w, blocks(n_q, max_side), blocks(n_k, max_side)))
-    return out
+    return [reduce_to(torch.as_tensor(w), max_side) for w in weights_by_layer]
 
 
 # ------------------------------------------------------------------ model view of a layer range
@@ -200,8 +189,8 @@ def fit_block_ticks(fig: go.Figure, max_ticks: int = 32, top_margin: int = 150) 
     ax = fig.layout.xaxis
     vals, text = list(ax.tickvals or []), list(ax.ticktext or [])
     if len(vals) > max_ticks:
-        step = int(np.ceil(len(vals) / max_ticks))
-        ax.tickvals, ax.ticktext = vals[::step], text[::step]
+        keep = tick_indices(len(vals), max_ticks)
+        ax.tickvals, ax.ticktext = [vals[i] for i in keep], [text[i] for i in keep]
     fig.update_layout(margin=dict(t=max(top_margin, fig.layout.margin.t or 0)),
                       title=dict(y=1.0, yanchor="top", pad=dict(t=8)))
     return fig

@@ -8,12 +8,13 @@ token tick labels, so repeated tokens ("the ... the") keep their own rows and co
 from __future__ import annotations
 
 import html
-from typing import Optional, Sequence
-
 import math
+from typing import Optional, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+
+from viz.reduce import thinned
 
 ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
@@ -38,10 +39,7 @@ def to_numpy(x) -> np.ndarray:
 
 
 def _ticks(labels: Sequence[str]):
-    n = len(labels)
-    step = max(1, int(np.ceil(n / MAX_TICKS)))
-    idx = list(range(0, n, step))
-    return idx, [labels[i] for i in idx]
+    return thinned(labels, MAX_TICKS)
 
 
 def matrix_heatmap(

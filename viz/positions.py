@@ -20,6 +20,7 @@ import torch
 
 import core
 from viz.figures import DIVERGING, matrix_heatmap, to_numpy
+from viz.reduce import tick_indices
 
 MAX_D = 1024
 MAX_N = 1024
@@ -64,14 +65,11 @@ def stride_indices(n: int, max_side: int = MAX_SIDE, pairs: bool = False) -> Lis
     if n <= max_side:
         return list(range(n))
     if pairs:
-        n_pairs = (n + 1) // 2
-        step = int(math.ceil(n_pairs / (max_side // 2)))
         out = []
-        for j in range(0, n_pairs, step):
+        for j in tick_indices((n + 1) // 2, max_side // 2):
             out += [c for c in (2 * j, 2 * j + 1) if c < n]
         return out
-    step = int(math.ceil(n / max_side))
-    return list(range(0, n, step))
+    return tick_indices(n, max_side)
 
 
 def positional_heatmap(P, rows: Optional[Sequence[int]] = None, cols: Optional[Sequence[int]] = None,
@@ -105,9 +103,7 @@ def positional_heatmap(P, rows: Optional[Sequence[int]] = None, cols: Optional[S
 
 def thin_ticks(fig: go.Figure, axis: str, labels: Sequence[str], max_ticks: int) -> None:
     """At most max_ticks evenly spaced, unrotated tick labels on a numeric axis."""
-    n = len(labels)
-    step = max(1, int(math.ceil(n / max_ticks)))
-    idx = list(range(0, n, step))
+    idx = tick_indices(len(labels), max_ticks)
     update = fig.update_xaxes if axis == "x" else fig.update_yaxes
     update(tickvals=idx, ticktext=[labels[i] for i in idx], tickangle=0)
 

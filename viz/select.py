@@ -1,15 +1,11 @@
-"""Choosing what to show from a Trace, and reading URL values: pure functions, no Streamlit.
-
-Every value that reaches a page from the URL goes through `parse_int` / `clamp`, which
-return the value to use and, when the URL's value was unusable, a message for the user.
-"""
+"""Choosing what to show from a Trace: which attention maps it holds, their token labels,
+one map (a head or the mean of heads) with or without special tokens. Pure functions, no
+Streamlit. (Values from the URL are read by viz/pages/common.py's PageState.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
-
-import torch
 
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<pad>", "<start>", "<end>", "<s>", "</s>", "<|endoftext|>",
                   "<|im_start|>", "<|im_end|>"}
@@ -73,29 +69,3 @@ def drop_special(m, q_labels, k_labels, q_special, k_special):
         return m, list(q_labels), list(k_labels)
     m = m[qi][:, ki]
     return m / m.sum(-1, keepdim=True).clamp_min(1e-12), [q_labels[i] for i in qi], [k_labels[j] for j in ki]
-
-
-def layer_stack(trace, stack: str, kind: str) -> List[torch.Tensor]:
-    """The H x n_q x n_k weights of every layer of a (stack, kind), in order."""
-    return [trace[f"{stack}.{i}.{kind}.weights"] for i in range(trace.layers(stack))]
-
-
-# ------------------------------------------------------------------ URL values
-def parse_int(raw, name: str) -> Tuple[Optional[int], Optional[str]]:
-    """An int from a URL string; (None, message) when it is not a whole number."""
-    if raw is None or raw == "":
-        return None, None
-    try:
-        return int(str(raw).strip()), None
-    except ValueError:
-        return None, f"The URL's {name}={str(raw)[:40]!r} is not a whole number; showing the default instead."
-
-
-def clamp(value: Optional[int], lo: int, hi: int, name: str, default: int) -> Tuple[int, Optional[str]]:
-    """Clamp into [lo, hi]; a message when the value had to move."""
-    if value is None:
-        return default, None
-    if value < lo or value > hi:
-        fixed = min(max(value, lo), hi)
-        return fixed, f"{name} {value} is out of range ({lo}–{hi}); showing {name} {fixed}."
-    return value, None

@@ -9,10 +9,8 @@ from __future__ import annotations
 import io
 import logging
 import os
-import re
 import time
-import urllib.parse
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 import streamlit as st
 
@@ -22,12 +20,10 @@ from core.api import InputError
 from viz.cache import ByteLRU
 from viz.figures import attention_frame
 from viz.select import attention_views
+from viz.text import MAX_CHARS, URL_VALUE_BYTES, _md_code, clean_text, url_text, url_value  # noqa: F401
 
-core.device.configure_threads()
-core.device.keep_freed_memory()  # reuse freed trace buffers instead of page-faulting fresh ones
 
 DEFAULT_MODEL = "toy-translate"
-MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
 TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "1024")) * 2**20
 
 NOTES_EXAMPLES = {
@@ -78,11 +74,20 @@ INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 2048}
 
 
 log = logging.getLogger("attention_lab")
-if not log.handlers:  # one line per model load in the server log (tests count them)
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    log.addHandler(_handler)
-    log.setLevel(logging.INFO)
+
+
+def setup_process() -> None:
+    """What the app does once per server process, before any page runs (app.py calls it):
+    torch threads as core.device chooses, freed trace buffers reused rather than
+    page-faulted afresh, and one log line per model load in the server log (tests count
+    them). Calling it again changes nothing."""
+    core.device.configure_threads()
+    core.device.keep_freed_memory()
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 @st.cache_resource(show_spinner=False)
@@ -135,19 +140,6 @@ def trace_cache() -> ByteLRU:
 def _size_of(value) -> int:
     """Bytes of a Trace or of a list of Traces (decoder steps: views of one pass, counted once)."""
     return core.trace.nbytes_of(value if isinstance(value, list) else [value])
-
-
-def clean_text(text: str) -> Tuple[str, list]:
-    """Text as the models get it, and warnings about what was changed."""
-    msgs = []
-    text = text or ""
-    if "\x00" in text or any(ord(c) < 32 and c not in "\n\t\r" for c in text):
-        text = "".join(c if (ord(c) >= 32 or c in "\n\t\r") else " " for c in text)
-        msgs.append("Control characters in the text were replaced by spaces.")
-    if len(text) > MAX_CHARS:
-        msgs.append(f"The text is {len(text):,} characters long; only the first {MAX_CHARS:,} are used.")
-        text = text[:MAX_CHARS]
-    return text, msgs
 
 
 def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
@@ -251,7 +243,16 @@ class PageState:
     def key(self, field: str) -> str:
         return f"{self.page}.{field}"
 
-    def seed(self, field: str, default, parse: Callable = str, valid: Optional[Callable] = None) -> str:
+    def seeded_key(self, field: str, default, parse: Callable = str, valid: Optional[Callable] = None) -> str:
+        """The session-state key of a widget for `field`, its value first set (once, or again
+        when the URL changed) from the URL, else from this session's other pages, else
+        `default`; a URL value that `parse` or `valid` rejects leaves a message."""
+        return self._seed_from_url(field, default, parse, valid, lambda raw, value: (
+            value, f"The URL's {field}={url_value(raw)} is not valid here; showing {url_value(value)}."))
+
+    def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected) -> str:
+        """seeded_key's rule; rejected(raw, value) -> (the value to use, the message) for a URL
+        value that parse or valid refuses."""
         key = self.key(field)
         raw = self.qp.get(field)
         if key not in st.session_state or (self.external and raw is not None):
@@ -263,10 +264,12 @@ class PageState:
                         raise ValueError
                     value = parsed
                 except (ValueError, TypeError):
-                    self.messages.append(f"The URL's {field}={url_value(raw)} is not valid here; "
-                                         f"showing {url_value(value)}.")
+                    value, message = rejected(raw, value)
+                    self.messages.append(message)
             st.session_state[key] = value
         return key
+
+    seed = seeded_key  # the pages' older name for it
 
     def set(self, field: str, value) -> None:
         st.session_state[self.key(field)] = value
@@ -293,38 +296,10 @@ class PageState:
         self.messages.clear()
 
 
-URL_VALUE_BYTES = 32_000  # per value, percent-encoded; the server refuses (HTTP 400) URLs of ~100 kB
-
-
-def url_text(value: str) -> str:
-    """A value as the URL keeps it: its first MAX_CHARS characters (all the models read), and no
-    more than URL_VALUE_BYTES once percent-encoded, so that a reload or a shared link of a page
-    holding pasted text still opens."""
-    value = value[:MAX_CHARS]
-    if len(value) * 12 <= URL_VALUE_BYTES:  # fits whatever the characters (at most 12 bytes each)
-        return value
-    size = 0
-    for i, ch in enumerate(value):
-        size += len(urllib.parse.quote(ch, safe=""))
-        if size > URL_VALUE_BYTES:
-            return value[:i]
-    return value
-
-
 def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int) -> str:
     """Seed an integer widget from the URL, clamped to [lo, hi] with a notice."""
-    key = state.key(field)
-    raw = state.qp.get(field)
-    if key not in st.session_state or (state.external and raw is not None):
-        value = state.shared.get(field, default)
-        if raw is not None:
-            try:
-                value = int(str(raw).strip())
-            except ValueError:
-                state.messages.append(f"The URL's {field}={url_value(raw)} is not a whole number; "
-                                      f"showing {field} {default}.")
-                value = default
-        st.session_state[key] = value
+    key = state._seed_from_url(field, default, lambda raw: int(str(raw).strip()), None, lambda raw, value: (
+        default, f"The URL's {field}={url_value(raw)} is not a whole number; showing {field} {default}."))
     value = st.session_state[key]
     if not isinstance(value, int) or value < lo or value > hi:
         fixed = min(max(int(value) if isinstance(value, int) else default, lo), hi)
@@ -401,21 +376,6 @@ def token_chips(tokens, special=None, title: str = "") -> None:
         return
     shown = tokens[:400]
     st.markdown(" ".join(f"`{_md_code(t)}`" for t in shown) + (" …" if len(tokens) > 400 else ""))
-
-
-def url_value(raw, limit: int = 40) -> str:
-    """A value from the URL, quoted (repr) for a message. Anything but plain words and numbers
-    is shown as a Markdown code span, so an image, link, web address, directive or LaTeX in
-    it reads as the literal text it is and never loads or links anything."""
-    text = repr(str(raw)[:limit])
-    if re.fullmatch(r"(?:[^\W_]|[\s'.+-])*", text) and "www." not in text.lower():
-        return text
-    return "`" + text.replace("`", "ˋ") + "`"
-
-
-def _md_code(tok: str) -> str:
-    tok = tok.replace("`", "ˋ").replace("\n", "\\n")
-    return tok if tok.strip() else "␣" * max(1, len(tok))
 
 
 def downloads(trace, matrix=None, q_tokens=None, k_tokens=None, name: str = "attention", key: str = "dl") -> None:

@@ -1,0 +1,81 @@
+"""The app as a real server, and the browser that drives it: one copy for the browser tests
+(tests/browser_utils.py) and the browser benchmark (bench/browser_bench.py).
+
+`start_app` runs `python -m <module> run app.py` on a free 127.0.0.1 port, waits for its
+health endpoint and returns an `AppServer`, which is stopped by its own process id.
+Chromium is Debian's (/usr/bin/chromium, or $CHROMIUM), launched with the flags that keep
+it off the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.common import status_kib
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(playwright):
+    """Debian's Chromium, headless and off the network, from a sync or async Playwright."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+class AppServer:
+    def __init__(self, port: int, proc: subprocess.Popen, log: Path):
+        self.port, self.proc, self.log = port, proc, log
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def rss_mib(self) -> float:
+        """Resident memory of the server process, from /proc (nan once it has gone)."""
+        kib = status_kib("VmRSS", self.proc.pid)
+        return kib / 1024 if kib >= 0 else float("nan")
+
+
+def start_app(root: Path, log_dir: Path, env: dict | None = None, timeout: float = 120,
+              module: str = "streamlit") -> AppServer:
+    """`python -m {module} run {root}/app.py` on a free port (log: log_dir/streamlit-PORT.log),
+    with os.environ plus `env`; raises RuntimeError (with the log's end) when it exits or
+    is not healthy within `timeout` seconds."""
+    port = free_port()
+    log = Path(log_dir) / f"streamlit-{port}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, "-m", module, "run", str(Path(root) / "app.py"), "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    server = AppServer(port, proc, log)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited early:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"streamlit did not start within {timeout}s:\n{log.read_text()[-3000:]}")

@@ -1,0 +1,56 @@
+"""Text as the app takes it in and gives it back: typed text cleaned for the models, values
+cut to fit a URL, and URL values quoted safely for a message. Pure Python (no Streamlit)."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Tuple
+
+MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
+
+
+def clean_text(text: str) -> Tuple[str, list]:
+    """Text as the models get it, and warnings about what was changed."""
+    msgs = []
+    text = text or ""
+    if "\x00" in text or any(ord(c) < 32 and c not in "\n\t\r" for c in text):
+        text = "".join(c if (ord(c) >= 32 or c in "\n\t\r") else " " for c in text)
+        msgs.append("Control characters in the text were replaced by spaces.")
+    if len(text) > MAX_CHARS:
+        msgs.append(f"The text is {len(text):,} characters long; only the first {MAX_CHARS:,} are used.")
+        text = text[:MAX_CHARS]
+    return text, msgs
+
+
+URL_VALUE_BYTES = 32_000  # per value, percent-encoded; the server refuses (HTTP 400) URLs of ~100 kB
+
+
+def url_text(value: str) -> str:
+    """A value as the URL keeps it: its first MAX_CHARS characters (all the models read), and no
+    more than URL_VALUE_BYTES once percent-encoded, so that a reload or a shared link of a page
+    holding pasted text still opens."""
+    value = value[:MAX_CHARS]
+    if len(value) * 12 <= URL_VALUE_BYTES:  # fits whatever the characters (at most 12 bytes each)
+        return value
+    size = 0
+    for i, ch in enumerate(value):
+        size += len(urllib.parse.quote(ch, safe=""))
+        if size > URL_VALUE_BYTES:
+            return value[:i]
+    return value
+
+
+def url_value(raw, limit: int = 40) -> str:
+    """A value from the URL, quoted (repr) for a message. Anything but plain words and numbers
+    is shown as a Markdown code span, so an image, link, web address, directive or LaTeX in
+    it reads as the literal text it is and never loads or links anything."""
+    text = repr(str(raw)[:limit])
+    if re.fullmatch(r"(?:[^\W_]|[\s'.+-])*", text) and "www." not in text.lower():
+        return text
+    return "`" + text.replace("`", "ˋ") + "`"
+
+
+def _md_code(tok: str) -> str:
+    tok = tok.replace("`", "ˋ").replace("\n", "\\n")
+    return tok if tok.strip() else "␣" * max(1, len(tok))
