@@ -11,7 +11,7 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, knockout
+from viz.pages import charts, common, knockout, vocab
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -33,10 +33,7 @@ if previous is not None and previous != model_name and not (state.external and "
 st.session_state["explore._model"] = model_name
 st.session_state["explore._default_text"] = default_text
 
-examples = {}
-for label, sentence in list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]]:
-    if sentence not in examples.values():
-        examples[label if len(label) <= 40 else label[:38] + "…"] = sentence
+examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]])
 
 
 def _use_example(sentence: str) -> None:
@@ -57,6 +54,7 @@ if trace is None:
     state.show_messages()
     st.stop()
 
+vocab.offer_reader(state, model_name, trace, key="explore-reader")
 n_source = len(trace.tokens("source"))
 if n_source <= 64:
     common.token_chips(trace.tokens("source"), title=f"{n_source} source tokens")

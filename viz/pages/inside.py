@@ -9,7 +9,7 @@ columns like seed 002), its shape, and numerical checks. Figures come from viz.p
 import streamlit as st
 
 from viz import pipeline
-from viz.pages import charts, common
+from viz.pages import charts, common, vocab
 from viz.select import axis_tokens
 
 st.title("Inside a head")
@@ -21,9 +21,7 @@ model_name, model, text_col = common.model_header(state)
 if model is None:
     st.stop()
 
-examples = dict(common.NOTES_EXAMPLES)
-for ex in model.examples[:4]:
-    examples.setdefault(ex, ex)
+examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:4]])
 text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
 target_key = state.seed("target", "")
 
@@ -49,6 +47,7 @@ if trace is None:
     state.show_messages()
     st.stop()
 
+vocab.offer_reader(state, model_name, trace, key="inside-reader")
 common.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")
 if trace.tokens("target") and model.kind == "encoder-decoder":
     common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')})")

@@ -1,0 +1,67 @@
+"""A newcomer's first ten minutes (issue 19), in a real browser: the lecture notes' examples
+open on a model that reads them, a copied URL reproduces the figure, byte-level tokens read
+as text, the model view opens around the selected layer, the stepper's controls. One server
+for the module; screenshots go to docs/screenshots/."""
+
+import urllib.parse
+
+import pytest
+
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from viz.pages.common import NOTES_EXAMPLES
+
+pytestmark = pytest.mark.browser
+
+UNK = ("<unk>", "&lt;unk&gt;", "[UNK]")  # tick labels are HTML-escaped
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()
+
+
+def _unk(fig) -> int:
+    return sum(t in UNK for t in fig["layout"]["xaxis"]["ticktext"])
+
+
+def _wait_heatmap(page, old_ticks=None):
+    """Wait for the explore heatmap drawn for a new input (its key tokens differ from old_ticks)."""
+    page.wait_for_function(
+        """(old) => { const e = document.querySelector('.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot');
+                      return e && JSON.stringify(Array.from(e.layout.xaxis.ticktext)) !== JSON.stringify(old); }""",
+        arg=old_ticks, timeout=120_000)
+    wait_idle(page, timeout=120_000)
+    return chart_data(page, "explore-heatmap")
+
+
+def test_first_click_on_each_notes_example(server, page):
+    """Opening the app and clicking a notes example gives a map with at most one <unk>, or an
+    offer to switch model that, clicked, does."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for label in NOTES_EXAMPLES:
+        page.goto(server.url)
+        wait_idle(page, timeout=120_000)
+        before = chart_data(page, "explore-heatmap")["layout"]["xaxis"]["ticktext"]
+        page.get_by_role("button", name=label, exact=True).click()
+        fig = _wait_heatmap(page, before)  # no notes example is the default sentence
+        if _unk(fig) > 1:
+            offer = page.locator(".st-key-explore-reader button")
+            assert offer.count() == 1, f"{label}: {_unk(fig)} <unk> and no offer of a model that reads it"
+            if label == "bank (river)":
+                page.screenshot(path=str(SCREENSHOTS / "newcomer-offer.png"))
+            offer.click()
+            fig = _wait_heatmap(page, fig["layout"]["xaxis"]["ticktext"])
+        assert _unk(fig) <= 1, (label, fig["layout"]["xaxis"]["ticktext"])
+        assert no_exception(page), label
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-after-offer.png"))
+
+
+def test_examples_one_button_per_sentence(server, page):
+    page.goto(f"{server.url}/explore")
+    wait_idle(page)
+    chart_data(page, "explore-heatmap")
+    labels = [t.strip().lower() for t in page.get_by_role("button").all_inner_texts()]
+    assert labels.count("show me the money") == 1, labels
