@@ -56,7 +56,6 @@ def test_first_click_on_each_notes_example(server, page):
             fig = _wait_heatmap(page, fig["layout"]["xaxis"]["ticktext"])
         assert _unk(fig) <= 1, (label, fig["layout"]["xaxis"]["ticktext"])
         assert no_exception(page), label
-    page.screenshot(path=str(SCREENSHOTS / "newcomer-after-offer.png"))
 
 
 def test_examples_one_button_per_sentence(server, page):
@@ -65,3 +64,70 @@ def test_examples_one_button_per_sentence(server, page):
     chart_data(page, "explore-heatmap")
     labels = [t.strip().lower() for t in page.get_by_role("button").all_inner_texts()]
     assert labels.count("show me the money") == 1, labels
+
+
+def _toggle(page, label):
+    page.get_by_text(label, exact=True).click()
+    wait_idle(page, timeout=120_000)
+
+
+def _fresh_same(browser, url, keys):
+    """The figures `keys` drawn by `url` in a fresh browser context (no session, no cookies)."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    try:
+        pg = ctx.new_page()
+        pg.goto(url)
+        wait_idle(pg, timeout=120_000)
+        assert no_exception(pg)
+        return {k: chart_data(pg, k) for k in keys}, pg.url
+    finally:
+        ctx.close()
+
+
+def _same_figure(a, b):
+    assert [t.get("z") for t in a["data"]] == [t.get("z") for t in b["data"]]
+    assert a["layout"]["title"] == b["layout"]["title"]
+    assert a["layout"]["xaxis"].get("ticktext") == b["layout"]["xaxis"].get("ticktext")
+    assert [t.get("zmax") for t in a["data"]] == [t.get("zmax") for t in b["data"]]
+
+
+def test_copied_url_reproduces_the_figure(server, page, browser):
+    """Every switch that changes a figure is in the URL: a copied link opened in a fresh
+    context draws the same numbers (explore with minilm, compare, the playground's tab)."""
+    text = urllib.parse.quote("Show me the money, said the banker")
+    page.goto(f"{server.url}/explore?model=minilm&text={text}")
+    wait_idle(page, timeout=120_000)
+    chart_data(page, "explore-heatmap", timeout=120_000)
+    for label in ("Average over heads", "Scale colours per map", "Log colour scale", "Hide special tokens",
+                  "Read in words"):
+        _toggle(page, label)
+    page.get_by_role("tab", name="Model view (all layers × heads)").click()
+    wait_idle(page, timeout=120_000)
+    mine = {k: chart_data(page, k) for k in ("explore-enlarged", "explore-grid")}
+    assert "in words" in mine["explore-enlarged"]["layout"]["title"]["text"]
+    theirs, _ = _fresh_same(browser, page.url, mine)
+    for k in mine:
+        _same_figure(mine[k], theirs[k])
+
+    page.goto(f"{server.url}/compare")
+    wait_idle(page, timeout=120_000)
+    chart_data(page, "compare-attn-a", timeout=120_000)
+    _toggle(page, "Average over heads")
+    _toggle(page, "Read in words")
+    mine = {k: chart_data(page, k) for k in ("compare-attn-a", "compare-attn-b")}
+    theirs, _ = _fresh_same(browser, page.url, mine)
+    for k in mine:
+        assert mine[k]["data"][0]["y"] == theirs[k]["data"][0]["y"] and mine[k]["data"][0]["x"] == theirs[k]["data"][0]["x"]
+
+    page.goto(f"{server.url}/playground")
+    wait_idle(page, timeout=120_000)
+    page.get_by_role("tab", name="3 · Symmetric vs learned").click()
+    wait_idle(page, timeout=120_000)
+    ctx = browser.new_context()
+    try:
+        pg = ctx.new_page()
+        pg.goto(page.url)
+        wait_idle(pg, timeout=120_000)
+        assert pg.get_by_role("tab", name="3 · Symmetric vs learned").get_attribute("aria-selected") == "true"
+    finally:
+        ctx.close()

@@ -17,7 +17,7 @@ import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import charts, common
+from viz.pages import charts, common, urlflags
 
 FALLBACK_MODEL = "toy-translate"
 
@@ -151,14 +151,14 @@ for col, label, occ, wlist in ((c[1], "A", occ_a, words_a), (c[2], "B", occ_b, w
 layer = c[3].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head = c[4].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[5]:
-    mean_heads = st.toggle("Average over heads", key="compare.mean")
+    mean_heads = st.toggle("Average over heads", key=urlflags.flag(state, "mean"))
     in_words = False
     if ex.reads_pieces(model):
-        st.session_state.setdefault("compare.words", True)
-        in_words = st.toggle("Read in words", key="compare.words",
+        in_words = st.toggle("Read in words", key=urlflags.flag(state, "words", default=True),
                              help="Merge word pieces into typed words: the weights on a word's pieces are summed.")
 state.show_messages()
-state.publish(model=model_name, text=text_a, text2=text_b, word=word, layer=layer, head=head)
+state.publish(model=model_name, text=text_a, text2=text_b, word=word, layer=layer, head=head,
+              mean=urlflags.flag_url(mean_heads), words=urlflags.flag_url(in_words, default=ex.reads_pieces(model)))
 word_a, word_b = picked["A"], picked["B"]
 head_used = None if mean_heads else head
 

@@ -16,7 +16,7 @@ from core import toy_task
 from core.api import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
-from viz.pages import charts, common
+from viz.pages import charts, common, urlflags
 
 st.title("Playground")
 state = common.PageState("playground")
@@ -29,8 +29,9 @@ with text_col:
 state.show_messages()
 trace = common.get_trace(model_name, text) if model is not None else None
 
-tabs = st.tabs(["1 · Attention by hand", "2 · Parameter-free", "3 · Symmetric vs learned", "4 · Why scale",
-                "5 · Hyper-parameters", "6 · Cost"])
+PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
+             "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
+tabs = st.tabs(list(PLAY_TABS.values()), key=urlflags.tab(state, "tab", PLAY_TABS), on_change="rerun")
 
 
 def fmt_frame(a, rows, cols, digits=4) -> pd.DataFrame:
@@ -376,4 +377,4 @@ with tabs[5]:
 
 # ------------------------------------------------------------------ URL
 state.publish(model=model_name, text=text, layer=st.session_state.get(state.key("layer")),
-              head=st.session_state.get(state.key("head")))
+              head=st.session_state.get(state.key("head")), tab=urlflags.tab_url(state, "tab", PLAY_TABS))
