@@ -131,3 +131,31 @@ def test_copied_url_reproduces_the_figure(server, page, browser):
         assert pg.get_by_role("tab", name="3 · Symmetric vs learned").get_attribute("aria-selected") == "true"
     finally:
         ctx.close()
+
+
+def _labels(fig) -> list:
+    out = []
+    for t in fig["data"]:
+        for k in ("x", "y", "text"):
+            v = t.get(k)
+            out += [str(s) for s in v] if isinstance(v, list) else []
+    for ax in ("xaxis", "yaxis"):
+        out += [str(s) for s in fig["layout"].get(ax, {}).get("ticktext") or []]
+    return out
+
+
+def test_byte_pieces_read_as_text(server, page):
+    """SmolLM2 on emoji: the tokens and the next-token bars show characters, never escaped bytes."""
+    text = urllib.parse.quote("I love pizza 🍕🍕")
+    page.goto(f"{server.url}/explore?model=smollm2&text={text}")
+    wait_idle(page, timeout=180_000)
+    labels = _labels(chart_data(page, "explore-heatmap", timeout=180_000))
+    assert any("🍕" in s for s in labels), labels
+    assert not any("\\x" in s for s in labels), labels
+    assert "\\x" not in page.locator('[data-testid="stMain"]').inner_text()
+    page.goto(f"{server.url}/decoder?model=smollm2&text={text}&step=1")
+    wait_idle(page, timeout=180_000)
+    bars = _labels(chart_data(page, "decoder-next", timeout=180_000))
+    assert bars and not any("\\x" in s for s in bars), bars
+    assert "\\x" not in page.locator('[data-testid="stMain"]').inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-byte-pieces.png"))

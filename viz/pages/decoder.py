@@ -208,7 +208,7 @@ state.publish(**publish)
 # ------------------------------------------------------------------ generation status
 level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, end_token)
 (st.success if level == "success" else st.warning)(msg)
-st.markdown("Greedy output: " + (dv.chips_markdown(dv.generated_tokens(steps)) or "(nothing)"))
+st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
 
 # ------------------------------------------------------------------ what this step shows
 if full is None:
@@ -229,7 +229,7 @@ else:
     row = dv.step_row(step, prefix_len)
     probs_row = full["probs"][row]
     ids, p = dv.top_k(probs_row, 10)
-    next_tokens, next_probs = model.target_strings(ids), p
+    next_tokens, next_probs = model.alternative_strings(ids), p
     chosen = next_tokens[0]
     # the teacher's next token: the next decoder input, or <end> after the last one (encoder-decoder)
     forced_id = None
@@ -357,7 +357,7 @@ if full is not None:
                 f"inference. Steps before that share the prefix and give the same rows; press "
                 f"“Use the greedy output” to compare every step.")
     if dec_ids is not None:
-        argmax_all = model.target_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
+        argmax_all = model.alternative_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
         start_row = prefix_len - 1
         next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else ends_with for i in range(len(dec_ids))]
         frame, ce = dv.teacher_forcing_rows(
