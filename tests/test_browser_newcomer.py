@@ -159,3 +159,26 @@ def test_byte_pieces_read_as_text(server, page):
     assert bars and not any("\\x" in s for s in bars), bars
     assert "\\x" not in page.locator('[data-testid="stMain"]').inner_text()
     page.screenshot(path=str(SCREENSHOTS / "newcomer-byte-pieces.png"))
+
+
+def _label_gap_px(fig, axis: str, length_px: float) -> float:
+    vals = list(fig["layout"][axis]["tickvals"])
+    span = max(vals) - min(vals) + 1
+    return length_px / span * (vals[1] - vals[0]) if len(vals) > 1 else length_px
+
+
+def test_model_view_opens_around_the_selected_layer(server, page):
+    """SmolLM2 at layer 27: the grid opens on layers that hold 27, and the enlarged map's
+    query labels are at least a line apart."""
+    text = urllib.parse.quote(" ".join(["the cat sat on the mat and looked at the dog"] * 4))
+    page.goto(f"{server.url}/explore?model=smollm2&text={text}&layer=27&head=3&tab=model")
+    wait_idle(page, timeout=180_000)
+    grid = chart_data(page, "explore-grid", timeout=180_000)
+    layers = {int(c[0]) for c in grid["data"][1]["customdata"]}
+    assert 27 in layers, sorted(layers)
+    assert page.get_by_text("is outside the layers drawn").count() == 0
+    small = chart_data(page, "explore-enlarged")
+    lay = small["layout"]
+    plot_h = lay["height"] - lay["margin"]["t"] - lay["margin"]["b"]
+    assert _label_gap_px(small, "yaxis", plot_h) >= 14, lay["yaxis"]["tickvals"]
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-model-view.png"))

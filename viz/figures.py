@@ -145,7 +145,32 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     # the margins fit the labels, so plotly need not measure each one for overflow either
     fig.update_xaxes(automargin=False, ticklabeloverflow="allow")
     fig.update_yaxes(automargin=False, ticklabeloverflow="allow")
+    return thin_ticks(fig)
+
+
+LABEL_PX = 15  # a tick label's line height at plotly's default 12 px font
+MIN_PLOT_WIDTH = 560  # the narrowest a heatmap's plot area is drawn (half a wide page, less margins)
+
+
+def thin_ticks(fig: go.Figure, width: Optional[int] = None) -> go.Figure:
+    """Keep every k-th tick label so that none overlap: the query axis by the plot's height,
+    the key axis (labels at -45°) by its width (`width`, else the narrowest it is drawn)."""
+    m = fig.layout.margin
+    if fig.layout.height:
+        _thin_axis(fig.layout.yaxis, fig.layout.height - (m.t or 0) - (m.b or 0), LABEL_PX)
+    _thin_axis(fig.layout.xaxis, (width or MIN_PLOT_WIDTH) - (m.l or 0) - (m.r or 0), LABEL_PX * 1.3)
     return fig
+
+
+def _thin_axis(ax, length_px: float, label_px: float) -> None:
+    vals, text = list(ax.tickvals or []), list(ax.ticktext or [])
+    if len(vals) < 2 or length_px <= 0:
+        return
+    span = max(vals) - min(vals) + 1  # cells spanned by the labelled ticks
+    gap = length_px / span * (vals[1] - vals[0])  # pixels between two labels now
+    step = int(np.ceil(label_px / gap)) if gap < label_px else 1
+    if step > 1:
+        ax.tickvals, ax.ticktext = vals[::step], text[::step]
 
 
 def attention_heatmap(

@@ -157,8 +157,13 @@ with tab_model:
         lo, hi = 0, n_layers - 1
         if n_layers > ex.MAX_GRID_LAYERS:
             range_key = "explore.grid_layers"
-            st.session_state[range_key] = ex.clamp_range(
-                st.session_state.get(range_key, ex.default_layer_range(n_layers)), n_layers)
+            current = st.session_state.get(range_key)
+            if current is None or st.session_state.get("explore.grid_for") != (stack, layer):
+                # opened, or another layer picked: centre the grid on the selected layer
+                if current is None or not current[0] <= layer <= current[1]:
+                    current = ex.layer_range_around(layer, n_layers)
+            st.session_state["explore.grid_for"] = (stack, layer)
+            st.session_state[range_key] = ex.clamp_range(current, n_layers)
             lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
                                help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
                                     "layers to draw (fewer layers draw faster).")
