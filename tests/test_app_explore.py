@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import core
-from conftest import assert_no_exception, chart_by_key, figure, grid_shape, grid_tile, heatmap_z
+from conftest import assert_no_exception, chart_by_key, decode_array, figure, grid_shape, grid_tile, heatmap_z
 from viz import explore as ex
 
 TEXT = "the small dog sees the cat"
@@ -162,8 +162,9 @@ def test_smollm2_model_view_shows_a_layer_range(app_test):
     at.run()
     assert_no_exception(at)
     grid = figure(chart_by_key(at, "explore-grid"))
-    assert grid_shape(grid) == (12, 9)  # layers 0-11 by default
-    assert any("outside the layers drawn" in c.value for c in at.caption)
+    assert grid_shape(grid) == (12, 9)  # 12 layers, opened around the selected layer 25: 18-29
+    assert {int(c[0]) for c in decode_array(grid["data"][1]["customdata"])} == set(range(18, 30))
+    assert not any("outside the layers drawn" in c.value for c in at.caption)
     at.slider(key="explore.grid_layers").set_value((20, 29)).run()
     assert_no_exception(at)
     grid = figure(chart_by_key(at, "explore-grid"))

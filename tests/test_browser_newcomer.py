@@ -182,3 +182,45 @@ def test_model_view_opens_around_the_selected_layer(server, page):
     plot_h = lay["height"] - lay["margin"]["t"] - lay["margin"]["b"]
     assert _label_gap_px(small, "yaxis", plot_h) >= 14, lay["yaxis"]["tickvals"]
     page.screenshot(path=str(SCREENSHOTS / "newcomer-model-view.png"))
+
+
+def test_decoder_stepper_controls(server, page):
+    """One Play/Pause button; leaving while playing and coming back does not jump to the end;
+    the end message is no box at step 1; next-token labels stay inside the plot and the
+    teacher's token is marked whatever its probability."""
+    import core
+
+    sentence = "the small dog sees the cat"
+    n_steps = len(core.load_model("toy-translate", device="cpu").steps(sentence))
+    text = urllib.parse.quote(sentence)
+    page.goto(f"{server.url}/decoder?model=toy-translate&text={text}&step=1")
+    wait_idle(page)
+    chart_data(page, "decoder-next")
+    assert page.locator('[data-testid="stAlert"]', has_text="Generation ended").count() == 0
+    page.locator(".st-key-decoder-btn-play button").first.click()
+    page.wait_for_function("""() => [...document.querySelectorAll('button')].some(b => b.innerText.includes('Pause'))""",
+                           timeout=30_000)
+    names = [t.strip() for t in page.get_by_role("button").all_inner_texts()]
+    assert not any(n.endswith("Play") for n in names), names  # no ghost Play under the Pause
+    page.locator('[data-testid="stSidebarNav"] a[href$="/explore"]').click()
+    page.wait_for_url("**/explore**")
+    wait_idle(page)
+    page.locator('[data-testid="stSidebarNav"] a[href$="/decoder"]').click()
+    page.wait_for_url("**/decoder**")
+    wait_idle(page)
+    page.wait_for_timeout(2 * 700 + 500)  # two play delays: it would have moved on by now
+    wait_idle(page)
+    step = int(urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["step"][0])
+    assert step < n_steps, (step, n_steps)
+    assert page.locator(".st-key-decoder-btn-play button").first.inner_text().strip().endswith("Play")
+
+    target = urllib.parse.quote("le ketur belmo")
+    page.goto(f"{server.url}/decoder?model=toy-translate&text={text}&mode=teacher&target={target}&step=2")
+    wait_idle(page)
+    fig = chart_data(page, "decoder-next")
+    bars, marks = fig["data"][0], [t for t in fig["data"][1:] if t.get("name") == "teacher"]
+    assert len(marks) == 1  # the teacher's token, marked even at p = 0
+    pos = bars["textposition"]
+    top = max(range(len(bars["x"])), key=lambda i: bars["x"][i])
+    assert isinstance(pos, list) and pos[top] == "inside"  # the longest bar's label is never pushed past the axis
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-decoder.png"), full_page=True)

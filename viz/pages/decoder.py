@@ -23,6 +23,7 @@ PLAY_DELAY_S = 0.7
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
 PLAYING, GOTO, PREFILL, GENERATED = "decoder._playing", "decoder._goto", "decoder._prefill", "decoder._generated"
+RESUME = "decoder._resume"
 
 st.title("Decoder stepper")
 st.caption("The decoder writes its output one token at a time. At every step it reads the tokens so far, "
@@ -31,6 +32,11 @@ st.caption("The decoder writes its output one token at a time. At every step it 
            "seed 003: inference from <start> to <end>, and teacher forcing).")
 state = common.PageState("decoder")
 ss = st.session_state
+# Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
+# switch and back, a reload) pauses it, so coming back to the page never jumps to the end.
+_resumed = bool(ss.pop(RESUME, False))
+if ss.get(PLAYING) and not _resumed:
+    ss[PLAYING] = False
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
 allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
@@ -157,14 +163,13 @@ def _move(delta: int, n: int) -> None:
     ss[step_key] = min(max(int(ss.get(step_key, 1)) + delta, 1), n)
 
 
-def _play(n: int) -> None:
-    ss[PLAYING] = True
+def _play_pause(n: int) -> None:
+    if ss.get(PLAYING):
+        ss[PLAYING] = False
+        return
+    ss[PLAYING] = ss[RESUME] = True
     if int(ss.get(step_key, 1)) >= n:
         ss[step_key] = 1  # from the end, play again from the start
-
-
-def _stop() -> None:
-    ss[PLAYING] = False
 
 
 def _check_with_teacher() -> None:
@@ -190,11 +195,11 @@ ss[PLAYING] = playing
 b = st.columns([1, 1, 1, 4])
 b[0].button("Previous", key="decoder-btn-prev", on_click=_move, args=(-1, n_steps), disabled=step <= 1, width="stretch")
 b[1].button("Next", key="decoder-btn-next", on_click=_move, args=(1, n_steps), disabled=step >= n_steps, width="stretch")
-if playing:
-    b[2].button("Stop", key="decoder-btn-stop", on_click=_stop, type="primary", width="stretch")
-else:
-    b[2].button("Play", key="decoder-btn-play", on_click=_play, args=(n_steps,), disabled=n_steps <= 1,
-                width="stretch", help="Animate through every step to the end.")
+# one button (one key) that reads Play or Pause, so no stale twin is left on the page while it plays
+b[2].button("Pause" if playing else "Play", key="decoder-btn-play", on_click=_play_pause, args=(n_steps,),
+            disabled=n_steps <= 1 and not playing, type="primary" if playing else "secondary", width="stretch",
+            icon=":material/pause:" if playing else ":material/play_arrow:",
+            help="Animate through every step to the end; any other click pauses.")
 b[3].markdown(f"**Step {step} of {n_steps}**")
 if played_to_end:
     st.success(f"Played all {n_steps} steps.")
@@ -206,9 +211,10 @@ if mode == "teacher":
 state.publish(**publish)
 
 # ------------------------------------------------------------------ generation status
+# how the whole run ended, as a summary line under the output (not a box beside the step counter)
 level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, end_token)
-(st.success if level == "success" else st.warning)(msg)
 st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
+st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
 
 # ------------------------------------------------------------------ what this step shows
 if full is None:
@@ -382,4 +388,5 @@ common.downloads(tr, weights, q_tokens, q_tokens, name=f"{model_name}-decoder-st
 if playing:
     time.sleep(PLAY_DELAY_S)
     ss[GOTO] = step + 1
+    ss[RESUME] = True
     st.rerun()
