@@ -224,3 +224,26 @@ def test_decoder_stepper_controls(server, page):
     top = max(range(len(bars["x"])), key=lambda i: bars["x"][i])
     assert isinstance(pos, list) and pos[top] == "inside"  # the longest bar's label is never pushed past the axis
     page.screenshot(path=str(SCREENSHOTS / "newcomer-decoder.png"), full_page=True)
+
+
+def test_lecture_notes_are_named_for_a_reader(server, page):
+    """The notes are listed on one page with title and author, and no page calls them "seed"."""
+    import re
+
+    from viz.notes import NOTES
+
+    page.goto(f"{server.url}/notes")
+    wait_idle(page)
+    table = page.locator('[data-testid="stTable"]').inner_text()
+    for n in NOTES.values():
+        assert n.short in table and n.title in table, n
+    assert "Oualid Missaoui" in table
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-notes.png"))
+    for name in ("playground", "inside", "decoder", "compare", "positions"):
+        page.goto(f"{server.url}/{name}")
+        wait_idle(page, timeout=120_000)
+        page.wait_for_selector('[data-testid="stMain"] .js-plotly-plot', timeout=120_000)
+        wait_idle(page, timeout=120_000)
+        text = page.locator('[data-testid="stMain"]').text_content()  # hidden tabs included
+        assert not re.search(r"\bseeds? 00\d", text, re.I), (name, re.findall(r".{40}seeds? 00\d.{20}", text, re.I))
+        assert no_exception(page), name

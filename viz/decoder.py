@@ -1,7 +1,7 @@
 """The decoder stepper's figures and numbers: pure functions, no Streamlit.
 
-Seed 002 writes the decoder's masked self-attention as softmax((QᵀK + M)/√p) with
-M(i, j) = 0 for j <= i and -inf for j > i; seed 003 calls the same matrix B (eq. 18) and
+Lecture 10 writes the decoder's masked self-attention as softmax((QᵀK + M)/√p) with
+M(i, j) = 0 for j <= i and -inf for j > i; Transformers handout calls the same matrix B (eq. 18) and
 walks "Not on your life!" through it under teacher forcing. The core computes
 QKᵀ/√d_k + M (the same thing: -inf stays -inf when divided by √d_k), records the mask,
 the masked scores and the weights, and these functions draw them for one head:

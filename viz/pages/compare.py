@@ -1,7 +1,7 @@
-"""Compare: one word in two sentences (seed 000's "bank" by the river and "bank" with cash).
+"""Compare: one word in two sentences (Bishop ch. 12's "bank" by the river and "bank" with cash).
 
 What the word attends to in each sentence (one layer and head, or the mean of the heads),
-and the cosine similarity (seed 001) of its two vectors at every depth: identical at the
+and the cosine similarity (Chapter 9) of its two vectors at every depth: identical at the
 input embedding -- a static embedding, one vector per token -- and drifting apart layer by
 layer as attention mixes in each sentence's context. Numbers come from viz.compare.
 
@@ -33,10 +33,10 @@ class CompareState(common.PageState):
 
 
 st.title("Compare: one word, two sentences")
-st.caption("Seed 000: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
+st.caption("Bishop ch. 12: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
            "gives the word one vector whatever the sentence; attention mixes each sentence's context into it. Below: "
            "what the word attends to in each sentence, and how similar its two vectors stay, layer by layer "
-           "(cosine similarity, seed 001).")
+           "(cosine similarity, Chapter 9).")
 state = CompareState()
 
 # ------------------------------------------------------------------ model
@@ -182,7 +182,7 @@ unit = "word m of its own sentence (the weights on a word's pieces summed)" if i
 pieces = "" if len(word_a.positions) == 1 and len(word_b.positions) == 1 else \
     " A word of several pieces attends with the mean of its pieces' rows."
 st.caption(f"One row of the attention matrix: the weights a_nm ≥ 0 with Σ_m a_nm = 1 that “{word_md}” (query n) gives to "
-           f"every {unit} (seed 000).{pieces} "
+           f"every {unit} (Bishop ch. 12).{pieces} "
            + ("A decoder-only model's query sees only the tokens before it (causal mask)." if stack == "decoder" else ""))
 
 # ------------------------------------------------------------------ cosine layer by layer
@@ -201,7 +201,7 @@ st.markdown(f"After the last layer the cosine is **{s['last']:.3f}** (lowest: {s
             "of B, for scale.")
 pieces_note = "" if len(word_a.positions) == 1 and len(word_b.positions) == 1 else \
     " A word of several pieces is the mean of its pieces' vectors."
-st.caption("cos(u, v) = uᵀv / (|u| |v|): 1 for the same direction, 0 for perpendicular vectors (seed 001, eq. 9.1). "
+st.caption("cos(u, v) = uᵀv / (|u| |v|): 1 for the same direction, 0 for perpendicular vectors (Chapter 9, eq. 9.1). "
            f"Vectors are rows of the trace tensors named in the table (depth 0 = `embed.{stack}.sum`, the input of "
            f"layer 0; then `{stack}.i.out`, the output of layer i).{pieces_note}")
 st.dataframe(cmp.table_for_display(table), key="compare-table", width="stretch")

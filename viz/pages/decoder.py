@@ -28,8 +28,8 @@ RESUME = "decoder._resume"
 st.title("Decoder stepper")
 st.caption("The decoder writes its output one token at a time. At every step it reads the tokens so far, "
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
-           "becomes a distribution over the next token (seed 002: masked self-attention and cross-attention; "
-           "seed 003: inference from <start> to <end>, and teacher forcing).")
+           "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "
+           "Transformers handout: inference from <start> to <end>, and teacher forcing).")
 state = common.PageState("decoder")
 ss = st.session_state
 # Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
@@ -275,7 +275,7 @@ def _mask_panel() -> None:
     charts.chart(dv.look_ahead_mask_figure(mask, q_tokens, highlight_row=row, height=height, fit=fit_self,
                                            title=f"Look-ahead mask M ({n}×{n})"),
                  key="decoder-mask", width="stretch")
-    st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (seed 002's M, seed 003's B): the same in every layer and head.")
+    st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (Lecture 10's M, Transformers handout's B): the same in every layer and head.")
 
 
 def _masked_panel() -> None:
@@ -305,7 +305,7 @@ def _cross_panel() -> None:
                                                title=f"Cross-attention over the source · {where}"),
                      key="decoder-cross", width="stretch")
         best = int(np.argmax(cross[row]))
-        st.caption(f"Queries from the decoder, keys and values from the encoder's output (seed 002). "
+        st.caption(f"Queries from the decoder, keys and values from the encoder's output (Lecture 10). "
                    f"Row {row} ({dv.chip(q_tokens[row])}) looks most at source token {best} "
                    f"({dv.chip(src[best])}, weight {cross[row, best]:.2f}).")
     else:
@@ -321,7 +321,7 @@ def _next_panel() -> None:
                                       forced_prob=forced_prob, title=title),
                  key="decoder-next", width="stretch")
     if full is None:
-        st.caption(f"Linear layer + softmax over the vocabulary (seed 002); greedy decoding takes the most "
+        st.caption(f"Linear layer + softmax over the vocabulary (Lecture 10); greedy decoding takes the most "
                    f"likely token (red) and appends it to the input of step {step + 1}.")
     else:
         st.caption("Red: the model's most likely token; green: the teacher's token, which the next row gets as "

@@ -40,7 +40,7 @@ def fmt_frame(a, rows, cols, digits=4) -> pd.DataFrame:
 
 # ================================================================== 1. attention by hand
 with tabs[0]:
-    st.markdown("Seed 003's appendix works “help me!” through by hand: two tokens, d_k = 16, scores "
+    st.markdown("Transformers handout's appendix works “help me!” through by hand: two tokens, d_k = 16, scores "
                 "q₁·k₁, q₁·k₂, q₂·k₁, q₂·k₂ given, then scaling by 1/√d_k, softmax and the weighted sum of "
                 "values. "
                 "The notes give only the dot products; the vectors below are one choice that has them. **Edit any "
@@ -114,7 +114,7 @@ def need_trace() -> bool:
 
 
 with tabs[1]:
-    st.markdown("Seed 000's first attempt: let every token be its own query, key and value, with no learned "
+    st.markdown("Bishop ch. 12's first attempt: let every token be its own query, key and value, with no learned "
                 "parameters at all.")
     st.latex(r"Y = \mathrm{softmax}(X X^{\mathsf T})\,X,\qquad a_{nm} = "
              r"\frac{\exp(x_n^{\mathsf T}x_m)}{\sum_{m'}\exp(x_n^{\mathsf T}x_{m'})}")
@@ -126,7 +126,7 @@ with tabs[1]:
                            format_func=lambda v: {"sum": f"embed.{stack}.sum (X′ + P: the input to layer 0)",
                                                   "tokens": f"embed.{stack}.tokens (token embeddings only)"}[v])
         div = c[1].toggle("Divide by √D", key="playground.pf_scale",
-                          help="Not in seed 000; shows how a temperature softens the diagonal.")
+                          help="Not in Bishop ch. 12; shows how a temperature softens the diagonal.")
         X = trace[f"embed.{stack}.{which}"].double().numpy()
         D = X.shape[1]
         pf = vg.parameter_free_attention(X, scale=1 / math.sqrt(D) if div else 1.0)
@@ -142,7 +142,7 @@ with tabs[1]:
             f"Softmax exponentiates the gap: the diagonal is the row's largest weight for "
             f"{stats['diag_is_row_max']:.0%} of tokens and gets {stats['mean_diag_weight']:.1%} of the weight on "
             "average, so Y ≈ X: each token mostly copies itself. Only a repeated word (same x) or a near-copy can "
-            "compete. That is why seed 004 adds learned projections W_q, W_k, W_v — and the 1/√d_k scaling.")
+            "compete. That is why Missaoui adds learned projections W_q, W_k, W_v — and the 1/√d_k scaling.")
         Y = pf["Y"]
         cos_yx = (Y * X).sum(1) / np.maximum(np.linalg.norm(Y, axis=1) * np.linalg.norm(X, axis=1), 1e-12)
         table = pd.DataFrame({"token": toks, "a_nn (weight on itself)": np.diag(pf["weights"]),
@@ -154,7 +154,7 @@ with tabs[1]:
 
 # ================================================================== 3. symmetric vs learned
 with tabs[2]:
-    st.markdown("Seed 004: to learn the attention, project with one matrix U — queries and keys both XU — and the "
+    st.markdown("Missaoui: to learn the attention, project with one matrix U — queries and keys both XU — and the "
                 "scores become X U Uᵀ Xᵀ: a **symmetric** matrix (how much *i* attends to *j* is scored the same as "
                 "*j* to *i*). “Unfortunately symmetric, we want asymmetry support”, hence separate W_q ≠ W_k. "
                 "Below, one head of the chosen model with its learned W_k, and with W_k replaced by its W_q (U = W_q).")
@@ -217,7 +217,7 @@ def _scaling(n_keys: int, seed: int) -> pd.DataFrame:
 
 
 with tabs[3]:
-    st.markdown("Seed 004: if q and k have independent entries with mean 0 and variance 1, then E[q·k] = 0 and "
+    st.markdown("Missaoui: if q and k have independent entries with mean 0 and variance 1, then E[q·k] = 0 and "
                 "Var(q·k) = d_k, so the logits spread like √d_k and softmax saturates — nearly one-hot, with tiny "
                 "gradients. Dividing by √d_k keeps the spread at 1 whatever d_k is. Sampled here with "
                 "q, k ~ N(0, 1), through `core.scaled_dot_product_attention` with scale 1 and 1/√d_k:")
@@ -331,7 +331,7 @@ with tabs[4]:
 
 # ================================================================== 6. cost
 with tabs[5]:
-    st.markdown("Seed 004: one transformer layer costs O(N²D) for the scores and the value mix plus O(ND²) for "
+    st.markdown("Missaoui: one transformer layer costs O(N²D) for the scores and the value mix plus O(ND²) for "
                 "the projections and the FFN. Here a one-layer random core encoder (H = 4, m = 4D, tracing off, "
                 "on CPU) is timed for each sequence length N and width D, and "
                 "t = c₀ + a·N²D + b·N·D² is fitted to the times.")
