@@ -3,6 +3,7 @@ open on a model that reads them, a copied URL reproduces the figure, byte-level 
 as text, the model view opens around the selected layer, the stepper's controls. One server
 for the module; screenshots go to docs/screenshots/."""
 
+import re
 import urllib.parse
 
 import pytest
@@ -247,3 +248,25 @@ def test_lecture_notes_are_named_for_a_reader(server, page):
         text = page.locator('[data-testid="stMain"]').text_content()  # hidden tabs included
         assert not re.search(r"\bseeds? 00\d", text, re.I), (name, re.findall(r".{40}seeds? 00\d.{20}", text, re.I))
         assert no_exception(page), name
+
+
+def test_downloads_say_size_and_offer_one_layer(server, page):
+    """The buttons give each file's size before it is made; the current layer alone comes as
+    a file named for what it holds."""
+    import io
+
+    import numpy as np
+
+    page.goto(f"{server.url}/explore?layer=1&head=2&text=" + urllib.parse.quote("the small dog sees the cat"))
+    wait_idle(page)
+    chart_data(page, "explore-heatmap")
+    whole = page.locator(".st-key-explore-dl-npz button").first.inner_text()
+    assert re.search(r"≈\d+(\.\d)? (kB|MB|GB)", whole), whole
+    with page.expect_download() as info:
+        page.locator(".st-key-explore-dl-layer button").first.click()
+    d = info.value
+    assert d.suggested_filename == "toy-translate-encoder-self-attn-layer1-all-heads.npz"
+    with np.load(io.BytesIO(open(d.path(), "rb").read())) as z:
+        assert z["encoder.1.self_attn.weights"].shape[0] == 4  # every head
+        assert not any(k.startswith(("encoder.0.", "decoder.")) for k in z.files)
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-downloads.png"))

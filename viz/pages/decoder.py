@@ -16,7 +16,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import charts, common
+from viz.pages import charts, common, dl
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
@@ -381,8 +381,8 @@ else:
     st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
               help="Feed the greedy output back as the target, all at once, and compare the rows.")
 
-common.downloads(tr, weights, q_tokens, q_tokens, name=f"{model_name}-decoder-step{step}-L{layer}-H{head}",
-                 key="decoder-dl")
+dl.offer(tr, weights, q_tokens, q_tokens, model=model_name, stack="decoder", kind="self_attn", layer=layer, head=head,
+         key="decoder-dl", suffix=f"-step{step}")
 
 # ------------------------------------------------------------------ Play: one step per rerun, to the end
 if playing:

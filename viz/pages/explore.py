@@ -11,7 +11,7 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, knockout, urlflags, vocab
+from viz.pages import charts, common, dl, knockout, urlflags, vocab
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -136,9 +136,8 @@ with tab_map:
         charts.chart(fig, key="explore-heatmap", width="stretch")
         st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
                    "Hover a cell for the exact weight.")
-        common.downloads(trace, matrix, q_toks, k_toks,
-                         name=f"{model_name}-{stack}-{kind}-L{layer}-H{view.head}" + ("-words" if words else ""),
-                         key="explore-dl")
+        dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
+                 head=view.head, key="explore-dl", suffix="-words" if words else "")
 
 
 def _pick_from_grid() -> None:

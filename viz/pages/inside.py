@@ -10,7 +10,7 @@ import streamlit as st
 
 from viz import pipeline
 from viz.notes import cite_text
-from viz.pages import charts, common, vocab
+from viz.pages import charts, common, dl, vocab
 from viz.select import axis_tokens
 
 st.title("Inside a head")
@@ -131,8 +131,8 @@ def show_step(i: int, step: pipeline.Step) -> None:
                          width="stretch")
     if step.key == "weights":
         full = trace[f"{stack}.{layer}.{kind}.weights"][head]
-        common.downloads(trace, full, q_toks, k_toks, name=f"{model_name}-{stack}-{kind}-L{layer}-H{head}",
-                         key="inside-dl")
+        dl.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
+                 key="inside-dl")
         st.caption("The CSV has one row per query (the row form), whatever the notation.")
 
 
