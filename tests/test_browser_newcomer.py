@@ -270,3 +270,31 @@ def test_downloads_say_size_and_offer_one_layer(server, page):
         assert z["encoder.1.self_attn.weights"].shape[0] == 4  # every head
         assert not any(k.startswith(("encoder.0.", "decoder.")) for k in z.files)
     page.screenshot(path=str(SCREENSHOTS / "newcomer-downloads.png"))
+
+
+def test_head_view_and_playground_titles_clear_the_labels(server, page):
+    """The head view's lines stop short of the token labels and its heads' colours differ; the
+    playground's symmetric-vs-learned maps leave room above for their rotated key labels."""
+    import html
+
+    from viz.figures import label_margins
+
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/explore?text={text}&tab=heads")
+    wait_idle(page)
+    fig = chart_data(page, "explore-headview")
+    lines = [t for t in fig["data"] if t.get("mode") == "lines"]
+    xs = [x for t in lines for x in t["x"] if x is not None]
+    assert xs and 0 < min(xs) and max(xs) < 1  # labels sit at x = 0 and x = 1
+    colours = {t["name"]: t["line"]["color"] for t in lines}
+
+    assert len(colours) >= 3 and len(set(colours.values())) == len(colours)  # one colour per head
+
+    page.goto(f"{server.url}/playground?text=" + urllib.parse.quote("I swam across the river") + "&tab=symmetric")
+    wait_idle(page, timeout=120_000)
+    for key in ("playground-sym-scores", "playground-learned-scores", "playground-sym-weights"):
+        f = chart_data(page, key, timeout=120_000)
+        labels = [html.unescape(t) for t in f["layout"]["xaxis"]["ticktext"]]
+        assert f["layout"]["margin"]["t"] >= label_margins(labels, labels)["t"], key
+        assert f["layout"]["title"].get("yanchor") == "top", key  # above the axis title, not on it
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-playground-symmetric.png"), full_page=True)

@@ -220,8 +220,10 @@ def attention_heatmap(
 LOG_FLOOR = 1e-5  # the smallest weight a log colour scale tells apart
 
 
-HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
+# Okabe-Ito's colour-blind-safe set first (told apart even as faint lines), then darker tones
+HEAD_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#8C6D31",
+                "#7B4173", "#637939", "#843C39", "#393B79", "#BCBD22", "#17BECF", "#7F7F7F", "#E7298A"]
+HEAD_LINE_GAP = 0.06  # lines start and end this far (in x) from the token labels, so they never cross them
 
 
 def head_view(
@@ -249,10 +251,10 @@ def head_view(
                 continue
             xs, ys = [], []
             for a, b in zip(qi[sel], ki[sel]):
-                xs += [0, 1, None]
+                xs += [HEAD_LINE_GAP, 1 - HEAD_LINE_GAP, None]
                 ys += [a, b, None]
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=colour, width=2),
-                                     opacity=min(1.0, (lo + hi) / 2 + 0.1), hoverinfo="skip",
+                                     opacity=min(1.0, (lo + hi) / 2 + 0.2), hoverinfo="skip",
                                      name=f"head {h}", legendgroup=f"h{h}", showlegend=lo == 0.0 or not fig.data))
     qlab, klab = safe_labels(query_tokens), safe_labels(key_tokens)
     fig.add_trace(go.Scatter(x=[0] * n_q, y=list(range(n_q)), mode="text", text=qlab, textposition="middle left",

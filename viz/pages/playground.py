@@ -15,7 +15,7 @@ import core
 from core import toy_task
 from core.api import InputError
 from viz import playground as vg
-from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
+from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
 from viz.pages import charts, common, urlflags
 
 st.title("Playground")
@@ -32,6 +32,14 @@ trace = common.get_trace(model_name, text) if model is not None else None
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
              "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
 tabs = st.tabs(list(PLAY_TABS.values()), key=urlflags.tab(state, "tab", PLAY_TABS), on_change="rerun")
+
+
+def _room(fig):
+    """Fixed margins that fit the rotated key labels, and the title at the very top, above the
+    axis title: side-by-side maps with long titles then never run into their labels."""
+    fix_margins(fig, min_top=110)
+    fig.update_layout(title=dict(y=1.0, yanchor="top", yref="container", pad=dict(t=6)))
+    return fig
 
 
 def fmt_frame(a, rows, cols, digits=4) -> pd.DataFrame:
@@ -180,20 +188,23 @@ with tabs[2]:
         c = st.columns(2)
         with c[0]:
             st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, symmetric", f"{float(sv['sym_asymmetry']):.2e}")
-            charts.chart(matrix_heatmap(sv["sym_scores"], toks, toks,
+            charts.chart(_room(matrix_heatmap(sv["sym_scores"], toks, toks,
                                         title="scores Q Qᵀ / √d_k (symmetric: W_k := W_q)",
                                         zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                        y_title="query", value_name="score"),
+                                        y_title="query", value_name="score")),
                          key="playground-sym-scores", width="stretch")
-            charts.chart(attention_heatmap(sv["sym_weights"], toks, toks, title="softmax of the symmetric scores"),
+            charts.chart(_room(attention_heatmap(sv["sym_weights"], toks, toks,
+                                                       title="softmax of the symmetric scores")),
                          key="playground-sym-weights", width="stretch")
         with c[1]:
             st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, learned", f"{float(sv['learned_asymmetry']):.2f}")
-            charts.chart(matrix_heatmap(sv["learned_scores"], toks, toks, title="scores Q Kᵀ / √d_k (learned W_k)",
+            charts.chart(_room(matrix_heatmap(sv["learned_scores"], toks, toks,
+                                                    title="scores Q Kᵀ / √d_k (learned W_k)",
                                         zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                        y_title="query", value_name="score"),
+                                        y_title="query", value_name="score")),
                          key="playground-learned-scores", width="stretch")
-            charts.chart(attention_heatmap(sv["learned_weights"], toks, toks, title="softmax of the learned scores"),
+            charts.chart(_room(attention_heatmap(sv["learned_weights"], toks, toks,
+                                                       title="softmax of the learned scores")),
                          key="playground-learned-weights", width="stretch")
         rope = model is not None and model.config.positional == "rope"
         st.caption(
