@@ -298,3 +298,22 @@ def test_head_view_and_playground_titles_clear_the_labels(server, page):
         assert f["layout"]["margin"]["t"] >= label_margins(labels, labels)["t"], key
         assert f["layout"]["title"].get("yanchor") == "top", key  # above the axis title, not on it
     page.screenshot(path=str(SCREENSHOTS / "newcomer-playground-symmetric.png"), full_page=True)
+
+
+def test_compare_says_it_opens_on_its_own_pair(server, page):
+    """Coming from Explore with a sentence of one's own, Compare says it shows its own pair and
+    offers the sentence back in one click."""
+    mine = "the old man sleeps near the river"
+    page.goto(f"{server.url}/explore?text=" + urllib.parse.quote(mine))
+    wait_idle(page)
+    chart_data(page, "explore-heatmap")
+    page.locator('[data-testid="stSidebarNav"] a[href$="/compare"]').click()
+    page.wait_for_url("**/compare**")
+    wait_idle(page, timeout=120_000)
+    assert page.locator('[data-testid="stAlert"]', has_text="its own pair").count() == 1
+    page.locator(".st-key-compare-use-mine button").first.click()
+    page.wait_for_function("(t) => [...document.querySelectorAll('input')].some(i => i.value === t)", arg=mine,
+                           timeout=60_000)
+    wait_idle(page, timeout=120_000)
+    assert "toy-translate" in page.url and urllib.parse.quote_plus(mine) in page.url
+    assert no_exception(page)

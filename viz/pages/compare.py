@@ -84,6 +84,22 @@ with top[1]:
     for i, (label, (a, b, w)) in enumerate(pairs.items()):
         pair_cols[i].button(label, key=f"compare-pair-{i}", on_click=_use_pair, args=(a, b, w), width="stretch")
 
+# Compare keeps its own pair (not the other pages' sentence): say so, once, with a way back to the user's
+theirs = st.session_state.get("_shared", {})
+their_text, their_model = str(theirs.get("text") or ""), theirs.get("model")
+if (their_text.strip() and their_text not in (st.session_state[text_a_key], st.session_state[text_b_key])
+        and not st.session_state.get("compare._told") and "text" not in state.qp):
+    def _use_theirs() -> None:
+        st.session_state[text_a_key] = their_text
+        st.session_state["compare._told"] = True
+        if their_model in names and their_model != model_name:
+            st.session_state[model_key] = their_model
+
+    on = f" on {their_model}" if their_model and their_model != model_name else ""
+    st.info(f"Compare opens on its own pair of sentences ({model_name}); the sentence you were looking at"
+            f"{on}, “{cmp.md_escape(their_text[:80])}”, is not shown here.")
+    st.button(f"Use my sentence as A{on}", key="compare-use-mine", on_click=_use_theirs)
+
 cols = st.columns(2)
 text_a = cols[0].text_input("Sentence A (press Enter)", key=text_a_key)
 text_b = cols[1].text_input("Sentence B (press Enter)", key=text_b_key)
