@@ -116,6 +116,11 @@ class AttentionModel:
         return min(own, self.input_limit) if self.input_limit else own
 
     def target_strings(self, ids: Sequence[int]) -> List[str]:
+        """Display strings of a token sequence (a character split over byte pieces shows whole)."""
+        return self.target_tokenizer.decode(list(ids))
+
+    def alternative_strings(self, ids: Sequence[int]) -> List[str]:
+        """Display strings of alternatives (top-k candidates): each token on its own."""
         return [self.target_tokenizer.token_str(i) for i in ids]
 
     def source_strings(self, enc: Encoded) -> List[str]:
@@ -259,7 +264,7 @@ class AttentionModel:
 
     def _finish(self, tensors, tokens, meta, runner) -> Trace:
         if "next.ids" in tensors:
-            tokens["next"] = self.target_strings(tensors["next.ids"].tolist())
+            tokens["next"] = self.alternative_strings(tensors["next.ids"].tolist())
         return Trace(tensors, tokens, meta, runner=runner, names=runner.ordered_names(tensors))
 
     @cpu_fallback
@@ -348,14 +353,14 @@ class AttentionModel:
             n_in = len(prefix0) + t
             ids = whole["topk.ids"][n_in - 1].tolist()
             tokens = {"source": self.source_strings(enc), "target": self.target_strings(full[:n_in]),
-                      "next": self.target_strings(ids)}
+                      "next": self.alternative_strings(ids)}
             meta = self._meta(
                 enc,
                 timings={"forward_ms": ms, "generate_ms": gen_ms},
                 mode="step",
                 step=t + 1,
                 n_steps=len(gen),
-                chosen=self.target_strings([nxt])[0],
+                chosen=self.alternative_strings([nxt])[0],
                 chosen_id=nxt,
                 ended=ended,
                 prefix_len=len(prefix0),

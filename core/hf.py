@@ -56,7 +56,7 @@ from .device import pick_device
 from .minilm import EMBED_MAP as MINILM_EMBED
 from .minilm import LAYER_MAP as MINILM_LAYER
 from .model import Transformer
-from .tokenizer import Encoded, PieceTable
+from .tokenizer import Encoded, PieceTable, display_pieces
 
 FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
 SEQ2SEQ = ("marian", "bart", "t5")
@@ -476,12 +476,23 @@ class HFTokenizer(PieceTable):
         if not 0 <= i < len(self.pieces):  # checkpoints often pad the embedding past the tokenizer's vocabulary
             return f"<id {i}>"
         piece = self.pieces[i]
-        if self.byte_level and piece and all(c in self._byte_of for c in piece):
-            return bytes(self._byte_of[c] for c in piece).decode("utf-8", errors="backslashreplace")
+        raw = self.piece_bytes(i)
+        if raw is not None:
+            return display_pieces([raw], [piece])[0]
         return piece.replace("\u2581", " ")
 
+    def piece_bytes(self, i: int) -> Optional[bytes]:
+        """The bytes a byte-level piece stands for (None otherwise)."""
+        i = int(i)
+        piece = self.pieces[i] if 0 <= i < len(self.pieces) else ""
+        if self.byte_level and piece and all(c in self._byte_of for c in piece):
+            return bytes(self._byte_of[c] for c in piece)
+        return None
+
     def decode(self, ids: List[int]) -> List[str]:
-        return [self.token_str(i) for i in ids]
+        """Display strings of a sequence: a character split over pieces is shown whole, marked
+        (core.tokenizer.display_pieces)."""
+        return display_pieces([self.piece_bytes(i) for i in ids], [self.token_str(i) for i in ids])
 
     def encode(self, text: str) -> Encoded:
         from .minilm import _uncovered
@@ -498,7 +509,7 @@ class HFTokenizer(PieceTable):
             truncated = len(ids) - self.max_len
             keep = list(range(self.max_len - 1)) + [len(ids) - 1] if special[-1] else list(range(self.max_len))
             ids, offsets, special, word_ids = ([x[k] for k in keep] for x in (ids, offsets, special, word_ids))
-        return Encoded(ids=ids, tokens=[self.token_str(i) for i in ids], offsets=offsets, special=special,
+        return Encoded(ids=ids, tokens=self.decode(ids), offsets=offsets, special=special,
                        unknown=unknown, dropped=dropped, truncated=truncated, word_ids=word_ids)
 
 

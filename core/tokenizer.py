@@ -98,3 +98,101 @@ class PieceTable:
 
     def token_str(self, i: int) -> str:
         raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------ byte pieces as text
+def _hex(b: bytes) -> str:
+    return " ".join(f"{x:02x}" for x in b)
+
+
+def display_pieces(raw: List[Optional[bytes]], shown: List[str]) -> List[str]:
+    """Display strings for a sequence of byte-level pieces: each piece as the text it stands for.
+
+    raw[i] is piece i's bytes (None: a control token, shown as shown[i]). A character whose
+    UTF-8 bytes are split over pieces is shown whole on each of them, marked with which part
+    the piece holds ("😀(1/2)", "😀(2/2)"); bytes that make no character within the sequence
+    (a lone piece of an emoji) are shown as hex, "⟨f0 9f…⟩" for a start, "⟨…98 80⟩" for an end.
+    Only the display changes: ids, offsets and the text the pieces decode to do not.
+    """
+    out = list(shown)
+    n = len(raw)
+    i = 0
+    while i < n:
+        b = raw[i]
+        if b is None:
+            i += 1
+            continue
+        try:
+            out[i] = b.decode("utf-8")
+            i += 1
+            continue
+        except UnicodeDecodeError:
+            pass
+        # the shortest run of byte pieces from i that decodes cleanly (a character has at most 4 bytes)
+        end, text = None, None
+        for j in range(i + 1, min(n, i + 4) + 1):
+            if raw[j - 1] is None:
+                break
+            try:
+                text = b"".join(raw[i:j]).decode("utf-8")
+                end = j
+                break
+            except UnicodeDecodeError:
+                continue
+        if end is None:
+            out[i] = _lone(b)
+            i += 1
+            continue
+        out[i:end] = _split_chars(raw[i:end], text)
+        i = end
+    return out
+
+
+def _lone(b: bytes) -> str:
+    """Bytes that are not a whole character: what decodes as text, the rest as hex."""
+    text, k = "", 0
+    while k < len(b):
+        for w in (4, 3, 2, 1):
+            try:
+                text += b[k:k + w].decode("utf-8")
+                k += w
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            rest = b[k:]
+            lead = rest[0] >= 0xC0
+            return text + ("⟨" + _hex(rest) + "…⟩" if lead else "⟨…" + _hex(rest) + "⟩")
+    return text
+
+
+def _split_chars(pieces: List[bytes], text: str) -> List[str]:
+    """Per piece: the characters it touches; a character split over pieces marked (k/n)."""
+    spans, pos = [], 0  # byte span of each character
+    for ch in text:
+        w = len(ch.encode("utf-8"))
+        spans.append((pos, pos + w, ch))
+        pos += w
+    out, start = [], 0
+    for p in pieces:
+        a, b = start, start + len(p)
+        parts = []
+        for s, t, ch in spans:
+            if t <= a or s >= b:
+                continue
+            if a <= s and t <= b:
+                parts.append(ch)
+            else:
+                owners = [k for k, (x, y) in enumerate(_piece_spans(pieces)) if x < t and y > s]
+                parts.append(f"{ch}({owners.index(len(out)) + 1}/{len(owners)})")
+        out.append("".join(parts))
+        start = b
+    return out
+
+
+def _piece_spans(pieces: List[bytes]):
+    spans, pos = [], 0
+    for p in pieces:
+        spans.append((pos, pos + len(p)))
+        pos += len(p)
+    return spans

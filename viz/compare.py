@@ -1,6 +1,6 @@
 """One word in two sentences: pure functions for the Compare page (no Streamlit).
 
-Seed 000's example: "bank" by a river and "bank" with cash. Seed 001: cosine similarity
+Bishop ch. 12's example: "bank" by a river and "bank" with cash. Chapter 9: cosine similarity
 cos(u, v) = u^T v / (|u| |v|), and the difference between a static embedding (one vector
 per word, whatever the sentence) and a contextual one (a vector per occurrence).
 
@@ -64,7 +64,7 @@ def default_pair(model_name: str) -> Tuple[str, str, str]:
 
 def example_pairs(model_name: str) -> Dict[str, Tuple[str, str, str]]:
     """Example (sentence A, sentence B, word) pairs for a model, by button label."""
-    pairs = {"bank: river vs cash (seed 000)": (BANK_A, BANK_B, DEFAULT_WORD)}
+    pairs = {"bank: river vs cash (Bishop ch. 12)": (BANK_A, BANK_B, DEFAULT_WORD)}
     if model_name == "toy-translate":
         pairs["bank (toy words)"] = (TOY_A, TOY_B, DEFAULT_WORD)
         pairs["the (toy words)"] = (TOY_DOG_A, TOY_DOG_B, "the")
@@ -182,7 +182,7 @@ def word_vector(trace, name: str, positions: Sequence[int]) -> torch.Tensor:
 
 
 def cosine(u: torch.Tensor, v: torch.Tensor) -> float:
-    """u^T v / (|u| |v|) (seed 001, eq. 9.1); 0 when either vector is zero."""
+    """u^T v / (|u| |v|) (Chapter 9, eq. 9.1); 0 when either vector is zero."""
     u, v = u.double(), v.double()
     den = float(u.norm() * v.norm())
     return float(u @ v) / den if den > 0 else 0.0

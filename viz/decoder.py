@@ -1,7 +1,7 @@
 """The decoder stepper's figures and numbers: pure functions, no Streamlit.
 
-Seed 002 writes the decoder's masked self-attention as softmax((QᵀK + M)/√p) with
-M(i, j) = 0 for j <= i and -inf for j > i; seed 003 calls the same matrix B (eq. 18) and
+Lecture 10 writes the decoder's masked self-attention as softmax((QᵀK + M)/√p) with
+M(i, j) = 0 for j <= i and -inf for j > i; Transformers handout calls the same matrix B (eq. 18) and
 walks "Not on your life!" through it under teacher forcing. The core computes
 QKᵀ/√d_k + M (the same thing: -inf stays -inf when divided by √d_k), records the mask,
 the masked scores and the weights, and these functions draw them for one head:
@@ -334,13 +334,27 @@ def next_token_figure(tokens: Sequence[str], probs: Sequence[float], *, chosen: 
     labels = [safe_label(t) for t in toks]
     y = list(range(len(toks)))
     text = [f"{p:.3f}" + (f"  ← {n}" if n else "") for p, n in zip(ps, notes)]
+    p_max = max(ps + [0.01])
+    # a long bar carries its label inside (right-aligned, white); a short one beside it: never past the plot
+    inside = [p > 0.55 * p_max for p in ps]
     fig = go.Figure(go.Bar(
-        x=ps, y=y, orientation="h", marker_color=colours, text=text, textposition="outside",
+        x=ps, y=y, orientation="h", marker_color=colours, text=text,
+        textposition=["inside" if i else "outside" for i in inside], insidetextanchor="end",
+        insidetextfont=dict(color="white"), outsidetextfont=dict(color="#333"), textangle=0,
         customdata=labels, hovertemplate="%{customdata}<br>p = %{x:.4f}<extra></extra>", cliponaxis=False,
     ))
+    if forced is not None and forced in toks:
+        # the teacher's token stays visible even when its bar has no length (p = 0)
+        k = toks.index(forced)
+        fig.add_trace(go.Scatter(x=[ps[k]], y=[k], mode="markers", name="teacher",
+                                 marker=dict(symbol="diamond", size=11, color=FORCED_COLOUR,
+                                             line=dict(color="white", width=1)),
+                                 hovertemplate=f"teacher's token<br>p = {ps[k]:.4f}<extra></extra>", cliponaxis=False))
     fig.update_yaxes(tickvals=y, ticktext=labels, autorange="reversed", title="token", automargin=False,
                      ticklabeloverflow="allow")
-    fig.update_xaxes(range=[0, min(1.35, max(ps + [0.01]) * 1.45 + 0.05)], title="probability", automargin=False,
+    longest_outside = max([len(t) for t, i in zip(text, inside) if not i] + [0])
+    x_max = max(p_max * 1.05, max([p for p, i in zip(ps, inside) if not i] + [0]) + 0.018 * longest_outside * p_max + 0.02)
+    fig.update_xaxes(range=[0, x_max], title="probability", automargin=False,
                      ticklabeloverflow="allow")
     # fixed margins (no automargin pass: see _tidy)
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=max(260, 70 + 28 * len(toks)),

@@ -120,6 +120,13 @@ def default_layer_range(n_layers: int, max_layers: int = MAX_GRID_LAYERS) -> Tup
     return 0, min(n_layers, max_layers) - 1
 
 
+def layer_range_around(layer: int, n_layers: int, max_layers: int = MAX_GRID_LAYERS) -> Tuple[int, int]:
+    """max_layers layers (or all) with `layer` in the middle, shifted to fit the model."""
+    width = min(n_layers, max_layers)
+    lo = min(max(0, layer - width // 2), n_layers - width)
+    return lo, lo + width - 1
+
+
 def clamp_range(value, n_layers: int) -> Tuple[int, int]:
     """A (first, last) layer range made valid for a model with n_layers layers."""
     try:

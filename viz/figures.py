@@ -143,7 +143,32 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     # the margins fit the labels, so plotly need not measure each one for overflow either
     fig.update_xaxes(automargin=False, ticklabeloverflow="allow")
     fig.update_yaxes(automargin=False, ticklabeloverflow="allow")
+    return thin_ticks(fig)
+
+
+LABEL_PX = 15  # a tick label's line height at plotly's default 12 px font
+MIN_PLOT_WIDTH = 560  # the narrowest a heatmap's plot area is drawn (half a wide page, less margins)
+
+
+def thin_ticks(fig: go.Figure, width: Optional[int] = None) -> go.Figure:
+    """Keep every k-th tick label so that none overlap: the query axis by the plot's height,
+    the key axis (labels at -45°) by its width (`width`, else the narrowest it is drawn)."""
+    m = fig.layout.margin
+    if fig.layout.height:
+        _thin_axis(fig.layout.yaxis, fig.layout.height - (m.t or 0) - (m.b or 0), LABEL_PX)
+    _thin_axis(fig.layout.xaxis, (width or MIN_PLOT_WIDTH) - (m.l or 0) - (m.r or 0), LABEL_PX * 1.3)
     return fig
+
+
+def _thin_axis(ax, length_px: float, label_px: float) -> None:
+    vals, text = list(ax.tickvals or []), list(ax.ticktext or [])
+    if len(vals) < 2 or length_px <= 0:
+        return
+    span = max(vals) - min(vals) + 1  # cells spanned by the labelled ticks
+    gap = length_px / span * (vals[1] - vals[0])  # pixels between two labels now
+    step = int(np.ceil(label_px / gap)) if gap < label_px else 1
+    if step > 1:
+        ax.tickvals, ax.ticktext = vals[::step], text[::step]
 
 
 def attention_heatmap(
@@ -193,8 +218,10 @@ def attention_heatmap(
 LOG_FLOOR = 1e-5  # the smallest weight a log colour scale tells apart
 
 
-HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
+# Okabe-Ito's colour-blind-safe set first (told apart even as faint lines), then darker tones
+HEAD_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#8C6D31",
+                "#7B4173", "#637939", "#843C39", "#393B79", "#BCBD22", "#17BECF", "#7F7F7F", "#E7298A"]
+HEAD_LINE_GAP = 0.06  # lines start and end this far (in x) from the token labels, so they never cross them
 
 
 def head_view(
@@ -222,10 +249,10 @@ def head_view(
                 continue
             xs, ys = [], []
             for a, b in zip(qi[sel], ki[sel]):
-                xs += [0, 1, None]
+                xs += [HEAD_LINE_GAP, 1 - HEAD_LINE_GAP, None]
                 ys += [a, b, None]
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=colour, width=2),
-                                     opacity=min(1.0, (lo + hi) / 2 + 0.1), hoverinfo="skip",
+                                     opacity=min(1.0, (lo + hi) / 2 + 0.2), hoverinfo="skip",
                                      name=f"head {h}", legendgroup=f"h{h}", showlegend=lo == 0.0 or not fig.data))
     qlab, klab = safe_labels(query_tokens), safe_labels(key_tokens)
     fig.add_trace(go.Scatter(x=[0] * n_q, y=list(range(n_q)), mode="text", text=qlab, textposition="middle left",

@@ -1,11 +1,11 @@
 """The Playground's computations and figures: pure functions, no Streamlit.
 
-1. attention by hand (seed 003's appendix, "help me!")
-2. parameter-free self-attention Y = softmax(X X^T) X (seed 000)
-3. symmetric softmax(X U U^T X^T) vs learned W_q != W_k attention (seed 004)
-4. why scores are scaled: Var(q.k) = d_k (seed 004)
-5. hyper-parameters d, d_k, m, H, L and the parameter count (seed 001)
-6. measured cost against O(N^2 D) + O(N D^2) (seed 004)
+1. attention by hand (Transformers handout's appendix, "help me!")
+2. parameter-free self-attention Y = softmax(X X^T) X (Bishop ch. 12)
+3. symmetric softmax(X U U^T X^T) vs learned W_q != W_k attention (Missaoui)
+4. why scores are scaled: Var(q.k) = d_k (Missaoui)
+5. hyper-parameters d, d_k, m, H, L and the parameter count (Chapter 9)
+6. measured cost against O(N^2 D) + O(N D^2) (Missaoui)
 
 All attention goes through core.scaled_dot_product_attention with a record callback. The
 parameter count and the timed forward passes of parts 5 and 6 are core's (core/cost.py);
@@ -133,7 +133,7 @@ def weighted_sum_text(weights: np.ndarray, q_labels: Sequence[str], v_names: Seq
 
 # ================================================================== 2. parameter-free self-attention
 def parameter_free_attention(X, scale: float = 1.0) -> Dict[str, np.ndarray]:
-    """Y = softmax(X X^T * scale) X (seed 000 with scale = 1): queries, keys and values are X."""
+    """Y = softmax(X X^T * scale) X (Bishop ch. 12 with scale = 1): queries, keys and values are X."""
     x = torch.tensor(np.array(X, dtype=np.float64))
     steps: Dict[str, torch.Tensor] = {}
     y = core.scaled_dot_product_attention(x, x, x, record=lambda name, t: steps.__setitem__(name, t), scale=scale)
@@ -164,7 +164,7 @@ def diagonal_stats(X, scores: np.ndarray, weights: np.ndarray) -> Dict[str, floa
 def symmetric_vs_learned(q, k, mask=None) -> Dict[str, np.ndarray]:
     """Scores and weights of one head with its learned W_k, and with W_k replaced by W_q.
 
-    q, k: n x d_k, the head's queries X W_q and keys X W_k. Symmetric (seed 004): K := Q, so
+    q, k: n x d_k, the head's queries X W_q and keys X W_k. Symmetric (Missaoui): K := Q, so
     the scores Q Q^T / sqrt(d_k) = X U U^T X^T / sqrt(d_k) with U = W_q. Both go through
     core.scaled_dot_product_attention; mask (n x n, additive) is applied to both."""
     q = torch.tensor(np.array(q, dtype=np.float64))

@@ -1,6 +1,6 @@
 """Positional encoding, computed and drawn: pure functions for the Positions page.
 
-Seed 003 (eq. 2-3), in radians as in Vaswani et al. (2017):
+Transformers handout (eq. 2-3), in radians as in Vaswani et al. (2017):
     PE[i, 2j]   = sin(i / 10000^(2j/d))
     PE[i, 2j+1] = cos(i / 10000^(2j/d))
 
@@ -26,7 +26,7 @@ MAX_D = 1024
 MAX_N = 1024
 MAX_SIDE = 256  # heatmaps larger than this per side are shown strided (exact values, fewer cells)
 
-# Seed 003's "Show me the money": the example word embeddings (inputs of the example, d = 4).
+# Transformers handout's "Show me the money": the example word embeddings (inputs of the example, d = 4).
 MONEY_TOKENS = ["show", "me", "the", "money"]
 MONEY_EMBEDDINGS = np.array(
     [
@@ -242,7 +242,7 @@ def model_positions(trace) -> dict:
     }
     if P is not None:
         extra = trace[f"embed.{stack}.types"].double().numpy() if info["types"] else 0.0
-        # X = X' + P (seed 003 eq. 6); models with a LayerNorm after the sum (BERT) differ by it
+        # X = X' + P (Transformers handout eq. 6); models with a LayerNorm after the sum (BERT) differ by it
         info["sum_residual"] = float(np.abs(X - (tok + P + extra)).max())
         if info["scheme"] == "sinusoidal":
             layout = info["sinusoid_layout"]

@@ -1,7 +1,7 @@
-"""Compare: one word in two sentences (seed 000's "bank" by the river and "bank" with cash).
+"""Compare: one word in two sentences (Bishop ch. 12's "bank" by the river and "bank" with cash).
 
 What the word attends to in each sentence (one layer and head, or the mean of the heads),
-and the cosine similarity (seed 001) of its two vectors at every depth: identical at the
+and the cosine similarity (Chapter 9) of its two vectors at every depth: identical at the
 input embedding -- a static embedding, one vector per token -- and drifting apart layer by
 layer as attention mixes in each sentence's context. Numbers come from viz.compare.
 
@@ -17,7 +17,7 @@ import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import charts, common
+from viz.pages import charts, common, urlflags
 
 FALLBACK_MODEL = "toy-translate"
 
@@ -33,10 +33,10 @@ class CompareState(common.PageState):
 
 
 st.title("Compare: one word, two sentences")
-st.caption("Seed 000: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
+st.caption("Bishop ch. 12: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
            "gives the word one vector whatever the sentence; attention mixes each sentence's context into it. Below: "
            "what the word attends to in each sentence, and how similar its two vectors stay, layer by layer "
-           "(cosine similarity, seed 001).")
+           "(cosine similarity, Chapter 9).")
 state = CompareState()
 
 # ------------------------------------------------------------------ model
@@ -83,6 +83,22 @@ with top[1]:
     pair_cols = st.columns(len(pairs))
     for i, (label, (a, b, w)) in enumerate(pairs.items()):
         pair_cols[i].button(label, key=f"compare-pair-{i}", on_click=_use_pair, args=(a, b, w), width="stretch")
+
+# Compare keeps its own pair (not the other pages' sentence): say so, once, with a way back to the user's
+theirs = st.session_state.get("_shared", {})
+their_text, their_model = str(theirs.get("text") or ""), theirs.get("model")
+if (their_text.strip() and their_text not in (st.session_state[text_a_key], st.session_state[text_b_key])
+        and not st.session_state.get("compare._told") and "text" not in state.qp):
+    def _use_theirs() -> None:
+        st.session_state[text_a_key] = their_text
+        st.session_state["compare._told"] = True
+        if their_model in names and their_model != model_name:
+            st.session_state[model_key] = their_model
+
+    on = f" on {their_model}" if their_model and their_model != model_name else ""
+    st.info(f"Compare opens on its own pair of sentences ({model_name}); the sentence you were looking at"
+            f"{on}, “{cmp.md_escape(their_text[:80])}”, is not shown here.")
+    st.button(f"Use my sentence as A{on}", key="compare-use-mine", on_click=_use_theirs)
 
 cols = st.columns(2)
 text_a = cols[0].text_input("Sentence A (press Enter)", key=text_a_key)
@@ -151,14 +167,14 @@ for col, label, occ, wlist in ((c[1], "A", occ_a, words_a), (c[2], "B", occ_b, w
 layer = c[3].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head = c[4].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[5]:
-    mean_heads = st.toggle("Average over heads", key="compare.mean")
+    mean_heads = st.toggle("Average over heads", key=urlflags.flag(state, "mean"))
     in_words = False
     if ex.reads_pieces(model):
-        st.session_state.setdefault("compare.words", True)
-        in_words = st.toggle("Read in words", key="compare.words",
+        in_words = st.toggle("Read in words", key=urlflags.flag(state, "words", default=True),
                              help="Merge word pieces into typed words: the weights on a word's pieces are summed.")
 state.show_messages()
-state.publish(model=model_name, text=text_a, text2=text_b, word=word, layer=layer, head=head)
+state.publish(model=model_name, text=text_a, text2=text_b, word=word, layer=layer, head=head,
+              mean=urlflags.flag_url(mean_heads), words=urlflags.flag_url(in_words, default=ex.reads_pieces(model)))
 word_a, word_b = picked["A"], picked["B"]
 head_used = None if mean_heads else head
 
@@ -182,7 +198,7 @@ unit = "word m of its own sentence (the weights on a word's pieces summed)" if i
 pieces = "" if len(word_a.positions) == 1 and len(word_b.positions) == 1 else \
     " A word of several pieces attends with the mean of its pieces' rows."
 st.caption(f"One row of the attention matrix: the weights a_nm ≥ 0 with Σ_m a_nm = 1 that “{word_md}” (query n) gives to "
-           f"every {unit} (seed 000).{pieces} "
+           f"every {unit} (Bishop ch. 12).{pieces} "
            + ("A decoder-only model's query sees only the tokens before it (causal mask)." if stack == "decoder" else ""))
 
 # ------------------------------------------------------------------ cosine layer by layer
@@ -201,7 +217,7 @@ st.markdown(f"After the last layer the cosine is **{s['last']:.3f}** (lowest: {s
             "of B, for scale.")
 pieces_note = "" if len(word_a.positions) == 1 and len(word_b.positions) == 1 else \
     " A word of several pieces is the mean of its pieces' vectors."
-st.caption("cos(u, v) = uᵀv / (|u| |v|): 1 for the same direction, 0 for perpendicular vectors (seed 001, eq. 9.1). "
+st.caption("cos(u, v) = uᵀv / (|u| |v|): 1 for the same direction, 0 for perpendicular vectors (Chapter 9, eq. 9.1). "
            f"Vectors are rows of the trace tensors named in the table (depth 0 = `embed.{stack}.sum`, the input of "
            f"layer 0; then `{stack}.i.out`, the output of layer i).{pieces_note}")
 st.dataframe(cmp.table_for_display(table), key="compare-table", width="stretch")

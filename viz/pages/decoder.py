@@ -16,21 +16,27 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import charts, common, training_panel
+from viz.pages import charts, common, dl, training_panel
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
 PLAYING, GOTO, PREFILL, GENERATED = "decoder._playing", "decoder._goto", "decoder._prefill", "decoder._generated"
+RESUME = "decoder._resume"
 
 st.title("Decoder stepper")
 st.caption("The decoder writes its output one token at a time. At every step it reads the tokens so far, "
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
-           "becomes a distribution over the next token (seed 002: masked self-attention and cross-attention; "
-           "seed 003: inference from <start> to <end>, and teacher forcing).")
+           "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "
+           "Transformers handout: inference from <start> to <end>, and teacher forcing).")
 state = common.PageState("decoder")
 ss = st.session_state
+# Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
+# switch and back, a reload) pauses it, so coming back to the page never jumps to the end.
+_resumed = bool(ss.pop(RESUME, False))
+if ss.get(PLAYING) and not _resumed:
+    ss[PLAYING] = False
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
 allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
@@ -158,14 +164,13 @@ def _move(delta: int, n: int) -> None:
     ss[step_key] = min(max(int(ss.get(step_key, 1)) + delta, 1), n)
 
 
-def _play(n: int) -> None:
-    ss[PLAYING] = True
+def _play_pause(n: int) -> None:
+    if ss.get(PLAYING):
+        ss[PLAYING] = False
+        return
+    ss[PLAYING] = ss[RESUME] = True
     if int(ss.get(step_key, 1)) >= n:
         ss[step_key] = 1  # from the end, play again from the start
-
-
-def _stop() -> None:
-    ss[PLAYING] = False
 
 
 def _check_with_teacher() -> None:
@@ -191,11 +196,11 @@ ss[PLAYING] = playing
 b = st.columns([1, 1, 1, 4])
 b[0].button("Previous", key="decoder-btn-prev", on_click=_move, args=(-1, n_steps), disabled=step <= 1, width="stretch")
 b[1].button("Next", key="decoder-btn-next", on_click=_move, args=(1, n_steps), disabled=step >= n_steps, width="stretch")
-if playing:
-    b[2].button("Stop", key="decoder-btn-stop", on_click=_stop, type="primary", width="stretch")
-else:
-    b[2].button("Play", key="decoder-btn-play", on_click=_play, args=(n_steps,), disabled=n_steps <= 1,
-                width="stretch", help="Animate through every step to the end.")
+# one button (one key) that reads Play or Pause, so no stale twin is left on the page while it plays
+b[2].button("Pause" if playing else "Play", key="decoder-btn-play", on_click=_play_pause, args=(n_steps,),
+            disabled=n_steps <= 1 and not playing, type="primary" if playing else "secondary", width="stretch",
+            icon=":material/pause:" if playing else ":material/play_arrow:",
+            help="Animate through every step to the end; any other click pauses.")
 b[3].markdown(f"**Step {step} of {n_steps}**")
 if played_to_end:
     st.success(f"Played all {n_steps} steps.")
@@ -207,9 +212,10 @@ if mode == "teacher":
 state.publish(**publish)
 
 # ------------------------------------------------------------------ generation status
+# how the whole run ended, as a summary line under the output (not a box beside the step counter)
 level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, end_token)
-(st.success if level == "success" else st.warning)(msg)
-st.markdown("Greedy output: " + (dv.chips_markdown(dv.generated_tokens(steps)) or "(nothing)"))
+st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
+st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
 
 # ------------------------------------------------------------------ what this step shows
 if full is None:
@@ -230,7 +236,7 @@ else:
     row = dv.step_row(step, prefix_len)
     probs_row = full["probs"][row]
     ids, p = dv.top_k(probs_row, 10)
-    next_tokens, next_probs = model.target_strings(ids), p
+    next_tokens, next_probs = model.alternative_strings(ids), p
     chosen = next_tokens[0]
     # the teacher's next token: the next decoder input, or <end> after the last one (encoder-decoder)
     forced_id = None
@@ -277,7 +283,7 @@ def _mask_panel() -> None:
                                    fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
                                            title=f"Look-ahead mask M ({n}×{n})"),
                  key="decoder-mask", width="stretch")
-    st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (seed 002's M, seed 003's B): the same in every layer and head.")
+    st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (Lecture 10's M, Transformers handout's B): the same in every layer and head.")
 
 
 def _masked_panel() -> None:
@@ -309,7 +315,7 @@ def _cross_panel() -> None:
                                                title=f"Cross-attention over the source · {where}"),
                      key="decoder-cross", width="stretch")
         best = int(np.argmax(cross[row]))
-        st.caption(f"Queries from the decoder, keys and values from the encoder's output (seed 002). "
+        st.caption(f"Queries from the decoder, keys and values from the encoder's output (Lecture 10). "
                    f"Row {row} ({dv.chip(q_tokens[row])}) looks most at source token {best} "
                    f"({dv.chip(src[best])}, weight {cross[row, best]:.2f}).")
     else:
@@ -325,7 +331,7 @@ def _next_panel() -> None:
                                       forced_prob=forced_prob, title=title),
                  key="decoder-next", width="stretch")
     if full is None:
-        st.caption(f"Linear layer + softmax over the vocabulary (seed 002); greedy decoding takes the most "
+        st.caption(f"Linear layer + softmax over the vocabulary (Lecture 10); greedy decoding takes the most "
                    f"likely token (red) and appends it to the input of step {step + 1}.")
     else:
         st.caption("Red: the model's most likely token; green: the teacher's token, which the next row gets as "
@@ -367,7 +373,7 @@ if full is not None:
                 f"inference. Steps before that share the prefix and give the same rows; press "
                 f"“Use the greedy output” to compare every step.")
     if dec_ids is not None:
-        argmax_all = model.target_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
+        argmax_all = model.alternative_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
         start_row = prefix_len - 1
         next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else ends_with for i in range(len(dec_ids))]
         frame, ce = dv.teacher_forcing_rows(
@@ -385,11 +391,12 @@ else:
     st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
               help="Feed the greedy output back as the target, all at once, and compare the rows.")
 
-common.downloads(tr, weights, q_tokens, q_tokens, name=f"{model_name}-decoder-step{step}-L{layer}-H{head}",
-                 key="decoder-dl")
+dl.offer(tr, weights, q_tokens, q_tokens, model=model_name, stack="decoder", kind="self_attn", layer=layer, head=head,
+         key="decoder-dl", suffix=f"-step{step}")
 
 # ------------------------------------------------------------------ Play: one step per rerun, to the end
 if playing:
     time.sleep(PLAY_DELAY_S)
     ss[GOTO] = step + 1
+    ss[RESUME] = True
     st.rerun()

@@ -11,7 +11,7 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, knockout, training_panel
+from viz.pages import charts, common, dl, knockout, training_panel, urlflags, vocab
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -33,10 +33,7 @@ if previous is not None and previous != model_name and not (state.external and "
 st.session_state["explore._model"] = model_name
 st.session_state["explore._default_text"] = default_text
 
-examples = {}
-for label, sentence in list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]]:
-    if sentence not in examples.values():
-        examples[label if len(label) <= 40 else label[:38] + "…"] = sentence
+examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]])
 
 
 def _use_example(sentence: str) -> None:
@@ -58,6 +55,7 @@ if trace is None:
     state.show_messages()
     st.stop()
 
+vocab.offer_reader(state, model_name, trace, key="explore-reader")
 n_source = len(trace.tokens("source"))
 if n_source <= 64:
     common.token_chips(trace.tokens("source"), title=f"{n_source} source tokens")
@@ -73,20 +71,37 @@ elif model.kind == "decoder" and trace.tokens("next"):
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
-    mean_heads = st.toggle("Average over heads", key="explore.mean")
-    per_map = st.toggle("Scale colours per map", key="explore.permap")
-    log_scale = st.toggle("Log colour scale", key="explore.log",
+    mean_heads = st.toggle("Average over heads", key=flags["mean"])
+    per_map = st.toggle("Scale colours per map", key=flags["permap"])
+    log_scale = st.toggle("Log colour scale", key=flags["log"],
                           help="Colour by log10(weight): shows the small weights beside an attention sink (a first "
                                "token that takes most of the weight in long prompts of decoder models).")
-    hide_special = st.toggle("Hide special tokens", key="explore.hide")
+    hide_special = st.toggle("Hide special tokens", key=flags["hide"])
     words = False
     if ex.reads_pieces(model):
-        words = st.toggle("Read in words", key="explore.words",
+        words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
+heads_key = state.seed("heads", list(range(min(n_heads, 4))), parse=urlflags.parse_ints,
+                       valid=lambda v: all(0 <= h < n_heads for h in v))
+if isinstance(st.session_state[heads_key], str):  # as another page published it
+    try:
+        st.session_state[heads_key] = urlflags.parse_ints(st.session_state[heads_key])
+    except ValueError:
+        pass
+if not isinstance(st.session_state[heads_key], list) or any(not 0 <= h < n_heads for h in st.session_state[heads_key]):
+    st.session_state[heads_key] = list(range(min(n_heads, 4)))
+TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS}
+tab_key = urlflags.tab(state, "tab", TABS)
 state.show_messages()
-state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, **url_ablation)
+url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
+url_view["words"] = urlflags.flag_url(words)
+if st.session_state[heads_key] != list(range(min(n_heads, 4))):
+    url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
+state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
+              **url_view, **url_ablation)
 knockout.controls(model, ablate_key, ablation_key)
 if off:
     knockout.what_changed(model if run_model == model_name else common.get_model(run_model), run_model, text,
@@ -102,12 +117,12 @@ else:
     matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
 unit = "words" if words else "tokens"
 
-tab_map, tab_model, tab_heads = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS], key="explore.tab", on_change="rerun")
+tab_map, tab_model, tab_heads = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS], key=tab_key, on_change="rerun")
 with tab_map:
     if tab_map.open is not False:
         full = False
         if max(matrix.shape) > ex.MAX_HEATMAP_SIDE:
-            full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key="explore.full")
+            full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key=flags["full"])
         z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else ex.reduce_map(matrix, q_toks, k_toks)
         title = view.label() + (" · in words" if words else "")
         if fq > 1 or fk > 1:
@@ -123,9 +138,8 @@ with tab_map:
         charts.chart(fig, key="explore-heatmap", width="stretch")
         st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
                    "Hover a cell for the exact weight.")
-        common.downloads(trace, matrix, q_toks, k_toks,
-                         name=f"{model_name}-{stack}-{kind}-L{layer}-H{view.head}" + ("-words" if words else ""),
-                         key="explore-dl")
+        dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
+                 head=view.head, key="explore-dl", suffix="-words" if words else "")
 
 
 def _pick_from_grid() -> None:
@@ -144,8 +158,13 @@ with tab_model:
         lo, hi = 0, n_layers - 1
         if n_layers > ex.MAX_GRID_LAYERS:
             range_key = "explore.grid_layers"
-            st.session_state[range_key] = ex.clamp_range(
-                st.session_state.get(range_key, ex.default_layer_range(n_layers)), n_layers)
+            current = st.session_state.get(range_key)
+            if current is None or st.session_state.get("explore.grid_for") != (stack, layer):
+                # opened, or another layer picked: centre the grid on the selected layer
+                if current is None or not current[0] <= layer <= current[1]:
+                    current = ex.layer_range_around(layer, n_layers)
+            st.session_state["explore.grid_for"] = (stack, layer)
+            st.session_state[range_key] = ex.clamp_range(current, n_layers)
             lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
                                help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
                                     "layers to draw (fewer layers draw faster).")
@@ -172,8 +191,7 @@ with tab_model:
 
 with tab_heads:
     if tab_heads.open is not False:
-        chosen = st.multiselect("Heads shown", list(range(n_heads)), default=list(range(min(n_heads, 4))),
-                                key="explore.heads", format_func=lambda h: f"head {h}")
+        chosen = st.multiselect("Heads shown", list(range(n_heads)), key=heads_key, format_func=lambda h: f"head {h}")
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
         elif max(matrix.shape) > ex.HEAD_VIEW_MAX:

@@ -3,13 +3,14 @@
 X -> (+P) -> Q, K, V -> QKᵀ -> /√d_k -> +M -> softmax -> AV -> Concat(heads) Wᴼ -> add & norm
 -> FFN -> add & norm, in the order the model computes them (post- or pre-norm), each step
 the real recorded tensor with its formula in the notes' notation (tokens as rows, or as
-columns like seed 002), its shape, and numerical checks. Figures come from viz.pipeline.
+columns like Lecture 10), its shape, and numerical checks. Figures come from viz.pipeline.
 """
 
 import streamlit as st
 
 from viz import pipeline
-from viz.pages import charts, common, training_panel
+from viz.notes import cite_text
+from viz.pages import charts, common, dl, training_panel, vocab
 from viz.select import axis_tokens
 
 st.title("Inside a head")
@@ -21,9 +22,7 @@ model_name, model, text_col = common.model_header(state)
 if model is None:
     st.stop()
 
-examples = dict(common.NOTES_EXAMPLES)
-for ex in model.examples[:4]:
-    examples.setdefault(ex, ex)
+examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:4]])
 text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
 target_key = state.seed("target", "")
 
@@ -50,6 +49,7 @@ if trace is None:
     state.show_messages()
     st.stop()
 
+vocab.offer_reader(state, model_name, trace, key="inside-reader")
 common.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")
 if trace.tokens("target") and model.kind == "encoder-decoder":
     common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')})")
@@ -59,7 +59,8 @@ c = st.columns([2, 1, 1, 2.4])
 attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
 notation_key = state.seed("notation", pipeline.ROWS, valid=lambda v: v in pipeline.NOTATIONS)
-notation = c[3].radio("Notation", list(pipeline.NOTATIONS), key=notation_key, format_func=pipeline.NOTATIONS.get)
+notation = c[3].radio("Notation", list(pipeline.NOTATIONS), key=notation_key,
+                      format_func=lambda v: cite_text(pipeline.NOTATIONS[v]))
 state.show_messages()
 state.publish(model=model_name, text=text, target=target or None, attn=attn, layer=layer, head=head,
               notation=notation)
@@ -75,19 +76,19 @@ except (KeyError, IndexError, ValueError) as exc:  # a trace without the names t
 
 # ------------------------------------------------------------------ header notes
 sym = pipeline.shapes_table(trace, stack, kind, cfg)
-st.caption("Sizes, in the notes' symbols: " + " · ".join(f"${r.symbol}$ = {r.value} ({r.meaning})"
+st.caption("Sizes, in the notes' symbols: " + " · ".join(f"${r.symbol}$ = {r.value} ({cite_text(r.meaning)})"
                                                           for r in sym.itertuples()))
-place = ("post-norm (seeds 001/003: Norm after each residual add)" if cfg.norm_placement == "post"
+place = ("post-norm (Chapter 9 and Transformers handout: Norm after each residual add)" if cfg.norm_placement == "post"
          else "pre-norm (Norm before each sub-layer, residual added after; the order shown below)")
 st.caption(f"{model_name}: {place}; {cfg.norm}; FFN activation {cfg.activation}; positions {cfg.positional}.")
 if notation == pipeline.ROWS:
-    st.info(r"Tokens as rows, as in seeds 000, 001, 003 and 004: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "
-            r"$A = \operatorname{softmax}(QK^T/\sqrt{d_k} + M)$, $\text{head} = AV$. Switch the notation to see seed "
-            "002's column form: every picture transposed, every formula rewritten.")
+    st.info(r"Tokens as rows, as in Bishop ch. 12, Chapter 9, Transformers handout and Missaoui: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "
+            r"$A = \operatorname{softmax}(QK^T/\sqrt{d_k} + M)$, $\text{head} = AV$. Switch the notation to see "
+            "Lecture 10's column form: every picture transposed, every formula rewritten.")
 else:
-    st.info(r"Tokens as columns, as in seed 002 (which writes $p$ for $d_k$): $X = [x_1, \dots, x_n] \in "
+    st.info(r"Tokens as columns, as in Lecture 10 (which writes $p$ for $d_k$): $X = [x_1, \dots, x_n] \in "
             r"\mathbb{R}^{d \times n}$, $Q = W_Q^T X$, $Z = V \operatorname{softmax}(\cdot)$. Every picture is the "
-            r"transpose of the row form. Seed 002 writes $Z = V \operatorname{softmax}(Q^T K/\sqrt{p})$; $Q^T K$ has "
+            r"transpose of the row form. Lecture 10 writes $Z = V \operatorname{softmax}(Q^T K/\sqrt{p})$; $Q^T K$ has "
             r"one row per query, so for $V \operatorname{softmax}(\cdot)$ to average the values over the keys the "
             r"matrix must be read as $K^T Q/\sqrt{p}$, normalised column by column: that is what is drawn (the same "
             "numbers as the row view, transposed).")
@@ -111,18 +112,18 @@ q_toks, k_toks = axis_tokens(trace, stack, kind)
 
 
 def show_step(i: int, step: pipeline.Step) -> None:
-    st.markdown(f"**{i}. {step.title}**")
+    st.markdown(f"**{i}. {cite_text(step.title)}**")
     left, right = st.columns([5, 6])
     with left:
         if step.latex(notation):
             st.latex(step.latex(notation))
-        st.caption(step.explain)
+        st.caption(cite_text(step.explain))
         if step.matrix is not None:
             st.caption(f"shape ${step.shape_latex(notation)}$" + (f" · trace name `{step.name}`" if step.name else "")
                        + (f" · drawn: {drawn[step.key]}" if drawn.get(step.key) else ""))
         for chk in checks.get(step.key, []):
             colour = "green" if chk.ok else "red"
-            st.caption(f":{colour}[{chk.text()}]")
+            st.caption(f":{colour}[{cite_text(chk.text())}]")
     with right:
         if step.matrix is None:
             st.info("Nothing to draw at this step for this model.")
@@ -131,8 +132,8 @@ def show_step(i: int, step: pipeline.Step) -> None:
                          width="stretch")
     if step.key == "weights":
         full = trace[f"{stack}.{layer}.{kind}.weights"][head]
-        common.downloads(trace, full, q_toks, k_toks, name=f"{model_name}-{stack}-{kind}-L{layer}-H{head}",
-                         key="inside-dl")
+        dl.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
+                 key="inside-dl")
         st.caption("The CSV has one row per query (the row form), whatever the notation.")
 
 

@@ -15,8 +15,8 @@ import core
 from core import toy_task
 from core.api import InputError
 from viz import playground as vg
-from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
-from viz.pages import charts, common
+from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
+from viz.pages import charts, common, urlflags
 
 st.title("Playground")
 state = common.PageState("playground")
@@ -29,8 +29,17 @@ with text_col:
 state.show_messages()
 trace = common.get_trace(model_name, text) if model is not None else None
 
-tabs = st.tabs(["1 · Attention by hand", "2 · Parameter-free", "3 · Symmetric vs learned", "4 · Why scale",
-                "5 · Hyper-parameters", "6 · Cost"])
+PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
+             "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
+tabs = st.tabs(list(PLAY_TABS.values()), key=urlflags.tab(state, "tab", PLAY_TABS), on_change="rerun")
+
+
+def _room(fig):
+    """Fixed margins that fit the rotated key labels, and the title at the very top, above the
+    axis title: side-by-side maps with long titles then never run into their labels."""
+    fix_margins(fig, min_top=110)
+    fig.update_layout(title=dict(y=1.0, yanchor="top", yref="container", pad=dict(t=6)))
+    return fig
 
 
 def fmt_frame(a, rows, cols, digits=4) -> pd.DataFrame:
@@ -39,7 +48,7 @@ def fmt_frame(a, rows, cols, digits=4) -> pd.DataFrame:
 
 # ================================================================== 1. attention by hand
 with tabs[0]:
-    st.markdown("Seed 003's appendix works “help me!” through by hand: two tokens, d_k = 16, scores "
+    st.markdown("Transformers handout's appendix works “help me!” through by hand: two tokens, d_k = 16, scores "
                 "q₁·k₁, q₁·k₂, q₂·k₁, q₂·k₂ given, then scaling by 1/√d_k, softmax and the weighted sum of "
                 "values. "
                 "The notes give only the dot products; the vectors below are one choice that has them. **Edit any "
@@ -113,7 +122,7 @@ def need_trace() -> bool:
 
 
 with tabs[1]:
-    st.markdown("Seed 000's first attempt: let every token be its own query, key and value, with no learned "
+    st.markdown("Bishop ch. 12's first attempt: let every token be its own query, key and value, with no learned "
                 "parameters at all.")
     st.latex(r"Y = \mathrm{softmax}(X X^{\mathsf T})\,X,\qquad a_{nm} = "
              r"\frac{\exp(x_n^{\mathsf T}x_m)}{\sum_{m'}\exp(x_n^{\mathsf T}x_{m'})}")
@@ -125,7 +134,7 @@ with tabs[1]:
                            format_func=lambda v: {"sum": f"embed.{stack}.sum (X′ + P: the input to layer 0)",
                                                   "tokens": f"embed.{stack}.tokens (token embeddings only)"}[v])
         div = c[1].toggle("Divide by √D", key="playground.pf_scale",
-                          help="Not in seed 000; shows how a temperature softens the diagonal.")
+                          help="Not in Bishop ch. 12; shows how a temperature softens the diagonal.")
         X = trace[f"embed.{stack}.{which}"].double().numpy()
         D = X.shape[1]
         pf = vg.parameter_free_attention(X, scale=1 / math.sqrt(D) if div else 1.0)
@@ -141,7 +150,7 @@ with tabs[1]:
             f"Softmax exponentiates the gap: the diagonal is the row's largest weight for "
             f"{stats['diag_is_row_max']:.0%} of tokens and gets {stats['mean_diag_weight']:.1%} of the weight on "
             "average, so Y ≈ X: each token mostly copies itself. Only a repeated word (same x) or a near-copy can "
-            "compete. That is why seed 004 adds learned projections W_q, W_k, W_v — and the 1/√d_k scaling.")
+            "compete. That is why Missaoui adds learned projections W_q, W_k, W_v — and the 1/√d_k scaling.")
         Y = pf["Y"]
         cos_yx = (Y * X).sum(1) / np.maximum(np.linalg.norm(Y, axis=1) * np.linalg.norm(X, axis=1), 1e-12)
         table = pd.DataFrame({"token": toks, "a_nn (weight on itself)": np.diag(pf["weights"]),
@@ -153,7 +162,7 @@ with tabs[1]:
 
 # ================================================================== 3. symmetric vs learned
 with tabs[2]:
-    st.markdown("Seed 004: to learn the attention, project with one matrix U — queries and keys both XU — and the "
+    st.markdown("Missaoui: to learn the attention, project with one matrix U — queries and keys both XU — and the "
                 "scores become X U Uᵀ Xᵀ: a **symmetric** matrix (how much *i* attends to *j* is scored the same as "
                 "*j* to *i*). “Unfortunately symmetric, we want asymmetry support”, hence separate W_q ≠ W_k. "
                 "Below, one head of the chosen model with its learned W_k, and with W_k replaced by its W_q (U = W_q).")
@@ -179,20 +188,23 @@ with tabs[2]:
         c = st.columns(2)
         with c[0]:
             st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, symmetric", f"{float(sv['sym_asymmetry']):.2e}")
-            charts.chart(matrix_heatmap(sv["sym_scores"], toks, toks,
+            charts.chart(_room(matrix_heatmap(sv["sym_scores"], toks, toks,
                                         title="scores Q Qᵀ / √d_k (symmetric: W_k := W_q)",
                                         zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                        y_title="query", value_name="score"),
+                                        y_title="query", value_name="score")),
                          key="playground-sym-scores", width="stretch")
-            charts.chart(attention_heatmap(sv["sym_weights"], toks, toks, title="softmax of the symmetric scores"),
+            charts.chart(_room(attention_heatmap(sv["sym_weights"], toks, toks,
+                                                       title="softmax of the symmetric scores")),
                          key="playground-sym-weights", width="stretch")
         with c[1]:
             st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, learned", f"{float(sv['learned_asymmetry']):.2f}")
-            charts.chart(matrix_heatmap(sv["learned_scores"], toks, toks, title="scores Q Kᵀ / √d_k (learned W_k)",
+            charts.chart(_room(matrix_heatmap(sv["learned_scores"], toks, toks,
+                                                    title="scores Q Kᵀ / √d_k (learned W_k)",
                                         zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                        y_title="query", value_name="score"),
+                                        y_title="query", value_name="score")),
                          key="playground-learned-scores", width="stretch")
-            charts.chart(attention_heatmap(sv["learned_weights"], toks, toks, title="softmax of the learned scores"),
+            charts.chart(_room(attention_heatmap(sv["learned_weights"], toks, toks,
+                                                       title="softmax of the learned scores")),
                          key="playground-learned-weights", width="stretch")
         rope = model is not None and model.config.positional == "rope"
         st.caption(
@@ -216,7 +228,7 @@ def _scaling(n_keys: int, seed: int) -> pd.DataFrame:
 
 
 with tabs[3]:
-    st.markdown("Seed 004: if q and k have independent entries with mean 0 and variance 1, then E[q·k] = 0 and "
+    st.markdown("Missaoui: if q and k have independent entries with mean 0 and variance 1, then E[q·k] = 0 and "
                 "Var(q·k) = d_k, so the logits spread like √d_k and softmax saturates — nearly one-hot, with tiny "
                 "gradients. Dividing by √d_k keeps the spread at 1 whatever d_k is. Sampled here with "
                 "q, k ~ N(0, 1), through `core.scaled_dot_product_attention` with scale 1 and 1/√d_k:")
@@ -330,7 +342,7 @@ with tabs[4]:
 
 # ================================================================== 6. cost
 with tabs[5]:
-    st.markdown("Seed 004: one transformer layer costs O(N²D) for the scores and the value mix plus O(ND²) for "
+    st.markdown("Missaoui: one transformer layer costs O(N²D) for the scores and the value mix plus O(ND²) for "
                 "the projections and the FFN. Here a one-layer random core encoder (H = 4, m = 4D, tracing off, "
                 "on CPU) is timed for each sequence length N and width D, and "
                 "t = c₀ + a·N²D + b·N·D² is fitted to the times.")
@@ -376,4 +388,4 @@ with tabs[5]:
 
 # ------------------------------------------------------------------ URL
 state.publish(model=model_name, text=text, layer=st.session_state.get(state.key("layer")),
-              head=st.session_state.get(state.key("head")))
+              head=st.session_state.get(state.key("head")), tab=urlflags.tab_url(state, "tab", PLAY_TABS))

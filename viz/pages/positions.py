@@ -1,4 +1,4 @@
-"""Positions: the sinusoidal encoding (seed 002/003/004), its relative-distance property, the
+"""Positions: the sinusoidal encoding (Lecture 10, Transformers handout and Missaoui), its relative-distance property, the
 notes' "Show me the money" example recomputed in radians, and a model's own positions on the
 user's sentence. Numbers come from core; figures from viz.positions."""
 
@@ -12,7 +12,7 @@ st.title("Positional encoding")
 state = common.PageState("positions")
 st.caption("Self-attention is permutation invariant: without positions, “dog bites man” and “man bites dog” "
            "look the same to it. The sinusoidal encoding adds a fixed vector PE_i to the embedding of the token "
-           "at position i (seed 003, eq. 2–3, angles in radians):")
+           "at position i (Transformers handout, eq. 2–3, angles in radians):")
 st.latex(r"\mathrm{PE}_{i,2j}=\sin\!\left(\frac{i}{10000^{2j/d}}\right),\qquad "
          r"\mathrm{PE}_{i,2j+1}=\cos\!\left(\frac{i}{10000^{2j/d}}\right),\qquad X = X' + P")
 

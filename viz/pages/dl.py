@@ -1,0 +1,50 @@
+"""Downloads under a map: the map (CSV), its layer (NPZ), the whole trace (NPZ), each labelled
+with what it holds and its size, and named for it."""
+
+from __future__ import annotations
+
+import io
+
+import streamlit as st
+
+from viz import downloads as vd
+from viz.figures import attention_frame
+
+WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
+
+
+def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: str, layer: int, head, key: str,
+          suffix: str = "") -> None:
+    """head None: the map is the mean over heads."""
+    head_part = "mean-of-heads" if head is None else f"head{head}"
+    base = f"{model}-{stack}-{kind.replace('_', '-')}-layer{layer}"
+    sizes = vd.trace_bytes(trace, at={stack: layer})
+    cols = st.columns(3)
+    if matrix is not None:
+        def csv() -> bytes:  # built only when clicked
+            return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
+
+        cols[0].download_button(f"This map (CSV, {matrix.shape[-2]}×{matrix.shape[-1]})", csv,
+                                file_name=f"{base}-{head_part}{suffix}-map.csv", mime="text/csv",
+                                key=f"{key}-csv", on_click="ignore")
+    layer_size = sizes.get(f"layer:{stack}", 0)
+    cols[1].download_button(f"Layer {layer}, all heads (NPZ, ≈{vd.human(layer_size)})",
+                            lambda: vd.layer_npz(trace, stack, layer), file_name=f"{base}-all-heads.npz",
+                            mime="application/octet-stream", key=f"{key}-layer", on_click="ignore",
+                            help="Every tensor of this layer (each head's queries, keys, values, scores and "
+                                 "weights) and the tokens.")
+
+    def npz() -> bytes:  # built only when clicked
+        buf = io.BytesIO()
+        trace.save(buf)
+        return buf.getvalue()
+
+    total = sizes["total"]
+    cols[2].download_button(f"Whole trace, every layer (NPZ, ≈{vd.human(total)})", npz,
+                            file_name=f"{model}-whole-trace-all-layers.npz", mime="application/octet-stream",
+                            key=f"{key}-npz", on_click="ignore",
+                            help="Every layer's tensors, recomputed layer by layer while the file is written.")
+    if total > WHOLE_WARN_BYTES:
+        st.caption(f"The whole trace is about {vd.human(total)} (uncompressed): writing it recomputes every layer "
+                   "and can take a minute before the download starts. The layer alone is "
+                   f"{vd.human(layer_size)}.")

@@ -1,0 +1,80 @@
+"""On/off switches and tabs kept in the URL (with PageState), so that a copied link
+reproduces the figure: a switch is written only when it differs from its default
+(`mean=1`), a tab by a short name (`tab=model`)."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import streamlit as st
+
+from viz.pages.common import PageState
+
+TRUE, FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def parse_bool(raw) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ValueError(raw)
+
+
+def parse_ints(raw) -> list:
+    """'0,2,3' (or 'none') as [0, 2, 3]; a list passes through."""
+    if isinstance(raw, list):
+        return [int(v) for v in raw]
+    text = str(raw).strip()
+    return [] if text in ("", "none") else sorted({int(v) for v in text.split(",")})
+
+
+def flag(state: PageState, field: str, default: bool = False) -> str:
+    """Seed the switch `page.field` from the URL (or this session's choice, or `default`);
+    returns its session key for st.toggle."""
+    key = state.seed(field, default, parse=parse_bool)
+    value = st.session_state[key]
+    if not isinstance(value, bool):  # a value shared by another page, as the URL spells it
+        try:
+            st.session_state[key] = parse_bool(value) if value is not None else default
+        except ValueError:
+            st.session_state[key] = default
+    return key
+
+
+def flag_url(value: bool, default: bool = False):
+    """The URL value of a switch: None (left out) at its default."""
+    return None if bool(value) == default else ("1" if value else "0")
+
+
+def tab(state: PageState, field: str, names: Dict[str, str]) -> str:
+    """Seed the tabs `page.field` (short URL name -> tab label) from the URL; returns the key
+    for st.tabs(..., key=key, on_change="rerun")."""
+    labels = list(names.values())
+    slugs = {v: k for k, v in names.items()}
+    key = state.key(field)
+    raw = state.qp.get(field)
+    if key not in st.session_state or (state.external and raw is not None):
+        if raw is not None and raw in names:
+            st.session_state[key] = names[raw]
+        elif raw is not None:
+            from viz.pages.common import url_value
+
+            state.messages.append(f"The URL's {field}={url_value(raw)} is not a tab here; showing “{labels[0]}”. "
+                                  f"Tabs: {', '.join(names)}.")
+            st.session_state[key] = labels[0]
+        elif key not in st.session_state:
+            st.session_state[key] = labels[0]
+    if st.session_state.get(key) not in slugs:
+        st.session_state[key] = labels[0]
+    return key
+
+
+def tab_url(state: PageState, field: str, names: Dict[str, str]):
+    """The open tab's short name for the URL (None for the first tab)."""
+    label = st.session_state.get(state.key(field))
+    slug = next((k for k, v in names.items() if v == label), None)
+    return None if slug == next(iter(names)) else slug
