@@ -504,7 +504,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                                           "(mask, masked scores, weights, cross-attention, next token)",
                                           median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
 
-            if not quick and core.MODELS["smollm2"].available():
+            if core.MODELS["smollm2"].available():
                 name = "decoder step: Next -> next-token chart (smollm2, 1,024-token prompt, 64 new tokens)"
 
                 def long_decoder():

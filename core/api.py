@@ -406,6 +406,14 @@ class LayerRunner:
         return {n: t.to("cpu") for n, t in rec.tensors.items()}
 
     @torch.inference_mode()
+    def self_weights(self, trace: Trace, stack: str, i: int) -> torch.Tensor:
+        """Layer i's self-attention weights alone (H x n x n), from its stored input."""
+        net, dev = self.model.net, self.model.device
+        x = trace.layer_input(stack, i).to(dev)[None]
+        pad = None if self.src_pad is None or stack == "decoder" else self.src_pad.to(dev)
+        return net.layer_weights(stack, i, x, pad)[0].to("cpu")
+
+    @torch.inference_mode()
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:
         net = self.model.net
         name = "decoder.final_norm" if "decoder.final_norm" in trace else f"decoder.{trace.layers('decoder') - 1}.out"

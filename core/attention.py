@@ -93,3 +93,15 @@ def scaled_dot_product_attention(
     record("masked", masked)
     record("weights", weights)
     return weights @ v  # (..., n_q, d_v)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                      scale: Optional[float] = None) -> torch.Tensor:
+    """softmax(Q K^T * scale + M) alone, for views that need only the weights (the model
+    view): the explicit path's operations in the same order, done in place on one n_q x n_k
+    buffer, so the weights are bit for bit the explicit path's (tests/test_trace.py)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    w = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., n_q, n_k)
+    if mask is not None:
+        w = w.add_(mask) if torch.broadcast_shapes(w.shape, mask.shape) == w.shape else w + mask
+    return torch.softmax(w, dim=-1)

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
+from .attention import attention_weights, causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
 from .config import ModelConfig
 from .positional import apply_rope, relative_buckets, rope_angles, sinusoidal_encoding
 
@@ -170,6 +170,24 @@ class MultiHeadAttention(nn.Module):
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
 
+    def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
+        """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes
+        them, without values, heads or W_o: what the model view needs of each layer."""
+        b, n_q, _ = x_q.shape
+        n_k = x_kv.shape[1]
+        q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
+        k = self.w_k(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_k, d_k)
+        if angles is not None:
+            q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
+            k = apply_rope(k, angles[:n_k], self.rope_layout)
+        if mask is None and is_causal:
+            mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
+        if position_bias is not None:
+            mask = combine_masks(position_bias[:, :, -n_q:], mask)
+        if self.hkv != self.h:
+            k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
+        return attention_weights(q, k, mask, self.scale)
+
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
                 off: Optional[Sequence[int]] = None, ablation: str = "zero", cache: Optional[dict] = None,
                 position_bias=None):
@@ -302,6 +320,12 @@ class Layer(nn.Module):
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
             names += ([f"norm{j}"] + inner + [f"residual{j}"]) if self.pre else (inner + [f"residual{j}", f"norm{j}"])
         return names + ["out"]
+
+    def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
+        """This layer's self-attention weights alone, from its input x: the first sub-layer
+        up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run."""
+        y = self.norms[0](x) if self.pre else x
+        return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
                 self_causal: bool = False, off: Optional[Dict[str, List[int]]] = None, ablation: str = "zero",
@@ -531,6 +555,15 @@ class Transformer(nn.Module):
         return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
                                      position_bias=self.position_bias(stack, n),
                                      **_off(ablate, stack, i))
+
+    def layer_weights(self, stack: str, i: int, x, src_pad=None):
+        """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
+        run_layer's masks and positions (ablation acts after the weights: nothing to do)."""
+        n = x.shape[1]
+        masks = (self.encoder_masks(src_pad, n, x.dtype) if stack == "encoder"
+                 else self.decoder_masks(n, None, None, x.device, x.dtype))
+        return self.layers(stack)[i].self_weights(x, **masks, angles=self._angles(n, device=x.device),
+                                                  position_bias=self.position_bias(stack, n))
 
     def project(self, hidden, rec: Rec = None):
         if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings

@@ -214,7 +214,11 @@ class Trace:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(
                     f"{stack}.{i}.{s}" in base._tensors for s in names):
-                cached = base._runner.layer(base, stack, i)
+                if names == ["self_attn.weights"]:  # the weights alone: the layer up to its softmax
+                    w = base._runner.self_weights(base, stack, i)
+                    cached = {f"{stack}.{i}.self_attn.weights": w}
+                else:
+                    cached = base._runner.layer(base, stack, i)
             got = {}
             for s in names:
                 full = f"{stack}.{i}.{s}"

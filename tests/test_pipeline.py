@@ -272,3 +272,23 @@ def test_shapes_table_uses_the_notes_symbols(llama_like):
     vals = dict(zip(t.symbol, t.value))
     assert vals == {"n": 6, "d": 32, "d_k": 8, "m": 64, "H": 4, "H_kv": 2, "L": 2}
     assert torch.is_tensor(trace["decoder.0.self_attn.k"]) and trace["decoder.0.self_attn.k"].shape[0] == 2
+
+
+def test_block_means_of_finite_maps_equal_a_direct_loop():
+    """The reshape path (no -inf) against plain Python over blocks, partial blocks included."""
+    from viz.reduce import block_means
+
+    g = torch.Generator().manual_seed(4)
+    m = torch.rand(2, 23, 17, generator=g, dtype=torch.float64)
+    for sum_columns in (False, True):
+        got = block_means(m, 5, 4, sum_columns=sum_columns)
+        assert got.shape == (2, 5, 5)
+        for b in range(2):
+            for i in range(5):
+                for j in range(5):
+                    cell = m[b, 5 * i:5 * i + 5, 4 * j:4 * j + 4]
+                    want = cell.sum(1).mean() if sum_columns else cell.mean()
+                    assert got[b, i, j].item() == pytest.approx(want.item(), rel=1e-12)
+    with_inf = m.clone()
+    with_inf[0, 0, :] = float("-inf")
+    assert torch.allclose(block_means(with_inf, 5, 4)[1], block_means(m, 5, 4)[1])  # the -inf path agrees

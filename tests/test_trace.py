@@ -304,3 +304,15 @@ def test_cache_bounds_real_traces_by_their_bytes():
         c.put(i, t)
     assert len(c) == 2 and c.nbytes <= 2.5 * one
     assert c.get(0) is None and c.get(3) is traces[3]
+
+
+@pytest.mark.parametrize("label,model,kw", CASES, ids=[c[0] for c in CASES])
+def test_the_weights_alone_are_bit_for_bit_the_full_rerun(label, model, kw):
+    """each_layer's weights-only path (the model view's) runs the layer up to its softmax
+    only, with the same operations: the same bits as the full explicit re-run."""
+    tr = model.trace(TEXT, **kw)
+    alone = {stack: [d["self_attn.weights"] for d in tr.each_layer(stack)] for stack in tr.stacks()}
+    assert not tr._cache  # nothing was run through the full re-run
+    for stack, maps in alone.items():
+        for i, w in enumerate(maps):
+            assert torch.equal(w, tr[f"{stack}.{i}.self_attn.weights"]), (stack, i)

@@ -48,12 +48,22 @@ def block_means(m, fr: int, fc: int, sum_columns: bool = False):
     if not t.is_floating_point():
         t = t.float()
     n_r, n_c = t.shape[-2], t.shape[-1]
-    rows, cols = _indicator(n_r, fr, t), _indicator(n_c, fc, t)
+    if t.numel() and bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
+        # every cell finite (the extremes are): block sums by a reshape of the zero-padded map
+        nbr, nbc = -(-n_r // fr), -(-n_c // fc)
+        padded = torch.nn.functional.pad(t, (0, nbc * fc - n_c, 0, nbr * fr - n_r))
+        s = padded.reshape(*t.shape[:-2], nbr, fr, nbc, fc).sum((-3, -1))
+        per_row = torch.full((nbr, 1), float(fr), dtype=t.dtype, device=t.device)
+        per_row[-1] = n_r - fr * (nbr - 1)
+        per_col = torch.full((1, nbc), float(fc), dtype=t.dtype, device=t.device)
+        per_col[0, -1] = n_c - fc * (nbc - 1)
+        out = s / (per_row if sum_columns else per_row * per_col)
+        return out.numpy() if is_numpy else out
     fin = torch.isfinite(t)
-    every = bool(fin.all())
-    s = rows.T @ (t if every else torch.where(fin, t, torch.zeros((), dtype=t.dtype))) @ cols
-    per_row, per_col = rows.sum(0)[:, None], cols.sum(0)[None, :]  # real rows / columns per block
-    count = per_row * per_col if every else rows.T @ fin.to(t.dtype) @ cols
+    rows, cols = _indicator(n_r, fr, t), _indicator(n_c, fc, t)
+    s = rows.T @ torch.where(fin, t, torch.zeros((), dtype=t.dtype)) @ cols
+    per_row = rows.sum(0)[:, None]  # real rows per block
+    count = rows.T @ fin.to(t.dtype) @ cols  # finite cells per block
     div = per_row.expand_as(count) if sum_columns else count
     out = torch.where(count > 0, s / div.clamp(min=1), torch.full((), -math.inf, dtype=t.dtype))
     return out.numpy() if is_numpy else out
