@@ -43,7 +43,9 @@ def trace_bytes(trace, at: Optional[Dict[str, int]] = None) -> Dict[str, int]:
     out, total, per_stack = {}, 0, {}
     for n in trace.names():
         where = layer_of(n)
-        if where is None:
+        if n in ("logits", "probs"):  # n_t x V float32: counted from the shape, never computed here
+            total += 4 * len(trace.tokens("target")) * int(trace.meta.get("config", {}).get("tgt_vocab_size", 0))
+        elif where is None:
             total += _nbytes(trace[n])
         elif where[1] == at.get(where[0], 0):
             per_stack[where[0]] = per_stack.get(where[0], 0) + _nbytes(trace[n])
