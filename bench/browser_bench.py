@@ -185,7 +185,7 @@ def click_tab(page, name: str, timeout: float = 120_000) -> None:
 
 def choose(page, label: str, option: str, timed_action=None):
     """Open the selectbox labelled `label`; choose `option` (the click is the timed action)."""
-    page.get_by_role("combobox", name=label).click()
+    page.get_by_role("combobox", name=label, exact=True).click()
     opt = page.get_by_role("option", name=option, exact=True)
     opt.wait_for(timeout=30_000)
     return opt.click
@@ -259,7 +259,7 @@ def scenario_sentence(page, base_url: str, model_name: str, texts: list, ticks: 
 
 def other_head(page, i: int, n_heads: int = 12) -> int:
     """A head for repetition i, never the one shown now (choosing it again would do nothing)."""
-    current = page.get_by_role("combobox", name="Head").input_value()
+    current = page.get_by_role("combobox", name="Head", exact=True).input_value()
     h = (i * 5 + 1) % n_heads
     return (h + 1) % n_heads if str(h) == current else h
 
