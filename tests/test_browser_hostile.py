@@ -12,7 +12,7 @@ import urllib.parse
 import pytest
 
 import core
-from browser_utils import no_exception, wait_idle
+from browser_utils import chart_data, no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -194,7 +194,10 @@ def test_heatmap_labels_with_angle_brackets_minilm(server, page):
     assert_safe(page, "explore/minilm/html")
     ticks = tick_texts(page, "explore-heatmap")
     expected = core.load_model("minilm", device="cpu").trace(HOSTILE["html"]).tokens("source")
-    assert ticks == expected, (ticks, expected)  # "<", "script", ">", ... exactly as tokenized
-    assert "<" in ticks and ">" in ticks and "script" in ticks and "[CLS]" in ticks
-    y_ticks = tick_texts(page, "explore-heatmap", "ytick")
-    assert y_ticks == expected
+    assert "<" in expected and ">" in expected and "script" in expected
+    layout = chart_data(page, "explore-heatmap")["layout"]
+    for axis, dom in (("xaxis", ticks), ("yaxis", tick_texts(page, "explore-heatmap", "ytick"))):
+        # labels are thinned so none overlap: each one drawn is its token, exactly as tokenized
+        shown = [expected[int(v)] for v in layout[axis]["tickvals"]]
+        assert dom == shown, (axis, dom, shown)  # ticktext holds them escaped; the page shows the text
+    assert "[CLS]" in ticks and any(t in ticks for t in ("<", ">", "script"))
