@@ -185,27 +185,18 @@ with tabs[2]:
         sv = vg.symmetric_vs_learned(q, k, mask)
         recorded = trace[f"{sym_stack}.{layer}.self_attn.scaled"][head].double().numpy()
         lim = float(max(np.abs(sv["sym_scores"]).max(), np.abs(sv["learned_scores"]).max(), 1e-6))
-        c = st.columns(2)
-        with c[0]:
-            st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, symmetric", f"{float(sv['sym_asymmetry']):.2e}")
-            charts.chart(_room(matrix_heatmap(sv["sym_scores"], toks, toks,
-                                        title="scores Q Qᵀ / √d_k (symmetric: W_k := W_q)",
-                                        zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                        y_title="query", value_name="score")),
-                         key="playground-sym-scores", width="stretch")
-            charts.chart(_room(attention_heatmap(sv["sym_weights"], toks, toks,
-                                                       title="softmax of the symmetric scores")),
-                         key="playground-sym-weights", width="stretch")
-        with c[1]:
-            st.metric("asymmetry ‖F − Fᵀ‖ / ‖F‖, learned", f"{float(sv['learned_asymmetry']):.2f}")
-            charts.chart(_room(matrix_heatmap(sv["learned_scores"], toks, toks,
-                                                    title="scores Q Kᵀ / √d_k (learned W_k)",
-                                        zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
-                                        y_title="query", value_name="score")),
-                         key="playground-learned-scores", width="stretch")
-            charts.chart(_room(attention_heatmap(sv["learned_weights"], toks, toks,
-                                                       title="softmax of the learned scores")),
-                         key="playground-learned-weights", width="stretch")
+        panels = [("sym", "symmetric", "Q Qᵀ / √d_k (symmetric: W_k := W_q)", "{:.2e}"),
+                  ("learned", "learned", "Q Kᵀ / √d_k (learned W_k)", "{:.2f}")]
+        for col, (name, label, formula, fmt) in zip(st.columns(2), panels):
+            with col:
+                st.metric(f"asymmetry ‖F − Fᵀ‖ / ‖F‖, {label}", fmt.format(float(sv[f"{name}_asymmetry"])))
+                charts.chart(_room(matrix_heatmap(sv[f"{name}_scores"], toks, toks, title=f"scores {formula}",
+                                                  zmin=-lim, zmax=lim, colorscale=DIVERGING, x_title="key",
+                                                  y_title="query", value_name="score")),
+                             key=f"playground-{name}-scores", width="stretch")
+                charts.chart(_room(attention_heatmap(sv[f"{name}_weights"], toks, toks,
+                                                     title=f"softmax of the {label} scores")),
+                             key=f"playground-{name}-weights", width="stretch")
         rope = model is not None and model.config.positional == "rope"
         st.caption(
             "The symmetric score matrix equals its transpose (asymmetry 0 up to rounding); the learned one does not, "
