@@ -54,9 +54,21 @@ def test_look_ahead_mask_figure_draws_zero_and_minus_infinity():
 def test_large_mask_keeps_colours_but_drops_cell_text():
     n = dv.MASK_TEXT_UP_TO + 5
     fig = dv.look_ahead_mask_figure(core.causal_mask(n), [f"t{i}" for i in range(n)])
-    text = np.asarray(fig.data[0].text)
-    assert np.all(text == "")
+    assert fig.data[0].text is None and fig.data[0].texttemplate is None  # no text element per cell
     assert np.isnan(_z(fig)[0, 1]) and _z(fig)[1, 0] == 0
+
+
+def test_large_masked_scores_draw_no_text_per_cell():
+    """Beyond NEG_INF_TEXT_UP_TO rows the '-∞' cells are grey without text: plotly draws one
+    SVG text per cell, which took seconds for the stepper's 96 x 96 block maps."""
+    from viz.figures import NEG_INF_TEXT_UP_TO
+
+    for n, written in ((NEG_INF_TEXT_UP_TO, True), (NEG_INF_TEXT_UP_TO + 1, False)):
+        masked = torch.randn(n, n) + core.causal_mask(n)
+        fig = dv.masked_scores_figure(masked, [f"t{i}" for i in range(n)])
+        assert (fig.data[0].texttemplate is not None) is written
+        if written:
+            assert np.asarray(fig.data[0].text)[0, n - 1] == "-∞"
 
 
 def test_masked_scores_figure_shows_minus_infinity_cells():

@@ -248,15 +248,15 @@ def look_ahead_mask_figure(mask, tokens: Sequence[str], *, highlight_row: Option
     m = to_numpy(mask)
     fig = matrix_heatmap(m, tokens, tokens, title=title, zmin=0.0, zmax=1.0, colorscale="Blues",
                          x_title="key j", y_title="query i", value_name="M(i, j)",
-                         highlight_row=highlight_row, height=height)
-    text = np.where(np.isneginf(m), "-∞", np.where(m == 0, "0", np.char.mod("%.2g", np.nan_to_num(m))))
-    if m.shape[0] > MASK_TEXT_UP_TO:  # too small to read: colours only (hover still tells)
-        text = np.where(np.isneginf(m), "", text)
-        text = np.where(text == "0", "", text)
-    hover = ("query %{y} · key %{x}<br>M = %{text}<extra></extra>" if m.shape[0] <= MASK_TEXT_UP_TO else
-             "query %{y} · key %{x}<br>M = 0 if key ≤ query (light), −∞ if key > query (grey)<extra></extra>")
-    fig.update_traces(text=text, texttemplate="%{text}", showscale=False, colorscale=[[0, "#eaf2fb"], [1, "#eaf2fb"]],
-                      hovertemplate=hover)
+                         highlight_row=highlight_row, height=height, hover_labels=False)
+    if m.shape[0] <= MASK_TEXT_UP_TO:
+        text = np.where(np.isneginf(m), "-∞", np.where(m == 0, "0", np.char.mod("%.2g", np.nan_to_num(m))))
+        fig.update_traces(text=text, texttemplate="%{text}",
+                          hovertemplate="query %{y} · key %{x}<br>M = %{text}<extra></extra>")
+    else:  # too small to read: colours only, and no text element per cell for plotly to draw
+        fig.update_traces(text=None, texttemplate=None, hovertemplate="query %{y} · key %{x}<br>M = 0 if key ≤ "
+                          "query (light), −∞ if key > query (grey)<extra></extra>")
+    fig.update_traces(showscale=False, colorscale=[[0, "#eaf2fb"], [1, "#eaf2fb"]])
     fig.update_layout(plot_bgcolor="#c8c8c8")
     return _tidy(fig, fit)
 

@@ -20,6 +20,8 @@ ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
 MAX_TICKS = 64  # beyond this many tokens, label every k-th tick
 HOVER_LABEL_CELLS = 40_000  # larger maps hover with indices only (labels per cell cost ~40 bytes each)
+NEG_INF_TEXT_UP_TO = 32  # write '-∞' in masked cells up to this many rows and columns; beyond, cells are
+# too small to read it, and plotly draws one SVG text per cell (seconds for a 96 x 96 map)
 
 
 def safe_label(tok: str) -> str:
@@ -58,20 +60,22 @@ def matrix_heatmap(
     show_values: bool = False,
     height: Optional[int] = None,
     neg_inf_text: bool = True,
+    hover_labels: bool = True,
 ) -> go.Figure:
-    """A labelled heatmap of any 2-D matrix. -inf cells are drawn blank and read '-inf'."""
+    """A labelled heatmap of any 2-D matrix. -inf cells are drawn blank and read '-inf'.
+    hover_labels=False: the hover names cells by index only (no per-cell token labels to send)."""
     z = to_numpy(z)
     n_y, n_x = z.shape
     y_labels = safe_labels(y_labels) if y_labels is not None else [str(i) for i in range(n_y)]
     x_labels = safe_labels(x_labels) if x_labels is not None else [str(i) for i in range(n_x)]
     finite = np.where(np.isfinite(z), z, np.nan)
     text = None
-    if neg_inf_text and np.isneginf(z).any() or show_values:
+    if neg_inf_text and max(n_x, n_y) <= NEG_INF_TEXT_UP_TO and np.isneginf(z).any() or show_values:
         text = np.where(np.isneginf(z), "-∞", np.char.mod("%.2f", np.nan_to_num(z, neginf=0.0)))
         if not show_values:
             text = np.where(np.isneginf(z), "-∞", "")
-    if n_x * n_y <= HOVER_LABEL_CELLS:  # token names in the hover; beyond this, indices only
-        custom = np.dstack(np.meshgrid(np.array(x_labels, dtype=object), np.array(y_labels, dtype=object)))
+    if hover_labels and n_x * n_y <= HOVER_LABEL_CELLS:  # token names in the hover; beyond this, indices only
+        custom = np.dstack(np.meshgrid(np.array(x_labels, dtype=str), np.array(y_labels, dtype=str)))
         hover = (f"{y_title or 'row'}: %{{customdata[1]}} (%{{y}})<br>{x_title or 'column'}: %{{customdata[0]}} "
                  f"(%{{x}})<br>{value_name}: %{{z:.4f}}<extra></extra>")
     else:

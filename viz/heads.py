@@ -101,7 +101,7 @@ def rollout_heatmap(rollout: np.ndarray, tokens: Sequence[str], query: int, titl
     n_layers = z.shape[0]
     fig = go.Figure(go.Heatmap(
         z=z, x=pos, y=list(range(n_layers)), zmin=0, zmax=float(max(z.max(), 1e-9)), colorscale=ATTN_SCALE,
-        customdata=np.broadcast_to(np.array(labels, dtype=object), z.shape),
+        customdata=np.broadcast_to(np.array(labels, dtype=str), z.shape),
         hovertemplate="after layer %{y}<br>from input %{customdata} (%{x})<br>share %{z:.3f}<extra></extra>"))
     fig.update_xaxes(tickvals=pos, ticktext=labels, side="top", tickangle=-60, title="input token")
     fig.update_yaxes(title="after layer", autorange="reversed", tickmode="linear", dtick=1 if n_layers <= 12 else 2)
