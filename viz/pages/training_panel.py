@@ -24,6 +24,23 @@ def _metrics():
     return toy_steps.available_steps(), toy_steps.load_metrics(), toy_steps.load_losses()
 
 
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _curve(step: int):
+    """The training curve with `step` marked, built once per step: every rerun of the page (a
+    decoder Next, a head change) would otherwise build it again."""
+    _, metrics, losses = _metrics()
+    return tv.training_curve(metrics, step, losses)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _alignment_figure(run_key: str, text: str, layer: int, head: int, title: str, _trace, _cells):
+    """One head's cross-attention with the alignment outlined, and its argmax hits, built once per
+    (weights, sentence, head): the trace and cells follow from run_key and text."""
+    w = _trace[f"decoder.{layer}.cross_attn.weights"][head]
+    hits, total = tv.argmax_hits(w, _cells)
+    return tv.alignment_map(w, _trace.tokens("target"), _trace.tokens("source"), _cells, title=title), hits, total
+
+
 def _reference(model, text: str):
     """The sentence's words, its reference translation and alignment; None outside the toy grammar."""
     try:
@@ -40,7 +57,7 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
     (common.model_key: the chosen step's weights); other models: `model_name`, nothing drawn."""
     if model_name != TOY or model is None:
         return model_name
-    steps, metrics, losses = _metrics()
+    steps, metrics, _ = _metrics()
     if len(steps) < 2:
         return model_name
     final = steps[-1]
@@ -73,7 +90,7 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
                 st.caption(metrics["note"])
         with right:
             if metrics:
-                charts.chart(tv.training_curve(metrics, step, losses), key=f"{key}-training-curve", width="stretch")
+                charts.chart(_curve(step), key=f"{key}-training-curve", width="stretch")
             else:
                 st.info("No training metrics found (assets/toy-translate/steps/metrics.json); "
                         "python -m core.train_toy writes them.")
@@ -101,16 +118,14 @@ def _alignment_maps(run_key: str, model, text: str, row: Optional[dict], metrics
     if row and row.get("best_unsupervised"):
         b = row["best_unsupervised"]
         heads.append((f"best unsupervised head ({b['accuracy']:.0%} held-out)", b["layer"], b["head"]))
-    q_toks, k_toks = trace.tokens("target"), trace.tokens("source")
-    cells = tv.aligned_cells(len(q_toks), alignment)
+    cells = tv.aligned_cells(len(trace.tokens("target")), alignment)
     st.caption(f"Cross-attention on the reference translation “{' '.join(target)}” (teacher forcing). Row j is the "
                "decoder position that predicts target word j+1; the red boxes are the source words those target "
                "words translate.")
     cols = st.columns(len(heads))
     for i, (col, (label, layer, head)) in enumerate(zip(cols, heads)):
-        w = trace[f"decoder.{layer}.cross_attn.weights"][head]
-        hits, total = tv.argmax_hits(w, cells)
+        fig, hits, total = _alignment_figure(run_key, text, layer, head, f"decoder.{layer} head {head}: {label}",
+                                             trace, cells)
         with col:
-            fig = tv.alignment_map(w, q_toks, k_toks, cells, title=f"decoder.{layer} head {head}: {label}")
             charts.chart(fig, key=f"{key}-align-{i}", width="stretch")
             st.caption(f"On this sentence: argmax on the aligned word in {hits} of {total} rows.")
