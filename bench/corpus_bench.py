@@ -14,6 +14,7 @@ Prints, with the load average beside them (the machine may be shared):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", default="all")
     ap.add_argument("--single", type=int, default=200, help="sentences traced one at a time for the ratio")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("ATTENTION_LAB_THREADS", 1)))
+    ap.add_argument("--json", action="store_true", help="end with one JSON line of Result rows (bench.run_all)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -83,8 +85,20 @@ def main(argv=None) -> int:
         xy = cj.joint_embedding(q, k, "pca")
         times.append(time.perf_counter() - t0)
     assert xy.shape == (20_000, 2)
-    print(f"  normalise + PCA of 20,000 points: {statistics.median(times):.3f} s (median of 5)  "
-          f"[target <= 1 s]  ({load()})")
+    pca = statistics.median(times)
+    print(f"  normalise + PCA of 20,000 points: {pca:.3f} s (median of 5)  [target <= 1 s]  ({load()})")
+    if args.json:
+        from bench.common import Result
+
+        rows = [
+            Result("corpus", f"{model.name} corpus job over {len(sentences)} bundled sentences (batched, every layer "
+                   f"in {layers})", job, "s", 60.0, note=f"{n_tok} tokens, {result.table.num_rows} rows; {load()}"),
+            Result("corpus", "corpus job per sentence / tracing the sentences one at a time", job / len(sentences) / one,
+                   "x", 0.5, note=f"{1000 * job / len(sentences):.2f} ms vs {1000 * one:.2f} ms per sentence; on the "
+                                  f"same {len(single)} sentences {batched_same / one:.2f}x"),
+            Result("corpus", "AttentionViz normalisation + PCA of 20,000 points (median of 5)", pca, "s", 1.0),
+        ]
+        print(json.dumps({"results": [r.to_dict() for r in rows]}))
     return 0
 
 

@@ -34,6 +34,29 @@ def _sub(module: str, args: list, timeout: float = 3600) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def load_results(quick: bool) -> list:
+    """bench.load_bench: a Llama-shaped bfloat16 checkpoint written to disk, then loaded and
+    traced in a fresh process (the ~7 M-parameter shape with --quick). Figures without targets."""
+    try:
+        r = _sub("bench.load_bench", ["--small"] if quick else [], timeout=3600)
+    except Exception as exc:
+        return [Result("checkpoint load", "checkpoint load benchmark", None, "s", note=str(exc)[-300:])]
+    size = f"{r['parameters'] / 1e9:.2f} B" if r["parameters"] >= 1e8 else f"{r['parameters'] / 1e6:.0f} M"
+    what = f"Llama-shaped {size}-parameter checkpoint ({r['disk_mb']:.0f} MiB of bfloat16 safetensors)"
+    rows = [Result("checkpoint load", f"{what}: load in a fresh process", r["load_s"], "s",
+                   note=f"{r['load_warm_s']:.2f} s the second time in the same process; computes in {r['dtype']}"),
+            Result("checkpoint load", "peak resident memory after the load", r["rss_after_load_mb"] / 1024, "GiB",
+                   note=f"python + torch alone {r['rss_import_mb']:.0f} MiB; the float32 weights are "
+                        f"{4 * r['parameters'] / 2**30:.2f} GiB")]
+    for n in (128, 1024):
+        key = next((k for k in r if k.startswith("trace_") and k.endswith("_s") and int(k.split("_")[1]) >= n - 1
+                    and int(k.split("_")[1]) <= n + 1), None)
+        if key:
+            rows.append(Result("checkpoint load", f"trace at {n} tokens (one map read)", r[key], "s",
+                               note=f"peak resident memory after it {r[f'rss_after_trace_{n}_mb'] / 1024:.2f} GiB"))
+    return rows
+
+
 def core_results(runs: dict) -> list:
     """Target rows from the 'after' configuration (CPU), plus the before/after comparison."""
     out = []
@@ -259,6 +282,16 @@ def main(argv=None) -> int:
         mem = {"results": [Result("long inputs", "trace benchmark", None, "", note=str(exc)[-300:]).to_dict()],
                "details": {}}
     results += [Result.from_dict(r) for r in mem["results"]]
+
+    print("corpus ...", flush=True)
+    try:
+        corpus = _sub("bench.corpus_bench", ["--n", "300", "--single", "100"] if args.quick else [])
+        results += [Result.from_dict(r) for r in corpus["results"]]
+    except Exception as exc:
+        results.append(Result("corpus", "corpus benchmark", None, "s", note=str(exc)[-300:]))
+
+    print("checkpoint load ...", flush=True)
+    results += load_results(args.quick)
 
     browser = {"results": [], "details": {}}
     if not args.skip_browser:
