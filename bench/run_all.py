@@ -112,6 +112,8 @@ def fmt(v, unit: str) -> str:
         return f"{v:.3f} s"
     if unit == "MiB":
         return f"{v:.1f} MiB"
+    if unit == "GiB":
+        return f"{v:.2f} GiB"
     if unit == "":
         return f"{v:.2e}"
     return f"{v:g} {unit}"
