@@ -11,16 +11,14 @@ no model work.
 
 import time
 
-import numpy as np
 import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import charts, common, dl, training_panel
+from viz.pages import common, decoder_view, dl, training_panel
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
-THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
 PLAYING, GOTO, PREFILL, GENERATED = "decoder._playing", "decoder._goto", "decoder._prefill", "decoder._generated"
 RESUME = "decoder._resume"
@@ -217,177 +215,10 @@ level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), mo
 st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
 st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
 
-# ------------------------------------------------------------------ what this step shows
+# ------------------------------------------------------------------ what this step shows (viz/pages/decoder_view.py)
+tr, weights, q_tokens = decoder_view.show_step(model, steps, full, step=step, layer=layer, head=head,
+                                               prefix_len=prefix_len, decoder_only=decoder_only)
 if full is None:
-    tr = steps[step - 1]
-    row = dv.newest_row(tr)
-    q_tokens = tr.tokens("target")
-    next_tokens = tr.tokens("next")
-    next_probs = dv.to_numpy(tr["next.probs"]).tolist()
-    chosen, forced, forced_prob = tr.meta["chosen"], None, None
-    n_prefix = len(q_tokens)
-    st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_prefix - prefix_len} "
-                f"generated token{'s' if n_prefix - prefix_len != 1 else ''}), current token in bold, "
-                f"then the token it chooses:")
-    st.markdown(dv.chips_markdown(q_tokens, current=row) + " → " + dv.chips_markdown([chosen]))
-else:
-    tr = full
-    q_tokens = full.tokens("target")
-    row = dv.step_row(step, prefix_len)
-    probs_row = full["probs"][row]
-    ids, p = dv.top_k(probs_row, 10)
-    next_tokens, next_probs = model.alternative_strings(ids), p
-    chosen = next_tokens[0]
-    # the teacher's next token: the next decoder input, or <end> after the last one (encoder-decoder)
-    forced_id = None
-    if decoder_only:
-        t_enc = model.tokenizer.encode(target)
-        dec_ids = (list(model.encode(run_text).ids) + [i for i, s in zip(t_enc.ids, t_enc.special) if not s])
-        dec_ids = dec_ids[: model.config.max_len]
-        ends_with = None
-    else:
-        dec_ids = [model.start_id] + list(model.target_tokenizer.encode(target).ids)
-        ends_with = model.end_id
-    if model.target_strings(dec_ids) != q_tokens:  # our reading of the target disagrees with the trace's
-        dec_ids = None
-    if dec_ids is not None:
-        forced_id = dec_ids[row + 1] if row + 1 < len(dec_ids) else ends_with
-    forced = model.target_strings([forced_id])[0] if forced_id is not None else None
-    forced_prob = float(probs_row[forced_id]) if forced_id is not None else None
-    st.markdown(f"**Teacher forcing:** the decoder gets all {len(q_tokens)} input tokens at once; step {step} is "
-                f"row {row} (bold), whose output predicts the next token:")
-    st.markdown(dv.chips_markdown(q_tokens, current=row)
-                + (" → teacher's next: " + dv.chips_markdown([forced]) if forced is not None else ""))
-
-mask = dv.head_matrix(tr, f"decoder.{layer}.self_attn.mask", head)
-masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)
-weights = dv.head_matrix(tr, f"decoder.{layer}.self_attn.weights", head)
-n = len(q_tokens)
-where = f"layer {layer} · head {head}"
-shown_tokens, shown_row = q_tokens, row
-if n > dv.MAX_SIDE:  # long prompts: the three n x n maps in blocks (the newest row's block outlined)
-    mask, masked, weights, shown_tokens, shown_row = dv.in_blocks(mask, masked, weights, q_tokens, row)
-    st.caption(f"{n} positions are drawn in {len(shown_tokens)} blocks per side: weights summed over each block "
-               "of keys and averaged over its queries (rows still sum to 1); scores and the mask averaged over "
-               "each block's cells (−∞ where all are masked). Hover gives each block's range; Explore shows any map.")
-# Margins fit the labels of the longest decoder input of this run, so they stay put from
-# step to step (viz.decoder._tidy); the maps themselves grow with the step.
-run_tokens = q_tokens if full is not None else steps[-1].tokens("target")
-fit_self = (run_tokens, run_tokens)
-height = int(min(900, max(360, 170 + 34 * n)))
-per_row = 3 if n <= THREE_UP_TO else 2 if n <= TWO_UP_TO else 1
-
-
-def _mask_panel() -> None:
-    charts.chart(dv.look_ahead_mask_figure(mask, shown_tokens, highlight_row=shown_row, height=height,
-                                   fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
-                                           title=f"Look-ahead mask M ({n}×{n})"),
-                 key="decoder-mask", width="stretch")
-    st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (Lecture 10's M, Transformers handout's B): the same in every layer and head.")
-
-
-def _masked_panel() -> None:
-    charts.chart(dv.masked_scores_figure(masked, shown_tokens, highlight_row=shown_row, height=height,
-                                   fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
-                                         title=f"Masked scores QKᵀ/√d_k + M · {where}"),
-                 key="decoder-masked", width="stretch")
-    st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
-               "after dividing by √d_k gives the same matrix).")
-
-
-def _weights_panel() -> None:
-    charts.chart(dv.weights_figure(weights, shown_tokens, highlight_row=shown_row, height=height,
-                                   fit=fit_self if shown_tokens is q_tokens else (shown_tokens, shown_tokens),
-                                   title=f"Weights S' = softmax(…) · {where}"),
-                 key="decoder-weights", width="stretch")
-    st.caption("softmax of each row: every row sums to 1 and is exactly 0 above the diagonal, so no token "
-               "attends to a later one. " + (
-                   f"The outlined row {row} ({dv.chip(q_tokens[row])}) is the newest position; its output gives "
-                   f"the next token." if full is None else f"The outlined row {row} ({dv.chip(q_tokens[row])}) is "
-                   f"the one step {step} of inference adds."))
-
-
-def _cross_panel() -> None:
-    if dv.has_cross_attention(tr):
-        src = tr.tokens("source")
-        cross = dv.head_matrix(tr, f"decoder.{layer}.cross_attn.weights", head)
-        charts.chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height, fit=(run_tokens, src),
-                                               title=f"Cross-attention over the source · {where}"),
-                     key="decoder-cross", width="stretch")
-        best = int(np.argmax(cross[row]))
-        st.caption(f"Queries from the decoder, keys and values from the encoder's output (Lecture 10). "
-                   f"Row {row} ({dv.chip(q_tokens[row])}) looks most at source token {best} "
-                   f"({dv.chip(src[best])}, weight {cross[row, best]:.2f}).")
-    else:
-        st.info("Decoder-only model: the prompt is the prefix and there is no encoder, so there is no "
-                "cross-attention. Everything the model knows about the prompt comes through the masked "
-                "self-attention.")
-
-
-def _next_panel() -> None:
-    title = (f"Next token after step {step} (top {len(next_tokens)})" if full is None
-             else f"Row {row}'s next-token distribution (top {len(next_tokens)})")
-    charts.chart(dv.next_token_figure(next_tokens, next_probs, chosen=chosen, forced=forced,
-                                      forced_prob=forced_prob, title=title),
-                 key="decoder-next", width="stretch")
-    if full is None:
-        st.caption(f"Linear layer + softmax over the vocabulary (Lecture 10); greedy decoding takes the most "
-                   f"likely token (red) and appends it to the input of step {step + 1}.")
-    else:
-        st.caption("Red: the model's most likely token; green: the teacher's token, which the next row gets as "
-                   "input whatever the model preferred.")
-
-
-layout = {  # rows of panels: the equation M -> QKᵀ/√d_k + M -> softmax reads left to right
-    3: [[_mask_panel, _masked_panel, _weights_panel], [_cross_panel, _next_panel]],
-    2: [[_mask_panel, _masked_panel], [_weights_panel, _cross_panel], [_next_panel]],
-    1: [[p] for p in (_mask_panel, _masked_panel, _weights_panel, _cross_panel, _next_panel)],
-}[per_row]
-for panels in layout:
-    cols = st.columns(max(len(panels), min(per_row, 2))) if per_row > 1 else [st.container()]
-    for col, panel in zip(cols, panels):
-        with col:
-            panel()
-
-# ------------------------------------------------------------------ teacher forcing = inference on the same prefix
-if full is not None:
-    greedy_input = steps[-1].tokens("target") + ([] if steps[-1].meta.get("ended") else [steps[-1].meta["chosen"]])
-    equal = full.tokens("target") == greedy_input
-    diff = dv.prefix_difference(steps[step - 1], full) if step <= len(steps) else None
-    parts = ", ".join(f"{k} {v:.1e}" for k, v in (diff or {}).items() if k != "max")
-    if step > len(steps):
-        st.info(f"Inference stopped after {len(steps)} steps (maximum length), so row {row} has no inference step "
-                f"to compare with.")
-    elif diff is not None:
-        lead = ("Your target is the greedy output, so teacher forcing gives the same rows as inference: "
-                if equal else "This step's prefix is the same in inference and under your target, so its rows match: ")
-        st.success(f"{lead}max |Δ| = {diff['max']:.1e} between step {step}'s rows and the teacher-forced rows "
-                   f"0–{len(steps[step - 1].tokens('target')) - 1}, over all {n_layers} layers and {n_heads} heads "
-                   f"({parts}).")
-    else:
-        full_toks = full.tokens("target")
-        k = next((i for i, (a, b2) in enumerate(zip(full_toks, greedy_input)) if a != b2),
-                 min(len(full_toks), len(greedy_input)))
-        st.info(f"Your target and the greedy output differ from decoder input {k} on, so from step "
-                f"{k - prefix_len + 2} on the rows come from different inputs and are not expected to match "
-                f"inference. Steps before that share the prefix and give the same rows; press "
-                f"“Use the greedy output” to compare every step.")
-    if dec_ids is not None:
-        argmax_all = model.alternative_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
-        start_row = prefix_len - 1
-        next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else ends_with for i in range(len(dec_ids))]
-        frame, ce = dv.teacher_forcing_rows(
-            full["probs"][start_row:], q_tokens[start_row:],
-            [model.target_strings([j])[0] if j is not None else None for j in next_ids[start_row:]],
-            next_ids[start_row:], argmax_all[start_row:])
-        frame.index = frame.index + start_row
-        with st.expander("Every position at once (what training computes in one pass)", expanded=False):
-            if ce is not None:
-                n_known = int(frame["p(teacher's next)"].notna().sum())
-                st.markdown(f"Cross-entropy −log p(teacher's token), averaged over {n_known} positions: "
-                            f"**{ce:.3f}** nats.")
-            st.dataframe(frame, width="stretch")
-else:
     st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
               help="Feed the greedy output back as the target, all at once, and compare the rows.")
 

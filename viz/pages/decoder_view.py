@@ -1,0 +1,205 @@
+"""What one step of the decoder stepper shows, under its controls (viz/pages/decoder.py).
+
+`show_step` draws the step's decoder input, the three n x n maps of the look-ahead mask
+(M, the masked scores, the weights: in blocks for long prefixes), the cross-attention and the
+next-token bars; under teacher forcing also the check that the rows equal inference on the same
+prefix. Every number comes from the traces the page already holds (the steps of one traced pass
+and, in teacher forcing, the trace of the whole target): nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import streamlit as st
+
+from viz import decoder as dv
+from viz.pages import charts
+
+THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
+
+
+@dataclass
+class StepView:
+    """The trace a step reads and what it predicts."""
+    tr: object  # the step's Trace (inference) or the whole target's (teacher forcing)
+    row: int  # the step's row: the newest decoder input
+    q_tokens: List[str]
+    next_tokens: List[str]
+    next_probs: list
+    chosen: str
+    forced: Optional[str] = None  # teacher forcing: the teacher's next token ...
+    forced_prob: Optional[float] = None  # ... and the model's probability of it
+    dec_ids: Optional[list] = None  # teacher forcing: the decoder input ids (the trace's own)
+    ends_with: Optional[int] = None  # the teacher's token after the last input (<end>), if known
+
+
+def _inference(tr, step: int, prefix_len: int, decoder_only: bool) -> StepView:
+    row = dv.newest_row(tr)
+    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr["next.probs"]).tolist(),
+                 tr.meta["chosen"])
+    n_gen = len(v.q_tokens) - prefix_len
+    st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_gen} generated "
+                f"token{'s' if n_gen != 1 else ''}), current token in bold, then the token it chooses:")
+    st.markdown(dv.chips_markdown(v.q_tokens, current=row) + " → " + dv.chips_markdown([v.chosen]))
+    return v
+
+
+def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool) -> StepView:
+    q_tokens = full.tokens("target")
+    row = dv.step_row(step, prefix_len)
+    probs_row = full["probs"][row]
+    ids, p = dv.top_k(probs_row, 10)
+    next_tokens = model.alternative_strings(ids)
+    # the teacher's next token: the next decoder input, or <end> after the last one (an
+    # encoder-decoder whose target was not cut at the maximum length)
+    dec_ids = full.meta.get("target_ids")
+    ends_with = None if decoder_only or full.meta.get("target_truncated") else model.end_id
+    forced_id = None
+    if dec_ids is not None:
+        forced_id = dec_ids[row + 1] if row + 1 < len(dec_ids) else ends_with
+    v = StepView(full, row, q_tokens, next_tokens, p, next_tokens[0], dec_ids=dec_ids, ends_with=ends_with)
+    if forced_id is not None:
+        v.forced, v.forced_prob = model.target_strings([forced_id])[0], float(probs_row[forced_id])
+    st.markdown(f"**Teacher forcing:** the decoder gets all {len(q_tokens)} input tokens at once; step {step} is "
+                f"row {row} (bold), whose output predicts the next token:")
+    st.markdown(dv.chips_markdown(q_tokens, current=row)
+                + (" → teacher's next: " + dv.chips_markdown([v.forced]) if v.forced is not None else ""))
+    return v
+
+
+def show_step(model, steps: list, full, *, step: int, layer: int, head: int, prefix_len: int,
+              decoder_only: bool) -> tuple:
+    """Draw step `step` (from 1) at this layer and head; `full` is the teacher-forced trace
+    or None (inference). Returns (trace, the drawn weights, the query tokens) for the downloads."""
+    v = _inference(steps[step - 1], step, prefix_len, decoder_only) if full is None else \
+        _teacher(model, full, step, prefix_len, decoder_only)
+    tr, row, q_tokens = v.tr, v.row, v.q_tokens
+    mask = dv.head_matrix(tr, f"decoder.{layer}.self_attn.mask", head)
+    masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)
+    weights = dv.head_matrix(tr, f"decoder.{layer}.self_attn.weights", head)
+    n = len(q_tokens)
+    where = f"layer {layer} · head {head}"
+    shown_tokens, shown_row = q_tokens, row
+    if n > dv.MAX_SIDE:  # long prompts: the three n x n maps in blocks (the newest row's block outlined)
+        mask, masked, shown_weights, shown_tokens, shown_row = dv.in_blocks(mask, masked, weights, q_tokens, row)
+        st.caption(f"{n} positions are drawn in {len(shown_tokens)} blocks per side: weights summed over each block "
+                   "of keys and averaged over its queries (rows still sum to 1); scores and the mask averaged over "
+                   "each block's cells (−∞ where all are masked). Hover gives each block's range; Explore shows any "
+                   "map.")
+    else:
+        shown_weights = weights
+    # Margins fit the labels of the longest decoder input of this run, so they stay put from
+    # step to step (viz.decoder._tidy); the maps themselves grow with the step.
+    run_tokens = q_tokens if full is not None else steps[-1].tokens("target")
+    fit_self = (run_tokens, run_tokens) if shown_tokens is q_tokens else (shown_tokens, shown_tokens)
+    height = int(min(900, max(360, 170 + 34 * n)))
+    per_row = 3 if n <= THREE_UP_TO else 2 if n <= TWO_UP_TO else 1
+    maps = dict(highlight_row=shown_row, height=height, fit=fit_self)
+
+    def mask_panel() -> None:
+        charts.chart(dv.look_ahead_mask_figure(mask, shown_tokens, title=f"Look-ahead mask M ({n}×{n})", **maps),
+                     key="decoder-mask", width="stretch")
+        st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (Lecture 10's M, Transformers handout's B): the same in every "
+                   "layer and head.")
+
+    def masked_panel() -> None:
+        charts.chart(dv.masked_scores_figure(masked, shown_tokens, title=f"Masked scores QKᵀ/√d_k + M · {where}",
+                                             **maps), key="decoder-masked", width="stretch")
+        st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
+                   "after dividing by √d_k gives the same matrix).")
+
+    def weights_panel() -> None:
+        charts.chart(dv.weights_figure(shown_weights, shown_tokens, title=f"Weights S' = softmax(…) · {where}", **maps),
+                     key="decoder-weights", width="stretch")
+        newest = (f"The outlined row {row} ({dv.chip(q_tokens[row])}) is the newest position; its output gives the "
+                  f"next token." if full is None else f"The outlined row {row} ({dv.chip(q_tokens[row])}) is the one "
+                  f"step {step} of inference adds.")
+        st.caption("softmax of each row: every row sums to 1 and is exactly 0 above the diagonal, so no token "
+                   "attends to a later one. " + newest)
+
+    def cross_panel() -> None:
+        if not dv.has_cross_attention(tr):
+            st.info("Decoder-only model: the prompt is the prefix and there is no encoder, so there is no "
+                    "cross-attention. Everything the model knows about the prompt comes through the masked "
+                    "self-attention.")
+            return
+        src = tr.tokens("source")
+        cross = dv.head_matrix(tr, f"decoder.{layer}.cross_attn.weights", head)
+        charts.chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
+                                               fit=(run_tokens, src), title=f"Cross-attention over the source · {where}"),
+                     key="decoder-cross", width="stretch")
+        best = int(np.argmax(cross[row]))
+        st.caption(f"Queries from the decoder, keys and values from the encoder's output (Lecture 10). "
+                   f"Row {row} ({dv.chip(q_tokens[row])}) looks most at source token {best} "
+                   f"({dv.chip(src[best])}, weight {cross[row, best]:.2f}).")
+
+    def next_panel() -> None:
+        title = (f"Next token after step {step} (top {len(v.next_tokens)})" if full is None
+                 else f"Row {row}'s next-token distribution (top {len(v.next_tokens)})")
+        charts.chart(dv.next_token_figure(v.next_tokens, v.next_probs, chosen=v.chosen, forced=v.forced,
+                                          forced_prob=v.forced_prob, title=title),
+                     key="decoder-next", width="stretch")
+        st.caption(f"Linear layer + softmax over the vocabulary (Lecture 10); greedy decoding takes the most likely "
+                   f"token (red) and appends it to the input of step {step + 1}." if full is None else
+                   "Red: the model's most likely token; green: the teacher's token, which the next row gets as "
+                   "input whatever the model preferred.")
+
+    layout = {  # rows of panels: the equation M -> QKᵀ/√d_k + M -> softmax reads left to right
+        3: [[mask_panel, masked_panel, weights_panel], [cross_panel, next_panel]],
+        2: [[mask_panel, masked_panel], [weights_panel, cross_panel], [next_panel]],
+        1: [[p] for p in (mask_panel, masked_panel, weights_panel, cross_panel, next_panel)],
+    }[per_row]
+    for panels in layout:
+        cols = st.columns(max(len(panels), min(per_row, 2))) if per_row > 1 else [st.container()]
+        for col, panel in zip(cols, panels):
+            with col:
+                panel()
+    if full is not None:
+        _teacher_check(model, steps, full, v, step=step, prefix_len=prefix_len)
+    return tr, weights, q_tokens
+
+
+def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_len: int) -> None:
+    """Teacher forcing = inference on the same prefix: the step's rows against the whole target's,
+    and every position's next-token probabilities at once."""
+    n_layers, n_heads = full.layers("decoder"), full["decoder.0.self_attn.weights"].shape[0]
+    greedy_input = steps[-1].tokens("target") + ([] if steps[-1].meta.get("ended") else [steps[-1].meta["chosen"]])
+    equal = full.tokens("target") == greedy_input
+    diff = dv.prefix_difference(steps[step - 1], full) if step <= len(steps) else None
+    parts = ", ".join(f"{k} {d:.1e}" for k, d in (diff or {}).items() if k != "max")
+    if step > len(steps):
+        st.info(f"Inference stopped after {len(steps)} steps (maximum length), so row {v.row} has no inference step "
+                f"to compare with.")
+    elif diff is not None:
+        lead = ("Your target is the greedy output, so teacher forcing gives the same rows as inference: "
+                if equal else "This step's prefix is the same in inference and under your target, so its rows match: ")
+        st.success(f"{lead}max |Δ| = {diff['max']:.1e} between step {step}'s rows and the teacher-forced rows "
+                   f"0–{len(steps[step - 1].tokens('target')) - 1}, over all {n_layers} layers and {n_heads} heads "
+                   f"({parts}).")
+    else:
+        full_toks = full.tokens("target")
+        k = next((i for i, (a, b) in enumerate(zip(full_toks, greedy_input)) if a != b),
+                 min(len(full_toks), len(greedy_input)))
+        st.info(f"Your target and the greedy output differ from decoder input {k} on, so from step "
+                f"{k - prefix_len + 2} on the rows come from different inputs and are not expected to match "
+                f"inference. Steps before that share the prefix and give the same rows; press "
+                f"“Use the greedy output” to compare every step.")
+    if v.dec_ids is None:
+        return
+    dec_ids = v.dec_ids
+    argmax_all = model.alternative_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
+    start_row = prefix_len - 1
+    next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else v.ends_with for i in range(len(dec_ids))]
+    frame, ce = dv.teacher_forcing_rows(
+        full["probs"][start_row:], v.q_tokens[start_row:],
+        [model.target_strings([j])[0] if j is not None else None for j in next_ids[start_row:]],
+        next_ids[start_row:], argmax_all[start_row:])
+    frame.index = frame.index + start_row
+    with st.expander("Every position at once (what training computes in one pass)", expanded=False):
+        if ce is not None:
+            n_known = int(frame["p(teacher's next)"].notna().sum())
+            st.markdown(f"Cross-entropy −log p(teacher's token), averaged over {n_known} positions: **{ce:.3f}** nats.")
+        st.dataframe(frame, width="stretch")
