@@ -269,8 +269,6 @@ class PageState:
             st.session_state[key] = value
         return key
 
-    seed = seeded_key  # the pages' older name for it
-
     def set(self, field: str, value) -> None:
         st.session_state[self.key(field)] = value
 
@@ -317,7 +315,7 @@ def attention_picker(state: PageState, trace, cols):
     """Attention (stack.kind), layer and head selectors in three columns, seeded from the
     URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key)."""
     view_names = [f"{s}.{k}" for s, k in attention_views(trace)]
-    attn_key = state.seed("attn", view_names[0], valid=lambda v: v in view_names)
+    attn_key = state.seeded_key("attn", view_names[0], valid=lambda v: v in view_names)
     if st.session_state[attn_key] not in view_names:
         st.session_state[attn_key] = view_names[0]
     attn = cols[0].selectbox("Attention", view_names, key=attn_key,
@@ -362,7 +360,7 @@ def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int 
 
 def model_picker(state: PageState, allowed=None, label: str = "Model") -> str:
     names = [n for n in model_names() if n != "random" and (allowed is None or n in allowed)]
-    key = state.seed("model", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], valid=lambda v: v in names)
+    key = state.seeded_key("model", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], valid=lambda v: v in names)
     if st.session_state[key] not in names:
         st.session_state[key] = names[0]
     return st.selectbox(label, names, key=key, format_func=model_label)

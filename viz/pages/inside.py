@@ -27,8 +27,8 @@ if model is None:
     st.stop()
 
 examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:4]])
-text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
-target_key = state.seed("target", "")
+text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
+target_key = state.seeded_key("target", "")
 
 
 def _use_example(sentence: str) -> None:
@@ -62,7 +62,7 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
 c = st.columns([2, 1, 1, 2.4])
 attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
-notation_key = state.seed("notation", ROWS, valid=lambda v: v in NOTATIONS)
+notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS)
 notation = c[3].radio("Notation", list(NOTATIONS), key=notation_key,
                       format_func=lambda v: cite_text(NOTATIONS[v]))
 state.show_messages()
