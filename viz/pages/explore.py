@@ -46,7 +46,7 @@ st.caption("Examples from the lecture notes and for this model:")
 common.example_buttons(examples, "explore-ex", _use_example)
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
-ablate_key, ablation_key = knockout.seed(state, model)
+ablate_key, ablation_key = knockout.seeded_keys(state, model)
 off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
 trace = common.get_trace(run_model, text, ablate=off, ablation=ablation)

@@ -17,8 +17,9 @@ MODES = tuple(ABLATION_LABELS)
 CONTINUATION_TOKENS = 20
 
 
-def seed(state: common.PageState, model) -> Tuple[str, str]:
-    """Seed the widgets' keys from the URL (bad items: a warning, nothing switched off).
+def seeded_keys(state: common.PageState, model) -> Tuple[str, str]:
+    """PageState.seeded_key for the two widgets: their values from the URL (bad items: a
+    warning, nothing switched off).
     Returns (key of the heads multiselect, key of the ablation mode)."""
     sizes = va.head_sizes(model.config)
     names = set(va.all_head_names(sizes))
