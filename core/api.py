@@ -17,8 +17,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .ablation import Ablation
 from .device import device_name
-from .model import Ablation, Recorder, Transformer
+from .model import Transformer
+from .recorder import Recorder
 from .tokenizer import Encoded
 from .trace import Trace, layer_of
 

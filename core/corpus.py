@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 import torch
 
 from .api import InputError
-from .model import Recorder
+from .recorder import Recorder
 
 COLUMNS = ["sentence_id", "position", "token", "layer", "head", "q", "k"]
 SORT_KEYS = [("sentence_id", "ascending"), ("layer", "ascending"), ("head", "ascending"), ("position", "ascending")]
