@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from .api import InputError
+from .errors import InputError
 from .registry import MODELS, ModelUnavailable, load_model
 
 

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from .api import InputError
+from .errors import InputError
 from .recorder import Recorder
 
 COLUMNS = ["sentence_id", "position", "token", "layer", "head", "q", "k"]

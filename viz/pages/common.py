@@ -16,7 +16,7 @@ import streamlit as st
 
 import core
 import core.trace
-from core.api import InputError
+from core.errors import InputError
 from viz.cache import ByteLRU
 from viz.figures import attention_frame
 from viz.select import attention_views

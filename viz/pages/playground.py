@@ -13,7 +13,7 @@ import streamlit as st
 
 import core
 from core import toy_task
-from core.api import InputError
+from core.errors import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
 from viz.pages import charts, common, urlflags
