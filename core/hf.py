@@ -451,7 +451,7 @@ class HFTokenizer(PieceTable):
     def __init__(self, path, max_len: int = 512):
         from tokenizers import Tokenizer, decoders
 
-        from .smollm2 import BYTE_OF
+        from .byte_bpe import BYTE_OF
 
         try:
             self._tk = Tokenizer.from_file(str(path))
