@@ -20,7 +20,7 @@ def cmd_models(args) -> int:
         print(f"{spec.name}\t{spec.kind}\t{spec.description}{note}")
     roots = os.environ.get("ATTENTION_LAB_MODELS", "")
     if roots:
-        from .hf import discover
+        from .local_models import discover
 
         for m in discover(roots, taken=list(MODELS)).values():
             note = f"  [{m.problem}]" if m.problem else ""
