@@ -44,7 +44,6 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)  # seed 003 eq. (15)
 
 
-
 class FeedForward(nn.Module):
     """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u);
     GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u)."""
@@ -154,6 +153,20 @@ class Layer(nn.Module):
         return x
 
 
+class RelativePositionBias(nn.Module):
+    """T5's position bias: one learned scalar per head and distance bucket, H x n_q x n_k."""
+
+    def __init__(self, cfg: ModelConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets, self.max_distance = cfg.rel_buckets, cfg.rel_max_distance
+        self.emb = nn.Embedding(cfg.rel_buckets, cfg.n_heads)
+
+    def forward(self, n_q: int, n_k: int):
+        b = relative_buckets(n_q, n_k, self.bidirectional, self.num_buckets, self.max_distance, self.emb.weight.device)
+        return self.emb(b).permute(2, 0, 1)[None]  # (1, H, n_q, n_k)
+
+
 class Embedding(nn.Module):
     """Token embedding (times sqrt(d) if configured) + positions [+ token types] [-> LayerNorm]."""
 
@@ -197,17 +210,3 @@ class Embedding(nn.Module):
         if rec:
             rec("sum", x)
         return x
-
-
-class RelativePositionBias(nn.Module):
-    """T5's position bias: one learned scalar per head and distance bucket, H x n_q x n_k."""
-
-    def __init__(self, cfg: ModelConfig, bidirectional: bool):
-        super().__init__()
-        self.bidirectional = bidirectional
-        self.num_buckets, self.max_distance = cfg.rel_buckets, cfg.rel_max_distance
-        self.emb = nn.Embedding(cfg.rel_buckets, cfg.n_heads)
-
-    def forward(self, n_q: int, n_k: int):
-        b = relative_buckets(n_q, n_k, self.bidirectional, self.num_buckets, self.max_distance, self.emb.weight.device)
-        return self.emb(b).permute(2, 0, 1)[None]  # (1, H, n_q, n_k)
