@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from core import smollm2  # noqa: E402
+from core import smollm2, smollm2_files  # noqa: E402
 from core.device import device_name, pick_device  # noqa: E402
 
 PROMPT_16 = "The quick brown fox jumps over the lazy dog, and then it runs into the"  # 16 tokens
@@ -78,11 +78,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     machine_info(device)
-    gguf = smollm2.gguf_path()
+    gguf = smollm2_files.gguf_path()
     print(f"  gguf: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB)")
 
     with tempfile.TemporaryDirectory(prefix="attention-lab-bench-") as tmp:
-        os.environ[smollm2.CACHE_ENV] = tmp
+        os.environ[smollm2_files.CACHE_ENV] = tmp
         t_first, model = timed(lambda: smollm2.load(device=device))
         assert model.info["loaded_from"] == "gguf"
         entry = Path(model.info["cache"])

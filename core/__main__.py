@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from .api import InputError
+from .errors import InputError
 from .registry import MODELS, ModelUnavailable, load_model
 
 
@@ -20,7 +20,7 @@ def cmd_models(args) -> int:
         print(f"{spec.name}\t{spec.kind}\t{spec.description}{note}")
     roots = os.environ.get("ATTENTION_LAB_MODELS", "")
     if roots:
-        from .hf import discover
+        from .local_models import discover
 
         for m in discover(roots, taken=list(MODELS)).values():
             note = f"  [{m.problem}]" if m.problem else ""

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .model import Recorder
+from .recorder import Recorder
 
 SCORES = ("previous_token", "first_token", "self", "induction", "duplicate_token")
 DEFAULT_SENTENCE = "The quick brown fox jumps over the lazy dog because the dog was lazy and the fox was quick."

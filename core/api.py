@@ -6,53 +6,30 @@
 
 Encoder-decoder: the decoder input is <start> y_1 .. y_T; position t predicts y_{t+1}, the
 last one predicts <end>. Decoder-only: the prompt is the prefix; generated tokens follow.
-Everything runs under torch.inference_mode(); traces hold CPU tensors.
+Everything runs under torch.inference_mode(); traces hold CPU tensors. Greedy decoding is
+core/decoding.py; what a trace does not store, the LayerRunner (core/layer_runner.py)
+recomputes.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 
+from .ablation import Ablation
+from .decoding import GreedyDecoding
 from .device import device_name
-from .model import Ablation, Recorder, Transformer
+from .errors import InputError, cpu_fallback
+from .layer_runner import LayerRunner
+from .model import Transformer
+from .recorder import Recorder
 from .tokenizer import Encoded
-from .trace import Trace, layer_of
+from .trace import Trace
 
 
-class InputError(ValueError):
-    """Input a user can fix (empty text, nothing the tokenizer recognises, ...)."""
-
-
-def cpu_fallback(method):
-    """Run `method`; if the GPU runs out of memory, move the model to the CPU, say so in
-    `model.fallback_note` (and in the returned traces' metadata), and run it again."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except torch.OutOfMemoryError:
-            if self.device.type == "cpu":
-                raise
-            lost = str(self.device)
-            self.to_device(torch.device("cpu"))
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.fallback_note = f"The GPU ({lost}) ran out of memory; {self.name} now runs on the CPU."
-            result = method(self, *args, **kwargs)
-            for t in result if isinstance(result, list) else [result]:
-                if isinstance(t, Trace):
-                    t.meta["fallback"] = self.fallback_note
-            return result
-
-    return wrapper
-
-
-class AttentionModel:
+class AttentionModel(GreedyDecoding):
     def __init__(
         self,
         name: str,
@@ -146,86 +123,6 @@ class AttentionModel:
 
     def _ids(self, ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, n)
-
-    # ------------------------------------------------------------------ decoding
-    @torch.inference_mode()
-    def _greedy(self, src: Optional[torch.Tensor], prefix: List[int], max_new: int,
-                ablate: Optional[Ablation] = None) -> Tuple[List[int], bool]:
-        """Greedy decoding: returns the generated ids (with <end> if reached) and whether it ended.
-
-        Keeps each layer's keys and values between steps (a KV cache), so a step costs one
-        position, not the whole prefix. Mean-ablation depends on every position, so it
-        decodes without the cache."""
-        memory = self.net.encode(src, ablate=ablate) if src is not None else None
-        seq = list(prefix)
-        out: List[int] = []
-        limit = self.config.max_len
-        cache: Optional[dict] = None if (ablate and ablate.mode == "mean") else {}
-        new = seq
-        for _ in range(max_new):
-            if len(seq) >= limit:
-                break
-            if cache is None:
-                hidden = self.net.decode(self._ids(seq), memory, ablate=ablate)
-            else:
-                hidden = self.net.decode(self._ids(new), memory, ablate=ablate, cache=cache)
-            nxt = int(self.net.project(hidden[:, -1:]).argmax(-1).item())
-            out.append(nxt)
-            if nxt == self.end_id:
-                return out, True
-            seq.append(nxt)
-            new = [nxt]
-        return out, False
-
-    @cpu_fallback
-    def generate(self, text: str, max_new_tokens: Optional[int] = None, ablate: Sequence = (),
-                 ablation: str = "zero") -> Tuple[List[str], bool]:
-        """Greedy output tokens (strings, without <end>) and whether <end> was reached.
-        ablate / ablation: heads switched off, as in trace()."""
-        enc = self.encode(text)
-        ids, ended = self._generate_ids(enc, max_new_tokens, Ablation(ablate, ablation))
-        if ended:
-            ids = ids[:-1]
-        return self.target_strings(ids), ended
-
-    def _generate_ids(self, enc: Encoded, max_new_tokens: Optional[int], ablate: Optional[Ablation] = None):
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if self.kind == "encoder-decoder":
-            return self._greedy(self._ids(enc.ids), [self.start_id], max_new, ablate)
-        if self.kind == "decoder":
-            return self._greedy(None, list(enc.ids), max_new, ablate)
-        raise InputError(f"{self.name} is an encoder: it does not generate text")
-
-    @cpu_fallback
-    @torch.inference_mode()
-    def greedy_batch(self, texts: Sequence[str], max_new_tokens: Optional[int] = None) -> List[List[str]]:
-        """Batched greedy decoding with padding (encoder-decoder models); used by eval."""
-        assert self.kind == "encoder-decoder"
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        encs = [self.encode(t) for t in texts]
-        n = max(len(e) for e in encs)
-        pad = self.config.pad_id
-        src = torch.full((len(encs), n), pad, dtype=torch.long, device=self.device)
-        for b, e in enumerate(encs):
-            src[b, : len(e)] = torch.tensor(e.ids)
-        src_pad = src == pad
-        memory = self.net.encode(src, src_pad)
-        seq = torch.full((len(encs), 1), self.start_id, dtype=torch.long, device=self.device)
-        done = torch.zeros(len(encs), dtype=torch.bool, device=self.device)
-        for _ in range(max_new):
-            hidden = self.net.decode(seq, memory, src_pad)
-            nxt = self.net.project(hidden[:, -1]).argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
-            done |= nxt == self.end_id
-            if bool(done.all()):
-                break
-        outs = []
-        for row in seq[:, 1:].tolist():
-            if self.end_id in row:
-                row = row[: row.index(self.end_id)]
-            outs.append(self.target_strings(row))
-        return outs
 
     # ------------------------------------------------------------------ tracing
     @torch.inference_mode()
@@ -381,61 +278,3 @@ def _stored_name(name: str) -> bool:
 
 def _ablated_list(abl: Ablation) -> List[tuple]:
     return [(s, l, h) if k == "self_attn" else (s, l, h, k) for (s, l, k), hs in sorted(abl.sites.items()) for h in hs]
-
-
-class LayerRunner:
-    """Recomputes what a trace does not store, on the model that made it (core/trace.py).
-
-    layer(trace, stack, i): every name of layer i, from one explicit run of that layer on
-    its stored input, with the pass's padding and ablation. logits(trace, rows): the
-    output projection of the stored final hidden states."""
-
-    def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None):
-        self.model, self.src_pad, self.ablate = model, src_pad, ablate
-
-    @torch.inference_mode()
-    def layer(self, trace: Trace, stack: str, i: int) -> Dict[str, torch.Tensor]:
-        net, dev = self.model.net, self.model.device
-        x = trace.layer_input(stack, i).to(dev)[None]  # (1, n, d)
-        memory = None
-        if stack == "decoder" and net.cfg.kind == "encoder-decoder":
-            memory = trace[_encoder_output(trace)].to(dev)[None]
-        pad = None if self.src_pad is None else self.src_pad.to(dev)
-        rec = Recorder()
-        net.run_layer(stack, i, x, rec.scope(f"{stack}.{i}"), memory=memory, src_pad=pad, ablate=self.ablate)
-        return {n: t.to("cpu") for n, t in rec.tensors.items()}
-
-    @torch.inference_mode()
-    def self_weights(self, trace: Trace, stack: str, i: int) -> torch.Tensor:
-        """Layer i's self-attention weights alone (H x n x n), from its stored input."""
-        net, dev = self.model.net, self.model.device
-        x = trace.layer_input(stack, i).to(dev)[None]
-        pad = None if self.src_pad is None or stack == "decoder" else self.src_pad.to(dev)
-        return net.layer_weights(stack, i, x, pad)[0].to("cpu")
-
-    @torch.inference_mode()
-    def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:
-        net = self.model.net
-        name = "decoder.final_norm" if "decoder.final_norm" in trace else f"decoder.{trace.layers('decoder') - 1}.out"
-        return net.project(trace[name][rows].to(self.model.device)).to("cpu")
-
-    def ordered_names(self, stored: Dict[str, torch.Tensor]) -> List[str]:
-        """Every name a trace can give, in forward order: the stored ones, each layer's
-        recorded names in place, logits and probs after the decoder's last stored name."""
-        net, names, seen = self.model.net, [], set()
-        for n in stored:
-            where = layer_of(n)
-            if where is not None:
-                if where not in seen:
-                    seen.add(where)
-                    stack, i = where
-                    names += [f"{stack}.{i}.{s}" for s in net.layers(stack)[i].recorded_names()]
-                continue
-            if n == "topk.ids":
-                names += ["logits", "probs"]
-            names.append(n)
-        return names
-
-
-def _encoder_output(trace: Trace) -> str:
-    return "encoder.final_norm" if "encoder.final_norm" in trace else f"encoder.{trace.layers('encoder') - 1}.out"

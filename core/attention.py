@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-RecordFn = Callable[[str, torch.Tensor], None]  # record(name, tensor); core.model.Recorder is one
+RecordFn = Callable[[str, torch.Tensor], None]  # record(name, tensor); core.recorder.Recorder is one
 
 NEG_INF = float("-inf")
 
@@ -47,6 +47,16 @@ def padding_mask(key_is_pad: torch.Tensor, n_q: int, dtype=torch.float32) -> tor
     cols = torch.zeros(key_is_pad.shape, dtype=dtype, device=key_is_pad.device)
     cols = cols.masked_fill(key_is_pad, NEG_INF)
     return cols.unsqueeze(-2).expand(*key_is_pad.shape[:-1], n_q, key_is_pad.shape[-1])
+
+
+def sliding_window_mask(n: int, window: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
+    """(1, 1, n, n_k) additive mask: -inf where key j is `window` or more positions before
+    query i (the queries are the last n of n_k positions)."""
+    n_k = n if n_k is None else n_k
+    i = torch.arange(n_k - n, n_k, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
+    m = torch.zeros(n, n_k, device=device, dtype=dtype).masked_fill(i - j >= window, float("-inf"))
+    return m[None, None]
 
 
 def combine_masks(*masks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

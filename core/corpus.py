@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from .api import InputError
-from .model import Recorder
+from .errors import InputError
+from .recorder import Recorder
 
 COLUMNS = ["sentence_id", "position", "token", "layer", "head", "q", "k"]
 SORT_KEYS = [("sentence_id", "ascending"), ("layer", "ascending"), ("head", "ascending"), ("position", "ascending")]

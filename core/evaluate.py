@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import torch
 
 from . import toy_task
-from .model import Recorder
+from .recorder import Recorder
 from .train_toy import encode_batch
 
 

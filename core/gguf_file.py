@@ -36,10 +36,10 @@ import torch
 from .api import AttentionModel
 from .checkpoint import CheckpointError
 from .config import ModelConfig
-from .smollm2 import LAYER_MAP, ByteBPETokenizer, _field, decoder_config, finish_byte_tokenizer, gguf_shape
+from .byte_bpe import ByteBPETokenizer, finish_byte_tokenizer
+from .gguf_header import LAYER_MAP, MAX_LEN, decoder_config, field, gguf_shape
 
 ARCHS = ("llama", "qwen2")
-MAX_LEN = 2048
 TOP_MAP = [("token_embd", "tgt_embed.tok"), ("output_norm", "decoder_norm"), ("output", "out_proj")]
 
 # pre-tokenizer regexes of llama.cpp's byte-level BPE types
@@ -66,32 +66,32 @@ def describe_gguf(path: Path) -> Tuple[str, int]:
         for s in t.shape:
             k *= int(s)
         n += k
-    return str(_field(r, "general.architecture", "?")), n
+    return str(field(r, "general.architecture", "?")), n
 
 
 def config_from_gguf(reader, name: str) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
+    arch = field(reader, "general.architecture")
     if arch not in ARCHS:
         raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}")
     need, d, h, d_head = gguf_shape(reader, arch, where=f"{name}: ", error=CheckpointError)
     scaling = None
-    kind = _field(reader, f"{arch}.rope.scaling.type")
+    kind = field(reader, f"{arch}.rope.scaling.type")
     if kind == "linear":
         scaling = {"type": "linear", "factor": float(need("rope.scaling.factor"))}
     elif kind not in (None, "none"):
         raise CheckpointError(f"{name}: RoPE scaling {kind!r} is not supported in GGUF files (only linear)")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise CheckpointError(f"{name}: per-frequency RoPE factors (rope_freqs, Llama 3.1 scaling) are not supported in GGUF files")
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    ctx = int(_field(reader, f"{arch}.context_length", MAX_LEN))
+    tokens = field(reader, "tokenizer.ggml.tokens") or []
+    ctx = int(field(reader, f"{arch}.context_length", MAX_LEN))
     return decoder_config(
         reader, arch, need, d, h, d_head, min(MAX_LEN, ctx),
-        tgt_vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        tgt_vocab_size=int(field(reader, f"{arch}.vocab_size", len(tokens))),
         rope_scaling=scaling,
         rope_layout="interleaved" if arch == "llama" else "half",
         qkv_bias=arch == "qwen2",
         tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        extra={"family": arch, "context_length": ctx, "gguf_name": _field(reader, "general.name")},
+        extra={"family": arch, "context_length": ctx, "gguf_name": field(reader, "general.name")},
     )
 
 
@@ -135,13 +135,13 @@ def tokenizer_from_gguf(reader, name: str):
     """(tokenizers.Tokenizer, info) for a byte-level BPE GGUF vocabulary."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-    model = _field(reader, "tokenizer.ggml.model")
+    model = field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise CheckpointError(f"{name}: only byte-level BPE ('gpt2') GGUF tokenizers are supported, not {model!r}")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ")) for m in _field(reader, "tokenizer.ggml.merges") or []]
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ")) for m in field(reader, "tokenizer.ggml.merges") or []]
+    pre = field(reader, "tokenizer.ggml.pre", "default")
     tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in ("default", "gpt-2", "gpt2"):

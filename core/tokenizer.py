@@ -75,9 +75,9 @@ class WordTokenizer:
 
 class PieceTable:
     """A tokenizers.Tokenizer's vocabulary both ways, for the tokenizers read from checkpoint
-    files (core.hf.HFTokenizer, core.smollm2.ByteBPETokenizer): `index` (the file's spelling
-    -> id), `pieces` (id -> the file's spelling), len(), and `vocab`, every id's display
-    string (token_str, which the subclass defines), built on first use."""
+    files (core.hf_tokenizer.HFTokenizer, core.byte_bpe.ByteBPETokenizer): `index` (the
+    file's spelling -> id), `pieces` (id -> the file's spelling), len(), and `vocab`, every
+    id's display string (token_str, which the subclass defines), built on first use."""
 
     def _read_pieces(self, tk) -> None:
         self.index: Dict[str, int] = tk.get_vocab(with_added_tokens=True)

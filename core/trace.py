@@ -89,8 +89,8 @@ def decoder_rows(name: str, x: torch.Tensor, t: int) -> torch.Tensor:
 class Trace:
     def __init__(self, tensors: Dict[str, torch.Tensor], tokens: Dict[str, List[str]], meta: Optional[dict] = None,
                  runner=None, names: Optional[List[str]] = None):
-        """tensors: the stored names. runner: what recomputes the others (core.api's
-        LayerRunner: .layer(trace, stack, i) and .logits(trace)); None for a trace whose
+        """tensors: the stored names. runner: what recomputes the others
+        (core.layer_runner.LayerRunner: .layer(trace, stack, i) and .logits(trace)); None for a trace whose
         every name is stored. names: every name in order (default: the stored ones)."""
         self._tensors: "OrderedDict[str, torch.Tensor]" = OrderedDict(
             (k, v if v.device.type == "cpu" and not v.requires_grad else v.detach().to("cpu"))

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 
 from . import toy_task
 from .config import ModelConfig
-from .model import Recorder, Transformer
+from .model import Transformer
+from .recorder import Recorder
 from .registry import TOY_DIR
 from .toy_steps import CHECKPOINT_STEPS, LOSSES, STEPS_DIR, evaluate_steps, step_file
 

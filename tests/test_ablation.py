@@ -61,9 +61,9 @@ def llama():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from core import smollm2
+    from core.smollm2_files import gguf_path
 
-    path = smollm2.gguf_path()
+    path = gguf_path()
     folder, name = str(path.parent), path.name
     if importlib.util.find_spec("accelerate") is not None:
         ref = LlamaForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,

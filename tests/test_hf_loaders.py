@@ -213,7 +213,7 @@ def test_cli_trace_takes_a_path(tmp_path):
 
 
 def test_discover_lists_folders_and_gguf_one_level_deep(tmp_path):
-    from core.hf import discover
+    from core.local_models import discover
 
     root = tmp_path / "models"
     hf, folder = build("bert", root / "minilm")  # clashes with the registry name

@@ -1,6 +1,6 @@
-"""viz.pipeline on random core models: steps hold the trace's real tensors, the column
-notation is the transpose of the row one, the checks hold (and catch tampering), and large
-inputs are drawn reduced."""
+"""The Inside page's pieces (viz.steps, viz.checks, viz.step_figures) on random core models:
+steps hold the trace's real tensors, the column notation is the transpose of the row one,
+the checks hold (and catch tampering), and large inputs are drawn reduced."""
 
 import math
 
@@ -9,8 +9,14 @@ import pytest
 import torch
 
 import core
-from viz import pipeline
+from viz.checks import head_checks, residual_checks, row_sum_error
 from viz.figures import to_numpy
+from viz.reduce import block_means
+from viz.step import COLS, ROWS, Step, kv_head, mask_kind
+from viz.step_figures import (
+    MAX_CELLS_DRAWN, MAX_TOKENS_DRAWN, MIN_FEATURES_DRAWN, colour_limit, drawn_matrix, step_figure,
+)
+from viz.steps import layer_steps, shapes_table, steps_by_key
 
 TEXT = "the small dog sees the cat"
 
@@ -53,7 +59,7 @@ def _same(a, b) -> bool:
 # ------------------------------------------------------------------ the steps are the trace
 def test_steps_hold_the_recorded_tensors(encoder):
     model, trace = encoder
-    steps = pipeline.steps_by_key(pipeline.layer_steps(trace, "encoder", "self_attn", 1, 2, model.config))
+    steps = steps_by_key(layer_steps(trace, "encoder", "self_attn", 1, 2, model.config))
     for key, name, idx in [("q", "encoder.1.self_attn.q", 2), ("k", "encoder.1.self_attn.k", 2),
                            ("v", "encoder.1.self_attn.v", 2), ("scores", "encoder.1.self_attn.scores", 2),
                            ("weights", "encoder.1.self_attn.weights", 2), ("heads", "encoder.1.self_attn.heads", 2),
@@ -71,7 +77,7 @@ def test_scaled_is_scores_over_sqrt_dk(encoder):
     model, trace = encoder
     d_k = model.config.d_head
     for head in range(model.config.n_heads):
-        steps = pipeline.steps_by_key(pipeline.layer_steps(trace, "encoder", "self_attn", 0, head, model.config))
+        steps = steps_by_key(layer_steps(trace, "encoder", "self_attn", 0, head, model.config))
         scores = to_numpy(trace["encoder.0.self_attn.scores"][head]).astype(np.float64)
         np.testing.assert_allclose(steps["scaled"].matrix, scores / math.sqrt(d_k), rtol=1e-6, atol=1e-6)
         assert f"\\sqrt{{{d_k}}}" in steps["scaled"].latex_rows
@@ -80,13 +86,13 @@ def test_scaled_is_scores_over_sqrt_dk(encoder):
 def test_column_figure_is_the_transpose_of_the_row_figure(seq2seq):
     model, trace = seq2seq
     for stack, kind in [("encoder", "self_attn"), ("decoder", "self_attn"), ("decoder", "cross_attn")]:
-        for step in pipeline.layer_steps(trace, stack, kind, 1, 3, model.config):
+        for step in layer_steps(trace, stack, kind, 1, 3, model.config):
             if step.matrix is None:
                 continue
-            rows = pipeline.step_figure(step, pipeline.ROWS)
-            cols = pipeline.step_figure(step, pipeline.COLS)
+            rows = step_figure(step, ROWS)
+            cols = step_figure(step, COLS)
             assert _same(_z(cols), _z(rows).T), step.key
-            assert step.shape(pipeline.COLS) == step.shape(pipeline.ROWS)[::-1]
+            assert step.shape(COLS) == step.shape(ROWS)[::-1]
             # labels travel with the transpose: hover (column label, row label) pairs are swapped
             cd_rows, cd_cols = np.asarray(rows.data[0].customdata), np.asarray(cols.data[0].customdata)
             assert (cd_cols[..., 1] == cd_rows[..., 0].T).all() and (cd_cols[..., 0] == cd_rows[..., 1].T).all()
@@ -94,11 +100,11 @@ def test_column_figure_is_the_transpose_of_the_row_figure(seq2seq):
 
 def test_row_figure_draws_the_matrix_itself(seq2seq):
     model, trace = seq2seq
-    steps = pipeline.steps_by_key(pipeline.layer_steps(trace, "decoder", "self_attn", 0, 1, model.config))
+    steps = steps_by_key(layer_steps(trace, "decoder", "self_attn", 0, 1, model.config))
     w = to_numpy(trace["decoder.0.self_attn.weights"][1])
-    np.testing.assert_allclose(_z(pipeline.step_figure(steps["weights"])), w, atol=1e-7)
+    np.testing.assert_allclose(_z(step_figure(steps["weights"])), w, atol=1e-7)
     # the causal mask: -inf above the diagonal, drawn blank (NaN) and labelled "-∞"
-    fig = pipeline.step_figure(steps["mask"])
+    fig = step_figure(steps["mask"])
     z = _z(fig)
     n = z.shape[0]
     assert np.isnan(z[np.triu_indices(n, 1)]).all() and (z[np.tril_indices(n)] == 0).all()
@@ -107,24 +113,24 @@ def test_row_figure_draws_the_matrix_itself(seq2seq):
 
 def test_formulas_switch_with_the_notation(seq2seq):
     model, trace = seq2seq
-    steps = pipeline.steps_by_key(pipeline.layer_steps(trace, "decoder", "cross_attn", 0, 0, model.config))
-    assert "Q K^{T}" in steps["scores"].latex(pipeline.ROWS)
-    assert "K^{T} Q" in steps["scores"].latex(pipeline.COLS)
-    assert r"\operatorname{softmax}_{\text{row}}" in steps["weights"].latex(pipeline.ROWS)
-    assert r"\operatorname{softmax}_{\text{col}}" in steps["weights"].latex(pipeline.COLS)
-    assert "W_{h,q}" in steps["q"].latex(pipeline.ROWS) and "W_{Q}^{h\\,T}" in steps["q"].latex(pipeline.COLS)
-    assert "V A^{T}" in steps["heads"].latex(pipeline.COLS)
+    steps = steps_by_key(layer_steps(trace, "decoder", "cross_attn", 0, 0, model.config))
+    assert "Q K^{T}" in steps["scores"].latex(ROWS)
+    assert "K^{T} Q" in steps["scores"].latex(COLS)
+    assert r"\operatorname{softmax}_{\text{row}}" in steps["weights"].latex(ROWS)
+    assert r"\operatorname{softmax}_{\text{col}}" in steps["weights"].latex(COLS)
+    assert "W_{h,q}" in steps["q"].latex(ROWS) and "W_{Q}^{h\\,T}" in steps["q"].latex(COLS)
+    assert "V A^{T}" in steps["heads"].latex(COLS)
     # cross-attention: keys and values from the encoder's output, n_q x n_k maps
-    assert r"Z_{\text{enc}}" in steps["k"].latex(pipeline.ROWS)
+    assert r"Z_{\text{enc}}" in steps["k"].latex(ROWS)
     assert steps["weights"].dims == ("n_q", "n_k")
-    assert steps["weights"].shape_latex(pipeline.COLS).startswith(r"n_k \times n_q")
+    assert steps["weights"].shape_latex(COLS).startswith(r"n_k \times n_q")
     np.testing.assert_array_equal(steps["mem"].matrix, to_numpy(trace["encoder.1.out"]))
 
 
 # ------------------------------------------------------------------ order of the block
 def test_post_norm_order_and_decoder_sublayers(seq2seq):
     model, trace = seq2seq
-    keys = [s.key for s in pipeline.layer_steps(trace, "decoder", "cross_attn", 1, 0, model.config)]
+    keys = [s.key for s in layer_steps(trace, "decoder", "cross_attn", 1, 0, model.config)]
     order = ["xin", "mem", "self_attn-out", "residual1", "norm1", "q", "k", "v", "scores", "scaled", "mask",
              "masked", "weights", "heads", "attn-out", "residual2", "norm2", "ffn-hidden", "ffn-out", "residual3",
              "norm3", "out"]
@@ -135,14 +141,14 @@ def test_pre_norm_rope_gqa_steps(llama_like):
     model, trace = llama_like
     cfg = model.config
     head = 3
-    steps = pipeline.layer_steps(trace, "decoder", "self_attn", 1, head, cfg)
+    steps = layer_steps(trace, "decoder", "self_attn", 1, head, cfg)
     keys = [s.key for s in steps]
     # pre-norm: Norm first, residual after the sub-layer, no norm after it
     assert keys.index("norm1") < keys.index("qhat") < keys.index("attn-out") < keys.index("residual1") \
         < keys.index("norm2") < keys.index("ffn-hidden") < keys.index("residual2") < keys.index("out")
-    by = pipeline.steps_by_key(steps)
+    by = steps_by_key(steps)
     assert by["p"].matrix is None and "RoPE" in by["p"].explain
-    g = pipeline.kv_head(head, cfg.n_heads, cfg.n_kv_heads)
+    g = kv_head(head, cfg.n_heads, cfg.n_kv_heads)
     assert g == 1
     np.testing.assert_array_equal(by["k"].matrix, to_numpy(trace["decoder.1.self_attn.k"][g]))
     np.testing.assert_array_equal(by["khat"].matrix, to_numpy(trace["decoder.1.self_attn.k_pre_rope"][g]))
@@ -151,7 +157,7 @@ def test_pre_norm_rope_gqa_steps(llama_like):
     np.testing.assert_allclose(by["angles"].matrix, core.rope_angles(6, cfg.d_head, cfg.rope_theta).numpy())
     assert r"\operatorname{SiLU}" in by["ffn-hidden"].latex_rows
     assert r"\tilde{X}" in by["q"].latex_rows or r"\tilde{X}" in by["qhat"].latex_rows
-    checks = pipeline.head_checks(trace, "decoder", "self_attn", 1, head, cfg)
+    checks = head_checks(trace, "decoder", "self_attn", 1, head, cfg)
     assert {"q", "k", "heads", "weights"} <= set(checks)
     assert all(c.ok for cs in checks.values() for c in cs), [c.text() for cs in checks.values() for c in cs]
 
@@ -162,11 +168,11 @@ def test_checks_hold_on_real_traces(seq2seq, view):
     model, trace = seq2seq
     stack, kind = view
     for head in range(model.config.n_heads):
-        checks = pipeline.head_checks(trace, stack, kind, 1, head, model.config)
+        checks = head_checks(trace, stack, kind, 1, head, model.config)
         assert all(c.ok for cs in checks.values() for c in cs), [c.text() for cs in checks.values() for c in cs]
         w = trace[f"{stack}.1.{kind}.weights"][head]
-        assert pipeline.row_sum_error(w) < 1e-5
-    res = pipeline.residual_checks(trace, "decoder", 1, model.config)
+        assert row_sum_error(w) < 1e-5
+    res = residual_checks(trace, "decoder", 1, model.config)
     assert set(res) == {"residual1", "residual2", "residual3", "out"} and all(c.ok for cs in res.values() for c in cs)
 
 
@@ -175,16 +181,16 @@ def test_checks_against_the_fused_pass_catch_a_tampered_stored_tensor(encoder):
     stored: a changed stored layer output or head output makes each fail."""
     model, _ = encoder
     trace = model.trace(TEXT)
-    assert all(c.ok for c in pipeline.residual_checks(trace, "encoder", 1, model.config)["out"])
-    assert all(c.ok for c in pipeline.head_checks(trace, "encoder", "self_attn", 1, 2, model.config)["heads"])
+    assert all(c.ok for c in residual_checks(trace, "encoder", 1, model.config)["out"])
+    assert all(c.ok for c in head_checks(trace, "encoder", "self_attn", 1, 2, model.config)["heads"])
     bad = model.trace(TEXT)
     out = bad._tensors["encoder.1.out"] = bad._tensors["encoder.1.out"].clone()
     out[2, 5] += 0.5
     heads = bad._tensors["encoder.1.self_attn.heads"] = bad._tensors["encoder.1.self_attn.heads"].clone()
     heads[2, 1, 0] -= 0.25
-    chk = pipeline.residual_checks(bad, "encoder", 1, model.config)["out"][0]
+    chk = residual_checks(bad, "encoder", 1, model.config)["out"][0]
     assert not chk.ok and chk.error == pytest.approx(0.5, rel=1e-3) and "✗" in chk.text()
-    chk = pipeline.head_checks(bad, "encoder", "self_attn", 1, 2, model.config)["heads"][0]
+    chk = head_checks(bad, "encoder", "self_attn", 1, 2, model.config)["heads"][0]
     assert not chk.ok and chk.error == pytest.approx(0.25, rel=1e-3)
 
 
@@ -194,22 +200,22 @@ def test_checks_catch_a_wrong_head(encoder):
     tensors["encoder.0.self_attn.heads"][1, 2, 3] += 0.5  # not A V any more
     tensors["encoder.0.self_attn.weights"][1, 0, :] *= 1.1  # row 0 no longer sums to 1
     bad = core.Trace(tensors, trace.token_sets, trace.meta)
-    checks = pipeline.head_checks(bad, "encoder", "self_attn", 0, 1, model.config)
+    checks = head_checks(bad, "encoder", "self_attn", 0, 1, model.config)
     assert not checks["heads"][0].ok and checks["heads"][0].error == pytest.approx(0.5, rel=1e-3)
     sums = checks["weights"][0]
     assert not sums.ok and sums.error == pytest.approx(0.1, rel=1e-3)
     assert "✗" in sums.text()
-    assert all(c.ok for c in pipeline.head_checks(trace, "encoder", "self_attn", 0, 1)["heads"])
+    assert all(c.ok for c in head_checks(trace, "encoder", "self_attn", 0, 1)["heads"])
 
 
 def test_mask_kinds(seq2seq, encoder):
     model, trace = seq2seq
-    assert pipeline.mask_kind(trace["decoder.0.self_attn.mask"]) == "causal"
-    assert pipeline.mask_kind(trace["encoder.0.self_attn.mask"]) == "none"
+    assert mask_kind(trace["decoder.0.self_attn.mask"]) == "causal"
+    assert mask_kind(trace["encoder.0.self_attn.mask"]) == "none"
     m, _ = encoder
     padded = m.trace(TEXT, pad_to=9)
-    assert pipeline.mask_kind(padded["encoder.0.self_attn.mask"]) == "padding"
-    steps = pipeline.steps_by_key(pipeline.layer_steps(padded, "encoder", "self_attn", 0, 0, m.config))
+    assert mask_kind(padded["encoder.0.self_attn.mask"]) == "padding"
+    steps = steps_by_key(layer_steps(padded, "encoder", "self_attn", 0, 0, m.config))
     assert "Padding mask" in steps["mask"].explain
     assert steps["weights"].matrix[:, 6:].max() == 0.0  # padding keys get exactly 0
 
@@ -220,10 +226,10 @@ def test_long_inputs_are_drawn_reduced():
     trace = m.trace(" ".join(["the small dog sees the cat"] * 50))  # 300 tokens
     n = len(trace.tokens("source"))
     assert n == 300
-    steps = pipeline.steps_by_key(pipeline.layer_steps(trace, "encoder", "self_attn", 0, 0, m.config))
-    z, rl, cl, _, _, note = pipeline.drawn_matrix(steps["weights"])
-    f = math.ceil(n / pipeline.MAX_TOKENS_DRAWN)
-    assert z.shape == (math.ceil(n / f), math.ceil(n / f)) and max(z.shape) <= pipeline.MAX_TOKENS_DRAWN
+    steps = steps_by_key(layer_steps(trace, "encoder", "self_attn", 0, 0, m.config))
+    z, rl, cl, _, _, note = drawn_matrix(steps["weights"])
+    f = math.ceil(n / MAX_TOKENS_DRAWN)
+    assert z.shape == (math.ceil(n / f), math.ceil(n / f)) and max(z.shape) <= MAX_TOKENS_DRAWN
     assert len(rl) == z.shape[0] and len(cl) == z.shape[1] and f"{n} × {n} drawn as" in note
     w = to_numpy(trace["encoder.0.self_attn.weights"][0]).astype(np.float64)
     # weights: mean over a block of queries of the total weight on a block of keys, so rows still sum to 1
@@ -231,44 +237,44 @@ def test_long_inputs_are_drawn_reduced():
     np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-5)
     assert "rows still sum to 1" in note
     # other n x n maps (scores) are plain block means
-    zs = pipeline.drawn_matrix(steps["scores"])[0]
+    zs = drawn_matrix(steps["scores"])[0]
     s = to_numpy(trace["encoder.0.self_attn.scores"][0]).astype(np.float64)
     np.testing.assert_allclose(zs[1, 2], s[f:2 * f, 2 * f:3 * f].mean(), rtol=1e-4)
-    zc = pipeline.drawn_matrix(steps["weights"], pipeline.COLS)[0]
+    zc = drawn_matrix(steps["weights"], COLS)[0]
     np.testing.assert_array_equal(zc, z.T)
-    fig = pipeline.step_figure(steps["weights"])
+    fig = step_figure(steps["weights"])
     assert _z(fig).shape == z.shape and fig.layout.height <= 620
 
 
 def test_block_means_and_feature_cut():
     m = np.array([[0.0, -np.inf, -np.inf, -np.inf], [1.0, 3.0, -np.inf, -np.inf]])
-    out = pipeline._block_means(m, 2, 2)
+    out = block_means(m, 2, 2)
     assert out.shape == (1, 2) and out[0, 0] == pytest.approx(4.0 / 3.0) and np.isneginf(out[0, 1])
     w = np.array([[0.5, 0.25, 0.25], [0.1, 0.2, 0.7], [1.0, 0.0, 0.0]])  # 3 rows: a full block and a partial one
-    pooled = pipeline._block_means(w, 2, 2, sum_columns=True)
+    pooled = block_means(w, 2, 2, sum_columns=True)
     np.testing.assert_allclose(pooled, [[0.525, 0.475], [1.0, 0.0]])
     np.testing.assert_allclose(pooled.sum(1), 1.0)
-    wide = pipeline.Step(key="w", group="g", title="t", matrix=np.arange(6 * 3000, dtype=np.float32).reshape(6, 3000),
+    wide = Step(key="w", group="g", title="t", matrix=np.arange(6 * 3000, dtype=np.float32).reshape(6, 3000),
                          axes=("token", "feature"))
-    z, _, cl, _, _, note = pipeline.drawn_matrix(wide, max_tokens=128, max_features=200)
+    z, _, cl, _, _, note = drawn_matrix(wide, max_tokens=128, max_features=200)
     assert z.shape == (6, 200) and cl[-1] == "199" and "of 3000" in note
-    z, *_ = pipeline.drawn_matrix(wide)  # default: within the cell budget
-    assert z.shape[0] * z.shape[1] <= max(pipeline.MAX_CELLS_DRAWN, 6 * pipeline.MIN_FEATURES_DRAWN)
+    z, *_ = drawn_matrix(wide)  # default: within the cell budget
+    assert z.shape[0] * z.shape[1] <= max(MAX_CELLS_DRAWN, 6 * MIN_FEATURES_DRAWN)
 
 
 def test_colour_limit_clips_outlier_features():
     z = np.random.default_rng(0).normal(size=(6, 500))
-    a, clipped = pipeline.colour_limit(z)
+    a, clipped = colour_limit(z)
     assert not clipped and a == pytest.approx(np.abs(z).max())
     z[2, 7] = 500.0
-    a, clipped = pipeline.colour_limit(z)
+    a, clipped = colour_limit(z)
     assert clipped and a < 10
-    assert pipeline.colour_limit(np.zeros((2, 2))) == (1.0, False)
+    assert colour_limit(np.zeros((2, 2))) == (1.0, False)
 
 
 def test_shapes_table_uses_the_notes_symbols(llama_like):
     model, trace = llama_like
-    t = pipeline.shapes_table(trace, "decoder", "self_attn", model.config)
+    t = shapes_table(trace, "decoder", "self_attn", model.config)
     vals = dict(zip(t.symbol, t.value))
     assert vals == {"n": 6, "d": 32, "d_k": 8, "m": 64, "H": 4, "H_kv": 2, "L": 2}
     assert torch.is_tensor(trace["decoder.0.self_attn.k"]) and trace["decoder.0.self_attn.k"].shape[0] == 2

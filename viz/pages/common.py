@@ -16,7 +16,7 @@ import streamlit as st
 
 import core
 import core.trace
-from core.api import InputError
+from core.errors import InputError
 from viz.cache import ByteLRU
 from viz.figures import attention_frame
 from viz.select import attention_views
@@ -44,13 +44,13 @@ MODELS_ENV = "ATTENTION_LAB_MODELS"  # folders separated like PATH; each model f
 
 @st.cache_resource(ttl=30, show_spinner=False)
 def _discover(roots: str):
-    import core.hf
+    import core.local_models
 
-    return core.hf.discover(roots, taken=list(core.MODELS))
+    return core.local_models.discover(roots, taken=list(core.MODELS))
 
 
 def local_models():
-    """name -> core.hf.LocalModel for the checkpoints found under $ATTENTION_LAB_MODELS. Only these
+    """name -> core.local_models.LocalModel for the checkpoints found under $ATTENTION_LAB_MODELS. Only these
     names (never a path from the URL) lead to a file being read."""
     return _discover(os.environ.get(MODELS_ENV, ""))
 
@@ -218,7 +218,7 @@ def show_trace_notes(trace) -> None:
                    f"({meta['truncated']} tokens dropped).")
     if meta.get("dropped"):
         st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
-    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.hf)
+    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.masked_lm)
         top = " · ".join(f"`{_md_code(tok)}` {p:.0%}" for tok, p in fill["top"])
         st.info(f"The masked-LM head's fill-ins for token {fill['position']}: {top}")
 
@@ -269,8 +269,6 @@ class PageState:
             st.session_state[key] = value
         return key
 
-    seed = seeded_key  # the pages' older name for it
-
     def set(self, field: str, value) -> None:
         st.session_state[self.key(field)] = value
 
@@ -317,7 +315,7 @@ def attention_picker(state: PageState, trace, cols):
     """Attention (stack.kind), layer and head selectors in three columns, seeded from the
     URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key)."""
     view_names = [f"{s}.{k}" for s, k in attention_views(trace)]
-    attn_key = state.seed("attn", view_names[0], valid=lambda v: v in view_names)
+    attn_key = state.seeded_key("attn", view_names[0], valid=lambda v: v in view_names)
     if st.session_state[attn_key] not in view_names:
         st.session_state[attn_key] = view_names[0]
     attn = cols[0].selectbox("Attention", view_names, key=attn_key,
@@ -362,7 +360,7 @@ def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int 
 
 def model_picker(state: PageState, allowed=None, label: str = "Model") -> str:
     names = [n for n in model_names() if n != "random" and (allowed is None or n in allowed)]
-    key = state.seed("model", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], valid=lambda v: v in names)
+    key = state.seeded_key("model", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], valid=lambda v: v in names)
     if st.session_state[key] not in names:
         st.session_state[key] = names[0]
     return st.selectbox(label, names, key=key, format_func=model_label)

@@ -42,7 +42,7 @@ state = CompareState()
 # ------------------------------------------------------------------ model
 names = [n for n in common.model_names() if n != "random"]
 preferred = "minilm" if "minilm" in names else FALLBACK_MODEL
-model_key = state.seed("model", preferred, valid=lambda v: v in names)
+model_key = state.seeded_key("model", preferred, valid=lambda v: v in names)
 if st.session_state[model_key] not in names:
     st.session_state[model_key] = preferred
 wanted = st.session_state[model_key]
@@ -61,9 +61,9 @@ if model is None:
 
 # ------------------------------------------------------------------ sentences and word
 default_a, default_b, default_word = cmp.default_pair(model_name)
-text_a_key = state.seed("text", default_a)
-text_b_key = state.seed("text2", default_b)
-word_key = state.seed("word", default_word)
+text_a_key = state.seeded_key("text", default_a)
+text_b_key = state.seeded_key("text2", default_b)
+word_key = state.seeded_key("word", default_word)
 previous = st.session_state.get("compare._model")
 if previous is not None and previous != model_name and not state.external:
     old = cmp.default_pair(previous)

@@ -97,7 +97,7 @@ n_layers, n_heads = cc.n_layers(model), model.config.n_heads
 c = st.columns([1, 1, 1, 1, 1.4])
 layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
 head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
-proj_key = state.seed("projection", "pca", valid=lambda v: v in cj.PROJECTIONS)
+proj_key = state.seeded_key("projection", "pca", valid=lambda v: v in cj.PROJECTIONS)
 layer = c[0].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
 projection = c[2].selectbox("Projection", list(cj.PROJECTIONS), key=proj_key, format_func=cj.PROJECTIONS.get,

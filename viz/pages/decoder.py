@@ -46,9 +46,9 @@ if model.kind not in DECODER_KINDS:  # the registry's kind said otherwise; the l
     st.stop()
 decoder_only = model.kind == "decoder"
 
-text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["Show me the money"])
+text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["Show me the money"])
 has_url_target = bool(state.qp.get("target"))
-mode_key = state.seed("mode", "teacher" if has_url_target else "inference", valid=lambda v: v in MODES)
+mode_key = state.seeded_key("mode", "teacher" if has_url_target else "inference", valid=lambda v: v in MODES)
 if ss.get(mode_key) not in MODES:
     ss[mode_key] = "inference"
 
@@ -109,7 +109,7 @@ ss[GENERATED] = generated_text
 # ------------------------------------------------------------------ teacher forcing: the typed target
 full = None
 if mode == "teacher":
-    target_key = state.seed("target", "")
+    target_key = state.seeded_key("target", "")
     if ss.pop(PREFILL, False) or ss.get(target_key) is None:
         ss[target_key] = generated_text
 

@@ -24,7 +24,7 @@ if model is None:
     st.stop()
 
 default_text = model.examples[0] if model.examples else common.NOTES_EXAMPLES["bank (river)"]
-text_key = state.seed("text", default_text)
+text_key = state.seeded_key("text", default_text)
 # A new model gets its own default sentence, unless the user typed one of their own.
 previous = st.session_state.get("explore._model")
 if previous is not None and previous != model_name and not (state.external and "text" in state.qp):
@@ -46,7 +46,7 @@ st.caption("Examples from the lecture notes and for this model:")
 common.example_buttons(examples, "explore-ex", _use_example)
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
-ablate_key, ablation_key = knockout.seed(state, model)
+ablate_key, ablation_key = knockout.seeded_keys(state, model)
 off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
 trace = common.get_trace(run_model, text, ablate=off, ablation=ablation)
@@ -84,7 +84,7 @@ with c[3]:
         words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
-heads_key = state.seed("heads", list(range(min(n_heads, 4))), parse=urlflags.parse_ints,
+heads_key = state.seeded_key("heads", list(range(min(n_heads, 4))), parse=urlflags.parse_ints,
                        valid=lambda v: all(0 <= h < n_heads for h in v))
 if isinstance(st.session_state[heads_key], str):  # as another page published it
     try:

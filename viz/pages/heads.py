@@ -26,7 +26,7 @@ state = common.PageState("heads")
 model_name, model, text_col = common.model_header(state)
 if model is None:
     st.stop()
-text_key = state.seed("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)
+text_key = state.seeded_key("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)
 with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key,
                          help="previous-token, first-token and self scores are read on this sentence.")

@@ -3,15 +3,19 @@
 X -> (+P) -> Q, K, V -> QKᵀ -> /√d_k -> +M -> softmax -> AV -> Concat(heads) Wᴼ -> add & norm
 -> FFN -> add & norm, in the order the model computes them (post- or pre-norm), each step
 the real recorded tensor with its formula in the notes' notation (tokens as rows, or as
-columns like Lecture 10), its shape, and numerical checks. Figures come from viz.pipeline.
+columns like Lecture 10), its shape, and numerical checks. Steps come from viz.steps,
+checks from viz.checks, figures from viz.step_figures.
 """
 
 import streamlit as st
 
-from viz import pipeline
+from viz.checks import head_checks, residual_checks
 from viz.notes import cite_text
 from viz.pages import charts, common, dl, training_panel, vocab
 from viz.select import axis_tokens
+from viz.step import NOTATIONS, ROWS, Step, kv_head
+from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
+from viz.steps import groups, layer_steps, shapes_table
 
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
@@ -23,8 +27,8 @@ if model is None:
     st.stop()
 
 examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:4]])
-text_key = state.seed("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
-target_key = state.seed("target", "")
+text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
+target_key = state.seeded_key("target", "")
 
 
 def _use_example(sentence: str) -> None:
@@ -58,30 +62,30 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
 c = st.columns([2, 1, 1, 2.4])
 attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
-notation_key = state.seed("notation", pipeline.ROWS, valid=lambda v: v in pipeline.NOTATIONS)
-notation = c[3].radio("Notation", list(pipeline.NOTATIONS), key=notation_key,
-                      format_func=lambda v: cite_text(pipeline.NOTATIONS[v]))
+notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS)
+notation = c[3].radio("Notation", list(NOTATIONS), key=notation_key,
+                      format_func=lambda v: cite_text(NOTATIONS[v]))
 state.show_messages()
 state.publish(model=model_name, text=text, target=target or None, attn=attn, layer=layer, head=head,
               notation=notation)
 
 cfg = model.config
 try:
-    steps = pipeline.layer_steps(trace, stack, kind, layer, head, cfg)
-    checks = pipeline.head_checks(trace, stack, kind, layer, head, cfg, notation)
-    checks.update(pipeline.residual_checks(trace, stack, layer, cfg))
+    steps = layer_steps(trace, stack, kind, layer, head, cfg)
+    checks = head_checks(trace, stack, kind, layer, head, cfg, notation)
+    checks.update(residual_checks(trace, stack, layer, cfg))
 except (KeyError, IndexError, ValueError) as exc:  # a trace without the names this page reads
     st.error(f"This trace lacks a tensor the step-by-step view needs ({exc}). Try another attention or model.")
     st.stop()
 
 # ------------------------------------------------------------------ header notes
-sym = pipeline.shapes_table(trace, stack, kind, cfg)
+sym = shapes_table(trace, stack, kind, cfg)
 st.caption("Sizes, in the notes' symbols: " + " · ".join(f"${r.symbol}$ = {r.value} ({cite_text(r.meaning)})"
                                                           for r in sym.itertuples()))
 place = ("post-norm (Chapter 9 and Transformers handout: Norm after each residual add)" if cfg.norm_placement == "post"
          else "pre-norm (Norm before each sub-layer, residual added after; the order shown below)")
 st.caption(f"{model_name}: {place}; {cfg.norm}; FFN activation {cfg.activation}; positions {cfg.positional}.")
-if notation == pipeline.ROWS:
+if notation == ROWS:
     st.info(r"Tokens as rows, as in Bishop ch. 12, Chapter 9, Transformers handout and Missaoui: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "
             r"$A = \operatorname{softmax}(QK^T/\sqrt{d_k} + M)$, $\text{head} = AV$. Switch the notation to see "
             "Lecture 10's column form: every picture transposed, every formula rewritten.")
@@ -94,14 +98,14 @@ else:
             "numbers as the row view, transposed).")
 n_kv = trace[f"{stack}.{layer}.{kind}.k"].shape[0]
 if n_kv != n_heads:
-    g = pipeline.kv_head(head, n_heads, n_kv)
+    g = kv_head(head, n_heads, n_kv)
     st.caption(f"Grouped-query attention: {n_heads} query heads, {n_kv} key/value heads; query head {head} reads "
                rf"key/value head $\lfloor {head} / ({n_heads}/{n_kv}) \rfloor$ = {g}.")
-drawn = {s.key: pipeline.drawn_matrix(s, notation)[5] for s in steps if s.matrix is not None}
+drawn = {s.key: drawn_matrix(s, notation)[5] for s in steps if s.matrix is not None}
 n_tokens = max(len(q_toks_all) for q_toks_all in axis_tokens(trace, stack, kind))
-if n_tokens > pipeline.MAX_TOKENS_DRAWN:
+if n_tokens > MAX_TOKENS_DRAWN:
     st.info(f"Long input ({n_tokens} tokens): to keep the page responsive, token axes are drawn as block means of "
-            f"neighbouring tokens (at most {pipeline.MAX_TOKENS_DRAWN} blocks) and wide feature axes show their "
+            f"neighbouring tokens (at most {MAX_TOKENS_DRAWN} blocks) and wide feature axes show their "
             "first features only; each step says what it draws. The checks and the downloads use the full tensors.")
 elif any(drawn.values()):
     st.caption("Wide matrices show their first features only (each step says so); the checks and downloads use "
@@ -111,7 +115,7 @@ elif any(drawn.values()):
 q_toks, k_toks = axis_tokens(trace, stack, kind)
 
 
-def show_step(i: int, step: pipeline.Step) -> None:
+def show_step(i: int, step: Step) -> None:
     st.markdown(f"**{i}. {cite_text(step.title)}**")
     left, right = st.columns([5, 6])
     with left:
@@ -128,7 +132,7 @@ def show_step(i: int, step: pipeline.Step) -> None:
         if step.matrix is None:
             st.info("Nothing to draw at this step for this model.")
         else:
-            charts.chart(pipeline.step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
+            charts.chart(step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
                          width="stretch")
     if step.key == "weights":
         full = trace[f"{stack}.{layer}.{kind}.weights"][head]
@@ -138,7 +142,7 @@ def show_step(i: int, step: pipeline.Step) -> None:
 
 
 i = 0
-for gi, (group, members) in enumerate(pipeline.groups(steps), start=1):
+for gi, (group, members) in enumerate(groups(steps), start=1):
     with st.expander(f"{gi}. {group}", expanded=True):
         for step in members:
             i += 1

@@ -17,12 +17,13 @@ MODES = tuple(ABLATION_LABELS)
 CONTINUATION_TOKENS = 20
 
 
-def seed(state: common.PageState, model) -> Tuple[str, str]:
-    """Seed the widgets' keys from the URL (bad items: a warning, nothing switched off).
+def seeded_keys(state: common.PageState, model) -> Tuple[str, str]:
+    """PageState.seeded_key for the two widgets: their values from the URL (bad items: a
+    warning, nothing switched off).
     Returns (key of the heads multiselect, key of the ablation mode)."""
     sizes = va.head_sizes(model.config)
     names = set(va.all_head_names(sizes))
-    key = state.seed("ablate", [], parse=lambda raw: [va.head_name(h) for h in va.parse_ablate(raw, sizes)])
+    key = state.seeded_key("ablate", [], parse=lambda raw: [va.head_name(h) for h in va.parse_ablate(raw, sizes)])
     current = st.session_state[key]
     if isinstance(current, str):  # the URL form, as another page published it
         current = [h for h in current.split(",") if h]
@@ -30,7 +31,7 @@ def seed(state: common.PageState, model) -> Tuple[str, str]:
         current = [h for h in current if h in names] if isinstance(current, list) else []
     if current != st.session_state[key]:
         st.session_state[key] = current
-    mode_key = state.seed("ablation", "zero", valid=lambda v: v in MODES)
+    mode_key = state.seeded_key("ablation", "zero", valid=lambda v: v in MODES)
     return key, mode_key
 
 

@@ -13,7 +13,7 @@ import streamlit as st
 
 import core
 from core import toy_task
-from core.api import InputError
+from core.errors import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
 from viz.pages import charts, common, urlflags
@@ -23,7 +23,7 @@ state = common.PageState("playground")
 
 model_name, model, text_col = common.model_header(state)
 default_text = model.examples[0] if model is not None and model.examples else common.NOTES_EXAMPLES["bank (river)"]
-text_key = state.seed("text", default_text)
+text_key = state.seeded_key("text", default_text)
 with text_col:
     text = st.text_input("Sentence (press Enter); used by tabs 2, 3 and 5", key=text_key)
 state.show_messages()

@@ -104,7 +104,7 @@ with top[0]:
     model_name = common.model_picker(state)
 model = common.get_model(model_name)
 common.sidebar(model)
-text_key = state.seed("text", common.NOTES_EXAMPLES["Show me the money"])
+text_key = state.seeded_key("text", common.NOTES_EXAMPLES["Show me the money"])
 with top[1]:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 state.show_messages()

@@ -61,7 +61,7 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
     if len(steps) < 2:
         return model_name
     final = steps[-1]
-    step_key = state.seed("step_train", final, parse=lambda v: int(str(v).strip()), valid=lambda v: v in steps)
+    step_key = state.seeded_key("step_train", final, parse=lambda v: int(str(v).strip()), valid=lambda v: v in steps)
     if st.session_state.get(step_key) not in steps:
         st.session_state[step_key] = final
     if not (text or "").strip():  # the page stops at its empty-text warning: keep the step, draw nothing

@@ -35,7 +35,7 @@ def parse_ints(raw) -> list:
 def flag(state: PageState, field: str, default: bool = False) -> str:
     """Seed the switch `page.field` from the URL (or this session's choice, or `default`);
     returns its session key for st.toggle."""
-    key = state.seed(field, default, parse=parse_bool)
+    key = state.seeded_key(field, default, parse=parse_bool)
     value = st.session_state[key]
     if not isinstance(value, bool):  # a value shared by another page, as the URL spells it
         try:

@@ -1,0 +1,101 @@
+"""Greedy decoding for AttentionModel (core/api.py): one sentence with a KV cache, or a
+padded batch (evaluation).
+
+Encoder-decoder: the decoder starts from <start> and the encoder's output is computed once.
+Decoder-only: the prompt is the prefix and generated tokens follow. Decoding stops at <end>,
+after max_new tokens, or at the model's max_len.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .ablation import Ablation
+from .errors import InputError, cpu_fallback
+from .tokenizer import Encoded
+
+
+class GreedyDecoding:
+    """AttentionModel's decoding methods. They use the model's net, config, device, kind,
+    name, start_id, end_id, max_new_tokens, encode(), _ids() and target_strings()."""
+
+    @torch.inference_mode()
+    def _greedy(self, src: Optional[torch.Tensor], prefix: List[int], max_new: int,
+                ablate: Optional[Ablation] = None) -> Tuple[List[int], bool]:
+        """Greedy decoding: returns the generated ids (with <end> if reached) and whether it ended.
+
+        Keeps each layer's keys and values between steps (a KV cache), so a step costs one
+        position, not the whole prefix. Mean-ablation depends on every position, so it
+        decodes without the cache."""
+        memory = self.net.encode(src, ablate=ablate) if src is not None else None
+        seq = list(prefix)
+        out: List[int] = []
+        limit = self.config.max_len
+        cache: Optional[dict] = None if (ablate and ablate.mode == "mean") else {}
+        new = seq
+        for _ in range(max_new):
+            if len(seq) >= limit:
+                break
+            if cache is None:
+                hidden = self.net.decode(self._ids(seq), memory, ablate=ablate)
+            else:
+                hidden = self.net.decode(self._ids(new), memory, ablate=ablate, cache=cache)
+            nxt = int(self.net.project(hidden[:, -1:]).argmax(-1).item())
+            out.append(nxt)
+            if nxt == self.end_id:
+                return out, True
+            seq.append(nxt)
+            new = [nxt]
+        return out, False
+
+    @cpu_fallback
+    def generate(self, text: str, max_new_tokens: Optional[int] = None, ablate: Sequence = (),
+                 ablation: str = "zero") -> Tuple[List[str], bool]:
+        """Greedy output tokens (strings, without <end>) and whether <end> was reached.
+        ablate / ablation: heads switched off, as in trace()."""
+        enc = self.encode(text)
+        ids, ended = self._generate_ids(enc, max_new_tokens, Ablation(ablate, ablation))
+        if ended:
+            ids = ids[:-1]
+        return self.target_strings(ids), ended
+
+    def _generate_ids(self, enc: Encoded, max_new_tokens: Optional[int], ablate: Optional[Ablation] = None):
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if self.kind == "encoder-decoder":
+            return self._greedy(self._ids(enc.ids), [self.start_id], max_new, ablate)
+        if self.kind == "decoder":
+            return self._greedy(None, list(enc.ids), max_new, ablate)
+        raise InputError(f"{self.name} is an encoder: it does not generate text")
+
+    @cpu_fallback
+    @torch.inference_mode()
+    def greedy_batch(self, texts: Sequence[str], max_new_tokens: Optional[int] = None) -> List[List[str]]:
+        """Batched greedy decoding with padding (encoder-decoder models); used by eval."""
+        assert self.kind == "encoder-decoder"
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        encs = [self.encode(t) for t in texts]
+        n = max(len(e) for e in encs)
+        pad = self.config.pad_id
+        src = torch.full((len(encs), n), pad, dtype=torch.long, device=self.device)
+        for b, e in enumerate(encs):
+            src[b, : len(e)] = torch.tensor(e.ids)
+        src_pad = src == pad
+        memory = self.net.encode(src, src_pad)
+        seq = torch.full((len(encs), 1), self.start_id, dtype=torch.long, device=self.device)
+        done = torch.zeros(len(encs), dtype=torch.bool, device=self.device)
+        for _ in range(max_new):
+            hidden = self.net.decode(seq, memory, src_pad)
+            nxt = self.net.project(hidden[:, -1]).argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.end_id), nxt)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+            done |= nxt == self.end_id
+            if bool(done.all()):
+                break
+        outs = []
+        for row in seq[:, 1:].tolist():
+            if self.end_id in row:
+                row = row[: row.index(self.end_id)]
+            outs.append(self.target_strings(row))
+        return outs
