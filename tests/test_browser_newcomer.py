@@ -317,3 +317,163 @@ def test_compare_says_it_opens_on_its_own_pair(server, page):
     wait_idle(page, timeout=120_000)
     assert "toy-translate" in page.url and urllib.parse.quote_plus(mine) in page.url
     assert no_exception(page)
+
+
+def _query(url: str) -> dict:
+    return urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+
+
+def test_back_after_a_page_switch_takes_one_press(server, page):
+    """A page switch is one user action and makes one history entry: Back, pressed once,
+    returns to the page before it with its URL state and figure."""
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/explore?text={text}&layer=1&head=2&mean=1")
+    wait_idle(page, timeout=120_000)
+    before_url, before = page.url, chart_data(page, "explore-heatmap")
+    entries = page.evaluate("history.length")
+    page.locator('[data-testid="stSidebarNav"] a[href$="/positions"]').click()
+    page.wait_for_url("**/positions**")
+    wait_idle(page, timeout=120_000)
+    page.wait_for_function("() => location.search.includes('model=')")  # the new page has written its state
+    made = page.evaluate("history.length") - entries
+    page.go_back()
+    page.wait_for_timeout(500)
+    wait_idle(page, timeout=120_000)
+    assert urllib.parse.urlparse(page.url).path.endswith("/explore"), page.url
+    assert made == 1, f"a page switch made {made} history entries"
+    assert _query(page.url) == _query(before_url)
+    _same_figure(chart_data(page, "explore-heatmap"), before)
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-back.png"))
+
+
+def _alerts(page) -> list:
+    return [t.strip() for t in page.locator('[data-testid="stAlertContainer"]').all_inner_texts()]
+
+
+def test_a_url_value_the_page_does_not_show_is_named_with_why(server, page):
+    """A URL value the page replaces or does without is named, with the value given, the value
+    shown and why, once; after the next click it is not said again."""
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/explore?text={text}&layer=1&head=99&words=1&target=le")
+    wait_idle(page, timeout=120_000)
+    chart_data(page, "explore-heatmap")
+    said = _alerts(page)
+    expect = ["The URL's head=99 is replaced by 3: head 99 is out of range (0–3 in toy-translate's encoder "
+              "self-attention).",
+              "The URL's words=1 is ignored: toy-translate's tokens are whole words",
+              "The URL's target='le' is ignored: this page has no target"]
+    for e in expect:
+        assert sum(e in s for s in said) == 1, (e, said)
+    assert _query(page.url)["head"] == ["3"] and "target" not in _query(page.url)
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-url-overridden.png"))
+    _toggle(page, "Average over heads")  # the page's own URL from now on: nothing more to say about it
+    assert not any("The URL's" in s for s in _alerts(page)), _alerts(page)
+
+    page.goto(f"{server.url}/decoder?model=minilm&text={text}")
+    wait_idle(page, timeout=120_000)
+    said = "\n".join(_alerts(page))
+    assert "The URL's model='minilm' is replaced by 'toy-translate'" in said, said
+    assert "minilm is an encoder model; the decoder stepper needs a model that generates text" in said, said
+
+    page.goto(f"{server.url}/positions?layer=2&d=7")
+    wait_idle(page, timeout=120_000)
+    said = "\n".join(_alerts(page))
+    assert "The URL's layer=2 is ignored: this page has no layer" in said, said
+    assert "The URL's d=7 is replaced by 8: d must be even" in said, said
+    assert no_exception(page)
+
+
+def _open_tab(page, name):
+    """Open the tab `name` (again, should a click land while a run is still ending and be lost)."""
+    tab = page.get_by_role("tab", name=name)
+    for _ in range(3):
+        tab.click()
+        wait_idle(page, timeout=120_000)
+        if tab.get_attribute("aria-selected") == "true":
+            return
+    raise AssertionError(f"the tab {name!r} does not open")
+
+
+def _playground_figures(page) -> dict:
+    """The playground's figures that its in-tab controls change, each read with its tab open
+    (the random model's map only where it has been built)."""
+    out = {}
+    for tab, keys in (("1 · Attention by hand", ["playground-hand-weights"]), ("2 · Parameter-free", ["playground-pfree"]),
+                      ("3 · Symmetric vs learned", ["playground-sym-scores", "playground-learned-weights"]),
+                      ("4 · Why scale", ["playground-scaling-std", "playground-scaling-entropy"]),
+                      ("5 · Hyper-parameters", ["playground-random-attn"])):
+        _open_tab(page, tab)
+        out.update({k: chart_data(page, k, timeout=120_000) for k in keys
+                    if k != "playground-random-attn" or page.locator(f".st-key-{k} .js-plotly-plot").count()})
+    return out
+
+
+def _numbers(fig) -> list:
+    return [[t.get(k) for k in ("x", "y", "z")] for t in fig["data"]]
+
+
+def _title(fig) -> str:
+    """The figure's title without a measured time ("3.9 ms forward")."""
+    return re.sub(r"\d+(\.\d+)? ms forward", "… ms forward", fig["layout"]["title"]["text"])
+
+
+def test_playground_controls_in_the_url(server, page, browser):
+    """The controls inside the playground's tabs (scaling, sign of the softmax's input, layer and
+    head, the scaling demo's keys and seed, the hyper-parameters and the built model) are in
+    the URL: a copied link opened in a fresh context draws the same figures."""
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/playground?text={text}")
+    wait_idle(page, timeout=120_000)
+    _open_tab(page, "1 · Attention by hand")
+    _toggle(page, "Scale by 1/√d_k")
+    _open_tab(page, "2 · Parameter-free")
+    _toggle(page, "Divide by √D")
+    page.get_by_text("embed.encoder.tokens (token embeddings only)").click()
+    wait_idle(page, timeout=120_000)
+    _open_tab(page, "3 · Symmetric vs learned")
+    page.get_by_label("Self-attention of").click()  # the decoder's self-attention, its layer 1, head 2
+    page.get_by_role("option", name="decoder").click()
+    wait_idle(page, timeout=120_000)
+    for label, value in (("Layer", "1"), ("Head", "2")):
+        page.locator('[data-testid="stMain"]').get_by_label(label, exact=True).click()
+        page.get_by_role("option", name=value, exact=True).click()
+        wait_idle(page, timeout=120_000)
+    _open_tab(page, "4 · Why scale")
+    seed = page.get_by_label("Random seed")
+    seed.fill("7")
+    seed.press("Enter")
+    wait_idle(page, timeout=120_000)
+    page.locator(".st-key-playground-sc_keys input[type=range]").press("ArrowRight")  # 16 -> 32 keys per query
+    wait_idle(page, timeout=120_000)
+    _open_tab(page, "5 · Hyper-parameters")
+    page.locator(".st-key-playground-hp_L input[type=range]").press("ArrowRight")  # L = 3
+    wait_idle(page, timeout=120_000)
+    page.locator(".st-key-playground-hp_kind").get_by_role("combobox").click()
+    page.get_by_role("option", name="decoder", exact=True).click()
+    wait_idle(page, timeout=120_000)
+    page.get_by_role("button", name="Build this model").click()
+    wait_idle(page, timeout=120_000)
+    mine = _playground_figures(page)
+
+    def fresh(url, screenshot=None):
+        ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+        try:
+            pg = ctx.new_page()
+            pg.goto(url)
+            wait_idle(pg, timeout=120_000)
+            assert no_exception(pg)
+            figures = _playground_figures(pg)
+            if screenshot:  # the copied link's tab 5: the same model, built
+                pg.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
+            return figures
+        finally:
+            ctx.close()
+
+    default = fresh(f"{server.url}/playground?text={text}")
+    theirs = fresh(page.url, "newcomer-playground-url.png")
+    assert set(theirs) == set(mine) and "playground-random-attn" not in default
+    for k in mine:
+        if k in default:  # every control was moved: each figure differs from the page's first one
+            assert _numbers(mine[k]) != _numbers(default[k]) or _title(mine[k]) != _title(default[k]), k
+        assert _numbers(mine[k]) == _numbers(theirs[k]), k
+        assert _title(mine[k]) == _title(theirs[k]), k

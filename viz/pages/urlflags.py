@@ -35,7 +35,7 @@ def parse_ints(raw) -> list:
 def flag(state: PageState, field: str, default: bool = False) -> str:
     """Seed the switch `page.field` from the URL (or this session's choice, or `default`);
     returns its session key for st.toggle."""
-    key = state.seeded_key(field, default, parse=parse_bool)
+    key = state.seeded_key(field, default, parse=parse_bool, why="a switch is 1 or 0 (true/false, on/off, yes/no)")
     value = st.session_state[key]
     if not isinstance(value, bool):  # a value shared by another page, as the URL spells it
         try:
@@ -61,10 +61,9 @@ def tab(state: PageState, field: str, names: Dict[str, str]) -> str:
         if raw is not None and raw in names:
             st.session_state[key] = names[raw]
         elif raw is not None:
-            from viz.pages.common import url_value
-
-            state.messages.append(f"The URL's {field}={url_value(raw)} is not a tab here; showing “{labels[0]}”. "
-                                  f"Tabs: {', '.join(names)}.")
+            first = next(iter(names))
+            state.overridden(field, raw, first, f"it is not a tab here (tabs: {', '.join(names)})",
+                             used_text=f"{first} (“{labels[0]}”)")
             st.session_state[key] = labels[0]
         elif key not in st.session_state:
             st.session_state[key] = labels[0]
@@ -78,3 +77,26 @@ def tab_url(state: PageState, field: str, names: Dict[str, str]):
     label = st.session_state.get(state.key(field))
     slug = next((k for k, v in names.items() if v == label), None)
     return None if slug == next(iter(names)) else slug
+
+
+def option(state: PageState, field: str, default, options) -> str:
+    """Seed `page.field`, a widget over `options` (a selectbox, radio or select slider; numbers
+    or names), from the URL; a value not among them is replaced by `default`, with a message
+    listing them. Returns its session key."""
+    options = list(options)
+    numbers = all(isinstance(o, int) and not isinstance(o, bool) for o in options)
+    key = state.seeded_key(field, default, parse=(lambda raw: int(str(raw).strip())) if numbers else str,
+                     valid=lambda v: v in options, why=f"{field} is one of {', '.join(map(str, options))}")
+    if st.session_state[key] not in options:  # e.g. a shared value as the URL spells it
+        value = st.session_state[key]
+        try:
+            value = int(str(value).strip()) if numbers else value
+        except ValueError:
+            pass
+        st.session_state[key] = value if value in options else default
+    return key
+
+
+def changed(value, default):
+    """The URL value of a control: None (left out) at its default."""
+    return None if value == default else value
