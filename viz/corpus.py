@@ -60,10 +60,16 @@ def hover_windows(rows: pd.DataFrame, window: int = HOVER_WINDOW) -> List[str]:
 
 
 def _token_colours(tok: np.ndarray):
+    """Per token a colour code (0..len(top)-1: the most frequent tokens, len(top): any other), and
+    a discrete colorscale that maps the codes onto TOKEN_PALETTE and OTHER_COLOUR. Codes, not
+    20,000 colour strings: plotly checks every string, which took ~1 s."""
     counts = pd.Series(tok).value_counts()
     top = list(counts.index[:N_TOKEN_COLOURS])
-    lookup = {t: TOKEN_PALETTE[i] for i, t in enumerate(top)}
-    return [lookup.get(t, OTHER_COLOUR) for t in tok], top
+    codes = pd.Categorical(tok, categories=top).codes.astype(np.int32)  # -1: not among them
+    codes[codes < 0] = len(top)
+    palette = TOKEN_PALETTE[: len(top)] + [OTHER_COLOUR]
+    scale = [[(i + j) / len(palette), c] for i, c in enumerate(palette) for j in (0, 1)]
+    return dict(color=codes, colorscale=scale, cmin=-0.5, cmax=len(palette) - 0.5, showscale=False), top
 
 
 def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", title: str = "",
@@ -79,14 +85,14 @@ def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", ti
     fig = go.Figure()
     top: List[str] = []
     if color_by == "token":
-        colours, top = _token_colours(tok)
+        token_marker, top = _token_colours(tok)
     for side, (lo, hi), symbol in (("query", (0, n), "circle"), ("key", (n, 2 * n), "diamond")):
         marker = dict(size=marker_size, symbol=symbol, opacity=0.75)
         if color_by == "position":
             marker.update(color=pos, colorscale="Viridis", cmin=0, cmax=max(int(pos.max()) if n else 1, 1),
                           showscale=side == "query", colorbar=dict(title="position"))
         elif color_by == "token":
-            marker.update(color=colours)
+            marker.update(token_marker)
         else:
             marker.update(color=QUERY_COLOUR if side == "query" else KEY_COLOUR)
         fig.add_trace(go.Scattergl(
