@@ -1,6 +1,7 @@
 """Browser benchmark: the app in headless Chromium (Playwright), on a warm server.
 
     python -m bench.browser_bench [--reps 10] [--long-reps 5] [--no-keep-freed-memory] [--json]
+                                  [--only SCENARIO ...]   # e.g. --only corpus
 
 Each figure is the median over repetitions, measured in the page from the user's action
 (the keydown of Enter, the pointerdown of a click, as the page's own event timestamps) to
@@ -20,7 +21,17 @@ maps, one more decoder row...). The page is polled every animation frame.
 5. long input: 512 minilm tokens + Enter -> the heatmap is drawn; then the model view tab ->
    the grid; then a head change at 512 tokens; the page's longest main-thread task
    (PerformanceObserver 'longtask') while the 512-token views update tells whether the page
-   stays responsive.
+   stays responsive;
+6. corpus: /corpus with 500 pasted sentences of 20 minilm tokens (10,000 tokens: the joint
+   scatter of one head's queries and keys has 20,000 points; the page reads 2,000 sentences,
+   1 MB, and draws up to 20,000 tokens). The paste + Ctrl+Enter runs the corpus job and the
+   PCA (one run, reported, not the target). The target, "20,000 points drawn in <= 2 s once
+   the projection is ready", is timed on changes that reuse the cached job and projection:
+   "Colour by" (position, token, query / key in turn) and a return to a head seen before;
+   each until the scatter holds 2 x 10,000 points in that colouring and head. Also reported:
+   the longest main-thread task, and CPU seconds per redraw of the server, Chromium's
+   renderer and its GPU process (WebGL runs in software under --disable-gpu), which load on
+   the shared machine does not stretch as it does wall time.
 
 The server runs `python -m bench.serve run app.py` (streamlit run, after
 core.device.keep_freed_memory(), which the app calls too), one torch thread, no file watcher.
