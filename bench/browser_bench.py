@@ -1,6 +1,7 @@
 """Browser benchmark: the app in headless Chromium (Playwright), on a warm server.
 
     python -m bench.browser_bench [--reps 10] [--long-reps 5] [--no-keep-freed-memory] [--json]
+                                  [--only SCENARIO ...]   # e.g. --only corpus
 
 Each figure is the median over repetitions, measured in the page from the user's action
 (the keydown of Enter, the pointerdown of a click, as the page's own event timestamps) to
@@ -20,7 +21,17 @@ maps, one more decoder row...). The page is polled every animation frame.
 5. long input: 512 minilm tokens + Enter -> the heatmap is drawn; then the model view tab ->
    the grid; then a head change at 512 tokens; the page's longest main-thread task
    (PerformanceObserver 'longtask') while the 512-token views update tells whether the page
-   stays responsive.
+   stays responsive;
+6. corpus: /corpus with 500 pasted sentences of 20 minilm tokens (10,000 tokens: the joint
+   scatter of one head's queries and keys has 20,000 points; the page reads 2,000 sentences,
+   1 MB, and draws up to 20,000 tokens). The paste + Ctrl+Enter runs the corpus job and the
+   PCA (one run, reported, not the target). The target, "20,000 points drawn in <= 2 s once
+   the projection is ready", is timed on changes that reuse the cached job and projection:
+   "Colour by" (position, token, query / key in turn) and a return to a head seen before;
+   each until the scatter holds 2 x 10,000 points in that colouring and head. Also reported:
+   the longest main-thread task, and CPU seconds per redraw of the server, Chromium's
+   renderer and its GPU process (WebGL runs in software under --disable-gpu), which load on
+   the shared machine does not stretch as it does wall time.
 
 The server runs `python -m bench.serve run app.py` (streamlit run, after
 core.device.keep_freed_memory(), which the app calls too), one torch thread, no file watcher.
@@ -78,6 +89,7 @@ window.__rows = z => {
 };
 window.__title = e => { const t = e && e.layout && e.layout.title; return (t && (t.text || t)) || ''; };
 window.__ticks = e => (e && e.layout && e.layout.xaxis && e.layout.xaxis.ticktext) || [];
+window.__len = v => { if (!v) return -1; if (v._inputArray) v = v._inputArray; return v.length === undefined ? -1 : v.length; };
 """
 
 
@@ -402,6 +414,165 @@ def scenario_long(page, base_url: str, texts: list, warm: int) -> dict:
             "breakdown": {k: collect(v) for k, v in bd.items()}}
 
 
+def _proc_table() -> dict:
+    """pid -> (parent pid, CPU seconds (user + system, all threads), command line) from /proc."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        out[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmd)
+    return out
+
+
+def cpu_seconds(server_pid: int) -> dict:
+    """CPU seconds so far of the app server, and of this process's Chromium by kind: the page's
+    renderer(s) and the GPU process (WebGL, software-rendered by SwiftShader under --disable-gpu).
+    Unlike wall time, these do not grow when other jobs want the cores."""
+    procs, me = _proc_table(), os.getpid()
+
+    def mine(pid: int) -> bool:
+        for _ in range(64):
+            if pid == me:
+                return True
+            if pid not in procs:
+                return False
+            pid = procs[pid][0]
+        return False
+
+    out = {"server": procs[server_pid][1] if server_pid in procs else float("nan"), "renderer": 0.0, "gpu": 0.0}
+    for pid, (_, cpu, cmd) in procs.items():
+        if "chrom" in cmd and mine(pid):
+            kind = "gpu" if "--type=gpu-process" in cmd else "renderer" if "--type=renderer" in cmd else None
+            if kind:
+                out[kind] += cpu
+    return out
+
+
+def cpu_delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
+
+
+CORPUS_SENTENCES, CORPUS_SENTENCE_LEN = 500, 20  # pasted: 10,000 minilm tokens -> 20,000 points
+# "Colour by" options as the page names them (viz.corpus.COLOR_BY), in the order the scenario cycles
+CORPUS_COLOURS = [("position", "position"), ("token", "token (most frequent)"), ("type", "query / key")]
+# the joint scatter: two traces (queries, keys) of arg[0] points each, coloured by arg[1], head arg[2]
+CORPUS_CHECK = ("e.data.length === 2 && window.__len(e.data[0].x) === arg[0] && window.__len(e.data[1].x) === arg[0] "
+                "&& (typeof e.data[0].marker.color === 'string' ? 'type' : e.data[0].marker.colorbar ? 'position' "
+                ": 'token') === arg[1] && new RegExp('head ' + arg[2] + ' ').test(window.__title(e))")
+
+
+def scenario_corpus(page, base_url: str, sentences: list, n_tokens: int, n_reps: int, warm: int,
+                    server_pid: int) -> dict:
+    """The corpus page's joint scatter of 2 x n_tokens points (queries and keys of one head,
+    minilm layer 0): the pasted corpus (`sentences`, all within the page's default of 500) is
+    traced and projected once (timed, but not the target: the corpus job + PCA + draw); then
+    the target: "Colour by" changes, which reuse the cached corpus job and projection and only
+    rebuild the figure and draw it; then returns to a head seen before (its projection cached),
+    after one untimed first visit that computes it. Each repetition also records the CPU
+    seconds (cpu_seconds) from before the action until the page is idle again."""
+    page.goto(f"{base_url}/corpus?model=minilm&layer=0&head=0&projection=pca")
+    wait_idle(page, 300_000)
+    wait_chart(page, "corpus-scatter", 300_000)  # the bundled corpus first
+    colour = page.get_by_role("combobox", name="Colour by", exact=True).input_value()  # gone while the corpus is empty
+    mode = {shown: m for m, shown in CORPUS_COLOURS}[colour]
+    page.locator(".st-key-corpus-source").get_by_role("radio", name="Paste text", exact=True).check(force=True)
+    wait_idle(page)
+    box = page.get_by_label("Sentences, one a line", exact=True)
+    box.fill("\n".join(sentences))
+    t_first = timed(page, lambda: box.press("Control+Enter"), "corpus-scatter", CORPUS_CHECK, [n_tokens, mode, 0],
+                    900_000)
+    first = dict(LAST)
+    wait_idle(page, 900_000)
+    t_lt = page.evaluate("() => performance.now()")
+    times, bds = [], []
+    order = [c for c in CORPUS_COLOURS if c[0] != mode] + [c for c in CORPUS_COLOURS if c[0] == mode]
+    for i in range(n_reps + warm):
+        mode, shown = order[i % len(order)]
+        click = choose(page, "Colour by", shown)
+        c0 = cpu_seconds(server_pid)
+        t = timed(page, click, "corpus-scatter", CORPUS_CHECK, [n_tokens, mode, 0], 300_000)
+        wait_idle(page, 300_000)
+        if i >= warm:
+            times.append(t)
+            bds.append(dict(LAST, cpu=cpu_delta(c0, cpu_seconds(server_pid))))
+    colour_tasks = longtasks_since(page, t_lt)
+    # head 1's first visit computes its projection (untimed); then heads 0 and 1 in turn, both cached
+    heads, hbds = [], []
+    for i in range(n_reps + warm + 1):
+        h = 1 - i % 2 if i else 1
+        click = choose(page, "Head", str(h))
+        c0 = cpu_seconds(server_pid)
+        t = timed(page, click, "corpus-scatter", CORPUS_CHECK, [n_tokens, mode, h], 300_000)
+        wait_idle(page, 300_000)
+        if i > warm:
+            heads.append(t)
+            hbds.append(dict(LAST, cpu=cpu_delta(c0, cpu_seconds(server_pid))))
+    return {"first": t_first, "first_breakdown": first, "colour": times, "colour_breakdown": collect(bds),
+            "colour_after_script": _after(bds), "head_after_script": _after(hbds),
+            "colour_cpu": [b["cpu"] for b in bds], "head_cpu": [b["cpu"] for b in hbds],
+            "colour_longest_task": max((d for _, d in colour_tasks), default=0.0) / 1000,
+            "head": heads, "head_breakdown": collect(hbds),
+            "head_longest_task": max((b["longest_task"] for b in hbds if b.get("longest_task") is not None),
+                                     default=None)}
+
+
+def corpus_rows(model, reps: int, warm: int, page, server, results: list, details: dict, attempt) -> None:
+    """The corpus scenario's rows: 20,000 points drawn after a colour change (target 2 s) and
+    after a return to a cached head, the longest main-thread task, and the first draw."""
+    sents = minilm_sentences(model, CORPUS_SENTENCES, CORPUS_SENTENCE_LEN, seed=15)
+    n_tok = sum(len(model.tokenizer.encode(s)) for s in sents)
+    n_pts = 2 * n_tok
+    names = [(f"corpus: {n_pts:,}-point joint scatter (minilm, one head's queries + keys) drawn after a "
+              "'Colour by' change (projection cached: figure built, sent, drawn)", 2.0),
+             (f"corpus: {n_pts:,} points drawn after returning to a head whose projection is cached", 2.0),
+             (f"corpus: longest main-thread task while the {n_pts:,}-point scatter is redrawn", None),
+             (f"corpus: paste {len(sents)} sentences ({n_tok:,} tokens) + Ctrl+Enter -> scatter drawn (corpus job, "
+              "PCA and the draw)", None)]
+    r = attempt("corpus", names, lambda: scenario_corpus(page, server.url, sents, n_tok, reps, warm, server.proc.pid))
+    if not r:
+        return
+    details["corpus"] = r
+    results.append(Result("corpus", names[0][0], median(r["colour"]), "s", 2.0,
+                          note=_note(r["colour"]) + _where(r["colour_breakdown"]) + _after_script(r["colour_after_script"])
+                          + _cpu(r["colour_cpu"])))
+    results.append(Result("corpus", names[1][0], median(r["head"]), "s", 2.0,
+                          note=_note(r["head"]) + _where(r["head_breakdown"]) + _after_script(r["head_after_script"])
+                          + _cpu(r["head_cpu"])))
+    results.append(Result("corpus", names[2][0], max(r["colour_longest_task"], r["head_longest_task"] or 0), "s", None,
+                          note=f"Chromium's 'longtask' entries: worst over the colour changes "
+                               f"{r['colour_longest_task']:.2f} s, over the head returns {r['head_longest_task'] or 0:.2f} s "
+                               "(the page cannot react to input during one)"))
+    results.append(Result("corpus", names[3][0], r["first"], "s", None,
+                          note="one run, after the bundled corpus was drawn" + _where(r["first_breakdown"])))
+
+
+def _after(bds: list) -> list:
+    """Per repetition, seconds from the end of the server's script run to the chart drawn: the
+    browser's part (at most: the figure's message can arrive before the script ends)."""
+    return [max(b["total"] - b["script_end"], 0.0) for b in bds if b.get("script_end") is not None]
+
+
+def _after_script(xs: list) -> str:
+    return f"; drawn {median(xs):.2f} s (median) after the script ended" if xs else ""
+
+
+def _cpu(cpus: list) -> str:
+    """Medians of the CPU seconds per repetition (cpu_seconds), which load does not stretch."""
+    if not cpus:
+        return ""
+    m = {k: median([c[k] for c in cpus]) for k in cpus[0]}
+    return (f"; CPU per repetition (median): server {m['server']:.2f} s, browser renderer {m['renderer']:.2f} s, "
+            f"GPU process (software WebGL) {m['gpu']:.2f} s")
+
+
 def _note(t: list) -> str:
     return f"median of {len(t)}; all: {', '.join(f'{x:.2f}' for x in t)}"
 
@@ -416,8 +587,16 @@ def _where(b: dict) -> str:
     return "; " + ", ".join(parts)
 
 
-def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None) -> dict:
+SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_long", "toy", "long", "corpus")
+
+
+def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None,
+        only=None) -> dict:
+    """Every scenario, or those named in `only` (SCENARIOS), on one warm server and browser."""
     import core
+
+    def want(name: str) -> bool:
+        return not only or name in only
 
     warm = 1
     results, details = [], {"reps": reps, "long_reps": long_reps, "keep_freed_memory": keep_freed}
@@ -469,42 +648,46 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                         continue
             details["server_rss_mib_warm"] = server.rss_mib()
 
-            name = "type a new 20-token sentence + Enter -> heatmap (minilm)"
-            r = attempt("browser", [(name, 0.5)], lambda: scenario_sentence(page, server.url, "minilm", sents, ticks, warm))
-            if r:
-                t, b = r
-                details["sentence_minilm"] = {"times": t, "breakdown": collect(b)}
-                results.append(Result("browser", name, median(t), "s", 0.5, note=_note(t) + _where(collect(b))))
+            if want("sentence"):
+                name = "type a new 20-token sentence + Enter -> heatmap (minilm)"
+                r = attempt("browser", [(name, 0.5)], lambda: scenario_sentence(page, server.url, "minilm", sents, ticks, warm))
+                if r:
+                    t, b = r
+                    details["sentence_minilm"] = {"times": t, "breakdown": collect(b)}
+                    results.append(Result("browser", name, median(t), "s", 0.5, note=_note(t) + _where(collect(b))))
 
-            name = "minilm model view: 72 maps drawn after the tab click (20 tokens)"
-            r = attempt("browser", [(name, 1.5)], lambda: scenario_model_view(page, reps, warm, 72))
-            if r:
-                t, b = r
-                details["model_view"] = {"times": t, "breakdown": collect(b)}
-                results.append(Result("browser", name, median(t), "s", 1.5, note=_note(t) + _where(collect(b))))
+            if want("model_view"):
+                name = "minilm model view: 72 maps drawn after the tab click (20 tokens)"
+                r = attempt("browser", [(name, 1.5)], lambda: scenario_model_view(page, reps, warm, 72))
+                if r:
+                    t, b = r
+                    details["model_view"] = {"times": t, "breakdown": collect(b)}
+                    results.append(Result("browser", name, median(t), "s", 1.5, note=_note(t) + _where(collect(b))))
 
-            name = "change the head -> heatmap (minilm, 20 tokens)"
-            r = attempt("browser", [(name, 0.3)], lambda: scenario_head(page, reps, warm))
-            if r:
-                t, b = r
-                details["head"] = {"times": t, "breakdown": collect(b)}
-                results.append(Result("browser", name, median(t), "s", 0.3, note=_note(t) + _where(collect(b))))
+            if want("head"):
+                name = "change the head -> heatmap (minilm, 20 tokens)"
+                r = attempt("browser", [(name, 0.3)], lambda: scenario_head(page, reps, warm))
+                if r:
+                    t, b = r
+                    details["head"] = {"times": t, "breakdown": collect(b)}
+                    results.append(Result("browser", name, median(t), "s", 0.3, note=_note(t) + _where(collect(b))))
 
-            name = "decoder step: Next -> decoder-weights (toy-translate)"
-            dec = attempt("browser", [(name, 0.3)], lambda: scenario_decoder(
-                page, server.url, "the small happy dog sees the old cat near the quiet river", reps, warm))
-            if dec is not None:
-                details["decoder"] = dec
-                if "error" in dec:
-                    results.append(Result("browser", name, None, "s", 0.3, note=dec["error"]))
-                else:
-                    results.append(Result("browser", name, median(dec["times"]), "s", 0.3,
-                                          note=_note(dec["times"]) + _where(dec["breakdown"])))
-                    results.append(Result("browser", "decoder step: Next -> all five of the step's charts redrawn "
-                                          "(mask, masked scores, weights, cross-attention, next token)",
-                                          median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
+            if want("decoder"):
+                name = "decoder step: Next -> decoder-weights (toy-translate)"
+                dec = attempt("browser", [(name, 0.3)], lambda: scenario_decoder(
+                    page, server.url, "the small happy dog sees the old cat near the quiet river", reps, warm))
+                if dec is not None:
+                    details["decoder"] = dec
+                    if "error" in dec:
+                        results.append(Result("browser", name, None, "s", 0.3, note=dec["error"]))
+                    else:
+                        results.append(Result("browser", name, median(dec["times"]), "s", 0.3,
+                                              note=_note(dec["times"]) + _where(dec["breakdown"])))
+                        results.append(Result("browser", "decoder step: Next -> all five of the step's charts redrawn "
+                                              "(mask, masked scores, weights, cross-attention, next token)",
+                                              median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
 
-            if core.MODELS["smollm2"].available():
+            if want("decoder_long") and core.MODELS["smollm2"].available():
                 name = "decoder step: Next -> next-token chart (smollm2, 1,024-token prompt, 64 new tokens)"
 
                 def long_decoder():
@@ -522,7 +705,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                                           note=_note(dl["times"]) + f"; its weights map (in blocks) redrawn after "
                                                f"{median(dl['weights']):.3f} s (median)"))
 
-            if not quick:
+            if want("toy") and not quick:
                 name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"
 
                 def toy_run():
@@ -537,29 +720,33 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     details["sentence_toy"] = {"times": t, "breakdown": collect(b)}
                     results.append(Result("browser", name, median(t), "s", 0.5, note=_note(t) + _where(collect(b))))
 
-            base = text_of(minilm, 512).split()
-            longs = []
-            for i in range(long_reps + warm):
-                w = list(base)
-                w[i + 1], w[i + 5] = w[i + 5], w[i + 1]
-                longs.append(" ".join(w))
-            names = [("512 tokens + Enter -> one head's map drawn (minilm)", 3.0),
-                     ("512 tokens: model view tab -> 72-map grid drawn", 3.0),
-                     ("512 tokens: change the head -> heatmap", None),
-                     ("512 tokens: longest main-thread task while the views update (responsive: <= 0.5 s)", 0.5)]
-            lg = attempt("long input", names, lambda: scenario_long(page, server.url, longs, warm))
-            if lg:
-                bd = lg["breakdown"]
-                results.append(Result("long input", names[0][0], median(lg["map"]), "s", 3.0,
-                                      note=_note(lg["map"]) + _where(bd["map"])))
-                results.append(Result("long input", names[1][0], median(lg["grid"]), "s", 3.0,
-                                      note=_note(lg["grid"]) + _where(bd["grid"])))
-                results.append(Result("long input", names[2][0], median(lg["head"]), "s", None,
-                                      note=_note(lg["head"]) + _where(bd["head"])))
-                results.append(Result("long input", names[3][0], max(lg["longest_task"]), "s", 0.5,
-                                      note="worst over the repetitions of Chromium's 'longtask' entries from the Enter "
-                                           "to the head change (the page cannot react to input during one)"))
-                details["long"] = lg
+            if want("long"):
+                base = text_of(minilm, 512).split()
+                longs = []
+                for i in range(long_reps + warm):
+                    w = list(base)
+                    w[i + 1], w[i + 5] = w[i + 5], w[i + 1]
+                    longs.append(" ".join(w))
+                names = [("512 tokens + Enter -> one head's map drawn (minilm)", 3.0),
+                         ("512 tokens: model view tab -> 72-map grid drawn", 3.0),
+                         ("512 tokens: change the head -> heatmap", None),
+                         ("512 tokens: longest main-thread task while the views update (responsive: <= 0.5 s)", 0.5)]
+                lg = attempt("long input", names, lambda: scenario_long(page, server.url, longs, warm))
+                if lg:
+                    bd = lg["breakdown"]
+                    results.append(Result("long input", names[0][0], median(lg["map"]), "s", 3.0,
+                                          note=_note(lg["map"]) + _where(bd["map"])))
+                    results.append(Result("long input", names[1][0], median(lg["grid"]), "s", 3.0,
+                                          note=_note(lg["grid"]) + _where(bd["grid"])))
+                    results.append(Result("long input", names[2][0], median(lg["head"]), "s", None,
+                                          note=_note(lg["head"]) + _where(bd["head"])))
+                    results.append(Result("long input", names[3][0], max(lg["longest_task"]), "s", 0.5,
+                                          note="worst over the repetitions of Chromium's 'longtask' entries from the Enter "
+                                               "to the head change (the page cannot react to input during one)"))
+                    details["long"] = lg
+
+            if want("corpus"):
+                corpus_rows(minilm, reps, warm, page, server, results, details, attempt)
             details["server_rss_mib_end"] = server.rss_mib()
             details["exceptions_on_page"] = page.locator('[data-testid="stException"]').count()
             browser.close()
@@ -575,10 +762,13 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-keep-freed-memory", action="store_true")
     ap.add_argument("--app-root", default=None, help="serve the app.py of another checkout (e.g. with a change wired in)")
+    ap.add_argument("--only", action="append", choices=SCENARIOS, metavar="SCENARIO",
+                    help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     reps, long_reps = (3, 1) if args.quick else (args.reps, args.long_reps)
-    res = run(reps, long_reps, keep_freed=not args.no_keep_freed_memory, quick=args.quick, app_root=args.app_root)
+    res = run(reps, long_reps, keep_freed=not args.no_keep_freed_memory, quick=args.quick, app_root=args.app_root,
+              only=args.only)
     if args.json:
         print(json.dumps(res, default=str))
         return

@@ -4,8 +4,8 @@
            fresh process per configuration: glibc's malloc defaults and after (= what the app
            runs); on a CUDA machine also on the GPU;
 2. long inputs  what a trace stores and costs at the models' own context (bench.trace_bench);
-3. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens
-           (bench.browser_bench).
+3. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens, the
+           corpus page's 20,000-point scatter (bench.browser_bench; also in --quick).
 Each runs in its own process. --quick: fewer rounds and repetitions, configurations
 glibc/after, lengths 128 and 512 (a few minutes instead of ~15).
 """
@@ -223,6 +223,15 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "margins fitted to their token labels (viz.figures.fix_margins) instead of plotly's automargin, which "
              "measured every label and drew each chart twice when the margins moved. A decoder step redraws five "
              "charts; the target figure is the weights chart, and the time until all five are new is reported too.")
+    L.append("")
+    L.append("The corpus rows: /corpus with 500 pasted sentences of 20 minilm tokens, so one head's joint scatter "
+             "has 10,000 queries and 10,000 keys. Pasting runs the corpus job and the PCA (reported once); the "
+             "target is timed on reruns that reuse both (a 'Colour by' change; a return to a head seen before), "
+             "from the click to the scatter holding the 20,000 points in the new colouring or head: the figure "
+             "built by the server, sent, and drawn by plotly's WebGL scatter, which headless Chromium renders in "
+             "software (SwiftShader). Streamlit mounts a new chart for every new figure, and plots it twice (once "
+             "before and once after it applies the page's width and theme). The CPU seconds per redraw in the "
+             "notes (server, renderer, GPU process) do not grow with the machine's other load as wall time does.")
     if bd.get("errors"):
         L.append("")
         L.append("Errors: " + "; ".join(bd["errors"]))

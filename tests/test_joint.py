@@ -89,8 +89,17 @@ def test_colour_by_position_and_token():
     xy = np.zeros((2 * len(rows), 2))
     pos = vc.joint_scatter(xy, rows, color_by="position").to_dict()["data"][0]["marker"]["color"]
     assert list(decode_array(pos)) == list(rows.position)
-    tok = vc.joint_scatter(xy, rows, color_by="token").to_dict()["data"][0]["marker"]["color"]
-    assert len(set(tok)) == len(set(rows.token))  # 7 tokens, fewer than the palette: one colour each
+    mk = vc.joint_scatter(xy, rows, color_by="token").to_dict()["data"][0]["marker"]
+    codes = decode_array(mk["color"]).astype(int)  # colour codes on a discrete colorscale
+
+    def colour(code):
+        v = (code - mk["cmin"]) / (mk["cmax"] - mk["cmin"])
+        return next(c for (a, c), (b, _) in zip(mk["colorscale"][::2], mk["colorscale"][1::2]) if a <= v <= b)
+
+    colours = [colour(c) for c in codes]
+    assert len(set(colours)) == len(set(rows.token))  # 7 tokens, fewer than the palette: one colour each
+    assert {t: c for t, c in zip(rows.token, colours)} == {t: colours[list(rows.token).index(t)] for t in rows.token}
+    assert set(colours) == set(vc.TOKEN_PALETTE[:7])
 
 
 def test_small_multiples_one_panel_per_head():

@@ -39,6 +39,17 @@ def head_embedding(model_name: str, corpus_key: str, layer: int, head: int, proj
     return cj.joint_embedding(_q, _k, projection)
 
 
+@st.cache_data(max_entries=6, show_spinner=False)
+def layer_heads(model_name: str, corpus_key: str, layer: int, n_heads: int, n_points: int, _table):
+    """Every head's PCA joint embedding of the layer's first n_points tokens (the small multiples),
+    in one cache entry: a rerun reads it without filtering the layer's table once per head."""
+    out = []
+    for h in range(n_heads):
+        _, q, k = cc.head_vectors(_table, layer, h)
+        out.append(cj.joint_embedding(q[:n_points], k[:n_points], "pca"))
+    return out
+
+
 def _parquet(table) -> bytes:
     buf = io.BytesIO()
     cc.write_parquet(table, buf)
@@ -169,11 +180,7 @@ def _pick_head() -> None:
 
 with st.expander(f"Every head of layer {layer} (PCA; click a panel to choose its head)"):
     cap_small = min(len(rows), 5_000)
-    heads_xy = []
-    for h in range(n_heads):
-        _, q_h, k_h = cc.head_vectors(table, layer, h)
-        heads_xy.append(head_embedding(model_name, key, layer, h, "pca", f"first{cap_small}",
-                                       q_h[:cap_small], k_h[:cap_small]))
+    heads_xy = layer_heads(model_name, key, layer, n_heads, cap_small, table)
     charts.chart(vc.head_multiples(heads_xy, cap_small, title=f"layer {layer}: {n_heads} heads"),
                  "corpus-heads", on_select=_pick_head, selection_mode="points", width="stretch")
 
