@@ -3,10 +3,12 @@
 import streamlit as st
 
 from viz.pages.common import setup_process
+from viz.pages.history import one_entry_per_action
 
 setup_process()
 
 st.set_page_config(page_title="Attention Lab", page_icon=":material/visibility:", layout="wide")
+one_entry_per_action()  # Back undoes one action (a page switch included), not half of one
 
 PAGES = [
     st.Page("viz/pages/home.py", title="Attention Lab", default=True, visibility="hidden"),

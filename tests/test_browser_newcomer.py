@@ -317,3 +317,30 @@ def test_compare_says_it_opens_on_its_own_pair(server, page):
     wait_idle(page, timeout=120_000)
     assert "toy-translate" in page.url and urllib.parse.quote_plus(mine) in page.url
     assert no_exception(page)
+
+
+def _query(url: str) -> dict:
+    return urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+
+
+def test_back_after_a_page_switch_takes_one_press(server, page):
+    """A page switch is one user action and makes one history entry: Back, pressed once,
+    returns to the page before it with its URL state and figure."""
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/explore?text={text}&layer=1&head=2&mean=1")
+    wait_idle(page, timeout=120_000)
+    before_url, before = page.url, chart_data(page, "explore-heatmap")
+    entries = page.evaluate("history.length")
+    page.locator('[data-testid="stSidebarNav"] a[href$="/positions"]').click()
+    page.wait_for_url("**/positions**")
+    wait_idle(page, timeout=120_000)
+    page.wait_for_function("() => location.search.includes('model=')")  # the new page has written its state
+    made = page.evaluate("history.length") - entries
+    page.go_back()
+    page.wait_for_timeout(500)
+    wait_idle(page, timeout=120_000)
+    assert urllib.parse.urlparse(page.url).path.endswith("/explore"), page.url
+    assert made == 1, f"a page switch made {made} history entries"
+    assert _query(page.url) == _query(before_url)
+    _same_figure(chart_data(page, "explore-heatmap"), before)
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-back.png"))
