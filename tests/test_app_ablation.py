@@ -109,3 +109,18 @@ def test_bad_ablate_in_url_warns(app_test):
     assert_no_exception(at)
     assert any("ablate=" in w.value for w in at.warning), [w.value for w in at.warning]
     assert at.multiselect(key="explore.ablate").value == [] and "ablate" not in at.query_params
+
+
+def test_mode_survives_a_trip_to_another_page(app_test):
+    """Back on Explore after another page, the switched-off heads are still "zeroed" (not an
+    empty choice): a field left out of the URL is no value to carry between pages."""
+    at = app_test("explore", text=TEXT)
+    at.run()
+    assert at.selectbox(key="explore.ablation").value == "zero"
+    at.switch_page("viz/pages/positions.py").run()
+    at.switch_page("viz/pages/explore.py").run()
+    assert_no_exception(at)
+    assert at.selectbox(key="explore.ablation").value == "zero"
+    at.multiselect(key="explore.ablate").select("encoder.0.1").run()
+    assert_no_exception(at)
+    assert at.query_params["ablate"] == "encoder.0.1" and "ablation" not in at.query_params

@@ -278,7 +278,10 @@ class PageState:
     def publish(self, **values) -> None:
         values = {**values, **self.extra}
         for k, v in values.items():
-            self.shared[k] = v
+            if v is None:  # left out of the URL: the next page takes its own default, not None
+                self.shared.pop(k, None)
+            else:
+                self.shared[k] = v
         # an emptied sentence stays in the URL (text=), so a reload or a shared link shows the
         # same empty box and its message rather than the default sentence; other empty
         # fields (an optional target) are left out
