@@ -344,3 +344,40 @@ def test_back_after_a_page_switch_takes_one_press(server, page):
     assert _query(page.url) == _query(before_url)
     _same_figure(chart_data(page, "explore-heatmap"), before)
     page.screenshot(path=str(SCREENSHOTS / "newcomer-back.png"))
+
+
+def _alerts(page) -> list:
+    return [t.strip() for t in page.locator('[data-testid="stAlertContainer"]').all_inner_texts()]
+
+
+def test_a_url_value_the_page_does_not_show_is_named_with_why(server, page):
+    """A URL value the page replaces or does without is named, with the value given, the value
+    shown and why, once; after the next click it is not said again."""
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/explore?text={text}&layer=1&head=99&words=1&target=le")
+    wait_idle(page, timeout=120_000)
+    chart_data(page, "explore-heatmap")
+    said = _alerts(page)
+    expect = ["The URL's head=99 is replaced by 3: head 99 is out of range (0–3 in toy-translate's encoder "
+              "self-attention).",
+              "The URL's words=1 is ignored: toy-translate's tokens are whole words",
+              "The URL's target='le' is ignored: this page has no target"]
+    for e in expect:
+        assert sum(e in s for s in said) == 1, (e, said)
+    assert _query(page.url)["head"] == ["3"] and "target" not in _query(page.url)
+    page.screenshot(path=str(SCREENSHOTS / "newcomer-url-overridden.png"))
+    _toggle(page, "Average over heads")  # the page's own URL from now on: nothing more to say about it
+    assert not any("The URL's" in s for s in _alerts(page)), _alerts(page)
+
+    page.goto(f"{server.url}/decoder?model=minilm&text={text}")
+    wait_idle(page, timeout=120_000)
+    said = "\n".join(_alerts(page))
+    assert "The URL's model='minilm' is replaced by 'toy-translate'" in said, said
+    assert "minilm is an encoder model; the decoder stepper needs a model that generates text" in said, said
+
+    page.goto(f"{server.url}/positions?layer=2&d=7")
+    wait_idle(page, timeout=120_000)
+    said = "\n".join(_alerts(page))
+    assert "The URL's layer=2 is ignored: this page has no layer" in said, said
+    assert "The URL's d=7 is replaced by 8: d must be even" in said, said
+    assert no_exception(page)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import time
 from typing import Callable, Dict, Optional, Sequence
 
@@ -224,48 +225,109 @@ def show_trace_notes(trace) -> None:
 
 
 # ------------------------------------------------------------------ URL state
+TEXT_FIELDS = ("text", "text2", "target")  # typed text: a longer URL value is cut to MAX_CHARS
+
+
+def said(value) -> str:
+    """A value as a message names it: a number or a switch as it reads, any other text quoted
+    (url_value), a long text with its length."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int) or re.fullmatch(r"-?\d{1,12}", str(value)):
+        return str(value)
+    text = str(value)
+    return url_value(text) + (f"… ({len(text):,} characters)" if len(text) > 40 else "")
+
+
 class PageState:
     """Widget state seeded from the URL and written back to it, so every view can be shared.
 
     A value comes from the URL when the page is opened with it (or the URL changed since
     the app last wrote it), else from what the user chose on any page this session, else
-    the default.
+    the default. Where the page does not show the URL's value (out of range, not valid for
+    this model or page, a field the page does not have), `overridden` / `ignored` leave a
+    message that names the field, the value given, the value shown and why; show_messages
+    shows each once.
+
+    `fields`: every URL field the page reads; the URL's others are ignored, with a message.
     """
 
-    def __init__(self, page: str):
+    def __init__(self, page: str, fields: Sequence[str] = ()):
         self.page = page
         self.qp = st.query_params.to_dict()
         self.external = self.qp != st.session_state.get("_url_last")
         self.shared: Dict = st.session_state.setdefault("_shared", {})
         self.messages: list = []
+        self._said: set = set()
+        self.from_url: set = set()  # fields whose value this run took from the URL
         self.extra: Dict = {}  # fields every later publish() adds to the URL (e.g. step_train)
+        if fields and self.external:
+            for field in self.qp:
+                if field not in fields:
+                    self.ignored(field, f"this page has no {field} (its URL fields: {', '.join(fields)})")
 
     def key(self, field: str) -> str:
         return f"{self.page}.{field}"
 
-    def seeded_key(self, field: str, default, parse: Callable = str, valid: Optional[Callable] = None) -> str:
+    # -------------------------------------------------------------- what the page says about the URL
+    def say(self, message: str) -> None:
+        """A message for show_messages, once however often the run reaches it."""
+        if message not in self._said:
+            self._said.add(message)
+            self.messages.append(message)
+
+    def overridden(self, field: str, given, used, why: str, used_text: Optional[str] = None) -> None:
+        """The URL's field=given is not what the page shows: it shows `used` (or `used_text`, as
+        worded) because `why`."""
+        self.say(f"The URL's {field}={said(given)} is replaced by {used_text or said(used)}: {why}.")
+
+    def ignored(self, field: str, why: str) -> None:
+        """The URL's `field` has no effect on this page (its value is left out of the URL), because `why`."""
+        if field in self.qp:
+            self.say(f"The URL's {field}={said(self.qp[field])} is ignored: {why}.")
+
+    def ignored_if_given(self, field: str, why: str) -> None:
+        """`ignored`, when the URL is the one the page was opened with (not the app's own)."""
+        if self.external:
+            self.ignored(field, why)
+
+    # -------------------------------------------------------------- seeding
+    def seeded_key(self, field: str, default, parse: Callable = str, valid: Optional[Callable] = None,
+                   why=None) -> str:
         """The session-state key of a widget for `field`, its value first set (once, or again
         when the URL changed) from the URL, else from this session's other pages, else
-        `default`; a URL value that `parse` or `valid` rejects leaves a message."""
-        return self._seed_from_url(field, default, parse, valid, lambda raw, value: (
-            value, f"The URL's {field}={url_value(raw)} is not valid here; showing {url_value(value)}."))
+        `default`. A URL value that `parse` or `valid` rejects is replaced, with a message saying
+        `why` (a text, or why(raw, error) -> text; by default that it is not valid here)."""
+        def rejected(raw, value, exc):
+            reason = why(raw, exc) if callable(why) else why
+            return value, ("it is not valid here" + (f" ({reason})" if reason else ""))
+
+        return self._seed_from_url(field, default, parse, valid, rejected)
 
     def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected) -> str:
-        """seeded_key's rule; rejected(raw, value) -> (the value to use, the message) for a URL
+        """seeded_key's rule; rejected(raw, value, error) -> (the value to use, why) for a URL
         value that parse or valid refuses."""
         key = self.key(field)
         raw = self.qp.get(field)
         if key not in st.session_state or (self.external and raw is not None):
             value = self.shared.get(field, default)
+            if valid is not None and field in self.shared and not (
+                    _holds(valid, value) or (isinstance(value, str) and _holds(lambda v: valid(parse(v)), value))):
+                value = default  # another page's value (as it wrote it, or as the URL spells it) not taken here
             if raw is not None:
                 try:
                     parsed = parse(raw)
                     if valid is not None and not valid(parsed):
                         raise ValueError
                     value = parsed
-                except (ValueError, TypeError):
-                    value, message = rejected(raw, value)
-                    self.messages.append(message)
+                    self.from_url.add(field)
+                except (ValueError, TypeError) as exc:
+                    value, why = rejected(raw, value, exc)
+                    self.overridden(field, raw, value, why)
+                if field in TEXT_FIELDS and isinstance(value, str) and len(value) > MAX_CHARS:
+                    self.overridden(field, raw, None, f"only the first {MAX_CHARS:,} are used (the models read "
+                                    "no more)", used_text=f"its first {MAX_CHARS:,} characters")
+                    value = value[:MAX_CHARS]
             st.session_state[key] = value
         return key
 
@@ -297,14 +359,26 @@ class PageState:
         self.messages.clear()
 
 
-def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int) -> str:
-    """Seed an integer widget from the URL, clamped to [lo, hi] with a notice."""
-    key = state._seed_from_url(field, default, lambda raw: int(str(raw).strip()), None, lambda raw, value: (
-        default, f"The URL's {field}={url_value(raw)} is not a whole number; showing {field} {default}."))
+def _holds(valid: Callable, value) -> bool:
+    try:
+        return bool(valid(value))
+    except (ValueError, TypeError):
+        return False
+
+
+def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int, of: str = "") -> str:
+    """Seed an integer widget from the URL, clamped to [lo, hi] with a notice; `of` names what
+    the range belongs to ("toy-translate's encoder self-attention")."""
+    key = state._seed_from_url(field, default, lambda raw: int(str(raw).strip()), None, lambda raw, value, exc: (
+        default, f"{field}={url_value(raw)} is not a whole number"))
     value = st.session_state[key]
     if not isinstance(value, int) or value < lo or value > hi:
         fixed = min(max(int(value) if isinstance(value, int) else default, lo), hi)
-        state.messages.append(f"{field} {value} is out of range ({lo}–{hi}); showing {field} {fixed}.")
+        why = f"{field} {value} is out of range ({lo}–{hi}{' in ' + of if of else ''})"
+        if field in state.from_url:
+            state.overridden(field, value, fixed, why)
+        else:
+            state.say(f"{why}; showing {field} {fixed}.")
         st.session_state[key] = fixed
     return key
 
@@ -318,18 +392,23 @@ def attention_picker(state: PageState, trace, cols):
     """Attention (stack.kind), layer and head selectors in three columns, seeded from the
     URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key)."""
     view_names = [f"{s}.{k}" for s, k in attention_views(trace)]
-    attn_key = state.seeded_key("attn", view_names[0], valid=lambda v: v in view_names)
+    model = trace.meta.get("model", "this model")
+    attn_key = state.seeded_key("attn", view_names[0], valid=lambda v: v in view_names,
+                          why=f"{model}'s attentions are {', '.join(view_names)}")
     if st.session_state[attn_key] not in view_names:
         st.session_state[attn_key] = view_names[0]
     attn = cols[0].selectbox("Attention", view_names, key=attn_key,
                              format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
     stack, kind = attn.split(".")
     n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
-    layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1)
-    head_key = int_from_url(state, "head", 0, 0, n_heads - 1)
+    of = f"{model}'s {KIND_LABEL.get((stack, kind), attn)}"
+    layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
+    head_key = int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
     layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
     head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key)
     return attn, stack, kind, layer, head, layer_key, head_key
+
+
 def sidebar(model=None) -> None:
     with st.sidebar:
         dev = core.pick_device()
@@ -340,13 +419,14 @@ def sidebar(model=None) -> None:
                        f"d={cfg.d_model} d_k={cfg.d_head} m={cfg.d_ff}")
 
 
-def model_header(state: PageState, allowed=None):
+def model_header(state: PageState, allowed=None, needs: str = ""):
     """The top of a page: the model picker on the left of a wide column (returned, for the
     page's text input), the sidebar, and the loaded model (None after an error message).
-    Returns (model name, model or None, the wide column)."""
+    `allowed`: the models the page takes, `needs`: what they have in common, for the message
+    when another is asked for. Returns (model name, model or None, the wide column)."""
     top = st.columns([1, 3])
     with top[0]:
-        model_name = model_picker(state, allowed=allowed)
+        model_name = model_picker(state, allowed=allowed, needs=needs)
     model = get_model(model_name)
     sidebar(model)
     return model_name, model, top[1]
@@ -361,11 +441,29 @@ def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int 
                                    help=sentence if label != sentence else None)
 
 
-def model_picker(state: PageState, allowed=None, label: str = "Model") -> str:
+def model_kind(name: str) -> str:
+    """encoder / decoder / encoder-decoder, as the registry or the checkpoint's family says ("?" unknown)."""
+    local = local_models().get(name) if name not in core.MODELS else None
+    return local.kind if local is not None else core.MODELS[name].kind if name in core.MODELS else "?"
+
+
+def model_picker(state: PageState, allowed=None, label: str = "Model", needs: str = "") -> str:
     names = [n for n in model_names() if n != "random" and (allowed is None or n in allowed)]
-    key = state.seeded_key("model", DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], valid=lambda v: v in names)
+
+    def why_not(name) -> str:
+        name = str(name)
+        if name == "random" or name not in model_names():
+            return f"no model here has that name (models: {', '.join(names)})"
+        return f"{name} is an {model_kind(name)} model; {needs or 'this page takes ' + ', '.join(names)}"
+
+    default = DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
+    theirs = state.shared.get("model")
+    if theirs is not None and theirs not in names and state.key("model") not in st.session_state \
+            and "model" not in state.qp:  # the model of the page the user comes from
+        state.say(f"{why_not(theirs)}: showing {default}.")
+    key = state.seeded_key("model", default, valid=lambda v: v in names, why=lambda raw, exc: why_not(raw))
     if st.session_state[key] not in names:
-        st.session_state[key] = names[0]
+        st.session_state[key] = default
     return st.selectbox(label, names, key=key, format_func=model_label)
 
 

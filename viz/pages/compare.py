@@ -26,10 +26,13 @@ class CompareState(common.PageState):
     """PageState whose remembered values belong to this page alone (see the docstring)."""
 
     def __init__(self):
-        super().__init__("compare")
+        super().__init__("compare", fields=("model", "text", "text2", "target", "word", "layer", "head", "mean",
+                                            "words"))
         self.shared = st.session_state.setdefault("_compare_shared", {})
         if "text2" not in self.qp and "target" in self.qp:
             self.qp["text2"] = self.qp["target"]
+        elif "target" in self.qp:
+            self.ignored_if_given("target", "text2 gives sentence B (target is read only without it)")
 
 
 st.title("Compare: one word, two sentences")
@@ -42,12 +45,17 @@ state = CompareState()
 # ------------------------------------------------------------------ model
 names = [n for n in common.model_names() if n != "random"]
 preferred = "minilm" if "minilm" in names else FALLBACK_MODEL
-model_key = state.seeded_key("model", preferred, valid=lambda v: v in names)
+model_key = state.seeded_key("model", preferred, valid=lambda v: v in names,
+                       why=f"no model here has that name (models: {', '.join(names)})")
 if st.session_state[model_key] not in names:
     st.session_state[model_key] = preferred
 wanted = st.session_state[model_key]
 if not common.model_available(wanted):
-    st.warning(f"{wanted} is not installed ({core.MODELS[wanted].install_hint()}); showing {FALLBACK_MODEL} instead.")
+    why = f"{wanted} is not installed ({core.MODELS[wanted].install_hint()})"
+    if "model" in state.from_url:
+        state.overridden("model", wanted, FALLBACK_MODEL, why)
+    else:
+        st.warning(f"{why}; showing {FALLBACK_MODEL} instead.")
     st.session_state[model_key] = FALLBACK_MODEL
 
 top = st.columns([1, 3])
@@ -135,7 +143,10 @@ if cmp.normalize(typed) not in shared_words:
     fallback = default_word if default_word in shared_words else shared_words[0]
     in_a, in_b = bool(cmp.occurrences(words_a, typed)), bool(cmp.occurrences(words_b, typed))
     where = "neither sentence" if not (in_a or in_b) else ("sentence B only" if in_b else "sentence A only")
-    if typed.strip():
+    if typed.strip() and "word" in state.from_url:
+        state.overridden("word", typed, fallback, f"“{cmp.md_escape(typed[:40])}” is in {where}, not in both; pick a "
+                         "word the two sentences share")
+    elif typed.strip():
         st.warning(f"“{cmp.md_escape(typed[:40])}” is in {where}, not in both; showing “{cmp.md_escape(fallback)}”. "
                    "Pick a word the two sentences share.")
     st.session_state[word_key] = fallback
@@ -145,8 +156,8 @@ else:
 stack = cmp.stack_of(trace_a)
 n_layers = trace_a.layers(stack)
 n_heads = trace_a[f"{stack}.0.self_attn.weights"].shape[0]
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
+layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 
 c = st.columns([1.4, 1.4, 1.4, 0.8, 0.8, 1.4], vertical_alignment="bottom")
 word = c[0].selectbox("Word in both sentences", shared_words, key=word_key)
@@ -169,6 +180,8 @@ head = c[4].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[5]:
     mean_heads = st.toggle("Average over heads", key=urlflags.flag(state, "mean"))
     in_words = False
+    if not ex.reads_pieces(model):
+        state.ignored_if_given("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
     if ex.reads_pieces(model):
         in_words = st.toggle("Read in words", key=urlflags.flag(state, "words", default=True),
                              help="Merge word pieces into typed words: the weights on a word's pieces are summed.")

@@ -73,7 +73,7 @@ def _corpus_text() -> str:
 
 
 st.title("Queries and keys over a corpus")
-state = common.PageState("corpus")
+state = common.PageState("corpus", fields=("model", "layer", "head", "projection"))
 model_name, model, top_col = common.model_header(state)
 if model is None:
     st.stop()
@@ -95,9 +95,10 @@ if len(sentences) > MAX_SENTENCES:
 
 n_layers, n_heads = cc.n_layers(model), model.config.n_heads
 c = st.columns([1, 1, 1, 1, 1.4])
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
-proj_key = state.seeded_key("projection", "pca", valid=lambda v: v in cj.PROJECTIONS)
+layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
+proj_key = state.seeded_key("projection", "pca", valid=lambda v: v in cj.PROJECTIONS,
+                      why=f"projections: {', '.join(cj.PROJECTIONS)}")
 layer = c[0].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
 projection = c[2].selectbox("Projection", list(cj.PROJECTIONS), key=proj_key, format_func=cj.PROJECTIONS.get,

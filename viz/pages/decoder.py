@@ -28,7 +28,7 @@ st.caption("The decoder writes its output one token at a time. At every step it 
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
            "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "
            "Transformers handout: inference from <start> to <end>, and teacher forcing).")
-state = common.PageState("decoder")
+state = common.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
 ss = st.session_state
 # Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
 # switch and back, a reload) pauses it, so coming back to the page never jumps to the end.
@@ -38,7 +38,8 @@ if ss.get(PLAYING) and not _resumed:
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
 allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
-model_name, model, text_col = common.model_header(state, allowed=allowed)
+model_name, model, text_col = common.model_header(
+    state, allowed=allowed, needs="the decoder stepper needs a model that generates text (a decoder or an encoder-decoder)")
 if model is None:
     st.stop()
 if model.kind not in DECODER_KINDS:  # the registry's kind said otherwise; the loaded model decides
@@ -48,7 +49,8 @@ decoder_only = model.kind == "decoder"
 
 text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["Show me the money"])
 has_url_target = bool(state.qp.get("target"))
-mode_key = state.seeded_key("mode", "teacher" if has_url_target else "inference", valid=lambda v: v in MODES)
+mode_key = state.seeded_key("mode", "teacher" if has_url_target else "inference", valid=lambda v: v in MODES,
+                      why=f"modes: {', '.join(MODES)}")
 if ss.get(mode_key) not in MODES:
     ss[mode_key] = "inference"
 
@@ -140,6 +142,7 @@ if mode == "teacher":
         st.warning(f"Not in {model_name}'s target vocabulary, shown as <unk>: {words}")
 else:
     target = None
+    state.ignored_if_given("target", "the target is read in teacher forcing (mode=teacher); this is inference")
     common.show_trace_notes(first)
 
 # ------------------------------------------------------------------ layer, head, step
@@ -150,9 +153,10 @@ if full is not None:
     n_steps = dv.n_teacher_steps(n_rows, prefix_len)
 else:
     n_steps = len(steps)
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
-step_key = common.int_from_url(state, "step", 1, 1, n_steps)
+layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{model_name}'s decoder")
+head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{model_name}'s decoder")
+step_key = common.int_from_url(state, "step", 1, 1, n_steps,
+                               of="this generation" if full is None else "teacher forcing on this target")
 if GOTO in ss:
     ss[step_key] = min(max(int(ss.pop(GOTO)), 1), n_steps)
 

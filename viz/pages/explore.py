@@ -17,7 +17,8 @@ from viz.select import View, attention_matrix
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
 st.title("Explore attention")
-state = common.PageState("explore")
+state = common.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
+                                             "words", "full", "heads", "ablate", "ablation", "step_train"))
 
 model_name, model, text_col = common.model_header(state)
 if model is None:
@@ -80,12 +81,14 @@ with c[3]:
                                "token that takes most of the weight in long prompts of decoder models).")
     hide_special = st.toggle("Hide special tokens", key=flags["hide"])
     words = False
+    if not ex.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
+        state.ignored("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
     if ex.reads_pieces(model):
         words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
 heads_key = state.seeded_key("heads", list(range(min(n_heads, 4))), parse=urlflags.parse_ints,
-                       valid=lambda v: all(0 <= h < n_heads for h in v))
+                       valid=lambda v: all(0 <= h < n_heads for h in v), why=f"{model_name} has heads 0–{n_heads - 1}")
 if isinstance(st.session_state[heads_key], str):  # as another page published it
     try:
         st.session_state[heads_key] = urlflags.parse_ints(st.session_state[heads_key])

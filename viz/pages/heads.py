@@ -21,7 +21,7 @@ if pending:
 st.title("Which heads do what")
 st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
            "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
-state = common.PageState("heads")
+state = common.PageState("heads", fields=("model", "text"))
 
 model_name, model, text_col = common.model_header(state)
 if model is None:

@@ -20,7 +20,7 @@ from viz.steps import groups, layer_steps, shapes_table
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
            "tensor the model recorded; every formula is the one that produced it.")
-state = common.PageState("inside")
+state = common.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))
 
 model_name, model, text_col = common.model_header(state)
 if model is None:
@@ -39,6 +39,8 @@ def _use_example(sentence: str) -> None:
 with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key, help="Type any sentence and press Enter.")
 target = ""
+if model.kind == "encoder":
+    state.ignored_if_given("target", f"{model_name} is an encoder: it reads no target")
 if model.kind == "encoder-decoder":
     target = st.text_input("Target (optional, teacher forcing; empty = the model's own greedy translation)",
                            key=target_key)
@@ -62,7 +64,8 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
 c = st.columns([2, 1, 1, 2.4])
 attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
-notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS)
+notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS,
+                          why=f"notations: {', '.join(NOTATIONS)}")
 notation = c[3].radio("Notation", list(NOTATIONS), key=notation_key,
                       format_func=lambda v: cite_text(NOTATIONS[v]))
 state.show_messages()

@@ -23,7 +23,8 @@ def seeded_keys(state: common.PageState, model) -> Tuple[str, str]:
     Returns (key of the heads multiselect, key of the ablation mode)."""
     sizes = va.head_sizes(model.config)
     names = set(va.all_head_names(sizes))
-    key = state.seeded_key("ablate", [], parse=lambda raw: [va.head_name(h) for h in va.parse_ablate(raw, sizes)])
+    key = state.seeded_key("ablate", [], parse=lambda raw: [va.head_name(h) for h in va.parse_ablate(raw, sizes)],
+                     why=lambda raw, exc: str(exc) or None)
     current = st.session_state[key]
     if isinstance(current, str):  # the URL form, as another page published it
         current = [h for h in current.split(",") if h]
@@ -31,7 +32,7 @@ def seeded_keys(state: common.PageState, model) -> Tuple[str, str]:
         current = [h for h in current if h in names] if isinstance(current, list) else []
     if current != st.session_state[key]:
         st.session_state[key] = current
-    mode_key = state.seeded_key("ablation", "zero", valid=lambda v: v in MODES)
+    mode_key = state.seeded_key("ablation", "zero", valid=lambda v: v in MODES, why=f"modes: {', '.join(MODES)}")
     return key, mode_key
 
 

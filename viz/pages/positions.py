@@ -9,7 +9,7 @@ from viz.figures import DIVERGING, matrix_heatmap
 from viz.pages import charts, common
 
 st.title("Positional encoding")
-state = common.PageState("positions")
+state = common.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
 st.caption("Self-attention is permutation invariant: without positions, “dog bites man” and “man bites dog” "
            "look the same to it. The sinusoidal encoding adds a fixed vector PE_i to the embedding of the token "
            "at position i (Transformers handout, eq. 2–3, angles in radians):")
@@ -22,7 +22,10 @@ d_key = common.int_from_url(state, "d", 128, 2, vp.MAX_D)
 n_key = common.int_from_url(state, "n", 64, 1, vp.MAX_N)
 if st.session_state[d_key] % 2:
     fixed = st.session_state[d_key] + 1 if st.session_state[d_key] < vp.MAX_D else st.session_state[d_key] - 1
-    state.messages.append(f"d must be even (sin/cos pairs); showing d = {fixed} instead of {st.session_state[d_key]}.")
+    if "d" in state.from_url:
+        state.overridden("d", st.session_state[d_key], fixed, "d must be even (sin/cos pairs)")
+    else:
+        state.say(f"d must be even (sin/cos pairs); showing d = {fixed} instead of {st.session_state[d_key]}.")
     st.session_state[d_key] = fixed
 c = st.columns(2)
 d = c[0].slider("d, the embedding dimension", 2, vp.MAX_D, step=2, key=d_key,
@@ -139,7 +142,7 @@ if trace is not None:
                     f"layers; the {bias['stack']}'s buckets "
                     + ("tell keys before the query from keys after it." if bias["stack"] == "encoder"
                        else "only look back."))
-            head_key = common.int_from_url(state, "bias_head", 0, 0, n_heads - 1)
+            head_key = common.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
             bias_head = st.slider("Head", 0, n_heads - 1, key=head_key)
             state.show_messages()
             charts.chart(matrix_heatmap(bias["bias"][bias_head], labels, labels,
@@ -190,6 +193,9 @@ if trace is not None:
             st.caption("Learned positions are trained freely; compare their dot products with the banded pattern of "
                        "the sinusoidal matrix in section 3.")
 
+if trace is not None and vp.position_bias(trace) is None:
+    state.ignored_if_given("bias_head", f"{model_name} has no relative position bias (T5 has)")
+    state.show_messages()
 bias_key = state.key("bias_head")
 state.publish(model=model_name, text=text, d=d, n=n,
               bias_head=st.session_state.get(bias_key) if trace is not None and vp.position_bias(trace) else None)

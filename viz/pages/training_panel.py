@@ -56,12 +56,14 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
     """Draw the panel for toy-translate and return the model key the page should run
     (common.model_key: the chosen step's weights); other models: `model_name`, nothing drawn."""
     if model_name != TOY or model is None:
+        state.ignored_if_given("step_train", f"only {TOY} has saved training steps")
         return model_name
     steps, metrics, _ = _metrics()
     if len(steps) < 2:
         return model_name
     final = steps[-1]
-    step_key = state.seeded_key("step_train", final, parse=lambda v: int(str(v).strip()), valid=lambda v: v in steps)
+    step_key = state.seeded_key("step_train", final, parse=lambda v: int(str(v).strip()), valid=lambda v: v in steps,
+                          why=f"the saved steps are {', '.join(map(str, steps))}")
     if st.session_state.get(step_key) not in steps:
         st.session_state[step_key] = final
     if not (text or "").strip():  # the page stops at its empty-text warning: keep the step, draw nothing

@@ -35,7 +35,7 @@ def parse_ints(raw) -> list:
 def flag(state: PageState, field: str, default: bool = False) -> str:
     """Seed the switch `page.field` from the URL (or this session's choice, or `default`);
     returns its session key for st.toggle."""
-    key = state.seeded_key(field, default, parse=parse_bool)
+    key = state.seeded_key(field, default, parse=parse_bool, why="a switch is 1 or 0 (true/false, on/off, yes/no)")
     value = st.session_state[key]
     if not isinstance(value, bool):  # a value shared by another page, as the URL spells it
         try:
@@ -61,10 +61,9 @@ def tab(state: PageState, field: str, names: Dict[str, str]) -> str:
         if raw is not None and raw in names:
             st.session_state[key] = names[raw]
         elif raw is not None:
-            from viz.pages.common import url_value
-
-            state.messages.append(f"The URL's {field}={url_value(raw)} is not a tab here; showing “{labels[0]}”. "
-                                  f"Tabs: {', '.join(names)}.")
+            first = next(iter(names))
+            state.overridden(field, raw, first, f"it is not a tab here (tabs: {', '.join(names)})",
+                             used_text=f"{first} (“{labels[0]}”)")
             st.session_state[key] = labels[0]
         elif key not in st.session_state:
             st.session_state[key] = labels[0]
