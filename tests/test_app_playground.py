@@ -5,7 +5,7 @@ output, bad cells warn without losing state, and layer/head live in the URL."""
 import numpy as np
 
 import core
-from conftest import assert_no_exception, chart_by_key, heatmap_z
+from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
 
 LONG_TEXT = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 EDIT = "playground.Q.v0"
@@ -191,3 +191,78 @@ def test_cost_measurement_on_button(app_test):
     assert any("Fitted" in m.value for m in at.markdown)
     at.run()  # the result stays after a rerun
     chart_by_key(at, "playground-cost")
+
+
+def test_edited_tables_go_in_the_url_and_come_back(app_test):
+    """Q, K, V as edited are in the URL (only when edited); a fresh session opened on it starts
+    its editors from them and draws the same weights. A table the URL garbles is named, and the
+    notes' one is used."""
+    at = app_test("playground")
+    at.run()
+    assert not any(k.startswith("hand_") for k in at.query_params)
+    at.session_state[EDIT] = {"edited_rows": {0: {"2": 5.0}}, "added_rows": [], "deleted_rows": []}
+    at.run()
+    edited = heatmap_z(chart_by_key(at, "playground-hand-weights"))
+    url = dict(at.query_params)
+    assert set(k for k in url if k.startswith("hand_")) == {"hand_q"}
+    again = app_test("playground", **url)
+    again.run()
+    assert_no_exception(again)
+    assert np.allclose(heatmap_z(chart_by_key(again, "playground-hand-weights")), edited, atol=1e-12)
+    assert dict(again.query_params) == url
+    bad = app_test("playground", hand_q='[["q1",1,2],["q2",3]]')
+    bad.run()
+    assert_no_exception(bad)
+    assert any("The URL's hand_q=" in w and "replaced by the notes' Q: its rows differ in length" in w
+               for w in warnings(bad)), warnings(bad)
+    assert np.round(heatmap_z(chart_by_key(bad, "playground-hand-weights")), 4).tolist() == \
+        [[0.6225, 0.3775], [0.2227, 0.7773]]
+
+
+def test_in_tab_controls_go_in_the_url_and_come_back(app_test):
+    text = "the small dog sees the cat"
+    at = app_test("playground", text=text)
+    at.run()
+    at.toggle(key="playground.hand_scaled").set_value(False)
+    at.toggle(key="playground.pf_scale").set_value(True)
+    at.radio(key="playground.pf_x").set_value("tokens")
+    at.selectbox(key="playground.sym_stack").set_value("decoder")
+    at.select_slider(key="playground.sc_keys").set_value(64)
+    at.number_input(key="playground.sc_seed").set_value(7)
+    at.select_slider(key="playground.hp_d").set_value(128)
+    at.select_slider(key="playground.hp_H").set_value(8)
+    at.selectbox(key="playground.hp_pos").set_value("rope")
+    at.slider(key="playground.hp_L").set_value(3)
+    at.select_slider(key="playground.cost_n").set_value(256)
+    at.run()
+    at.button(key="playground.hp_build").click()
+    at.run()
+    assert_no_exception(at)
+    url = dict(at.query_params)
+    assert {k: url.get(k) for k in ("hand_scaled", "pf_scale", "pf_x", "sym_stack", "sc_keys", "sc_seed", "hp_d",
+                                    "hp_H", "hp_pos", "hp_L", "cost_n", "hp_built", "hp_kind")} == {
+        "hand_scaled": "0", "pf_scale": "1", "pf_x": "tokens", "sym_stack": "decoder", "sc_keys": "64",
+        "sc_seed": "7", "hp_d": "128", "hp_H": "8", "hp_pos": "rope", "hp_L": "3", "cost_n": "256", "hp_built": "1",
+        "hp_kind": None}  # at its default: left out
+    again = app_test("playground", **url)
+    again.run()
+    assert_no_exception(again)
+    assert not warnings(again)
+    for key in ("playground-hand-weights", "playground-pfree", "playground-sym-scores", "playground-scaling-std",
+                "playground-random-attn"):
+        mine, theirs = figure(chart_by_key(at, key)), figure(chart_by_key(again, key))
+        assert [[t.get(a) for a in "xyz"] for t in mine["data"]] == [[t.get(a) for a in "xyz"] for t in theirs["data"]]
+    assert dict(again.query_params) == url
+
+
+def test_bad_in_tab_values_in_the_url(app_test):
+    at = app_test("playground", hp_d="100", hp_H="3", sc_seed="-1", pf_x="rows", sym_stack="encoder", hp_bias="maybe")
+    at.run()
+    assert_no_exception(at)
+    w = " ".join(warnings(at))
+    for said in ("The URL's hp_d=100 is replaced by 64", "The URL's hp_H=3 is replaced by 4",
+                 "The URL's sc_seed=-1 is replaced by 0: sc_seed -1 is out of range (0–10000)",
+                 "The URL's pf_x='rows' is replaced by 'sum'", "The URL's hp_bias='maybe' is replaced by on"):
+        assert said in w, (said, w)
+    assert "sym_stack" not in w  # toy-translate has an encoder: taken
+    assert at.selectbox(key="playground.sym_stack").value == "encoder"

@@ -381,3 +381,99 @@ def test_a_url_value_the_page_does_not_show_is_named_with_why(server, page):
     assert "The URL's layer=2 is ignored: this page has no layer" in said, said
     assert "The URL's d=7 is replaced by 8: d must be even" in said, said
     assert no_exception(page)
+
+
+def _open_tab(page, name):
+    """Open the tab `name` (again, should a click land while a run is still ending and be lost)."""
+    tab = page.get_by_role("tab", name=name)
+    for _ in range(3):
+        tab.click()
+        wait_idle(page, timeout=120_000)
+        if tab.get_attribute("aria-selected") == "true":
+            return
+    raise AssertionError(f"the tab {name!r} does not open")
+
+
+def _playground_figures(page) -> dict:
+    """The playground's figures that its in-tab controls change, each read with its tab open
+    (the random model's map only where it has been built)."""
+    out = {}
+    for tab, keys in (("1 · Attention by hand", ["playground-hand-weights"]), ("2 · Parameter-free", ["playground-pfree"]),
+                      ("3 · Symmetric vs learned", ["playground-sym-scores", "playground-learned-weights"]),
+                      ("4 · Why scale", ["playground-scaling-std", "playground-scaling-entropy"]),
+                      ("5 · Hyper-parameters", ["playground-random-attn"])):
+        _open_tab(page, tab)
+        out.update({k: chart_data(page, k, timeout=120_000) for k in keys
+                    if k != "playground-random-attn" or page.locator(f".st-key-{k} .js-plotly-plot").count()})
+    return out
+
+
+def _numbers(fig) -> list:
+    return [[t.get(k) for k in ("x", "y", "z")] for t in fig["data"]]
+
+
+def _title(fig) -> str:
+    """The figure's title without a measured time ("3.9 ms forward")."""
+    return re.sub(r"\d+(\.\d+)? ms forward", "… ms forward", fig["layout"]["title"]["text"])
+
+
+def test_playground_controls_in_the_url(server, page, browser):
+    """The controls inside the playground's tabs (scaling, sign of the softmax's input, layer and
+    head, the scaling demo's keys and seed, the hyper-parameters and the built model) are in
+    the URL: a copied link opened in a fresh context draws the same figures."""
+    text = urllib.parse.quote("the small dog sees the cat")
+    page.goto(f"{server.url}/playground?text={text}")
+    wait_idle(page, timeout=120_000)
+    _open_tab(page, "1 · Attention by hand")
+    _toggle(page, "Scale by 1/√d_k")
+    _open_tab(page, "2 · Parameter-free")
+    _toggle(page, "Divide by √D")
+    page.get_by_text("embed.encoder.tokens (token embeddings only)").click()
+    wait_idle(page, timeout=120_000)
+    _open_tab(page, "3 · Symmetric vs learned")
+    page.get_by_label("Self-attention of").click()  # the decoder's self-attention, its layer 1, head 2
+    page.get_by_role("option", name="decoder").click()
+    wait_idle(page, timeout=120_000)
+    for label, value in (("Layer", "1"), ("Head", "2")):
+        page.locator('[data-testid="stMain"]').get_by_label(label, exact=True).click()
+        page.get_by_role("option", name=value, exact=True).click()
+        wait_idle(page, timeout=120_000)
+    _open_tab(page, "4 · Why scale")
+    seed = page.get_by_label("Random seed")
+    seed.fill("7")
+    seed.press("Enter")
+    wait_idle(page, timeout=120_000)
+    page.locator(".st-key-playground-sc_keys input[type=range]").press("ArrowRight")  # 16 -> 32 keys per query
+    wait_idle(page, timeout=120_000)
+    _open_tab(page, "5 · Hyper-parameters")
+    page.locator(".st-key-playground-hp_L input[type=range]").press("ArrowRight")  # L = 3
+    wait_idle(page, timeout=120_000)
+    page.locator(".st-key-playground-hp_kind").get_by_role("combobox").click()
+    page.get_by_role("option", name="decoder", exact=True).click()
+    wait_idle(page, timeout=120_000)
+    page.get_by_role("button", name="Build this model").click()
+    wait_idle(page, timeout=120_000)
+    mine = _playground_figures(page)
+
+    def fresh(url, screenshot=None):
+        ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+        try:
+            pg = ctx.new_page()
+            pg.goto(url)
+            wait_idle(pg, timeout=120_000)
+            assert no_exception(pg)
+            figures = _playground_figures(pg)
+            if screenshot:  # the copied link's tab 5: the same model, built
+                pg.screenshot(path=str(SCREENSHOTS / screenshot), full_page=True)
+            return figures
+        finally:
+            ctx.close()
+
+    default = fresh(f"{server.url}/playground?text={text}")
+    theirs = fresh(page.url, "newcomer-playground-url.png")
+    assert set(theirs) == set(mine) and "playground-random-attn" not in default
+    for k in mine:
+        if k in default:  # every control was moved: each figure differs from the page's first one
+            assert _numbers(mine[k]) != _numbers(default[k]) or _title(mine[k]) != _title(default[k]), k
+        assert _numbers(mine[k]) == _numbers(theirs[k]), k
+        assert _title(mine[k]) == _title(theirs[k]), k

@@ -70,6 +70,27 @@ def test_to_matrix_reports_bad_cells():
     assert m is None and "empty" in msgs[0]
 
 
+def test_tables_round_trip_through_the_url():
+    ex = vg.help_me_example()
+    for name, df in ex.items():
+        back = vg.frame_from_url(vg.frame_to_url(df))
+        assert vg.row_labels(back, name.lower()) == vg.row_labels(df, name.lower())
+        assert np.array_equal(vg.to_matrix(back, name)[0], vg.to_matrix(df, name)[0])
+    edited = ex["Q"].copy()
+    edited.loc[len(edited)] = [None] + [0.1] * 15 + [float("nan")]  # an added row: no label, one empty cell
+    back = vg.frame_from_url(vg.frame_to_url(edited))
+    assert vg.row_labels(back, "q")[2] == "q3" and np.isnan(back.iloc[2, -1]) and back.iloc[2, 1] == 0.1
+    assert vg.to_matrix(back, "Q")[0] is None  # the empty cell is reported again, as in the editor
+
+
+@pytest.mark.parametrize("raw, why", [("nonsense", "not a table"), ("[]", "not a table"), ('[["q1"]]', "not a table"),
+                                      ('[["q1",1,2],["q2",3]]', "differ in length"),
+                                      ("[" + ",".join(['["r",1]'] * 65) + "]", "larger than")])
+def test_a_garbled_table_in_the_url_says_why(raw, why):
+    with pytest.raises(ValueError, match=why):
+        vg.frame_from_url(raw)
+
+
 def test_check_shapes():
     assert vg.check_shapes(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 1))) == []
     msgs = vg.check_shapes(np.zeros((2, 3)), np.zeros((4, 2)), np.zeros((3, 1)))

@@ -58,6 +58,55 @@ def help_me_example() -> Dict[str, pd.DataFrame]:
             "V": frame("v", [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], ["1", "2", "3"])}
 
 
+MAX_URL_ROWS, MAX_URL_COLS = 64, 64  # a matrix in the URL: at most this many rows and numeric columns
+
+
+def frame_to_url(df: pd.DataFrame) -> str:
+    """A Q, K or V table as the URL keeps it: JSON rows [label, x1, x2, ...], an empty cell as
+    null. frame_from_url reads it back."""
+    import json
+
+    num = [c for c in df.columns if c != LABEL]
+    rows = []
+    for r in range(len(df)):
+        label = df[LABEL].iloc[r] if LABEL in df.columns else None
+        cells = [_cell(df[c].iloc[r]) for c in num]
+        rows.append([label if isinstance(label, str) else None] + cells)
+    return json.dumps(rows, separators=(",", ":"), ensure_ascii=False)
+
+
+def _cell(value):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return (int(v) if v.is_integer() and abs(v) < 2**53 else v) if math.isfinite(v) else None
+
+
+def frame_from_url(raw: str) -> pd.DataFrame:
+    """The table frame_to_url wrote (columns: the label, then "1".."n"). Raises ValueError
+    saying what is wrong with it."""
+    import json
+
+    try:
+        rows = json.loads(raw)
+    except (TypeError, ValueError):
+        raise ValueError("it is not a table (JSON rows [label, numbers…])") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) and len(r) >= 2 for r in rows):
+        raise ValueError("it is not a table (JSON rows [label, numbers…], each with a number)")
+    width = len(rows[0])
+    if any(len(r) != width for r in rows):
+        raise ValueError("its rows differ in length")
+    if len(rows) > MAX_URL_ROWS or width - 1 > MAX_URL_COLS:
+        raise ValueError(f"it is larger than {MAX_URL_ROWS} rows × {MAX_URL_COLS} columns")
+    labels = [r[0] if isinstance(r[0], str) else None for r in rows]
+    cells = [[_cell(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in r[1:]]
+             for r in rows]
+    df = pd.DataFrame(cells, columns=[str(c) for c in range(1, width)], dtype="float64")
+    df.insert(0, LABEL, labels)
+    return df
+
+
 def row_labels(df: pd.DataFrame, prefix: str) -> List[str]:
     """The label column's text, or prefix + row number where it is empty (added rows)."""
     raw = df[LABEL].tolist() if LABEL in df.columns else [None] * len(df)

@@ -18,20 +18,82 @@ from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
 from viz.pages import charts, common, urlflags
 
+PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
+             "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
+# Every control inside the tabs is in the URL under its own name (session key "playground.<name>"),
+# written only where it differs from its default, so that a copied link draws the same figures.
+CHOICES = {  # name: (default, options) for selectboxes, radios and select sliders
+    "pf_x": ("sum", ["sum", "tokens"]),
+    "sc_keys": (16, [2, 4, 8, 16, 32, 64, 128, 256]),
+    "hp_kind": ("encoder", ["encoder", "decoder", "encoder-decoder"]),
+    "hp_d": (64, [16, 32, 64, 128, 256, 512, 1024]),
+    "hp_m": (256, [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]),
+    "hp_pos": ("sinusoidal", ["sinusoidal", "learned", "rope", "none"]),
+    "hp_place": ("post", ["post", "pre"]),
+    "hp_norm": ("layernorm", ["layernorm", "rmsnorm"]),
+    "hp_act": ("relu", ["relu", "gelu", "swiglu"]),
+    "cost_n": (512, [128, 256, 512, 1024]),
+    "cost_d": (512, [128, 256, 512, 1024]),
+}
+NUMBERS = {"sc_seed": (0, 0, 10_000), "hp_L": (2, 1, 12)}  # name: (default, lowest, highest)
+SWITCHES = {"hand_scaled": True, "pf_scale": False, "hp_bias": True, "hp_built": False}
+HAND = {"Q": "hand_q", "K": "hand_k", "V": "hand_v"}  # tab 1's tables: JSON rows, when edited
+
+
+def heads_options(d_model: int) -> list:
+    return [h for h in (1, 2, 4, 8, 16) if d_model % h == 0]
+
+
+def hand_tables(state: common.PageState) -> dict:
+    """Tab 1's Q, K and V to edit: the notes' example, or the tables of the URL (or of this
+    session, coming back to the page). The editors start again from them (a new version of
+    their keys) only when the URL brings tables."""
+    ss = st.session_state
+    example = vg.help_me_example()
+    ver = ss.setdefault("playground.hand_ver", 0)
+    fresh = f"playground.Q.v{ver}" not in ss  # the editors were not on the page's last run
+    given = state.external and any(f in state.qp for f in HAND.values())
+    if "playground.hand_base" in ss and not (fresh or given):
+        return ss["playground.hand_base"]
+    reset = ss.pop("playground.hand_reset", False)
+    base = {}
+    for name, field in HAND.items():
+        raw = None if reset else state.qp.get(field, state.shared.get(field))
+        base[name] = example[name]
+        if raw:
+            try:
+                base[name] = vg.frame_from_url(raw)
+            except ValueError as exc:
+                state.overridden(field, raw, None, str(exc), used_text=f"the notes' {name}")
+    ss["playground.hand_base"] = base
+    if given:
+        ss["playground.hand_ver"] = ver + 1
+    return base
+
+
 st.title("Playground")
-state = common.PageState("playground")
+state = common.PageState("playground", fields=("model", "text", "tab", "layer", "head", "sym_stack", *CHOICES, *NUMBERS,
+                                               "hp_H", *SWITCHES, *HAND.values()))
+ss = st.session_state
 
 model_name, model, text_col = common.model_header(state)
 default_text = model.examples[0] if model is not None and model.examples else common.NOTES_EXAMPLES["bank (river)"]
 text_key = state.seeded_key("text", default_text)
 with text_col:
     text = st.text_input("Sentence (press Enter); used by tabs 2, 3 and 5", key=text_key)
-state.show_messages()
 trace = common.get_trace(model_name, text) if model is not None else None
 
-PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
-             "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
-tabs = st.tabs(list(PLAY_TABS.values()), key=urlflags.tab(state, "tab", PLAY_TABS), on_change="rerun")
+keys = {name: urlflags.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
+keys.update({name: common.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
+keys.update({name: urlflags.flag(state, name, default) for name, default in SWITCHES.items()})
+keys["hp_H"] = urlflags.option(state, "hp_H", 4, heads_options(ss[keys["hp_d"]]))
+if trace is not None:
+    stacks = trace.stacks()
+    keys["sym_stack"] = urlflags.option(state, "sym_stack", stacks[0], stacks)
+hand_base = hand_tables(state)
+tab_key = urlflags.tab(state, "tab", PLAY_TABS)
+state.show_messages()
+tabs = st.tabs(list(PLAY_TABS.values()), key=tab_key, on_change="rerun")
 
 
 def _room(fig):
@@ -63,11 +125,12 @@ with tabs[0]:
 
     def _reset_hand() -> None:
         st.session_state["playground.hand_ver"] = st.session_state.get("playground.hand_ver", 0) + 1
+        st.session_state["playground.hand_reset"] = True
 
     c = st.columns([1, 1, 2])
     c[0].button("Reset to the notes' example", on_click=_reset_hand, key="playground.hand_reset")
-    scaled = c[1].toggle("Scale by 1/√d_k", value=True, key="playground.hand_scaled")
-    base = vg.help_me_example()
+    scaled = c[1].toggle("Scale by 1/√d_k", key=keys["hand_scaled"])
+    base = hand_base
     edited = {}
     for name in ("Q", "K", "V"):
         st.markdown(f"**{name}** ({'queries' if name == 'Q' else 'keys' if name == 'K' else 'values'}, one row per token)")
@@ -130,10 +193,10 @@ with tabs[1]:
         stack = "encoder" if "embed.encoder.sum" in trace else "decoder"
         toks = trace.tokens("source" if stack == "encoder" else "target")
         c = st.columns([2, 1])
-        which = c[0].radio("Rows of X", ["sum", "tokens"], horizontal=True, key="playground.pf_x",
+        which = c[0].radio("Rows of X", CHOICES["pf_x"][1], horizontal=True, key=keys["pf_x"],
                            format_func=lambda v: {"sum": f"embed.{stack}.sum (X′ + P: the input to layer 0)",
                                                   "tokens": f"embed.{stack}.tokens (token embeddings only)"}[v])
-        div = c[1].toggle("Divide by √D", key="playground.pf_scale",
+        div = c[1].toggle("Divide by √D", key=keys["pf_scale"],
                           help="Not in Bishop ch. 12; shows how a temperature softens the diagonal.")
         X = trace[f"embed.{stack}.{which}"].double().numpy()
         D = X.shape[1]
@@ -167,16 +230,13 @@ with tabs[2]:
                 "*j* to *i*). “Unfortunately symmetric, we want asymmetry support”, hence separate W_q ≠ W_k. "
                 "Below, one head of the chosen model with its learned W_k, and with W_k replaced by its W_q (U = W_q).")
     if need_trace():
-        stacks = trace.stacks()
-        stack_key = "playground.sym_stack"
-        if st.session_state.get(stack_key) not in stacks:
-            st.session_state[stack_key] = stacks[0]
         c = st.columns(3)
-        sym_stack = c[0].selectbox("Self-attention of", stacks, key=stack_key)
+        sym_stack = c[0].selectbox("Self-attention of", stacks, key=keys["sym_stack"])
         n_layers = trace.layers(sym_stack)
         n_heads = trace[f"{sym_stack}.0.self_attn.weights"].shape[0]
-        layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1)
-        head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1)
+        of = f"{model_name}'s {sym_stack} self-attention"
+        layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
+        head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
         layer = c[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
         head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
         state.show_messages()
@@ -224,8 +284,8 @@ with tabs[3]:
                 "gradients. Dividing by √d_k keeps the spread at 1 whatever d_k is. Sampled here with "
                 "q, k ~ N(0, 1), through `core.scaled_dot_product_attention` with scale 1 and 1/√d_k:")
     c = st.columns(2)
-    n_keys = c[0].select_slider("Keys per query", [2, 4, 8, 16, 32, 64, 128, 256], value=16, key="playground.sc_keys")
-    seed = int(c[1].number_input("Random seed", 0, 10_000, 0, key="playground.sc_seed"))
+    n_keys = c[0].select_slider("Keys per query", CHOICES["sc_keys"][1], key=keys["sc_keys"])
+    seed = int(c[1].number_input("Random seed", 0, 10_000, key=keys["sc_seed"]))
     with st.spinner("Sampling…"):
         df = _scaling(int(n_keys), seed)
     std_fig, ent_fig = vg.scaling_figures(df, int(n_keys))
@@ -256,21 +316,20 @@ with tabs[4]:
                 "Shapes and the parameter count come from `core.Transformer(cfg)` (built on PyTorch's meta device: "
                 "shapes without memory); the formula beside it is written out by hand.")
     c = st.columns(5)
-    kind = c[0].selectbox("kind", ["encoder", "decoder", "encoder-decoder"], key="playground.hp_kind")
-    d_model = c[1].select_slider("d", [16, 32, 64, 128, 256, 512, 1024], value=64, key="playground.hp_d")
-    heads_opts = [h for h in (1, 2, 4, 8, 16) if d_model % h == 0]
-    st.session_state.setdefault("playground.hp_H", 4)
-    if st.session_state["playground.hp_H"] not in heads_opts:
-        st.session_state["playground.hp_H"] = heads_opts[-1]
-    n_heads = c[2].select_slider("H", heads_opts, key="playground.hp_H")
-    d_ff = c[3].select_slider("m", [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], value=256, key="playground.hp_m")
-    n_layers_hp = c[4].slider("L", 1, 12, 2, key="playground.hp_L")
+    kind = c[0].selectbox("kind", CHOICES["hp_kind"][1], key=keys["hp_kind"])
+    d_model = c[1].select_slider("d", CHOICES["hp_d"][1], key=keys["hp_d"])
+    heads_opts = heads_options(d_model)
+    if ss[keys["hp_H"]] not in heads_opts:  # d changed under it
+        ss[keys["hp_H"]] = heads_opts[-1]
+    n_heads = c[2].select_slider("H", heads_opts, key=keys["hp_H"])
+    d_ff = c[3].select_slider("m", CHOICES["hp_m"][1], key=keys["hp_m"])
+    n_layers_hp = c[4].slider("L", 1, 12, key=keys["hp_L"])
     c = st.columns(5)
-    positional = c[0].selectbox("positions", ["sinusoidal", "learned", "rope", "none"], key="playground.hp_pos")
-    placement = c[1].selectbox("norm placement", ["post", "pre"], key="playground.hp_place")
-    norm = c[2].selectbox("norm", ["layernorm", "rmsnorm"], key="playground.hp_norm")
-    activation = c[3].selectbox("FFN", ["relu", "gelu", "swiglu"], key="playground.hp_act")
-    bias = c[4].toggle("biases", value=True, key="playground.hp_bias")
+    positional = c[0].selectbox("positions", CHOICES["hp_pos"][1], key=keys["hp_pos"])
+    placement = c[1].selectbox("norm placement", CHOICES["hp_place"][1], key=keys["hp_place"])
+    norm = c[2].selectbox("norm", CHOICES["hp_norm"][1], key=keys["hp_norm"])
+    activation = c[3].selectbox("FFN", CHOICES["hp_act"][1], key=keys["hp_act"])
+    bias = c[4].toggle("biases", key=keys["hp_bias"])
     vocab = len(toy_task.source_vocab())  # the random model's words (core.registry.load_random)
     try:
         cfg = core.ModelConfig(kind=kind, d_model=int(d_model), n_heads=int(n_heads), d_ff=int(d_ff),
@@ -305,6 +364,8 @@ with tabs[4]:
 
         cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
         build_id = (cfg_json, 0)
+        if "hp_built" in state.from_url and ss[keys["hp_built"]]:  # a link to a built model
+            st.session_state["playground.built"] = build_id
         if counted > BUILD_LIMIT:
             st.info(f"{counted:,} parameters: too large to build here (limit {BUILD_LIMIT:,}); the count above needs "
                     "no weights.")
@@ -338,8 +399,8 @@ with tabs[5]:
                 "on CPU) is timed for each sequence length N and width D, and "
                 "t = c₀ + a·N²D + b·N·D² is fitted to the times.")
     c = st.columns(3)
-    max_n = c[0].select_slider("Largest N", [128, 256, 512, 1024], value=512, key="playground.cost_n")
-    max_d = c[1].select_slider("Largest D", [128, 256, 512, 1024], value=512, key="playground.cost_d")
+    max_n = c[0].select_slider("Largest N", CHOICES["cost_n"][1], key=keys["cost_n"])
+    max_d = c[1].select_slider("Largest D", CHOICES["cost_d"][1], key=keys["cost_d"])
     Ns = [n for n in (16, 32, 64, 128, 256, 512, 1024) if n <= max_n]
     Ds = [d for d in (64, 128, 256, 512, 1024) if d <= max_d]
     budget = 8.0
@@ -378,5 +439,16 @@ with tabs[5]:
                          hide_index=True)
 
 # ------------------------------------------------------------------ URL
+example = vg.help_me_example()
+defaults = {**{name: spec[0] for name, spec in CHOICES.items()}, **{name: spec[0] for name, spec in NUMBERS.items()}}
+in_tabs = {name: urlflags.changed(ss[keys[name]], default) for name, default in defaults.items()}
+in_tabs.update({name: urlflags.flag_url(ss[keys[name]], default) for name, default in SWITCHES.items()})
+in_tabs["hp_H"] = urlflags.changed(ss[keys["hp_H"]], 4)
+in_tabs["hp_built"] = urlflags.flag_url(cfg is not None and ss.get("playground.built") == build_id
+                                        and counted <= BUILD_LIMIT)
+if trace is not None:
+    in_tabs["sym_stack"] = urlflags.changed(ss[keys["sym_stack"]], trace.stacks()[0])
+for name, field in HAND.items():
+    in_tabs[field] = urlflags.changed(vg.frame_to_url(edited[name]), vg.frame_to_url(example[name]))
 state.publish(model=model_name, text=text, layer=st.session_state.get(state.key("layer")),
-              head=st.session_state.get(state.key("head")), tab=urlflags.tab_url(state, "tab", PLAY_TABS))
+              head=st.session_state.get(state.key("head")), tab=urlflags.tab_url(state, "tab", PLAY_TABS), **in_tabs)

@@ -77,3 +77,26 @@ def tab_url(state: PageState, field: str, names: Dict[str, str]):
     label = st.session_state.get(state.key(field))
     slug = next((k for k, v in names.items() if v == label), None)
     return None if slug == next(iter(names)) else slug
+
+
+def option(state: PageState, field: str, default, options) -> str:
+    """Seed `page.field`, a widget over `options` (a selectbox, radio or select slider; numbers
+    or names), from the URL; a value not among them is replaced by `default`, with a message
+    listing them. Returns its session key."""
+    options = list(options)
+    numbers = all(isinstance(o, int) and not isinstance(o, bool) for o in options)
+    key = state.seed(field, default, parse=(lambda raw: int(str(raw).strip())) if numbers else str,
+                     valid=lambda v: v in options, why=f"{field} is one of {', '.join(map(str, options))}")
+    if st.session_state[key] not in options:  # e.g. a shared value as the URL spells it
+        value = st.session_state[key]
+        try:
+            value = int(str(value).strip()) if numbers else value
+        except ValueError:
+            pass
+        st.session_state[key] = value if value in options else default
+    return key
+
+
+def changed(value, default):
+    """The URL value of a control: None (left out) at its default."""
+    return None if value == default else value
