@@ -36,7 +36,9 @@ SCRIPT = """<script>
 })();
 </script>"""
 
-HIDE = "<style>.st-key-history-one-entry-per-action { display: none; }</style>"
+# the container and the layout wrapper around it, which would otherwise take a gap above the page
+HIDE = ("<style>.st-key-history-one-entry-per-action, [data-testid='stLayoutWrapper']:has("
+        "> .st-key-history-one-entry-per-action) { display: none; }</style>")
 
 
 def one_entry_per_action() -> None:
