@@ -85,7 +85,7 @@ def option(state: PageState, field: str, default, options) -> str:
     listing them. Returns its session key."""
     options = list(options)
     numbers = all(isinstance(o, int) and not isinstance(o, bool) for o in options)
-    key = state.seed(field, default, parse=(lambda raw: int(str(raw).strip())) if numbers else str,
+    key = state.seeded_key(field, default, parse=(lambda raw: int(str(raw).strip())) if numbers else str,
                      valid=lambda v: v in options, why=f"{field} is one of {', '.join(map(str, options))}")
     if st.session_state[key] not in options:  # e.g. a shared value as the URL spells it
         value = st.session_state[key]
