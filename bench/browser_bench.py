@@ -516,7 +516,6 @@ def scenario_corpus(page, base_url: str, sentences: list, n_tokens: int, n_reps:
             heads.append(t)
             hbds.append(dict(LAST, cpu=cpu_delta(c0, cpu_seconds(server_pid))))
     return {"first": t_first, "first_breakdown": first, "colour": times, "colour_breakdown": collect(bds),
-            "colour_after_script": _after(bds), "head_after_script": _after(hbds),
             "colour_cpu": [b["cpu"] for b in bds], "head_cpu": [b["cpu"] for b in hbds],
             "colour_longest_task": max((d for _, d in colour_tasks), default=0.0) / 1000,
             "head": heads, "head_breakdown": collect(hbds),
@@ -541,27 +540,15 @@ def corpus_rows(model, reps: int, warm: int, page, server, results: list, detail
         return
     details["corpus"] = r
     results.append(Result("corpus", names[0][0], median(r["colour"]), "s", 2.0,
-                          note=_note(r["colour"]) + _where(r["colour_breakdown"]) + _after_script(r["colour_after_script"])
-                          + _cpu(r["colour_cpu"])))
+                          note=_note(r["colour"]) + _where(r["colour_breakdown"]) + _cpu(r["colour_cpu"])))
     results.append(Result("corpus", names[1][0], median(r["head"]), "s", 2.0,
-                          note=_note(r["head"]) + _where(r["head_breakdown"]) + _after_script(r["head_after_script"])
-                          + _cpu(r["head_cpu"])))
+                          note=_note(r["head"]) + _where(r["head_breakdown"]) + _cpu(r["head_cpu"])))
     results.append(Result("corpus", names[2][0], max(r["colour_longest_task"], r["head_longest_task"] or 0), "s", None,
                           note=f"Chromium's 'longtask' entries: worst over the colour changes "
                                f"{r['colour_longest_task']:.2f} s, over the head returns {r['head_longest_task'] or 0:.2f} s "
                                "(the page cannot react to input during one)"))
     results.append(Result("corpus", names[3][0], r["first"], "s", None,
                           note="one run, after the bundled corpus was drawn" + _where(r["first_breakdown"])))
-
-
-def _after(bds: list) -> list:
-    """Per repetition, seconds from the end of the server's script run to the chart drawn: the
-    browser's part (at most: the figure's message can arrive before the script ends)."""
-    return [max(b["total"] - b["script_end"], 0.0) for b in bds if b.get("script_end") is not None]
-
-
-def _after_script(xs: list) -> str:
-    return f"; drawn {median(xs):.2f} s (median) after the script ended" if xs else ""
 
 
 def _cpu(cpus: list) -> str:
