@@ -635,29 +635,22 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                         continue
             details["server_rss_mib_warm"] = server.rss_mib()
 
-            if want("sentence"):
-                name = "type a new 20-token sentence + Enter -> heatmap (minilm)"
-                r = attempt("browser", [(name, 0.5)], lambda: scenario_sentence(page, server.url, "minilm", sents, ticks, warm))
+            def timed_row(scenario: str, detail: str, name: str, target: float, run_it) -> None:
+                """One target row from a scenario that returns (times, breakdowns)."""
+                if not want(scenario):
+                    return
+                r = attempt("browser", [(name, target)], run_it)
                 if r:
                     t, b = r
-                    details["sentence_minilm"] = {"times": t, "breakdown": collect(b)}
-                    results.append(Result("browser", name, median(t), "s", 0.5, note=_note(t) + _where(collect(b))))
+                    details[detail] = {"times": t, "breakdown": collect(b)}
+                    results.append(Result("browser", name, median(t), "s", target, note=_note(t) + _where(collect(b))))
 
-            if want("model_view"):
-                name = "minilm model view: 72 maps drawn after the tab click (20 tokens)"
-                r = attempt("browser", [(name, 1.5)], lambda: scenario_model_view(page, reps, warm, 72))
-                if r:
-                    t, b = r
-                    details["model_view"] = {"times": t, "breakdown": collect(b)}
-                    results.append(Result("browser", name, median(t), "s", 1.5, note=_note(t) + _where(collect(b))))
-
-            if want("head"):
-                name = "change the head -> heatmap (minilm, 20 tokens)"
-                r = attempt("browser", [(name, 0.3)], lambda: scenario_head(page, reps, warm))
-                if r:
-                    t, b = r
-                    details["head"] = {"times": t, "breakdown": collect(b)}
-                    results.append(Result("browser", name, median(t), "s", 0.3, note=_note(t) + _where(collect(b))))
+            timed_row("sentence", "sentence_minilm", "type a new 20-token sentence + Enter -> heatmap (minilm)", 0.5,
+                      lambda: scenario_sentence(page, server.url, "minilm", sents, ticks, warm))
+            timed_row("model_view", "model_view", "minilm model view: 72 maps drawn after the tab click (20 tokens)",
+                      1.5, lambda: scenario_model_view(page, reps, warm, 72))
+            timed_row("head", "head", "change the head -> heatmap (minilm, 20 tokens)", 0.3,
+                      lambda: scenario_head(page, reps, warm))
 
             if want("decoder"):
                 name = "decoder step: Next -> decoder-weights (toy-translate)"
