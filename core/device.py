@@ -94,3 +94,22 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
     ok = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
     _kept_freed = ok
     return ok
+
+
+def freeze_heap() -> int:
+    """Collect garbage once, then move every object alive now out of the cyclic garbage
+    collector's sight (gc.freeze); returns how many objects are frozen in all.
+
+    A server that has imported torch, plotly and pandas and loaded a model holds 250,000 to
+    350,000 container objects, and a full collection walks every one of them: 0.12-0.21 s on
+    this project's CPUs. Streamlit runs a full collection after every script run, holding the
+    interpreter lock while the page waits for its last messages, so each click paid that time.
+    Frozen objects are still freed by reference counting when nothing uses them; only a
+    reference cycle among them would outlive its use. So call this when what is alive is
+    meant to live as long as the process: after start-up imports, after loading a model.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

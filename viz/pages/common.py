@@ -80,8 +80,10 @@ log = logging.getLogger("attention_lab")
 def setup_process() -> None:
     """What the app does once per server process, before any page runs (app.py calls it):
     torch threads as core.device chooses, freed trace buffers reused rather than
-    page-faulted afresh, and one log line per model load in the server log (tests count
-    them). Calling it again changes nothing."""
+    page-faulted afresh, one log line per model load in the server log (tests count
+    them), and the start-up heap frozen out of the garbage collector's walks
+    (core.device.freeze_heap; Streamlit collects after every script run). Calling it again
+    changes nothing."""
     core.device.configure_threads()
     core.device.keep_freed_memory()
     if not log.handlers:
@@ -89,6 +91,7 @@ def setup_process() -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        core.device.freeze_heap()  # once: the imports are alive for the life of the process
 
 
 @st.cache_resource(show_spinner=False)
@@ -99,6 +102,7 @@ def _load_model(name: str, path: str = ""):
     model.name = name  # a local model's picker name (its folder name, suffixed if taken)
     model.input_limit = INPUT_LIMITS.get(name)  # models from disk: their own context
     log.info("loaded model %s on %s in %.1f s", name, model.device, time.perf_counter() - t0)
+    core.device.freeze_heap()  # the model stays cached for the life of the process
     return model
 
 
