@@ -9,19 +9,15 @@ All steps come from common.get_steps (computed once, cached): moving between ste
 no model work.
 """
 
-import time
-
 import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import common, decoder_view, dl, training_panel
+from viz.pages import common, stepper, training_panel
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
-PLAY_DELAY_S = 0.7
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
-PLAYING, GOTO, PREFILL, GENERATED = "decoder._playing", "decoder._goto", "decoder._prefill", "decoder._generated"
-RESUME = "decoder._resume"
+PLAYING, PREFILL, GENERATED = stepper.PLAYING, "decoder._prefill", stepper.GENERATED
 
 st.title("Decoder stepper")
 st.caption("The decoder writes its output one token at a time. At every step it reads the tokens so far, "
@@ -30,11 +26,6 @@ st.caption("The decoder writes its output one token at a time. At every step it 
            "Transformers handout: inference from <start> to <end>, and teacher forcing).")
 state = common.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
 ss = st.session_state
-# Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
-# switch and back, a reload) pauses it, so coming back to the page never jumps to the end.
-_resumed = bool(ss.pop(RESUME, False))
-if ss.get(PLAYING) and not _resumed:
-    ss[PLAYING] = False
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
 allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
@@ -145,93 +136,9 @@ else:
     state.ignored_if_given("target", "the target is read in teacher forcing (mode=teacher); this is inference")
     common.show_trace_notes(first)
 
-# ------------------------------------------------------------------ layer, head, step
-n_layers = first.layers("decoder")
-n_heads = first["decoder.0.self_attn.weights"].shape[0]
-if full is not None:
-    n_rows = len(full.tokens("target"))
-    n_steps = dv.n_teacher_steps(n_rows, prefix_len)
-else:
-    n_steps = len(steps)
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{model_name}'s decoder")
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{model_name}'s decoder")
-step_key = common.int_from_url(state, "step", 1, 1, n_steps,
-                               of="this generation" if full is None else "teacher forcing on this target")
-if GOTO in ss:
-    ss[step_key] = min(max(int(ss.pop(GOTO)), 1), n_steps)
-
-
-def _move(delta: int, n: int) -> None:
-    ss[PLAYING] = False
-    ss[step_key] = min(max(int(ss.get(step_key, 1)) + delta, 1), n)
-
-
-def _play_pause(n: int) -> None:
-    if ss.get(PLAYING):
-        ss[PLAYING] = False
-        return
-    ss[PLAYING] = ss[RESUME] = True
-    if int(ss.get(step_key, 1)) >= n:
-        ss[step_key] = 1  # from the end, play again from the start
-
-
-def _check_with_teacher() -> None:
-    ss[PLAYING] = False
-    ss[mode_key] = "teacher"
-    ss[state.key("target")] = ss.get(GENERATED, "")
-
-
-c = st.columns([1, 1, 5])
-layer = c[0].selectbox("Decoder layer", list(range(n_layers)), key=layer_key)
-head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
-with c[2]:
-    if n_steps > 1:
-        step = st.slider("Step", 1, n_steps, key=step_key,
-                         help="Step t runs the decoder on the tokens so far (the prefix) and picks the next one.")
-    else:
-        step = 1
-        ss[step_key] = 1
-        st.caption("Step 1 of 1: there is only one step.")
-playing = bool(ss.get(PLAYING)) and step < n_steps
-played_to_end = bool(ss.get(PLAYING)) and not playing and n_steps > 1
-ss[PLAYING] = playing
-b = st.columns([1, 1, 1, 4])
-b[0].button("Previous", key="decoder-btn-prev", on_click=_move, args=(-1, n_steps), disabled=step <= 1, width="stretch")
-b[1].button("Next", key="decoder-btn-next", on_click=_move, args=(1, n_steps), disabled=step >= n_steps, width="stretch")
-# one button (one key) that reads Play or Pause, so no stale twin is left on the page while it plays
-b[2].button("Pause" if playing else "Play", key="decoder-btn-play", on_click=_play_pause, args=(n_steps,),
-            disabled=n_steps <= 1 and not playing, type="primary" if playing else "secondary", width="stretch",
-            icon=":material/pause:" if playing else ":material/play_arrow:",
-            help="Animate through every step to the end; any other click pauses.")
-b[3].markdown(f"**Step {step} of {n_steps}**")
-if played_to_end:
-    st.success(f"Played all {n_steps} steps.")
-
-state.show_messages()
-publish = dict(model=model_name, text=text, mode=mode, layer=layer, head=head, step=step)
-if mode == "teacher":
-    publish["target"] = target
-state.publish(**publish)
-
-# ------------------------------------------------------------------ generation status
-# how the whole run ended, as a summary line under the output (not a box beside the step counter)
-level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, end_token)
-st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
-st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
-
-# ------------------------------------------------------------------ what this step shows (viz/pages/decoder_view.py)
-tr, weights, q_tokens = decoder_view.show_step(model, steps, full, step=step, layer=layer, head=head,
-                                               prefix_len=prefix_len, decoder_only=decoder_only)
-if full is None:
-    st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
-              help="Feed the greedy output back as the target, all at once, and compare the rows.")
-
-dl.offer(tr, weights, q_tokens, q_tokens, model=model_name, stack="decoder", kind="self_attn", layer=layer, head=head,
-         key="decoder-dl", suffix=f"-step{step}")
-
-# ------------------------------------------------------------------ Play: one step per rerun, to the end
-if playing:
-    time.sleep(PLAY_DELAY_S)
-    ss[GOTO] = step + 1
-    ss[RESUME] = True
-    st.rerun()
+# ------------------------------------------------------------------ the step: controls and maps (a fragment)
+state.show_messages()  # the URL's model, text, mode and target; the fragment says its own (layer, head, step)
+stepper.stepper(stepper.Run(model_name, model, steps, full, prefix_len, decoder_only, end_token, mode_key,
+                            url=dict(model=model_name, text=text, mode=mode, **({"target": target} if full is not None
+                                                                                 else {}))),
+                extra=dict(state.extra))
