@@ -130,3 +130,34 @@ def test_model_view_click_selects_a_map(server, page):
     shapes = chart_data(page, "explore-grid")["layout"]["shapes"]
     assert len(shapes) == 1  # the outline moved to the clicked map
     page.screenshot(path=str(SCREENSHOTS / "explore-model-view.png"))
+
+
+def test_block_map_hover_names_both_blocks(page):
+    """A long prefix's weights in blocks read their hover labels from the category axes: the
+    browser's hover over cell (40, 10) names block 40 (query) and block 10 (key), and the
+    outlined row is block 40."""
+    import torch
+
+    from viz import decoder as dv
+
+    n = 300
+    mask = core.causal_mask(n).numpy()
+    masked = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).numpy() + mask
+    weights = torch.softmax(torch.from_numpy(masked), dim=-1).numpy()
+    _, _, w, labels, _ = dv.in_blocks(mask, masked, weights, [f"t{i}" for i in range(n)], n - 1, max_side=96)
+    fig = dv.weights_figure(w, labels, highlight_row=40, height=900)
+    assert fig.data[0].customdata is None
+    page.set_content(fig.to_html(include_plotlyjs=True, full_html=True))
+    page.wait_for_selector(".js-plotly-plot .nsewdrag")
+    box = page.locator(".nsewdrag").first.bounding_box()
+    n_b = len(labels)
+    x, y = box["x"] + box["width"] * (10.5 / n_b), box["y"] + box["height"] * (40.5 / n_b)
+    page.mouse.move(x - 15, y - 15)
+    page.mouse.move(x, y, steps=4)
+    page.wait_for_function("() => document.querySelectorAll('.hoverlayer text').length > 0", timeout=10_000)
+    hover = " ".join(page.evaluate("() => Array.from(document.querySelectorAll('.hoverlayer text')).map(e => e.textContent)"))
+    assert f"query: {labels[40]}" in hover and f"key: {labels[10]}" in hover, hover
+    assert f"{w[40, 10]:.4f}" in hover
+    outline = page.evaluate("() => { const e = document.querySelector('.js-plotly-plot'); const s = e._fullLayout.shapes[0];"
+                            " return [e._fullLayout.yaxis.d2p(40), e._fullLayout.yaxis.l2p((s.y0 + s.y1) / 2)]; }")
+    assert abs(outline[0] - outline[1]) < 1.0  # the outline sits on block 40's row

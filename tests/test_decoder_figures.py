@@ -10,6 +10,7 @@ import torch
 import core
 from core import ModelConfig
 from viz import decoder as dv
+from viz.figures import matrix_heatmap
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
@@ -251,3 +252,38 @@ def test_long_prefixes_are_drawn_in_blocks():
         assert s[bi, bj] == pytest.approx(fin.mean())
     assert np.isneginf(s[0, 5]) and np.isneginf(m[3, 40])
     assert labels[1] == "t3… [3–5]"
+
+
+def _block_maps(n: int = 300, repeat: bool = False):
+    mask = core.causal_mask(n).numpy()
+    masked = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).numpy() + mask
+    weights = torch.softmax(torch.from_numpy(masked), dim=-1).numpy()
+    tokens = [("the" if repeat else f"t{i}") for i in range(n)]
+    return dv.in_blocks(mask, masked, weights, tokens, n - 1, max_side=96)
+
+
+def test_block_maps_hover_from_their_axes_not_from_per_cell_labels():
+    """Block labels are distinct, so the 96-block scores and weights carry them once per axis
+    (category axes) instead of two per cell; ticks and the outlined row stay where they were."""
+    _, s, w, labels, row = _block_maps()
+    for fig in (dv.masked_scores_figure(s, labels, highlight_row=row), dv.weights_figure(w, labels, highlight_row=row)):
+        t = fig.data[0]
+        assert t.customdata is None
+        assert list(t.x) == list(t.y) == labels
+        assert fig.layout.xaxis.type == fig.layout.yaxis.type == "category"
+        assert "%{y}" in t.hovertemplate and "%{x}" in t.hovertemplate
+        ax = fig.layout.xaxis  # category i sits at i: numeric ticks still name their own block
+        assert len(ax.tickvals) > 10 and list(ax.ticktext) == [labels[int(i)] for i in ax.tickvals]
+        assert fig.layout.shapes[0].y0 == row - 0.5
+    per_cell = matrix_heatmap(w, labels, labels, highlight_row=row)  # the same map with two labels per cell
+    assert per_cell.data[0].customdata is not None
+    assert len(fig.to_json()) < 0.3 * len(per_cell.to_json())
+
+
+def test_maps_with_repeated_labels_keep_per_cell_hover_labels():
+    """Repeated tokens on an axis cannot be category values (they would merge): per-cell labels."""
+    n = 40
+    z = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    fig = dv.weights_figure(z, ["the"] * n)
+    assert fig.data[0].customdata is not None and fig.layout.xaxis.type is None
+    assert list(fig.data[0].x) == list(range(n))

@@ -28,6 +28,8 @@ from viz.figures import attention_heatmap, fix_margins, label_margins, matrix_he
 MASK_TEXT_UP_TO = 16  # write 0 / -∞ in the mask's cells up to this many rows
 SHOW_VALUES_UP_TO = 8  # write the numbers in the cells (like the notes' tables) up to this many rows
 CROSS_VALUES_UP_TO = 8  # cross-attention shares its row with another chart: numbers fit up to 8 source tokens
+AXIS_HOVER_ABOVE = 32  # larger maps with distinct labels (a long prefix's blocks) hover from the axes'
+# labels instead of two labels per cell (matrix_heatmap's hover_from_axes)
 CHOSEN_COLOUR = "#d62728"
 FORCED_COLOUR = "#2ca02c"
 BAR_COLOUR = "#6baed6"
@@ -273,7 +275,7 @@ def masked_scores_figure(masked, tokens: Sequence[str], *, highlight_row: Option
     fig = matrix_heatmap(z, tokens, tokens, title=title, zmin=-span, zmax=span, colorscale="RdBu_r",
                          x_title="key j", y_title="query i", value_name="score",
                          highlight_row=highlight_row, show_values=_show_values(z.shape[0], show_values),
-                         height=height)
+                         height=height, hover_from_axes=z.shape[0] > AXIS_HOVER_ABOVE)
     return _tidy(fig, fit)
 
 
@@ -284,7 +286,8 @@ def weights_figure(weights, tokens: Sequence[str], *, highlight_row: Optional[in
     """Softmax of the masked scores: each row sums to 1 and is exactly 0 above the diagonal."""
     w = to_numpy(weights)
     fig = attention_heatmap(w, tokens, tokens, title=title, highlight_row=highlight_row,
-                            show_values=_show_values(w.shape[0], show_values), height=height)
+                            show_values=_show_values(w.shape[0], show_values), height=height,
+                            hover_from_axes=w.shape[0] > AXIS_HOVER_ABOVE)
     fig.update_xaxes(title="key j")
     fig.update_yaxes(title="query i")
     return _tidy(fig, fit)
