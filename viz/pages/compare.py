@@ -17,12 +17,12 @@ import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import charts, common, urlflags
+from viz.pages import charts, common, url_state, urlflags
 
 FALLBACK_MODEL = "toy-translate"
 
 
-class CompareState(common.PageState):
+class CompareState(url_state.PageState):
     """PageState whose remembered values belong to this page alone (see the docstring)."""
 
     def __init__(self):
@@ -156,8 +156,8 @@ else:
 stack = cmp.stack_of(trace_a)
 n_layers = trace_a.layers(stack)
 n_heads = trace_a[f"{stack}.0.self_attn.weights"].shape[0]
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
+layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 
 c = st.columns([1.4, 1.4, 1.4, 0.8, 0.8, 1.4], vertical_alignment="bottom")
 word = c[0].selectbox("Word in both sentences", shared_words, key=word_key)

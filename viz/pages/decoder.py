@@ -15,7 +15,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import common, decoder_view, dl, training_panel
+from viz.pages import common, decoder_view, dl, training_panel, url_state
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
@@ -28,7 +28,7 @@ st.caption("The decoder writes its output one token at a time. At every step it 
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
            "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "
            "Transformers handout: inference from <start> to <end>, and teacher forcing).")
-state = common.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
+state = url_state.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
 ss = st.session_state
 # Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
 # switch and back, a reload) pauses it, so coming back to the page never jumps to the end.
@@ -153,10 +153,10 @@ if full is not None:
     n_steps = dv.n_teacher_steps(n_rows, prefix_len)
 else:
     n_steps = len(steps)
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{model_name}'s decoder")
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{model_name}'s decoder")
-step_key = common.int_from_url(state, "step", 1, 1, n_steps,
-                               of="this generation" if full is None else "teacher forcing on this target")
+layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{model_name}'s decoder")
+head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{model_name}'s decoder")
+step_key = url_state.int_from_url(state, "step", 1, 1, n_steps,
+                                  of="this generation" if full is None else "teacher forcing on this target")
 if GOTO in ss:
     ss[step_key] = min(max(int(ss.pop(GOTO)), 1), n_steps)
 

@@ -11,13 +11,13 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, dl, knockout, training_panel, urlflags, vocab
+from viz.pages import charts, common, dl, knockout, training_panel, url_state, urlflags, vocab
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
 st.title("Explore attention")
-state = common.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
+state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
                                              "words", "full", "heads", "ablate", "ablation", "step_train"))
 
 model_name, model, text_col = common.model_header(state)

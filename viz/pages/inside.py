@@ -11,7 +11,7 @@ import streamlit as st
 
 from viz.checks import head_checks, residual_checks
 from viz.notes import cite_text
-from viz.pages import charts, common, dl, training_panel, vocab
+from viz.pages import charts, common, dl, training_panel, url_state, vocab
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
@@ -20,7 +20,7 @@ from viz.steps import groups, layer_steps, shapes_table
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
            "tensor the model recorded; every formula is the one that produced it.")
-state = common.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))
+state = url_state.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))
 
 model_name, model, text_col = common.model_header(state)
 if model is None:

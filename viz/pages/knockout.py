@@ -10,14 +10,14 @@ from typing import List, Tuple
 import streamlit as st
 
 from viz import ablation as va
-from viz.pages import charts, common
+from viz.pages import charts, common, url_state
 
 ABLATION_LABELS = {"zero": "zeroed", "mean": "replaced by its mean over positions"}
 MODES = tuple(ABLATION_LABELS)
 CONTINUATION_TOKENS = 20
 
 
-def seeded_keys(state: common.PageState, model) -> Tuple[str, str]:
+def seeded_keys(state: url_state.PageState, model) -> Tuple[str, str]:
     """PageState.seeded_key for the two widgets: their values from the URL (bad items: a
     warning, nothing switched off).
     Returns (key of the heads multiselect, key of the ablation mode)."""

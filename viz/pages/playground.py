@@ -16,7 +16,7 @@ from core import toy_task
 from core.errors import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
-from viz.pages import charts, common, urlflags
+from viz.pages import charts, common, url_state, urlflags
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
              "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
@@ -44,7 +44,7 @@ def heads_options(d_model: int) -> list:
     return [h for h in (1, 2, 4, 8, 16) if d_model % h == 0]
 
 
-def hand_tables(state: common.PageState) -> dict:
+def hand_tables(state: url_state.PageState) -> dict:
     """Tab 1's Q, K and V to edit: the notes' example, or the tables of the URL (or of this
     session, coming back to the page). The editors start again from them (a new version of
     their keys) only when the URL brings tables."""
@@ -72,7 +72,7 @@ def hand_tables(state: common.PageState) -> dict:
 
 
 st.title("Playground")
-state = common.PageState("playground", fields=("model", "text", "tab", "layer", "head", "sym_stack", *CHOICES, *NUMBERS,
+state = url_state.PageState("playground", fields=("model", "text", "tab", "layer", "head", "sym_stack", *CHOICES, *NUMBERS,
                                                "hp_H", *SWITCHES, *HAND.values()))
 ss = st.session_state
 
@@ -84,7 +84,7 @@ with text_col:
 trace = common.get_trace(model_name, text) if model is not None else None
 
 keys = {name: urlflags.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
-keys.update({name: common.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
+keys.update({name: url_state.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
 keys.update({name: urlflags.flag(state, name, default) for name, default in SWITCHES.items()})
 keys["hp_H"] = urlflags.option(state, "hp_H", 4, heads_options(ss[keys["hp_d"]]))
 if trace is not None:
@@ -235,8 +235,8 @@ with tabs[2]:
         n_layers = trace.layers(sym_stack)
         n_heads = trace[f"{sym_stack}.0.self_attn.weights"].shape[0]
         of = f"{model_name}'s {sym_stack} self-attention"
-        layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
-        head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
+        layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
+        head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
         layer = c[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
         head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
         state.show_messages()

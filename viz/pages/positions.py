@@ -6,10 +6,10 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, common
+from viz.pages import charts, common, url_state
 
 st.title("Positional encoding")
-state = common.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
+state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
 st.caption("Self-attention is permutation invariant: without positions, “dog bites man” and “man bites dog” "
            "look the same to it. The sinusoidal encoding adds a fixed vector PE_i to the embedding of the token "
            "at position i (Transformers handout, eq. 2–3, angles in radians):")
@@ -18,8 +18,8 @@ st.latex(r"\mathrm{PE}_{i,2j}=\sin\!\left(\frac{i}{10000^{2j/d}}\right),\qquad "
 
 # ------------------------------------------------------------------ 1. the matrix
 st.subheader("1 · The matrix P (positions × dimensions)")
-d_key = common.int_from_url(state, "d", 128, 2, vp.MAX_D)
-n_key = common.int_from_url(state, "n", 64, 1, vp.MAX_N)
+d_key = url_state.int_from_url(state, "d", 128, 2, vp.MAX_D)
+n_key = url_state.int_from_url(state, "n", 64, 1, vp.MAX_N)
 if st.session_state[d_key] % 2:
     fixed = st.session_state[d_key] + 1 if st.session_state[d_key] < vp.MAX_D else st.session_state[d_key] - 1
     if "d" in state.from_url:
@@ -142,7 +142,7 @@ if trace is not None:
                     f"layers; the {bias['stack']}'s buckets "
                     + ("tell keys before the query from keys after it." if bias["stack"] == "encoder"
                        else "only look back."))
-            head_key = common.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
+            head_key = url_state.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
             bias_head = st.slider("Head", 0, n_heads - 1, key=head_key)
             state.show_messages()
             charts.chart(matrix_heatmap(bias["bias"][bias_head], labels, labels,

@@ -14,7 +14,7 @@ import streamlit as st
 
 from core import toy_steps, toy_task
 from viz import training as tv
-from viz.pages import charts, common
+from viz.pages import charts, common, url_state
 
 TOY = "toy-translate"
 
@@ -52,7 +52,7 @@ def _reference(model, text: str):
     return words, target, alignment
 
 
-def training_step(state: common.PageState, model_name: str, model, text: str, key: str) -> str:
+def training_step(state: url_state.PageState, model_name: str, model, text: str, key: str) -> str:
     """Draw the panel for toy-translate and return the model key the page should run
     (common.model_key: the chosen step's weights); other models: `model_name`, nothing drawn."""
     if model_name != TOY or model is None:
