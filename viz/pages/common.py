@@ -1,4 +1,4 @@
-"""What every page shares: cached models and traces, URL state, messages, downloads.
+"""What every page shares: cached models and traces, messages, the model picker and other widgets.
 
 Pages stay thin: they read state here, ask for a Trace, hand it to viz figure functions
 and lay the results out. Errors a user can cause end in st.error / st.warning.
@@ -6,7 +6,6 @@ and lay the results out. Errors a user can cause end in st.error / st.warning.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import time
@@ -18,7 +17,6 @@ import core
 import core.trace
 from core.errors import InputError
 from viz.cache import ByteLRU
-from viz.figures import attention_frame
 from viz.select import attention_views
 from viz.pages.url_state import PageState, int_from_url
 from viz.text import MAX_CHARS, URL_VALUE_BYTES, _md_code, clean_text, url_text, url_value  # noqa: F401
@@ -317,19 +315,3 @@ def token_chips(tokens, special=None, title: str = "") -> None:
     shown = tokens[:400]
     st.markdown(" ".join(f"`{_md_code(t)}`" for t in shown) + (" …" if len(tokens) > 400 else ""))
 
-
-def downloads(trace, matrix=None, q_tokens=None, k_tokens=None, name: str = "attention", key: str = "dl") -> None:
-    cols = st.columns(2)
-    if matrix is not None:
-        def csv() -> bytes:  # built only when clicked
-            return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
-
-        cols[0].download_button("Download this map (CSV)", csv, file_name=f"{name}.csv", mime="text/csv",
-                                key=f"{key}-csv", on_click="ignore")
-    def npz() -> bytes:  # built only when clicked
-        buf = io.BytesIO()
-        trace.save(buf)
-        return buf.getvalue()
-
-    cols[1].download_button("Download the whole trace (NPZ)", npz, file_name=f"{name}-trace.npz",
-                            mime="application/octet-stream", key=f"{key}-npz", on_click="ignore")
