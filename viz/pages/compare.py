@@ -17,7 +17,7 @@ import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import charts, common, url_state, urlflags
+from viz.pages import charts, common, models, url_state, urlflags
 
 FALLBACK_MODEL = "toy-translate"
 
@@ -43,14 +43,14 @@ st.caption("Bishop ch. 12: “bank” means a riverside in one sentence and a pl
 state = CompareState()
 
 # ------------------------------------------------------------------ model
-names = [n for n in common.model_names() if n != "random"]
+names = [n for n in models.model_names() if n != "random"]
 preferred = "minilm" if "minilm" in names else FALLBACK_MODEL
 model_key = state.seeded_key("model", preferred, valid=lambda v: v in names,
                        why=f"no model here has that name (models: {', '.join(names)})")
 if st.session_state[model_key] not in names:
     st.session_state[model_key] = preferred
 wanted = st.session_state[model_key]
-if not common.model_available(wanted):
+if not models.model_available(wanted):
     why = f"{wanted} is not installed ({core.MODELS[wanted].install_hint()})"
     if "model" in state.from_url:
         state.overridden("model", wanted, FALLBACK_MODEL, why)
@@ -60,8 +60,8 @@ if not common.model_available(wanted):
 
 top = st.columns([1, 3])
 model_name = top[0].selectbox("Model", names, key=model_key,
-                              format_func=common.model_label)
-model = common.get_model(model_name)
+                              format_func=models.model_label)
+model = models.get_model(model_name)
 common.sidebar(model)
 if model is None:
     state.show_messages()
@@ -127,7 +127,7 @@ for label, txt in (("A", text_a), ("B", text_b)):
 
 traces, texts = {}, {"A": text_a, "B": text_b}
 for label, txt in texts.items():
-    traces[label] = common.get_trace(model_name, txt)
+    traces[label] = models.get_trace(model_name, txt)
 if traces["A"] is None or traces["B"] is None:
     _stop("Fix the sentence above to compare the two.")
 trace_a, trace_b = traces["A"], traces["B"]

@@ -5,7 +5,7 @@ Inference: greedy decoding from <start> (or from the prompt, for a decoder-only 
 QKᵀ/√d_k + M, the weights, the cross-attention over the source and the next-token
 distribution. Teacher forcing: the whole typed target at once under the same mask (seed
 003), with the check that its rows equal the inference rows for the same prefix.
-All steps come from common.get_steps (computed once, cached): moving between steps does
+All steps come from models.get_steps (computed once, cached): moving between steps does
 no model work.
 """
 
@@ -15,7 +15,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import common, decoder_view, dl, training_panel, url_state
+from viz.pages import common, decoder_view, dl, models, training_panel, url_state
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
@@ -37,7 +37,7 @@ if ss.get(PLAYING) and not _resumed:
     ss[PLAYING] = False
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
-allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
+allowed += [n for n, m in models.local_models().items() if m.kind in DECODER_KINDS]
 model_name, model, text_col = common.model_header(
     state, allowed=allowed, needs="the decoder stepper needs a model that generates text (a decoder or an encoder-decoder)")
 if model is None:
@@ -88,8 +88,8 @@ mode = st.radio("Mode", list(MODES), key=mode_key, format_func=MODES.get, horizo
 
 # ------------------------------------------------------------------ all steps, once (cached)
 run_model = training_panel.training_step(state, model_name, model, text, "decoder")  # toy-translate: a training step
-run_text = common.step_prompt(run_model, text)  # capped where every step's trace is large
-steps = common.get_steps(run_model, run_text)
+run_text = models.step_prompt(run_model, text)  # capped where every step's trace is large
+steps = models.get_steps(run_model, run_text)
 if not steps:
     if steps is not None:  # ran, but generated nothing (max length 0)
         st.warning("The model generated no tokens for that input (it is already at the maximum length).")
@@ -131,7 +131,7 @@ if mode == "teacher":
         state.show_messages()
         ss[PLAYING] = False
         st.stop()
-    full = common.get_trace(run_model, run_text, target=target)
+    full = models.get_trace(run_model, run_text, target=target)
     if full is None:
         state.publish(model=model_name, text=text, mode=mode, target=target)
         state.show_messages()
@@ -143,7 +143,7 @@ if mode == "teacher":
 else:
     target = None
     state.ignored_if_given("target", "the target is read in teacher forcing (mode=teacher); this is inference")
-    common.show_trace_notes(first)
+    models.show_trace_notes(first)
 
 # ------------------------------------------------------------------ layer, head, step
 n_layers = first.layers("decoder")

@@ -11,7 +11,7 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, dl, knockout, training_panel, url_state, urlflags, vocab
+from viz.pages import charts, common, dl, knockout, models, training_panel, url_state, urlflags, vocab
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
@@ -50,7 +50,7 @@ run_model = training_panel.training_step(state, model_name, model, text, "explor
 ablate_key, ablation_key = knockout.seeded_keys(state, model)
 off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
-trace = common.get_trace(run_model, text, ablate=off, ablation=ablation)
+trace = models.get_trace(run_model, text, ablate=off, ablation=ablation)
 if trace is None:
     state.publish(model=model_name, text=text, **url_ablation)
     state.show_messages()
@@ -107,7 +107,7 @@ state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, ta
               **url_view, **url_ablation)
 knockout.controls(model, ablate_key, ablation_key)
 if off:
-    knockout.what_changed(model if run_model == model_name else common.get_model(run_model), run_model, text,
+    knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
                           trace, off, ablation)
 
 view = View(stack, kind, layer, None if mean_heads else head)

@@ -8,7 +8,7 @@ import streamlit as st
 from core import analysis
 from viz import heads as hv
 from viz.explore import view_sides
-from viz.pages import charts, common, url_state
+from viz.pages import charts, common, models, url_state
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
@@ -31,7 +31,7 @@ with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key,
                          help="previous-token, first-token and self scores are read on this sentence.")
 
-trace = common.get_trace(model_name, text)
+trace = models.get_trace(model_name, text)
 state.publish(model=model_name, text=text)
 state.show_messages()
 if trace is None:

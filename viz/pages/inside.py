@@ -11,7 +11,7 @@ import streamlit as st
 
 from viz.checks import head_checks, residual_checks
 from viz.notes import cite_text
-from viz.pages import charts, common, dl, training_panel, url_state, vocab
+from viz.pages import charts, common, dl, models, training_panel, url_state, vocab
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
@@ -49,7 +49,7 @@ elif model.kind == "decoder":
 common.example_buttons(examples, "inside-ex", _use_example, max_cols=6)
 run_model = training_panel.training_step(state, model_name, model, text, "inside")  # toy-translate: a training step
 
-trace = common.get_trace(run_model, text, target or None)
+trace = models.get_trace(run_model, text, target or None)
 if trace is None:
     state.publish(model=model_name, text=text, target=target or None)
     state.show_messages()

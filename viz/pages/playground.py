@@ -16,7 +16,8 @@ from core import toy_task
 from core.errors import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
-from viz.pages import charts, common, url_state, urlflags
+from viz.pages import charts, common, models, url_state, urlflags
+from viz.text import clean_text
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
              "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
@@ -81,7 +82,7 @@ default_text = model.examples[0] if model is not None and model.examples else co
 text_key = state.seeded_key("text", default_text)
 with text_col:
     text = st.text_input("Sentence (press Enter); used by tabs 2, 3 and 5", key=text_key)
-trace = common.get_trace(model_name, text) if model is not None else None
+trace = models.get_trace(model_name, text) if model is not None else None
 
 keys = {name: urlflags.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
 keys.update({name: url_state.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
@@ -377,7 +378,7 @@ with tabs[4]:
                 with st.spinner("Building the random model…"):
                     rnd = _random_model(cfg_json, 0)
                 st.caption(f"Built: {rnd.net.num_parameters():,} parameters on {rnd.device}.")
-                clean, _ = common.clean_text(text)
+                clean, _ = clean_text(text)
                 rtrace = rnd.trace(clean)
                 rstack = rtrace.stacks()[0]
                 rtoks = rtrace.tokens("source" if rstack == "encoder" else "target")

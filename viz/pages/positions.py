@@ -6,7 +6,7 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, common, url_state
+from viz.pages import charts, common, models, url_state
 
 st.title("Positional encoding")
 state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
@@ -105,14 +105,14 @@ st.subheader("5 · Your sentence: the model's own X′, P and X = X′ + P")
 top = st.columns([1, 3])
 with top[0]:
     model_name = common.model_picker(state)
-model = common.get_model(model_name)
+model = models.get_model(model_name)
 common.sidebar(model)
 text_key = state.seeded_key("text", common.NOTES_EXAMPLES["Show me the money"])
 with top[1]:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 state.show_messages()
 
-trace = common.get_trace(model_name, text) if model is not None else None
+trace = models.get_trace(model_name, text) if model is not None else None
 if trace is not None:
     info = vp.model_positions(trace)
     toks = info["tokens"]

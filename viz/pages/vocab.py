@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from viz.pages import common, url_state
+from viz.pages import models, url_state
 
 # word-piece and byte-level tokenizers: English text gives them no <unk>
 READERS = ("minilm", "smollm2")
@@ -14,7 +14,7 @@ UNK = "<unk>"
 
 def reader_for(model_name: str):
     """The first installed model that reads any English text, other than `model_name`."""
-    return next((n for n in READERS if n != model_name and common.model_available(n)), None)
+    return next((n for n in READERS if n != model_name and models.model_available(n)), None)
 
 
 def unknown_count(trace) -> int:
