@@ -17,7 +17,7 @@ import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import charts, common, models, url_state, urlflags
+from viz.pages import charts, models, url_state, urlflags, widgets
 
 FALLBACK_MODEL = "toy-translate"
 
@@ -62,7 +62,7 @@ top = st.columns([1, 3])
 model_name = top[0].selectbox("Model", names, key=model_key,
                               format_func=models.model_label)
 model = models.get_model(model_name)
-common.sidebar(model)
+widgets.sidebar(model)
 if model is None:
     state.show_messages()
     st.stop()

@@ -15,7 +15,7 @@ import core.corpus as cc
 import core.joint as cj
 from core.corpus_data import CORPUS_FILE
 from viz import corpus as vc
-from viz.pages import charts, common, url_state
+from viz.pages import charts, url_state, widgets
 
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus
 MAX_SENTENCES = 2_000  # sentences one run reads (more are cut, with a warning)
@@ -85,7 +85,7 @@ def _corpus_text() -> str:
 
 st.title("Queries and keys over a corpus")
 state = url_state.PageState("corpus", fields=("model", "layer", "head", "projection"))
-model_name, model, top_col = common.model_header(state)
+model_name, model, top_col = widgets.model_header(state)
 if model is None:
     st.stop()
 

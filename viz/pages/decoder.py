@@ -15,7 +15,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import common, decoder_view, dl, models, training_panel, url_state
+from viz.pages import decoder_view, dl, models, training_panel, url_state, widgets
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 PLAY_DELAY_S = 0.7
@@ -38,7 +38,7 @@ if ss.get(PLAYING) and not _resumed:
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
 allowed += [n for n, m in models.local_models().items() if m.kind in DECODER_KINDS]
-model_name, model, text_col = common.model_header(
+model_name, model, text_col = widgets.model_header(
     state, allowed=allowed, needs="the decoder stepper needs a model that generates text (a decoder or an encoder-decoder)")
 if model is None:
     st.stop()
@@ -47,7 +47,7 @@ if model.kind not in DECODER_KINDS:  # the registry's kind said otherwise; the l
     st.stop()
 decoder_only = model.kind == "decoder"
 
-text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["Show me the money"])
+text_key = state.seeded_key("text", model.examples[0] if model.examples else widgets.NOTES_EXAMPLES["Show me the money"])
 has_url_target = bool(state.qp.get("target"))
 mode_key = state.seeded_key("mode", "teacher" if has_url_target else "inference", valid=lambda v: v in MODES,
                       why=f"modes: {', '.join(MODES)}")
@@ -75,7 +75,7 @@ with text_col:
     else:
         text = st.text_input("Source sentence (press Enter)", key=text_key, help="Type a sentence and press Enter.")
 
-examples = [common.NOTES_EXAMPLES["Show me the money"]] if not decoder_only else []
+examples = [widgets.NOTES_EXAMPLES["Show me the money"]] if not decoder_only else []
 examples += [e for e in model.examples[:5] if e.lower() not in {x.lower() for x in examples}][: 5 - len(examples)]
 ex_cols = st.columns(len(examples) + 1)
 ex_cols[0].caption("Examples:")

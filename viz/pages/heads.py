@@ -8,7 +8,7 @@ import streamlit as st
 from core import analysis
 from viz import heads as hv
 from viz.explore import view_sides
-from viz.pages import charts, common, models, url_state
+from viz.pages import charts, models, url_state, widgets
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
@@ -23,7 +23,7 @@ st.caption("Five standard scores for every self-attention head, read from the at
            "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
 state = url_state.PageState("heads", fields=("model", "text"))
 
-model_name, model, text_col = common.model_header(state)
+model_name, model, text_col = widgets.model_header(state)
 if model is None:
     st.stop()
 text_key = state.seeded_key("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)

@@ -16,7 +16,7 @@ from core import toy_task
 from core.errors import InputError
 from viz import playground as vg
 from viz.figures import DIVERGING, attention_heatmap, fix_margins, matrix_heatmap
-from viz.pages import charts, common, models, url_state, urlflags
+from viz.pages import charts, models, url_state, urlflags, widgets
 from viz.text import clean_text
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
@@ -77,8 +77,8 @@ state = url_state.PageState("playground", fields=("model", "text", "tab", "layer
                                                "hp_H", *SWITCHES, *HAND.values()))
 ss = st.session_state
 
-model_name, model, text_col = common.model_header(state)
-default_text = model.examples[0] if model is not None and model.examples else common.NOTES_EXAMPLES["bank (river)"]
+model_name, model, text_col = widgets.model_header(state)
+default_text = model.examples[0] if model is not None and model.examples else widgets.NOTES_EXAMPLES["bank (river)"]
 text_key = state.seeded_key("text", default_text)
 with text_col:
     text = st.text_input("Sentence (press Enter); used by tabs 2, 3 and 5", key=text_key)

@@ -6,7 +6,7 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, common, models, url_state
+from viz.pages import charts, models, url_state, widgets
 
 st.title("Positional encoding")
 state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
@@ -104,10 +104,10 @@ with st.expander("The same formula with the angles read as degrees (how the note
 st.subheader("5 · Your sentence: the model's own X′, P and X = X′ + P")
 top = st.columns([1, 3])
 with top[0]:
-    model_name = common.model_picker(state)
+    model_name = widgets.model_picker(state)
 model = models.get_model(model_name)
-common.sidebar(model)
-text_key = state.seeded_key("text", common.NOTES_EXAMPLES["Show me the money"])
+widgets.sidebar(model)
+text_key = state.seeded_key("text", widgets.NOTES_EXAMPLES["Show me the money"])
 with top[1]:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 state.show_messages()
@@ -117,7 +117,7 @@ if trace is not None:
     info = vp.model_positions(trace)
     toks = info["tokens"]
     labels = [f"{i}: {t}" for i, t in enumerate(toks)]
-    common.token_chips(toks, title=f"{len(toks)} tokens into the {info['stack']}")
+    widgets.token_chips(toks, title=f"{len(toks)} tokens into the {info['stack']}")
     scheme = info["scheme"]
     if info["P"] is None:
         cfg = model.config

@@ -1,7 +1,9 @@
-"""What every page shares: the model picker and other widgets.
+"""The widgets pages share: the page header (model picker and sidebar), the attention /
+layer / head picker, example-sentence buttons and token chips, and the lecture notes'
+example sentences.
 
-Pages stay thin: they read state here, ask for a Trace, hand it to viz figure functions
-and lay the results out. Errors a user can cause end in st.error / st.warning.
+The pickers are seeded from the URL through PageState (viz/pages/url_state.py); the header
+loads the picked model through viz/pages/models.py.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ NOTES_EXAMPLES = {
 }
 
 
-# ------------------------------------------------------------------ layout helpers
 KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "self_attn"): "decoder self-attention (masked)",
               ("decoder", "cross_attn"): "decoder cross-attention"}
 
