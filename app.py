@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from viz.pages.common import setup_process
+from viz.pages.models import setup_process
 from viz.pages.history import one_entry_per_action
 
 setup_process()

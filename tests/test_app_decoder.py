@@ -8,7 +8,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
-from viz.pages import common
+from viz.pages import models
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
@@ -193,9 +193,9 @@ def test_layer_and_head_from_url(app_test, toy):
 def test_step_changes_do_no_model_work(app_test, monkeypatch):
     at = app_test("decoder", model="toy-translate", text=TEXT, step="1")
     at.run()
-    cache = common.trace_cache()
+    cache = models.trace_cache()
     misses = cache.misses
-    model = common._load_model("toy-translate")
+    model = models._load_model("toy-translate")
     calls = []
     for name in ("steps", "trace", "_run_traced", "_greedy"):
         orig = getattr(model, name)

@@ -33,3 +33,22 @@ def test_root_url_opens_explore(app_test):
     at.run()
     assert_no_exception(at)
     assert at.title and at.title[0].value == "Explore attention"
+
+
+def test_a_model_load_freezes_the_heap_out_of_the_collectors_walks(app_test):
+    """Streamlit runs a full garbage collection after every script run; the app freezes what
+    a model load leaves alive (core.device.freeze_heap), so that collection walks only what
+    later runs made, not the whole of torch, plotly and the model."""
+    import gc
+
+    from viz.pages import models
+
+    gc.unfreeze()
+    models._load_model.clear()
+    assert gc.get_freeze_count() == 0
+    at = app_test("explore", model="minilm")
+    at.run()
+    assert_no_exception(at)
+    assert gc.get_freeze_count() > 100_000
+    model = models._load_model("minilm")  # the cached instance the page got
+    assert gc.is_tracked(model) and not any(o is model for o in gc.get_objects())  # frozen, not walked

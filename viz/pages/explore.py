@@ -11,20 +11,20 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, common, dl, knockout, training_panel, urlflags, vocab
+from viz.pages import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
 from viz.select import View, attention_matrix
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
 st.title("Explore attention")
-state = common.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
+state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
                                              "words", "full", "heads", "ablate", "ablation", "step_train"))
 
-model_name, model, text_col = common.model_header(state)
+model_name, model, text_col = widgets.model_header(state)
 if model is None:
     st.stop()
 
-default_text = model.examples[0] if model.examples else common.NOTES_EXAMPLES["bank (river)"]
+default_text = model.examples[0] if model.examples else widgets.NOTES_EXAMPLES["bank (river)"]
 text_key = state.seeded_key("text", default_text)
 # A new model gets its own default sentence, unless the user typed one of their own.
 previous = st.session_state.get("explore._model")
@@ -34,7 +34,7 @@ if previous is not None and previous != model_name and not (state.external and "
 st.session_state["explore._model"] = model_name
 st.session_state["explore._default_text"] = default_text
 
-examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]])
+examples = vocab.dedupe_examples(list(widgets.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]])
 
 
 def _use_example(sentence: str) -> None:
@@ -44,13 +44,13 @@ def _use_example(sentence: str) -> None:
 with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 st.caption("Examples from the lecture notes and for this model:")
-common.example_buttons(examples, "explore-ex", _use_example)
+widgets.example_buttons(examples, "explore-ex", _use_example)
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
 ablate_key, ablation_key = knockout.seeded_keys(state, model)
 off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
-trace = common.get_trace(run_model, text, ablate=off, ablation=ablation)
+trace = models.get_trace(run_model, text, ablate=off, ablation=ablation)
 if trace is None:
     state.publish(model=model_name, text=text, **url_ablation)
     state.show_messages()
@@ -59,18 +59,18 @@ if trace is None:
 vocab.offer_reader(state, model_name, trace, key="explore-reader")
 n_source = len(trace.tokens("source"))
 if n_source <= 64:
-    common.token_chips(trace.tokens("source"), title=f"{n_source} source tokens")
+    widgets.token_chips(trace.tokens("source"), title=f"{n_source} source tokens")
 else:
     with st.expander(f"{n_source} source tokens"):
-        common.token_chips(trace.tokens("source"))
+        widgets.token_chips(trace.tokens("source"))
 if trace.tokens("target") and model.kind == "encoder-decoder":
-    common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')}), "
+    widgets.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')}), "
                        f"then predicts: {' '.join(trace.tokens('next')[:1])}")
 elif model.kind == "decoder" and trace.tokens("next"):
     st.caption(f"Next-token prediction after the prompt: {trace.tokens('next')[0]!r}")
 
 c = st.columns([2, 1, 1, 1.3])
-attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
+attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
@@ -107,7 +107,7 @@ state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, ta
               **url_view, **url_ablation)
 knockout.controls(model, ablate_key, ablation_key)
 if off:
-    knockout.what_changed(model if run_model == model_name else common.get_model(run_model), run_model, text,
+    knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
                           trace, off, ablation)
 
 view = View(stack, kind, layer, None if mean_heads else head)
@@ -179,7 +179,7 @@ with tab_model:
         with st.spinner("Computing the maps layer by layer…"):
             pooled = ex.pooled_layers(trace, stack, kind, layers, text, words)
         grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
-                              title=f"{common.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
+                              title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
         va.mark_grid(grid, off, stack)
         charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,

@@ -8,7 +8,7 @@ import streamlit as st
 from core import analysis
 from viz import heads as hv
 from viz.explore import view_sides
-from viz.pages import charts, common
+from viz.pages import charts, models, url_state, widgets
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
@@ -21,9 +21,9 @@ if pending:
 st.title("Which heads do what")
 st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
            "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
-state = common.PageState("heads", fields=("model", "text"))
+state = url_state.PageState("heads", fields=("model", "text"))
 
-model_name, model, text_col = common.model_header(state)
+model_name, model, text_col = widgets.model_header(state)
 if model is None:
     st.stop()
 text_key = state.seeded_key("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)
@@ -31,7 +31,7 @@ with text_col:
     text = st.text_input("Sentence (press Enter)", key=text_key,
                          help="previous-token, first-token and self scores are read on this sentence.")
 
-trace = common.get_trace(model_name, text)
+trace = models.get_trace(model_name, text)
 state.publish(model=model_name, text=text)
 state.show_messages()
 if trace is None:

@@ -11,7 +11,7 @@ import streamlit as st
 
 from viz.checks import head_checks, residual_checks
 from viz.notes import cite_text
-from viz.pages import charts, common, dl, training_panel, vocab
+from viz.pages import charts, dl, models, training_panel, url_state, vocab, widgets
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
@@ -20,14 +20,14 @@ from viz.steps import groups, layer_steps, shapes_table
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
            "tensor the model recorded; every formula is the one that produced it.")
-state = common.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))
+state = url_state.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))
 
-model_name, model, text_col = common.model_header(state)
+model_name, model, text_col = widgets.model_header(state)
 if model is None:
     st.stop()
 
-examples = vocab.dedupe_examples(list(common.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:4]])
-text_key = state.seeded_key("text", model.examples[0] if model.examples else common.NOTES_EXAMPLES["help me!"])
+examples = vocab.dedupe_examples(list(widgets.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:4]])
+text_key = state.seeded_key("text", model.examples[0] if model.examples else widgets.NOTES_EXAMPLES["help me!"])
 target_key = state.seeded_key("target", "")
 
 
@@ -46,23 +46,23 @@ if model.kind == "encoder-decoder":
                            key=target_key)
 elif model.kind == "decoder":
     target = st.text_input("Continuation (optional, appended to the prompt)", key=target_key)
-common.example_buttons(examples, "inside-ex", _use_example, max_cols=6)
+widgets.example_buttons(examples, "inside-ex", _use_example, max_cols=6)
 run_model = training_panel.training_step(state, model_name, model, text, "inside")  # toy-translate: a training step
 
-trace = common.get_trace(run_model, text, target or None)
+trace = models.get_trace(run_model, text, target or None)
 if trace is None:
     state.publish(model=model_name, text=text, target=target or None)
     state.show_messages()
     st.stop()
 
 vocab.offer_reader(state, model_name, trace, key="inside-reader")
-common.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")
+widgets.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")
 if trace.tokens("target") and model.kind == "encoder-decoder":
-    common.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')})")
+    widgets.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')})")
 
 # ------------------------------------------------------------------ what to show
 c = st.columns([2, 1, 1, 2.4])
-attn, stack, kind, layer, head, layer_key, head_key = common.attention_picker(state, trace, c)
+attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
 notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS,
                           why=f"notations: {', '.join(NOTATIONS)}")

@@ -10,14 +10,14 @@ from typing import List, Tuple
 import streamlit as st
 
 from viz import ablation as va
-from viz.pages import charts, common
+from viz.pages import charts, models, url_state
 
 ABLATION_LABELS = {"zero": "zeroed", "mean": "replaced by its mean over positions"}
 MODES = tuple(ABLATION_LABELS)
 CONTINUATION_TOKENS = 20
 
 
-def seeded_keys(state: common.PageState, model) -> Tuple[str, str]:
+def seeded_keys(state: url_state.PageState, model) -> Tuple[str, str]:
     """PageState.seeded_key for the two widgets: their values from the URL (bad items: a
     warning, nothing switched off).
     Returns (key of the heads multiselect, key of the ablation mode)."""
@@ -70,7 +70,7 @@ def _continuation(model_name: str, text: str, off: tuple, mode: str, _model) -> 
 def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head], mode: str) -> None:
     """Before/after: decoders' next-token top-10 and greedy continuation, encoder-decoders'
     translation, encoders' per-token cosine of the last-layer vectors."""
-    base = common.get_trace(model_name, text, notes=False)
+    base = models.get_trace(model_name, text, notes=False)
     if base is None or ablated is None:
         return
     with st.expander(f"What changed with {len(off)} head{'s' if len(off) != 1 else ''} switched off "

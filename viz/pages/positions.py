@@ -6,10 +6,10 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, common
+from viz.pages import charts, models, url_state, widgets
 
 st.title("Positional encoding")
-state = common.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
+state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
 st.caption("Self-attention is permutation invariant: without positions, “dog bites man” and “man bites dog” "
            "look the same to it. The sinusoidal encoding adds a fixed vector PE_i to the embedding of the token "
            "at position i (Transformers handout, eq. 2–3, angles in radians):")
@@ -18,8 +18,8 @@ st.latex(r"\mathrm{PE}_{i,2j}=\sin\!\left(\frac{i}{10000^{2j/d}}\right),\qquad "
 
 # ------------------------------------------------------------------ 1. the matrix
 st.subheader("1 · The matrix P (positions × dimensions)")
-d_key = common.int_from_url(state, "d", 128, 2, vp.MAX_D)
-n_key = common.int_from_url(state, "n", 64, 1, vp.MAX_N)
+d_key = url_state.int_from_url(state, "d", 128, 2, vp.MAX_D)
+n_key = url_state.int_from_url(state, "n", 64, 1, vp.MAX_N)
 if st.session_state[d_key] % 2:
     fixed = st.session_state[d_key] + 1 if st.session_state[d_key] < vp.MAX_D else st.session_state[d_key] - 1
     if "d" in state.from_url:
@@ -104,20 +104,20 @@ with st.expander("The same formula with the angles read as degrees (how the note
 st.subheader("5 · Your sentence: the model's own X′, P and X = X′ + P")
 top = st.columns([1, 3])
 with top[0]:
-    model_name = common.model_picker(state)
-model = common.get_model(model_name)
-common.sidebar(model)
-text_key = state.seeded_key("text", common.NOTES_EXAMPLES["Show me the money"])
+    model_name = widgets.model_picker(state)
+model = models.get_model(model_name)
+widgets.sidebar(model)
+text_key = state.seeded_key("text", widgets.NOTES_EXAMPLES["Show me the money"])
 with top[1]:
     text = st.text_input("Sentence (press Enter)", key=text_key)
 state.show_messages()
 
-trace = common.get_trace(model_name, text) if model is not None else None
+trace = models.get_trace(model_name, text) if model is not None else None
 if trace is not None:
     info = vp.model_positions(trace)
     toks = info["tokens"]
     labels = [f"{i}: {t}" for i, t in enumerate(toks)]
-    common.token_chips(toks, title=f"{len(toks)} tokens into the {info['stack']}")
+    widgets.token_chips(toks, title=f"{len(toks)} tokens into the {info['stack']}")
     scheme = info["scheme"]
     if info["P"] is None:
         cfg = model.config
@@ -142,7 +142,7 @@ if trace is not None:
                     f"layers; the {bias['stack']}'s buckets "
                     + ("tell keys before the query from keys after it." if bias["stack"] == "encoder"
                        else "only look back."))
-            head_key = common.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
+            head_key = url_state.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
             bias_head = st.slider("Head", 0, n_heads - 1, key=head_key)
             state.show_messages()
             charts.chart(matrix_heatmap(bias["bias"][bias_head], labels, labels,

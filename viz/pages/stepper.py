@@ -17,7 +17,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from viz import decoder as dv
-from viz.pages import common, decoder_view, dl
+from viz.pages import decoder_view, dl, url_state
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
@@ -81,7 +81,7 @@ def stepper(run: Run, extra: dict) -> None:
     resumed = bool(ss.pop(RESUME, False))
     if ss.get(PLAYING) and not resumed:
         ss[PLAYING] = False
-    state = common.PageState("decoder")  # the URL as it is now: a fragment rerun reads its own
+    state = url_state.PageState("decoder")  # the URL as it is now: a fragment rerun reads its own
     state.extra.update(extra)
     steps, full, first = run.steps, run.full, run.steps[0]
     n_layers = first.layers("decoder")
@@ -91,9 +91,9 @@ def stepper(run: Run, extra: dict) -> None:
     else:
         n_steps = len(steps)
     name = run.model_name
-    layer_key = common.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{name}'s decoder")
-    head_key = common.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{name}'s decoder")
-    step_key = common.int_from_url(state, "step", 1, 1, n_steps,
+    layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{name}'s decoder")
+    head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{name}'s decoder")
+    step_key = url_state.int_from_url(state, "step", 1, 1, n_steps,
                                    of="this generation" if full is None else "teacher forcing on this target")
     if GOTO in ss:
         ss[step_key] = min(max(int(ss.pop(GOTO)), 1), n_steps)

@@ -14,7 +14,8 @@ import streamlit as st
 
 from core import toy_steps, toy_task
 from viz import training as tv
-from viz.pages import charts, common
+from viz.pages import charts, models, url_state
+from viz.text import clean_text
 
 TOY = "toy-translate"
 
@@ -44,7 +45,7 @@ def _alignment_figure(run_key: str, text: str, layer: int, head: int, title: str
 def _reference(model, text: str):
     """The sentence's words, its reference translation and alignment; None outside the toy grammar."""
     try:
-        enc = model.tokenizer.encode(common.clean_text(text)[0])
+        enc = model.tokenizer.encode(clean_text(text)[0])
         words = [t for t, special in zip(enc.tokens, enc.special) if not special]
         target, alignment = toy_task.translate(words)
     except Exception:  # unknown words, not a sentence of the grammar, empty text
@@ -52,9 +53,9 @@ def _reference(model, text: str):
     return words, target, alignment
 
 
-def training_step(state: common.PageState, model_name: str, model, text: str, key: str) -> str:
+def training_step(state: url_state.PageState, model_name: str, model, text: str, key: str) -> str:
     """Draw the panel for toy-translate and return the model key the page should run
-    (common.model_key: the chosen step's weights); other models: `model_name`, nothing drawn."""
+    (models.model_key: the chosen step's weights); other models: `model_name`, nothing drawn."""
     if model_name != TOY or model is None:
         state.ignored_if_given("step_train", f"only {TOY} has saved training steps")
         return model_name
@@ -69,7 +70,7 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
     if not (text or "").strip():  # the page stops at its empty-text warning: keep the step, draw nothing
         step = st.session_state[step_key]
         state.extra["step_train"] = step
-        return common.model_key(model_name, None if step == final else step)
+        return models.model_key(model_name, None if step == final else step)
     rows = {r["step"]: r for r in (metrics or {}).get("steps", [])}
     with st.expander("Training step: watch the attention learn", expanded=True):
         left, right = st.columns([1, 2])
@@ -96,7 +97,7 @@ def training_step(state: common.PageState, model_name: str, model, text: str, ke
             else:
                 st.info("No training metrics found (assets/toy-translate/steps/metrics.json); "
                         "python -m core.train_toy writes them.")
-        run_key = common.model_key(model_name, None if step == final else step)
+        run_key = models.model_key(model_name, None if step == final else step)
         _alignment_maps(run_key, model, text, row, metrics or {}, key)
     state.extra["step_train"] = step
     return run_key
@@ -109,7 +110,7 @@ def _alignment_maps(run_key: str, model, text: str, row: Optional[dict], metrics
                 "the true word alignment known.")
         return
     words, target, alignment = ref
-    trace = common.get_trace(run_key, text, target=" ".join(target))
+    trace = models.get_trace(run_key, text, target=" ".join(target))
     if trace is None:
         return
     if trace.tokens("source") != words:

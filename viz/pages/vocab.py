@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from viz.pages import common
+from viz.pages import models, url_state
 
 # word-piece and byte-level tokenizers: English text gives them no <unk>
 READERS = ("minilm", "smollm2")
@@ -14,14 +14,14 @@ UNK = "<unk>"
 
 def reader_for(model_name: str):
     """The first installed model that reads any English text, other than `model_name`."""
-    return next((n for n in READERS if n != model_name and common.model_available(n)), None)
+    return next((n for n in READERS if n != model_name and models.model_available(n)), None)
 
 
 def unknown_count(trace) -> int:
     return sum(t == UNK for t in trace.tokens("source"))
 
 
-def offer_reader(state: common.PageState, model_name: str, trace, key: str) -> None:
+def offer_reader(state: url_state.PageState, model_name: str, trace, key: str) -> None:
     """Under a trace with more than one <unk>: what it means, and a button that switches the
     page's model (the sentence stays) to one that reads the sentence."""
     n_unk = unknown_count(trace)

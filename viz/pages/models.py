@@ -1,0 +1,223 @@
+"""The models the app offers and the caches every page asks: which models there are (the
+registry's and those found under $ATTENTION_LAB_MODELS), their picker labels and input
+limits, loading each once per process, and traces and decoder steps cached across sessions
+and bounded in bytes. A failure ends in st.error / st.warning and None, never a traceback.
+
+`setup_process()`, called once by app.py, sets threads and the allocator and the model-load log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional, Sequence
+
+import streamlit as st
+
+import core
+import core.trace
+from core.errors import InputError
+from viz.cache import ByteLRU
+from viz.text import _md_code, clean_text
+
+TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "1024")) * 2**20
+
+
+def model_names():
+    return list(core.MODELS) + list(local_models())
+
+
+# ------------------------------------------------------------------ models on disk ($ATTENTION_LAB_MODELS)
+MODELS_ENV = "ATTENTION_LAB_MODELS"  # folders separated like PATH; each model folder / .gguf one level inside
+
+
+@st.cache_resource(ttl=30, show_spinner=False)
+def _discover(roots: str):
+    import core.local_models
+
+    return core.local_models.discover(roots, taken=list(core.MODELS))
+
+
+def local_models():
+    """name -> core.local_models.LocalModel for the checkpoints found under $ATTENTION_LAB_MODELS. Only these
+    names (never a path from the URL) lead to a file being read."""
+    return _discover(os.environ.get(MODELS_ENV, ""))
+
+
+def model_label(name: str) -> str:
+    """The picker's text: a local model's family and size, or a registry model's install state."""
+    local = local_models().get(name)
+    if local is not None:
+        return local.label
+    return name if core.MODELS[name].available() else f"{name} (not installed)"
+
+
+def model_available(name: str) -> bool:
+    return name in local_models() or (name in core.MODELS and core.MODELS[name].available())
+
+
+def model_kind(name: str) -> str:
+    """encoder / decoder / encoder-decoder, as the registry or the checkpoint's family says ("?" unknown)."""
+    local = local_models().get(name) if name not in core.MODELS else None
+    return local.kind if local is not None else core.MODELS[name].kind if name in core.MODELS else "?"
+
+
+# The app's longest input per model, in tokens: the models' own. A trace stores only the
+# residual stream (O(n d)) and recomputes a layer's maps when they are looked at
+# (core/trace.py), so a 2,048-token smollm2 trace is ~0.3 GB, not L x H x n^2 floats.
+INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 2048}
+
+
+log = logging.getLogger("attention_lab")
+
+
+def setup_process() -> None:
+    """What the app does once per server process, before any page runs (app.py calls it):
+    torch threads as core.device chooses, freed trace buffers reused rather than
+    page-faulted afresh, one log line per model load in the server log (tests count
+    them), and the start-up heap frozen out of the garbage collector's walks
+    (core.device.freeze_heap; Streamlit collects after every script run). Calling it again
+    changes nothing."""
+    core.device.configure_threads()
+    core.device.keep_freed_memory()
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        core.device.freeze_heap()  # once: the imports are alive for the life of the process
+
+
+@st.cache_resource(show_spinner=False)
+def _load_model(name: str, path: str = ""):
+    t0 = time.perf_counter()
+    name, sep, step = name.partition(STEP_SEP)  # "toy-translate@step=200": a training step (model_key)
+    model = core.load_model(path or name, **({"step": int(step)} if sep else {}))
+    model.name = name  # a local model's picker name (its folder name, suffixed if taken)
+    model.input_limit = INPUT_LIMITS.get(name)  # models from disk: their own context
+    log.info("loaded model %s on %s in %.1f s", name, model.device, time.perf_counter() - t0)
+    core.device.freeze_heap()  # the model stays cached for the life of the process
+    return model
+
+
+STEP_SEP = "@step="
+
+
+def model_key(name: str, step: Optional[int] = None) -> str:
+    """What get_model / get_trace / get_steps take for `name` at a training step (None: the
+    shipped weights); the model and trace caches keep each step apart through it."""
+    return name if step is None else f"{name}{STEP_SEP}{int(step)}"
+
+
+def get_model(name: str):
+    """The model, loaded once per process; None (after an st.error) when it cannot load."""
+    local = local_models().get(name) if name not in core.MODELS else None
+    try:
+        if local is not None:
+            if local.problem:
+                raise core.ModelUnavailable(local.problem)
+            with st.spinner(f"Loading {local.label} from {local.path.name}: reading its tensors and converting them "
+                            "to float32, then its tokenizer…"):
+                return _load_model(name, str(local.path))
+        with st.spinner(f"Loading {name}…"):
+            return _load_model(name)
+    except core.ModelUnavailable as exc:
+        st.error(f"{exc}. The other models keep working.")
+    except Exception as exc:  # a broken install must not take the page down
+        st.error(f"Could not load model {name!r}: {exc}")
+    # Pages stop here without writing their state to the URL. Count the URL as read, or it would
+    # stay "external" (PageState) and re-impose this model over the one the user picks next.
+    st.session_state["_url_last"] = st.query_params.to_dict()
+    return None
+
+
+@st.cache_resource(show_spinner=False)
+def trace_cache() -> ByteLRU:
+    return ByteLRU(TRACE_CACHE_BYTES, max_entries=256, size_of=_size_of)
+
+
+def _size_of(value) -> int:
+    """Bytes of a Trace or of a list of Traces (decoder steps: views of one pass, counted once)."""
+    return core.trace.nbytes_of(value if isinstance(value, list) else [value])
+
+
+def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
+    """run(model, text) through the shared cache, turning every failure into a message."""
+    model = get_model(model_name)
+    if model is None:
+        return None
+    text, msgs = clean_text(text)
+    for m in msgs:
+        st.warning(m)
+    try:
+        with st.spinner(spinner):
+            return trace_cache().get_or_compute((model_name, text) + key, lambda: run(model, text))
+    except InputError as exc:
+        st.warning(str(exc))
+    except Exception as exc:
+        st.error(f"The model could not run on that input: {exc}")
+    return None
+
+
+def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None,
+              ablate: Sequence = (), ablation: str = "zero", notes: bool = True):
+    """Trace for (model, text, target, padding, heads switched off), cached across sessions and
+    bounded in bytes. Returns None after showing a message when the input cannot be traced.
+    notes=False leaves out the notes about the input (for a second trace of the same text)."""
+    off = tuple(sorted(tuple(h) for h in ablate))
+    key = ("trace", target or None, pad_to) + ((("ablate", off, ablation),) if off else ())
+    trace = _cached_run(model_name, text, key,
+                        lambda m, t: m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation),
+                        "Running the model…")
+    if trace is not None and notes:
+        show_trace_notes(trace)
+    return trace
+
+
+# The decoder stepper generates up to 64 tokens with a KV cache, then traces prompt + output
+# once (every step is a view of that pass): smollm2 prompts are capped at 1,024 tokens so
+# that generation stays within seconds on a CPU.
+STEP_INPUT_LIMITS = {"smollm2": 1024}
+
+
+def step_prompt(model_name: str, text: str) -> str:
+    """The prompt the decoder stepper runs on: `text`, cut after STEP_INPUT_LIMITS tokens (with a
+    warning) where the model has such a cap. Pass it to get_steps and get_trace alike."""
+    limit = STEP_INPUT_LIMITS.get(model_name)
+    model = get_model(model_name) if limit else None
+    if model is None or not text:
+        return text
+    cleaned, _ = clean_text(text)  # same length as text up to MAX_CHARS: its offsets fit text too
+    try:
+        enc = model.tokenizer.encode(cleaned)
+    except Exception:
+        return text
+    if len(enc) <= limit:
+        return text
+    end = max(t for _, t in enc.offsets[:limit])
+    st.warning(f"The decoder stepper generates token by token, so it runs {model_name} on the first {limit} "
+               f"tokens of the prompt (the other pages take up to {INPUT_LIMITS.get(model_name)}).")
+    return text[:end]
+
+
+def get_steps(model_name: str, text: str):
+    """All decoding steps, computed once per (model, text) and cached: step changes do no model work."""
+    return _cached_run(model_name, text, ("steps",), lambda m, t: m.steps(t), "Generating, one token at a time…")
+
+
+def show_trace_notes(trace) -> None:
+    meta = trace.meta
+    if meta.get("fallback"):
+        st.warning(meta["fallback"])
+    if meta.get("unknown"):
+        words = ", ".join(f"“{w}”" for w in meta["unknown"][:20])
+        st.warning(f"Not in {meta['model']}'s vocabulary, shown as <unk>: {words}")
+    if meta.get("truncated"):
+        st.warning(f"The input was cut to the model's maximum of {meta['max_input_tokens']} tokens "
+                   f"({meta['truncated']} tokens dropped).")
+    if meta.get("dropped"):
+        st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
+    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.masked_lm)
+        top = " · ".join(f"`{_md_code(tok)}` {p:.0%}" for tok, p in fill["top"])
+        st.info(f"The masked-LM head's fill-ins for token {fill['position']}: {top}")

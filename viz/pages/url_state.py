@@ -1,0 +1,173 @@
+"""URL state: every page's widgets seeded from the URL and written back to it, so a view can
+be shared; where the page does not show the URL's value, a message that says which field,
+the value given, the value shown and why.
+
+`PageState` is the page's side of it; `int_from_url` seeds a whole-number widget clamped to a
+range. viz/pages/urlflags.py adds switches, tabs and options on top.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, Optional, Sequence
+
+import streamlit as st
+
+from viz.text import MAX_CHARS, url_text, url_value
+
+TEXT_FIELDS = ("text", "text2", "target")  # typed text: a longer URL value is cut to MAX_CHARS
+
+
+def said(value) -> str:
+    """A value as a message names it: a number or a switch as it reads, any other text quoted
+    (url_value), a long text with its length."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int) or re.fullmatch(r"-?\d{1,12}", str(value)):
+        return str(value)
+    text = str(value)
+    return url_value(text) + (f"… ({len(text):,} characters)" if len(text) > 40 else "")
+
+
+class PageState:
+    """Widget state seeded from the URL and written back to it, so every view can be shared.
+
+    A value comes from the URL when the page is opened with it (or the URL changed since
+    the app last wrote it), else from what the user chose on any page this session, else
+    the default. Where the page does not show the URL's value (out of range, not valid for
+    this model or page, a field the page does not have), `overridden` / `ignored` leave a
+    message that names the field, the value given, the value shown and why; show_messages
+    shows each once.
+
+    `fields`: every URL field the page reads; the URL's others are ignored, with a message.
+    """
+
+    def __init__(self, page: str, fields: Sequence[str] = ()):
+        self.page = page
+        self.qp = st.query_params.to_dict()
+        self.external = self.qp != st.session_state.get("_url_last")
+        self.shared: Dict = st.session_state.setdefault("_shared", {})
+        self.messages: list = []
+        self._said: set = set()
+        self.from_url: set = set()  # fields whose value this run took from the URL
+        self.extra: Dict = {}  # fields every later publish() adds to the URL (e.g. step_train)
+        if fields and self.external:
+            for field in self.qp:
+                if field not in fields:
+                    self.ignored(field, f"this page has no {field} (its URL fields: {', '.join(fields)})")
+
+    def key(self, field: str) -> str:
+        return f"{self.page}.{field}"
+
+    # -------------------------------------------------------------- what the page says about the URL
+    def say(self, message: str) -> None:
+        """A message for show_messages, once however often the run reaches it."""
+        if message not in self._said:
+            self._said.add(message)
+            self.messages.append(message)
+
+    def overridden(self, field: str, given, used, why: str, used_text: Optional[str] = None) -> None:
+        """The URL's field=given is not what the page shows: it shows `used` (or `used_text`, as
+        worded) because `why`."""
+        self.say(f"The URL's {field}={said(given)} is replaced by {used_text or said(used)}: {why}.")
+
+    def ignored(self, field: str, why: str) -> None:
+        """The URL's `field` has no effect on this page (its value is left out of the URL), because `why`."""
+        if field in self.qp:
+            self.say(f"The URL's {field}={said(self.qp[field])} is ignored: {why}.")
+
+    def ignored_if_given(self, field: str, why: str) -> None:
+        """`ignored`, when the URL is the one the page was opened with (not the app's own)."""
+        if self.external:
+            self.ignored(field, why)
+
+    # -------------------------------------------------------------- seeding
+    def seeded_key(self, field: str, default, parse: Callable = str, valid: Optional[Callable] = None,
+                   why=None) -> str:
+        """The session-state key of a widget for `field`, its value first set (once, or again
+        when the URL changed) from the URL, else from this session's other pages, else
+        `default`. A URL value that `parse` or `valid` rejects is replaced, with a message saying
+        `why` (a text, or why(raw, error) -> text; by default that it is not valid here)."""
+        def rejected(raw, value, exc):
+            reason = why(raw, exc) if callable(why) else why
+            return value, ("it is not valid here" + (f" ({reason})" if reason else ""))
+
+        return self._seed_from_url(field, default, parse, valid, rejected)
+
+    def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected) -> str:
+        """seeded_key's rule; rejected(raw, value, error) -> (the value to use, why) for a URL
+        value that parse or valid refuses."""
+        key = self.key(field)
+        raw = self.qp.get(field)
+        if key not in st.session_state or (self.external and raw is not None):
+            value = self.shared.get(field, default)
+            if valid is not None and field in self.shared and not (
+                    _holds(valid, value) or (isinstance(value, str) and _holds(lambda v: valid(parse(v)), value))):
+                value = default  # another page's value (as it wrote it, or as the URL spells it) not taken here
+            if raw is not None:
+                try:
+                    parsed = parse(raw)
+                    if valid is not None and not valid(parsed):
+                        raise ValueError
+                    value = parsed
+                    self.from_url.add(field)
+                except (ValueError, TypeError) as exc:
+                    value, why = rejected(raw, value, exc)
+                    self.overridden(field, raw, value, why)
+                if field in TEXT_FIELDS and isinstance(value, str) and len(value) > MAX_CHARS:
+                    self.overridden(field, raw, None, f"only the first {MAX_CHARS:,} are used (the models read "
+                                    "no more)", used_text=f"its first {MAX_CHARS:,} characters")
+                    value = value[:MAX_CHARS]
+            st.session_state[key] = value
+        return key
+
+    def set(self, field: str, value) -> None:
+        st.session_state[self.key(field)] = value
+
+    def get(self, field: str, default=None):
+        return st.session_state.get(self.key(field), default)
+
+    def publish(self, **values) -> None:
+        values = {**values, **self.extra}
+        for k, v in values.items():
+            if v is None:  # left out of the URL: the next page takes its own default, not None
+                self.shared.pop(k, None)
+            else:
+                self.shared[k] = v
+        # an emptied sentence stays in the URL (text=), so a reload or a shared link shows the
+        # same empty box and its message rather than the default sentence; other empty
+        # fields (an optional target) are left out
+        params = {k: url_text(str(v)) for k, v in values.items() if v is not None and (v != "" or k == "text")}
+        if st.query_params.to_dict() != params:
+            st.query_params.from_dict(params)
+        st.session_state["_url_last"] = params
+
+    def show_messages(self) -> None:
+        """Show the pending messages once (a later call shows only newer ones)."""
+        for m in self.messages:
+            st.warning(m)
+        self.messages.clear()
+
+
+def _holds(valid: Callable, value) -> bool:
+    try:
+        return bool(valid(value))
+    except (ValueError, TypeError):
+        return False
+
+
+def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int, of: str = "") -> str:
+    """Seed an integer widget from the URL, clamped to [lo, hi] with a notice; `of` names what
+    the range belongs to ("toy-translate's encoder self-attention")."""
+    key = state._seed_from_url(field, default, lambda raw: int(str(raw).strip()), None, lambda raw, value, exc: (
+        default, f"{field}={url_value(raw)} is not a whole number"))
+    value = st.session_state[key]
+    if not isinstance(value, int) or value < lo or value > hi:
+        fixed = min(max(int(value) if isinstance(value, int) else default, lo), hi)
+        why = f"{field} {value} is out of range ({lo}–{hi}{' in ' + of if of else ''})"
+        if field in state.from_url:
+            state.overridden(field, value, fixed, why)
+        else:
+            state.say(f"{why}; showing {field} {fixed}.")
+        st.session_state[key] = fixed
+    return key

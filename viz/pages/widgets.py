@@ -1,0 +1,118 @@
+"""The widgets pages share: the page header (model picker and sidebar), the attention /
+layer / head picker, example-sentence buttons and token chips, and the lecture notes'
+example sentences.
+
+The pickers are seeded from the URL through PageState (viz/pages/url_state.py); the header
+loads the picked model through viz/pages/models.py.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import streamlit as st
+
+import core
+from viz.pages.models import get_model, model_kind, model_label, model_names
+from viz.pages.url_state import PageState, int_from_url
+from viz.select import attention_views
+from viz.text import _md_code
+
+
+DEFAULT_MODEL = "toy-translate"
+
+NOTES_EXAMPLES = {
+    "bank (river)": "I swam across the river to get to the other bank.",
+    "bank (cash)": "I walked across the road to get cash from the bank.",
+    "Show me the money": "Show me the money",
+    "help me!": "help me!",
+}
+
+
+KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "self_attn"): "decoder self-attention (masked)",
+              ("decoder", "cross_attn"): "decoder cross-attention"}
+
+
+def attention_picker(state: PageState, trace, cols):
+    """Attention (stack.kind), layer and head selectors in three columns, seeded from the
+    URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key)."""
+    view_names = [f"{s}.{k}" for s, k in attention_views(trace)]
+    model = trace.meta.get("model", "this model")
+    attn_key = state.seeded_key("attn", view_names[0], valid=lambda v: v in view_names,
+                          why=f"{model}'s attentions are {', '.join(view_names)}")
+    if st.session_state[attn_key] not in view_names:
+        st.session_state[attn_key] = view_names[0]
+    attn = cols[0].selectbox("Attention", view_names, key=attn_key,
+                             format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
+    stack, kind = attn.split(".")
+    n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+    of = f"{model}'s {KIND_LABEL.get((stack, kind), attn)}"
+    layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
+    head_key = int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
+    layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
+    head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key)
+    return attn, stack, kind, layer, head, layer_key, head_key
+
+
+def sidebar(model=None) -> None:
+    with st.sidebar:
+        dev = core.pick_device()
+        st.caption(f"Device: **{core.device_name(dev)}** ({dev.type})")
+        if model is not None:
+            cfg = model.config
+            st.caption(f"Model: **{model.name}** · {cfg.kind} · L={cfg.n_layers} H={cfg.n_heads} "
+                       f"d={cfg.d_model} d_k={cfg.d_head} m={cfg.d_ff}")
+
+
+def model_header(state: PageState, allowed=None, needs: str = ""):
+    """The top of a page: the model picker on the left of a wide column (returned, for the
+    page's text input), the sidebar, and the loaded model (None after an error message).
+    `allowed`: the models the page takes, `needs`: what they have in common, for the message
+    when another is asked for. Returns (model name, model or None, the wide column)."""
+    top = st.columns([1, 3])
+    with top[0]:
+        model_name = model_picker(state, allowed=allowed, needs=needs)
+    model = get_model(model_name)
+    sidebar(model)
+    return model_name, model, top[1]
+
+
+def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int = 5) -> None:
+    """One button per example sentence (label -> sentence), max_cols to a row; a shortened
+    label shows the whole sentence on hover. on_click(sentence) runs before the rerun."""
+    cols = st.columns(min(len(examples), max_cols))
+    for i, (label, sentence) in enumerate(examples.items()):
+        cols[i % len(cols)].button(label, key=f"{key}-{i}", on_click=on_click, args=(sentence,), width="stretch",
+                                   help=sentence if label != sentence else None)
+
+
+
+def model_picker(state: PageState, allowed=None, label: str = "Model", needs: str = "") -> str:
+    names = [n for n in model_names() if n != "random" and (allowed is None or n in allowed)]
+
+    def why_not(name) -> str:
+        name = str(name)
+        if name == "random" or name not in model_names():
+            return f"no model here has that name (models: {', '.join(names)})"
+        return f"{name} is an {model_kind(name)} model; {needs or 'this page takes ' + ', '.join(names)}"
+
+    default = DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
+    theirs = state.shared.get("model")
+    if theirs is not None and theirs not in names and state.key("model") not in st.session_state \
+            and "model" not in state.qp:  # the model of the page the user comes from
+        state.say(f"{why_not(theirs)}: showing {default}.")
+    key = state.seeded_key("model", default, valid=lambda v: v in names, why=lambda raw, exc: why_not(raw))
+    if st.session_state[key] not in names:
+        st.session_state[key] = default
+    return st.selectbox(label, names, key=key, format_func=model_label)
+
+
+def token_chips(tokens, special=None, title: str = "") -> None:
+    """Tokens as chips: plain text in st.pills-like badges (never HTML)."""
+    if title:
+        st.caption(title)
+    if not tokens:
+        return
+    shown = tokens[:400]
+    st.markdown(" ".join(f"`{_md_code(t)}`" for t in shown) + (" …" if len(tokens) > 400 else ""))
+
