@@ -6,7 +6,8 @@ QKᵀ/√d_k + M, the weights, the cross-attention over the source and the next-
 distribution. Teacher forcing: the whole typed target at once under the same mask (seed
 003), with the check that its rows equal the inference rows for the same prefix.
 All steps come from models.get_steps (computed once, cached): moving between steps does
-no model work.
+no model work. The step's controls and maps are one fragment (viz/pages/stepper.py), so a
+step reruns only that part of the page.
 """
 
 import streamlit as st
