@@ -38,7 +38,13 @@ def start_server(tmp_dir: Path, env_extra: dict | None = None, timeout: float = 
 
 def wait_idle(page, timeout: float = 60_000, settle_ms: int = 300):
     """Wait until Streamlit has finished the current run (no running indicator, no stale
-    elements) and is still idle `settle_ms` later (a rerun can follow a finished run)."""
+    elements, no element still a skeleton) and is still idle `settle_ms` later (a rerun can
+    follow a finished run).
+
+    The skeletons matter: the browser draws a widget's component some time after the run
+    that sent it has ended, and a widget seeded from session state (the URL's sentence) first
+    mounts with its default and takes the seeded value a render later. A click in that gap
+    sends the default back (an empty sentence, the first training step)."""
     _wait_idle_once(page, timeout)
     page.wait_for_timeout(settle_ms)
     _wait_idle_once(page, timeout)
@@ -51,7 +57,7 @@ def _wait_idle_once(page, timeout: float):
             const app = document.querySelector('[data-testid="stApp"]');
             if (!app) return false;
             if (app.getAttribute('data-test-script-state') !== 'notRunning') return false;
-            return document.querySelectorAll('[data-stale="true"]').length === 0;
+            return document.querySelectorAll('[data-stale="true"], [data-testid="stSkeleton"]').length === 0;
         }""",
         timeout=timeout,
     )
