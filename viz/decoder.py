@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import attention_heatmap, fix_margins, label_margins, matrix_heatmap, safe_label, to_numpy
+from viz.figures import (attention_heatmap, fitted_margins, label_margins, matrix_heatmap, safe_label, thin_ticks,
+                         tick_labels, to_numpy)
 
 MASK_TEXT_UP_TO = 16  # write 0 / -∞ in the mask's cells up to this many rows
 SHOW_VALUES_UP_TO = 8  # write the numbers in the cells (like the notes' tables) up to this many rows
@@ -230,12 +231,14 @@ def _tidy(fig: go.Figure, fit: Optional[Tuple[Sequence[str], Sequence[str]]] = N
     own) instead of plotly's automargin. Automargin measures every label and redraws the
     figure when the margins move, which was a third of a decoder step's drawing time; with
     fit = the whole run's tokens the margins also stay put from step to step."""
-    fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"))
-    fix_margins(fig, *(fit or (None, None)))
-    fig.update_xaxes(zeroline=False, title_standoff=4)
-    fig.update_yaxes(zeroline=False)
+    y_labels, x_labels = fit or (tick_labels(fig.layout.yaxis), tick_labels(fig.layout.xaxis))
+    layout = fitted_margins(fig, y_labels, x_labels)
+    layout["xaxis"].update(zeroline=False, title_standoff=4)
+    layout["yaxis"].update(zeroline=False)
+    fig.update_layout(title=dict(y=0.985, yref="container", yanchor="top"), **layout)  # one call: see matrix_heatmap
     fig.update_traces(textfont=dict(size=11), selector=dict(type="heatmap"))
-    return fig
+    return thin_ticks(fig)
+
 
 
 def _show_values(n: int, show_values: Optional[bool], up_to: int = SHOW_VALUES_UP_TO) -> bool:
