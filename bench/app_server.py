@@ -25,6 +25,24 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+# The page is idle when Streamlit has finished its run, no element is stale and none is still a
+# skeleton. The skeletons matter: the browser draws a widget's component some time after the run
+# that sent it has ended, and a widget seeded from session state (a sentence from the URL) first
+# mounts with its default and takes the seeded value a render later. A click in that gap sends
+# the default back to the server (an empty sentence, the first training step).
+IDLE_JS = """() => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    return !!app && app.getAttribute('data-test-script-state') === 'notRunning'
+        && document.querySelectorAll('[data-stale="true"], [data-testid="stSkeleton"]').length === 0;
+}"""
+
+
+def wait_idle_once(page, timeout: float) -> None:
+    """Wait for IDLE_JS to hold."""
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout)
+    page.wait_for_function(IDLE_JS, timeout=timeout)
+
+
 def free_port() -> int:
     with contextlib.closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))

@@ -48,7 +48,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from bench.app_server import CHROMIUM, AppServer, launch, start_app
+from bench.app_server import CHROMIUM, AppServer, launch, start_app, wait_idle_once
 from bench.common import ROOT, Result, median, text_of
 
 TAB_MODEL = "Model view (all layers × heads)"
@@ -107,12 +107,7 @@ def start_server(keep_freed: bool = True, timeout: float = 180, root: Path = ROO
 
 # ------------------------------------------------------------------ page helpers
 def wait_idle(page, timeout: float = 120_000) -> None:
-    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout)
-    page.wait_for_function(
-        """() => { const app = document.querySelector('[data-testid="stApp"]');
-                   return app && app.getAttribute('data-test-script-state') === 'notRunning'
-                          && document.querySelectorAll('[data-stale="true"]').length === 0; }""",
-        timeout=timeout)
+    wait_idle_once(page, timeout)
 
 
 def wait_chart(page, key: str, timeout: float = 120_000) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.app_server import CHROMIUM, CHROMIUM_ARGS, AppServer, free_port, launch, start_app  # noqa: F401
+from bench.app_server import (CHROMIUM, CHROMIUM_ARGS, AppServer, free_port, launch, start_app,  # noqa: F401
+                               wait_idle_once)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "docs" / "screenshots"
@@ -37,30 +38,12 @@ def start_server(tmp_dir: Path, env_extra: dict | None = None, timeout: float = 
 
 
 def wait_idle(page, timeout: float = 60_000, settle_ms: int = 300):
-    """Wait until Streamlit has finished the current run (no running indicator, no stale
-    elements, no element still a skeleton) and is still idle `settle_ms` later (a rerun can
-    follow a finished run).
-
-    The skeletons matter: the browser draws a widget's component some time after the run
-    that sent it has ended, and a widget seeded from session state (the URL's sentence) first
-    mounts with its default and takes the seeded value a render later. A click in that gap
-    sends the default back (an empty sentence, the first training step)."""
-    _wait_idle_once(page, timeout)
+    """Wait until the page is idle (bench/app_server.py's IDLE_JS: the run finished, nothing
+    stale, no element still a skeleton) and is still idle `settle_ms` later (a rerun can
+    follow a finished run)."""
+    wait_idle_once(page, timeout)
     page.wait_for_timeout(settle_ms)
-    _wait_idle_once(page, timeout)
-
-
-def _wait_idle_once(page, timeout: float):
-    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout)
-    page.wait_for_function(
-        """() => {
-            const app = document.querySelector('[data-testid="stApp"]');
-            if (!app) return false;
-            if (app.getAttribute('data-test-script-state') !== 'notRunning') return false;
-            return document.querySelectorAll('[data-stale="true"], [data-testid="stSkeleton"]').length === 0;
-        }""",
-        timeout=timeout,
-    )
+    wait_idle_once(page, timeout)
 
 
 def chart_data(page, key: str, timeout: float = 60_000) -> dict:
