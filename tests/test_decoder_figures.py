@@ -287,3 +287,37 @@ def test_maps_with_repeated_labels_keep_per_cell_hover_labels():
     fig = dv.weights_figure(z, ["the"] * n)
     assert fig.data[0].customdata is not None and fig.layout.xaxis.type is None
     assert list(fig.data[0].x) == list(range(n))
+
+
+def test_maps_have_fixed_margins_and_their_outline():
+    """What matrix_heatmap's one constructor call and _tidy's one layout update must carry: the
+    outlined row, the axes without automargin, margins that fit the `fit` labels (the whole
+    run's, so they stay put as the map grows) and no gaps hovered on large maps."""
+    toks = ["<start>", "le", "chat"]
+    run = toks + ["a_much_longer_token"]
+    w = torch.softmax(torch.randn(3, 3) + core.causal_mask(3), dim=-1).numpy()
+    fig = dv.weights_figure(w, toks, highlight_row=2, height=400, fit=(run, run))
+    (shape,) = fig.layout.shapes
+    assert (shape.y0, shape.y1, shape.x0, shape.x1) == (1.5, 2.5, -0.5, 2.5)
+    for ax in (fig.layout.xaxis, fig.layout.yaxis):
+        assert ax.automargin is False and ax.ticklabeloverflow == "allow" and ax.zeroline is False
+    from viz.figures import label_margins
+
+    assert fig.layout.margin.l == label_margins(run, run)["l"] > label_margins(toks, toks)["l"]
+    assert fig.layout.title.yref == "container" and fig.layout.yaxis.autorange == "reversed"
+    assert fig.data[0].hoverongaps is None
+    big = matrix_heatmap(np.zeros((201, 3)))
+    assert big.data[0].hoverongaps is False
+
+
+def test_fix_margins_fixes_every_axis_of_a_figure_with_subplots():
+    from plotly.subplots import make_subplots
+
+    from viz.figures import fix_margins
+
+    fig = make_subplots(rows=1, cols=2)
+    fig.add_trace(go.Heatmap(z=[[1, 2]]), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=[[3, 4]]), row=1, col=2)
+    fix_margins(fig, ["query"], ["key"])
+    for ax in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.yaxis, fig.layout.yaxis2):
+        assert ax.automargin is False and ax.ticklabeloverflow == "allow"

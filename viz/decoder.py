@@ -240,7 +240,6 @@ def _tidy(fig: go.Figure, fit: Optional[Tuple[Sequence[str], Sequence[str]]] = N
     return thin_ticks(fig)
 
 
-
 def _show_values(n: int, show_values: Optional[bool], up_to: int = SHOW_VALUES_UP_TO) -> bool:
     return n <= up_to if show_values is None else show_values
 
