@@ -1,6 +1,7 @@
 """The app in a real browser: headless Debian Chromium driven by Playwright against a
 running server. Screenshots of every page go to docs/screenshots/ (the README shows them)."""
 
+import json
 import urllib.parse
 
 import pytest
@@ -137,6 +138,7 @@ def test_block_map_hover_names_both_blocks(page):
     browser's hover over cell (40, 10) names block 40 (query) and block 10 (key), and the
     outlined row is block 40."""
     import torch
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     from viz import decoder as dv
 
@@ -154,8 +156,14 @@ def test_block_map_hover_names_both_blocks(page):
     x, y = box["x"] + box["width"] * (10.5 / n_b), box["y"] + box["height"] * (40.5 / n_b)
     page.mouse.move(x - 15, y - 15)
     page.mouse.move(x, y, steps=4)
-    page.wait_for_function("() => document.querySelectorAll('.hoverlayer text').length > 0", timeout=10_000)
-    hover = " ".join(page.evaluate("() => Array.from(document.querySelectorAll('.hoverlayer text')).map(e => e.textContent)"))
+    # plotly throttles hover: the label of an earlier point of the path can show first, and the
+    # last point's label follows. Wait for the last one; if it never comes, the assert says what showed.
+    hover_js = "() => Array.from(document.querySelectorAll('.hoverlayer text')).map(e => e.textContent).join(' ')"
+    try:
+        page.wait_for_function(f"() => ({hover_js})().includes({json.dumps('query: ' + labels[40])})", timeout=10_000)
+    except PlaywrightTimeout:
+        pass
+    hover = page.evaluate(hover_js)
     assert f"query: {labels[40]}" in hover and f"key: {labels[10]}" in hover, hover
     assert f"{w[40, 10]:.4f}" in hover
     outline = page.evaluate("() => { const e = document.querySelector('.js-plotly-plot'); const s = e._fullLayout.shapes[0];"
