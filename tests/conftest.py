@@ -115,6 +115,21 @@ def smollm2(request):
 
 
 # ------------------------------------------------------------------ browser tests
+BROWSER_RERUNS = 1
+
+
+def pytest_collection_modifyitems(config, items):
+    """A browser test that fails is run once more, and the run's summary lists it as rerun.
+
+    The browser tests drive a real server and Chromium on a shared machine, where a click can
+    meet the page mid-render (the two races found so far are written up in browser_utils.wait_idle
+    and test_browser.test_block_map_hover_names_both_blocks). A test whose check is wrong fails
+    both times. The other tests are not retried."""
+    for item in items:
+        if item.get_closest_marker("browser") and not item.get_closest_marker("flaky"):
+            item.add_marker(pytest.mark.flaky(reruns=BROWSER_RERUNS, reruns_delay=2))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real app server on a free 127.0.0.1 port, one per test module, stopped by its pid."""
