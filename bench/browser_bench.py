@@ -18,6 +18,10 @@ maps, one more decoder row...). The page is polled every animation frame.
 4. decoder step: press "Next" on /decoder (toy-translate, inference) -> "decoder-weights"
    shows one more row (the target's figure); also reported: until all five of the step's
    charts hold their new figures;
+   floor: the same press of Next on bench/floor/app.py, a bare Streamlit fragment with no
+   chart and with five plain heatmaps of the decoder's sizes (values in the cells, no model,
+   none of the app's code), each on its own server: what Streamlit and plotly.js cost on this
+   machine, under the decoder's figure;
 5. long input: 512 minilm tokens + Enter -> the heatmap is drawn; then the model view tab ->
    the grid; then a head change at 512 tokens; the page's longest main-thread task
    (PerformanceObserver 'longtask') while the 512-token views update tells whether the page
@@ -321,6 +325,12 @@ WATCH_ALL_JS = """keys => { window.__seen = {}; const old = {};
   requestAnimationFrame(poll); }"""
 
 
+def all_seen(page, n: int) -> float:
+    """Seconds from the action until the last of the n charts WATCH_ALL_JS watches held a new figure."""
+    page.wait_for_function("n => Object.keys(window.__seen).length >= n", arg=n, timeout=60_000)
+    return page.evaluate("() => (Math.max(...Object.values(window.__seen)) - window.__bench.t0) / 1000")
+
+
 def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> dict:
     page.goto(f"{base_url}/decoder?model=toy-translate&text=" + urllib.parse.quote(text))
     wait_idle(page, 180_000)
@@ -342,14 +352,59 @@ def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> 
         want = rows + (1 if direction == "Next" else -1)
         page.evaluate(WATCH_ALL_JS, DECODER_CHARTS)  # when does each of the step's charts change?
         t = timed(page, btn.click, "decoder-weights", "window.__rows(e.data[0].z) === arg", want)
-        page.wait_for_function("n => Object.keys(window.__seen).length >= n", arg=len(DECODER_CHARTS), timeout=60_000)
-        t_all = page.evaluate("() => (Math.max(...Object.values(window.__seen)) - window.__bench.t0) / 1000")
+        t_all = all_seen(page, len(DECODER_CHARTS))
         if i >= warm:
             times.append(t)
             all_times.append(t_all)
             bds.append(dict(LAST))
         wait_idle(page)
     return {"times": times, "all_charts": all_times, "breakdown": collect(bds)}
+
+
+FLOOR_APP = ROOT / "bench" / "floor"
+FLOOR_CHARTS = 5
+
+
+def scenario_floor(browser, reps: int, warm: int, rounds: int = 2) -> dict:
+    """bench/floor/app.py with no chart and with FLOOR_CHARTS heatmaps, a server each, in
+    turn (`rounds` times): seconds from the press of Next to the step line changing (no
+    chart) and to the third chart redrawn (the place of the decoder's weights)."""
+    out = {"none": [], "charts": [], "all_charts": []}
+    keys = [f"floor-{i}" for i in range(FLOOR_CHARTS)]
+    for _ in range(rounds):
+        for variant, n in (("none", 0), ("charts", FLOOR_CHARTS)):
+            server = start_app(FLOOR_APP, Path(tempfile.mkdtemp(prefix="attention-lab-floor-")),
+                               env={"FLOOR_CHARTS": str(n), "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"})
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1600})
+            try:
+                ctx.add_init_script(INIT_JS)
+                page = ctx.new_page()
+                page.add_init_script(HELPERS_JS)
+                page.goto(server.url)
+                wait_idle(page, 120_000)
+                for i in range(reps + warm):
+                    btn = page.get_by_role("button", name="Next", exact=True)
+                    if n:
+                        page.evaluate(WATCH_ALL_JS, keys)
+                        t = timed(page, btn.click, keys[2], "true")
+                        t_all = all_seen(page, n)
+                    else:
+                        line = page.locator("strong").first.inner_text()
+                        arm(page)
+                        btn.click()
+                        done = page.wait_for_function("t => { const s = document.querySelector('strong'); "
+                                                      "return s && s.innerText !== t && performance.now(); }",
+                                                      arg=line, polling="raf", timeout=60_000)
+                        t = (done.json_value() - page.evaluate("window.__bench.t0")) / 1000
+                    if i >= warm:
+                        out[variant].append(t)
+                        if n:
+                            out["all_charts"].append(t_all)
+                    wait_idle(page)
+            finally:
+                ctx.close()
+                server.stop()
+    return out
 
 
 def scenario_decoder_long(page, base_url: str, text: str, n_reps: int, warm: int) -> dict:
@@ -569,7 +624,7 @@ def _where(b: dict) -> str:
     return "; " + ", ".join(parts)
 
 
-SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_long", "toy", "long", "corpus")
+SCENARIOS = ("sentence", "model_view", "head", "decoder", "floor", "decoder_long", "toy", "long", "corpus")
 
 
 def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None,
@@ -661,6 +716,18 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                         results.append(Result("browser", "decoder step: Next -> all five of the step's charts redrawn "
                                               "(mask, masked scores, weights, cross-attention, next token)",
                                               median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
+
+            if want("floor"):
+                names = [("floor: a Streamlit fragment rerun, no chart (bench/floor: Next -> its step line changes)", None),
+                         (f"floor: the same fragment with {FLOOR_CHARTS} plain heatmaps, values in the cells, no model "
+                          "(Next -> the third chart redrawn)", None)]
+                fl = attempt("browser", names, lambda: scenario_floor(browser, reps, warm))
+                if fl:
+                    details["floor"] = fl
+                    results.append(Result("browser", names[0][0], median(fl["none"]), "s", None, note=_note(fl["none"])))
+                    results.append(Result("browser", names[1][0], median(fl["charts"]), "s", None,
+                                          note=_note(fl["charts"]) + f"; all {FLOOR_CHARTS} redrawn after "
+                                               f"{median(fl['all_charts']):.3f} s (median)"))
 
             if want("decoder_long") and core.MODELS["smollm2"].available():
                 name = "decoder step: Next -> next-token chart (smollm2, 1,024-token prompt, 64 new tokens)"
