@@ -222,7 +222,11 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "tokens, measured on this machine before the change). The decoder's and the explore heatmaps use fixed "
              "margins fitted to their token labels (viz.figures.fix_margins) instead of plotly's automargin, which "
              "measured every label and drew each chart twice when the margins moved. A decoder step redraws five "
-             "charts; the target figure is the weights chart, and the time until all five are new is reported too.")
+             "charts; the target figure is the weights chart, and the time until all five are new is reported too. "
+             "The floor rows time the same press of Next on bench/floor/app.py, a bare Streamlit fragment (no "
+             "model, none of the app's code) with no chart and with five plain heatmaps of the decoder's sizes, "
+             "each on its own server in the same run: the second is what Streamlit and plotly.js cost for five "
+             "charts on this machine, which the decoder's figure cannot go under without drawing fewer charts.")
     L.append("")
     L.append("The corpus rows: /corpus with 500 pasted sentences of 20 minilm tokens, so one head's joint scatter "
              "has 10,000 queries and 10,000 keys. Pasting runs the corpus job and the PCA (reported once); the "
