@@ -18,6 +18,9 @@ maps, one more decoder row...). The page is polled every animation frame.
 4. decoder step: press "Next" on /decoder (toy-translate, inference) -> "decoder-weights"
    shows one more row (the target's figure); also reported: until all five of the step's
    charts hold their new figures;
+   decoder in the browser: the stepper's "Step in the browser" toggle on, a click on the
+   all-steps figure's slider at the next step -> its weights panel holds one more row (the
+   figure restyles itself: no Streamlit run, which the page's script state confirms);
    floor: the same press of Next on bench/floor/app.py, a bare Streamlit fragment with no
    chart and with five plain heatmaps of the decoder's sizes (values in the cells, no model,
    none of the app's code), each on its own server: what Streamlit and plotly.js cost on this
@@ -361,6 +364,48 @@ def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> 
     return {"times": times, "all_charts": all_times, "breakdown": collect(bds)}
 
 
+# The step's rows in the all-steps figure: the weights panel's rows that hold a value.
+FILLED_ROWS_JS = "e => e.data[2].z.filter(r => r.some(v => v !== null)).length"
+
+
+def scenario_decoder_browser(page, base_url: str, text: str, n_reps: int, warm: int) -> tuple:
+    """The stepper's "Step in the browser" figure (viz/decoder_steps.py): a click on the
+    slider's next step -> the weights panel holds one more row. Also counts the Streamlit
+    script runs the clicks started (none expected: the figure restyles itself)."""
+    page.goto(f"{base_url}/decoder?model=toy-translate&text=" + urllib.parse.quote(text))
+    wait_idle(page, 180_000)
+    page.locator(".st-key-decoder-in-browser label").first.click()
+    wait_chart(page, "decoder-steps", 60_000)
+    wait_idle(page)
+    page.locator(".st-key-decoder-steps").scroll_into_view_if_needed()  # mouse clicks land in the viewport
+    rows_of = f"(() => ({FILLED_ROWS_JS})(window.__plot('decoder-steps')))()"
+    n_steps = page.evaluate("() => window.__plot('decoder-steps').layout.sliders[0].steps.length")
+    times, bds, direction = [], [], 1
+    for i in range(n_reps + warm):
+        rows = page.evaluate(rows_of)
+        active = page.evaluate("() => window.__plot('decoder-steps').layout.sliders[0].active")
+        if not 0 <= active + direction < n_steps:
+            direction = -direction
+        x, y = page.evaluate("""label => { const root = document.querySelector('.st-key-decoder-steps');
+            const l = [...root.querySelectorAll('.slider-label')].find(e => e.textContent === label).getBoundingClientRect();
+            const r = root.querySelector('.slider-rail-touch-rect').getBoundingClientRect();
+            return [l.x + l.width / 2, r.y + r.height / 2]; }""", str(active + direction + 1))
+        arm(page)
+        page.mouse.click(x, y)
+        done = page.wait_for_function(f"want => {{ const e = window.__plot('decoder-steps'); "
+                                      f"return e && ({FILLED_ROWS_JS})(e) === want && performance.now(); }}",
+                                      arg=rows + direction, polling="raf", timeout=30_000)
+        t = (done.json_value() - page.evaluate("window.__bench.t0")) / 1000
+        page.wait_for_timeout(200)
+        info = page.evaluate("""() => { const b = window.__bench; const lt = b.longtasks.filter(x => x[0] + x[1] >= b.t0);
+            return {runs: b.states.filter(x => x[0] >= b.t0 && x[1] === 'running').length,
+                    longest: lt.length ? Math.max(...lt.map(x => x[1])) : 0}; }""")
+        if i >= warm:
+            times.append(t)
+            bds.append({"total": t, "longest_task": info["longest"] / 1000, "script_runs": info["runs"]})
+    return times, bds
+
+
 FLOOR_APP = ROOT / "bench" / "floor"
 FLOOR_CHARTS = 5
 
@@ -624,7 +669,7 @@ def _where(b: dict) -> str:
     return "; " + ", ".join(parts)
 
 
-SCENARIOS = ("sentence", "model_view", "head", "decoder", "floor", "decoder_long", "toy", "long", "corpus")
+SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_browser", "floor", "decoder_long", "toy", "long", "corpus")
 
 
 def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None,
@@ -716,6 +761,19 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                         results.append(Result("browser", "decoder step: Next -> all five of the step's charts redrawn "
                                               "(mask, masked scores, weights, cross-attention, next token)",
                                               median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
+
+            if want("decoder_browser"):
+                name = "decoder step in the browser: the all-steps figure's slider -> one more row (toy-translate)"
+                r = attempt("browser", [(name, 0.3)], lambda: scenario_decoder_browser(
+                    page, server.url, "the small happy dog sees the old cat near the quiet river", reps, warm))
+                if r:
+                    t, b = r
+                    runs = sum(x["script_runs"] for x in b)
+                    details["decoder_browser"] = {"times": t, "breakdown": collect(b), "script_runs": runs}
+                    results.append(Result("browser", name, median(t), "s", 0.3,
+                                          note=_note(t) + f"; Streamlit script runs started by the {len(t)} clicks: "
+                                               f"{runs}; longest main-thread task "
+                                               f"{collect(b)['longest_task']:.3f} s (median)"))
 
             if want("floor"):
                 names = [("floor: a Streamlit fragment rerun, no chart (bench/floor: Next -> its step line changes)", None),

@@ -226,7 +226,11 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "The floor rows time the same press of Next on bench/floor/app.py, a bare Streamlit fragment (no "
              "model, none of the app's code) with no chart and with five plain heatmaps of the decoder's sizes, "
              "each on its own server in the same run: the second is what Streamlit and plotly.js cost for five "
-             "charts on this machine, which the decoder's figure cannot go under without drawing fewer charts.")
+             "charts on this machine, which the decoder's figure cannot go under without drawing fewer charts. "
+             "\"Step in the browser\" (the stepper's toggle, viz/decoder_steps.py) goes under it by not rerunning: "
+             "one figure holds every step's three maps and its own slider restyles them in the page; its row is a "
+             "click on that slider until the weights panel holds one more row, with the number of Streamlit runs "
+             "the clicks started.")
     L.append("")
     L.append("The corpus rows: /corpus with 500 pasted sentences of 20 minilm tokens, so one head's joint scatter "
              "has 10,000 queries and 10,000 keys. Pasting runs the corpus job and the PCA (reported once); the "

@@ -102,6 +102,47 @@ def test_play_runs_to_the_end(app_test, greedy):
     assert at.button(key="decoder-btn-next").disabled
 
 
+def test_step_in_the_browser_holds_every_step(app_test, greedy):
+    """The toggle swaps the step's charts for one figure of every step (viz/decoder_steps.py),
+    opened on the URL's step: its maps for that step are the ones the step's own charts draw."""
+    from viz.pages.stepper import IN_BROWSER
+
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="3", layer="1", head="2")
+    at.run()
+    per_step = weights(at)
+    at.toggle(key=IN_BROWSER).set_value(True).run()
+    assert_no_exception(at)
+    ids = [e.proto.id for e in at.get("plotly_chart")]
+    assert not any(i.endswith(("decoder-weights", "decoder-mask", "decoder-next")) for i in ids)
+    fig = figure(chart_by_key(at, "decoder-steps"))
+    slider = fig["layout"]["sliders"][0]
+    assert len(slider["steps"]) == len(greedy) + 1 and slider["active"] == 2
+    assert "layer 1 · head 2" in fig["layout"]["title"]["text"]
+    shown = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][2]["z"]], dtype=float)
+    np.testing.assert_allclose(shown[:3, :3], per_step, atol=1e-4)
+    assert np.isnan(shown[3:]).all()
+    assert not any(b.key == "decoder-btn-next" for b in at.button)  # the figure's slider steps, not the server
+    at.toggle(key=IN_BROWSER).set_value(False).run()
+    assert_no_exception(at)
+    np.testing.assert_allclose(weights(at), per_step)  # back on the same step
+    assert at.slider(key="decoder.step").value == 3
+
+
+def test_step_in_the_browser_is_for_inference(app_test, greedy):
+    from viz.pages.stepper import IN_BROWSER
+
+    at = app_test("decoder", model="toy-translate", text=TEXT, step="2")
+    at.run()
+    at.toggle(key=IN_BROWSER).set_value(True).run()
+    chart_by_key(at, "decoder-steps")
+    at.radio(key="decoder.mode").set_value("teacher").run()  # teacher forcing has every row at once
+    assert_no_exception(at)
+    assert at.toggle(key=IN_BROWSER).disabled
+    ids = [e.proto.id for e in at.get("plotly_chart")]
+    assert not any(i.endswith("decoder-steps") for i in ids)
+    assert_causal_weights(weights(at), len(greedy) + 1)
+
+
 @pytest.mark.parametrize("raw,rows", [("99", None), ("0", 1), ("-3", 1)])
 def test_out_of_range_step_is_clamped_with_a_warning(app_test, greedy, raw, rows):
     at = app_test("decoder", model="toy-translate", text=TEXT, step=raw)

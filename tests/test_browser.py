@@ -99,6 +99,45 @@ def test_decoder_step_next_and_play(server, page):
     assert no_exception(page)
 
 
+def test_decoder_steps_in_the_browser(server, page):
+    """"Step in the browser": a click on the all-steps figure's slider redraws the three maps
+    for that step in the page, with no Streamlit run; the maps are the step's own (the core's
+    steps for the same sentence), and the labels name only the tokens seen so far."""
+    import numpy as np
+
+    from viz.figures import safe_labels
+
+    sentence = "the small dog sees the cat"
+    page.goto(f"{server.url}/decoder?model=toy-translate&step=2&text=" + urllib.parse.quote(sentence))
+    wait_idle(page)
+    page.locator(".st-key-decoder-in-browser label").first.click()
+    chart_data(page, "decoder-steps")
+    wait_idle(page)
+    page.locator(".st-key-decoder-steps").scroll_into_view_if_needed()
+    page.evaluate("""() => { window.__runs = 0; new MutationObserver(ms => { for (const m of ms)
+        if (m.target.getAttribute('data-test-script-state') === 'running') window.__runs += 1; })
+        .observe(document.querySelector('[data-testid="stApp"]'), {attributes: true,
+                 attributeFilter: ['data-test-script-state']}); }""")
+    x, y = page.evaluate("""() => { const root = document.querySelector('.st-key-decoder-steps');
+        const l = [...root.querySelectorAll('.slider-label')].find(e => e.textContent === '4').getBoundingClientRect();
+        const r = root.querySelector('.slider-rail-touch-rect').getBoundingClientRect();
+        return [l.x + l.width / 2, r.y + r.height / 2]; }""")
+    page.mouse.click(x, y)
+    page.wait_for_function("""() => { const e = document.querySelector('.st-key-decoder-steps .js-plotly-plot');
+        return e && e.layout.title.text.startsWith('Step 4 of'); }""", timeout=30_000)
+    page.wait_for_timeout(500)
+    fig = chart_data(page, "decoder-steps")
+    assert page.evaluate("window.__runs") == 0  # drawn in the page: no script run
+    steps = core.load_model("toy-translate", device="cpu").steps(sentence)
+    want = steps[3]["decoder.0.self_attn.weights"][0].numpy()
+    z = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][2]["z"]], dtype=float)
+    np.testing.assert_allclose(z[:4, :4], want, atol=1e-4)
+    assert np.isnan(z[4:]).all() and np.isnan(z[:, 4:]).all()
+    ticks = fig["layout"]["xaxis3"]["ticktext"]
+    assert ticks[:4] == safe_labels(steps[3].tokens("target")) and set(ticks[4:]) == {""}
+    assert no_exception(page)
+
+
 def test_model_view_click_selects_a_map(server, page):
     """Clicking a map of the model view (one tiled heatmap) makes it the selected layer and
     head: the pickers, the red outline and the enlarged map follow, with the core's numbers."""

@@ -16,6 +16,7 @@ import numpy as np
 import streamlit as st
 
 from viz import decoder as dv
+from viz import decoder_steps
 from viz.pages import charts
 
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
@@ -203,3 +204,16 @@ def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_l
             n_known = int(frame["p(teacher's next)"].notna().sum())
             st.markdown(f"Cross-entropy −log p(teacher's token), averaged over {n_known} positions: **{ce:.3f}** nats.")
         st.dataframe(frame, width="stretch")
+
+
+def show_all_steps(steps: list, *, layer: int, head: int, step: int) -> None:
+    """Every inference step at this layer and head in one figure (viz/decoder_steps.py), its
+    slider starting at `step`: moving it redraws the three maps in the page, no rerun."""
+    maps = decoder_steps.inference_steps(steps, layer=layer, head=head)
+    fig = decoder_steps.steps_figure(maps, where=f"layer {layer} · head {head}", active=min(step, len(maps)) - 1)
+    charts.chart(fig, key="decoder-steps", width="stretch")
+    st.caption(f"All {len(maps)} steps of this run, each from its own step's trace. Move the slider under the "
+               "maps (or click a step's number): the maps grow by one row and column per step, blank cells are "
+               "positions not generated yet, and the outlined row is the step's newest position, whose output "
+               "picks the next token. Switch the toggle off for the cross-attention, the next-token bars and "
+               "the downloads of one step.")

@@ -17,11 +17,13 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from viz import decoder as dv
+from viz import decoder_steps
 from viz.pages import decoder_view, dl, url_state
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
 TO_TEACHER = "decoder._to_teacher"
+IN_BROWSER = "decoder-in-browser"  # the toggle: every step in one figure, stepped in the browser
 
 
 @dataclass
@@ -98,10 +100,26 @@ def stepper(run: Run, extra: dict) -> None:
     if GOTO in ss:
         ss[step_key] = min(max(int(ss.pop(GOTO)), 1), n_steps)
 
-    c = st.columns([1, 1, 5])
+    c = st.columns([1, 1, 1.4, 3.6])
     layer = c[0].selectbox("Decoder layer", list(range(n_layers)), key=layer_key)
     head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
+    n_positions = len(steps[-1].tokens("target"))
+    can_browse = full is None and decoder_steps.fits(n_positions)
     with c[2]:
+        st.write("")  # lines the toggle up with the selectboxes' boxes
+        in_browser = st.toggle("Step in the browser", key=IN_BROWSER, disabled=not can_browse,
+                               help="Every step of this run in one figure with its own slider: a step is redrawn in "
+                                    "the page, with no round trip to the server." if can_browse else
+                               "Inference only, for runs of up to "
+                               f"{decoder_steps.UP_TO} positions (this one has {n_positions})."
+                               if full is None else "Inference only: teacher forcing has its rows all at once.")
+    if in_browser and can_browse:  # the figure's own slider steps; the server's controls would only rerun
+        ss[PLAYING] = False
+        state.show_messages()
+        state.publish(**run.url, layer=layer, head=head, step=ss.get(step_key, 1))
+        decoder_view.show_all_steps(steps, layer=layer, head=head, step=int(ss.get(step_key, 1)))
+        return
+    with c[3]:
         if n_steps > 1:
             step = st.slider("Step", 1, n_steps, key=step_key,
                              help="Step t runs the decoder on the tokens so far (the prefix) and picks the next one.")
