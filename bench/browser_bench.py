@@ -364,37 +364,38 @@ def scenario_decoder(page, base_url: str, text: str, n_reps: int, warm: int) -> 
     return {"times": times, "all_charts": all_times, "breakdown": collect(bds)}
 
 
-# The step's rows in the all-steps figure: the weights panel's rows that hold a value.
-FILLED_ROWS_JS = "e => e.data[2].z.filter(r => r.some(v => v !== null)).length"
+# Where to click the all-steps figure's slider for a step (from 1): plotly labels every step,
+# or every k-th when they do not fit, so the step's place comes from the first and last labels.
+SLIDER_STEP_AT_JS = """step => { const root = document.querySelector('.st-key-decoder-steps') || document;
+  const pts = [...root.querySelectorAll('.slider-label')].filter(e => /^[0-9]+$/.test(e.textContent))
+    .map(e => { const r = e.getBoundingClientRect(); return [parseInt(e.textContent), r.x + r.width / 2]; });
+  const [a, b] = [pts[0], pts[pts.length - 1]];
+  const r = root.querySelector('.slider-rail-touch-rect').getBoundingClientRect();
+  return [a[1] + (step - a[0]) * (b[1] - a[1]) / (b[0] - a[0]), r.y + r.height / 2]; }"""
 
 
-def scenario_decoder_browser(page, base_url: str, text: str, n_reps: int, warm: int) -> tuple:
-    """The stepper's "Step in the browser" figure (viz/decoder_steps.py): a click on the
-    slider's next step -> the weights panel holds one more row. Also counts the Streamlit
-    script runs the clicks started (none expected: the figure restyles itself)."""
-    page.goto(f"{base_url}/decoder?model=toy-translate&text=" + urllib.parse.quote(text))
-    wait_idle(page, 180_000)
+def slider_steps(page, n_reps: int, warm: int) -> tuple:
+    """On /decoder: turn "Step in the browser" on, then click the all-steps figure's slider at
+    the next step (back at the end) until its title names that step. Returns the seconds per
+    click and, per click, the longest main-thread task and the Streamlit runs it started
+    (none expected: the figure restyles itself)."""
     page.locator(".st-key-decoder-in-browser label").first.click()
-    wait_chart(page, "decoder-steps", 60_000)
-    wait_idle(page)
+    wait_chart(page, "decoder-steps", 300_000)
+    wait_idle(page, 300_000)
     page.locator(".st-key-decoder-steps").scroll_into_view_if_needed()  # mouse clicks land in the viewport
-    rows_of = f"(() => ({FILLED_ROWS_JS})(window.__plot('decoder-steps')))()"
     n_steps = page.evaluate("() => window.__plot('decoder-steps').layout.sliders[0].steps.length")
     times, bds, direction = [], [], 1
     for i in range(n_reps + warm):
-        rows = page.evaluate(rows_of)
         active = page.evaluate("() => window.__plot('decoder-steps').layout.sliders[0].active")
         if not 0 <= active + direction < n_steps:
             direction = -direction
-        x, y = page.evaluate("""label => { const root = document.querySelector('.st-key-decoder-steps');
-            const l = [...root.querySelectorAll('.slider-label')].find(e => e.textContent === label).getBoundingClientRect();
-            const r = root.querySelector('.slider-rail-touch-rect').getBoundingClientRect();
-            return [l.x + l.width / 2, r.y + r.height / 2]; }""", str(active + direction + 1))
+        label = str(active + direction + 1)
+        x, y = page.evaluate(SLIDER_STEP_AT_JS, active + direction + 1)
         arm(page)
         page.mouse.click(x, y)
-        done = page.wait_for_function(f"want => {{ const e = window.__plot('decoder-steps'); "
-                                      f"return e && ({FILLED_ROWS_JS})(e) === want && performance.now(); }}",
-                                      arg=rows + direction, polling="raf", timeout=30_000)
+        done = page.wait_for_function("want => { const e = window.__plot('decoder-steps'); "
+                                      "return e && window.__title(e).startsWith(want) && performance.now(); }",
+                                      arg=f"Step {label} of", polling="raf", timeout=60_000)
         t = (done.json_value() - page.evaluate("window.__bench.t0")) / 1000
         page.wait_for_timeout(200)
         info = page.evaluate("""() => { const b = window.__bench; const lt = b.longtasks.filter(x => x[0] + x[1] >= b.t0);
@@ -404,6 +405,13 @@ def scenario_decoder_browser(page, base_url: str, text: str, n_reps: int, warm: 
             times.append(t)
             bds.append({"total": t, "longest_task": info["longest"] / 1000, "script_runs": info["runs"]})
     return times, bds
+
+
+def scenario_decoder_browser(page, base_url: str, text: str, n_reps: int, warm: int) -> tuple:
+    """toy-translate's stepper with "Step in the browser" on: see slider_steps."""
+    page.goto(f"{base_url}/decoder?model=toy-translate&text=" + urllib.parse.quote(text))
+    wait_idle(page, 180_000)
+    return slider_steps(page, n_reps, warm)
 
 
 FLOOR_APP = ROOT / "bench" / "floor"
@@ -470,7 +478,8 @@ def scenario_decoder_long(page, base_url: str, text: str, n_reps: int, warm: int
             times.append(t)
             weights_times.append(t_w)
         wait_idle(page)
-    return {"times": times, "weights": weights_times}
+    browser_times, bds = slider_steps(page, n_reps, warm)  # the same run, stepped in the browser
+    return {"times": times, "weights": weights_times, "browser": browser_times, "browser_breakdown": bds}
 
 
 def scenario_long(page, base_url: str, texts: list, warm: int) -> dict:
@@ -763,7 +772,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                                               median(dec["all_charts"]), "s", None, note=_note(dec["all_charts"])))
 
             if want("decoder_browser"):
-                name = "decoder step in the browser: the all-steps figure's slider -> one more row (toy-translate)"
+                name = "decoder step in the browser: the all-steps figure's slider -> the next step (toy-translate)"
                 r = attempt("browser", [(name, 0.3)], lambda: scenario_decoder_browser(
                     page, server.url, "the small happy dog sees the old cat near the quiet river", reps, warm))
                 if r:
@@ -798,12 +807,20 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     text = text[: smol.tokenizer.encode(text).offsets[1023][1]]
                     return scenario_decoder_long(page, server.url, text, reps, warm)
 
-                dl = attempt("browser", [(name, 0.3)], long_decoder)
+                dl = attempt("browser", [(name, 0.3), ("decoder step in the browser (smollm2, 1,024-token prompt)", 0.3)],
+                             long_decoder)
                 if dl is not None:
                     details["decoder_long"] = dl
                     results.append(Result("browser", name, median(dl["times"]), "s", 0.3,
                                           note=_note(dl["times"]) + f"; its weights map (in blocks) redrawn after "
                                                f"{median(dl['weights']):.3f} s (median)"))
+                    b = dl["browser_breakdown"]
+                    results.append(Result("browser", "decoder step in the browser: the all-steps figure's slider -> "
+                                          "the next step (smollm2, 1,024-token prompt, each step's last 48 rows)",
+                                          median(dl["browser"]), "s", 0.3,
+                                          note=_note(dl["browser"]) + "; Streamlit script runs started by the "
+                                               f"{len(b)} clicks: {sum(x['script_runs'] for x in b)}; longest "
+                                               f"main-thread task {collect(b)['longest_task']:.3f} s (median)"))
 
             if want("toy") and not quick:
                 name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"

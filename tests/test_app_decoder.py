@@ -307,3 +307,17 @@ def test_smollm2_stepper_with_a_1024_token_prompt(app_test):
     want = dv.in_blocks(mask, masked, w, steps[1].tokens("target"), n - 1)[2]
     z2 = heatmap_z(chart_by_key(at, "decoder-weights"))
     np.testing.assert_allclose(z2, want, atol=1e-4)
+    # stepped in the browser: each step's last 48 rows, the keys before them summed into column 0
+    from viz.decoder_steps import WINDOW
+    from viz.pages.stepper import IN_BROWSER
+
+    at.toggle(key=IN_BROWSER).set_value(True).run(timeout=300)
+    assert_no_exception(at)
+    fig = figure(chart_by_key(at, "decoder-steps"))
+    assert fig["layout"]["sliders"][0]["active"] == 1 and len(fig["layout"]["sliders"][0]["steps"]) > 2
+    shown = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][2]["z"]], dtype=float)
+    s = n - WINDOW
+    assert shown.shape == (WINDOW, WINDOW + 1)
+    np.testing.assert_allclose(shown[:, 0], w[s:, :s].sum(1), atol=1e-4)
+    np.testing.assert_allclose(shown[:, 1:], w[s:, s:], atol=1e-4)
+    assert fig["data"][2]["x"][0] == f"Σ keys 0–{s - 1}"

@@ -105,6 +105,8 @@ def test_decoder_steps_in_the_browser(server, page):
     steps for the same sentence), and the labels name only the tokens seen so far."""
     import numpy as np
 
+    from bench.browser_bench import SLIDER_STEP_AT_JS
+    from viz.decoder_steps import ZWSP
     from viz.figures import safe_labels
 
     sentence = "the small dog sees the cat"
@@ -118,10 +120,7 @@ def test_decoder_steps_in_the_browser(server, page):
         if (m.target.getAttribute('data-test-script-state') === 'running') window.__runs += 1; })
         .observe(document.querySelector('[data-testid="stApp"]'), {attributes: true,
                  attributeFilter: ['data-test-script-state']}); }""")
-    x, y = page.evaluate("""() => { const root = document.querySelector('.st-key-decoder-steps');
-        const l = [...root.querySelectorAll('.slider-label')].find(e => e.textContent === '4').getBoundingClientRect();
-        const r = root.querySelector('.slider-rail-touch-rect').getBoundingClientRect();
-        return [l.x + l.width / 2, r.y + r.height / 2]; }""")
+    x, y = page.evaluate(SLIDER_STEP_AT_JS, 4)
     page.mouse.click(x, y)
     page.wait_for_function("""() => { const e = document.querySelector('.st-key-decoder-steps .js-plotly-plot');
         return e && e.layout.title.text.startsWith('Step 4 of'); }""", timeout=30_000)
@@ -133,8 +132,8 @@ def test_decoder_steps_in_the_browser(server, page):
     z = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][2]["z"]], dtype=float)
     np.testing.assert_allclose(z[:4, :4], want, atol=1e-4)
     assert np.isnan(z[4:]).all() and np.isnan(z[:, 4:]).all()
-    ticks = fig["layout"]["xaxis3"]["ticktext"]
-    assert ticks[:4] == safe_labels(steps[3].tokens("target")) and set(ticks[4:]) == {""}
+    keys = [k.replace(ZWSP, "") for k in fig["data"][2]["x"]]
+    assert keys[:4] == safe_labels(steps[3].tokens("target")) and set(keys[4:]) == {""}
     assert no_exception(page)
 
 

@@ -66,13 +66,16 @@ def test_the_figure_opens_on_the_active_step(run):
 
 
 def test_labels_name_only_the_tokens_seen_so_far(run):
+    """The axes are categories carried by the data: the step's tokens (a repeated one kept
+    apart by zero-width spaces), then blank names; no axis is relaid out between steps."""
     steps, maps, fig, _ = run
     side = len(steps[-1].tokens("target"))
     for t, s in enumerate(steps):
-        layout = fig.layout.sliders[0].steps[t].args[1]
-        ticks = layout["xaxis3.ticktext"]
-        assert len(ticks) == side
-        assert ticks[: t + 1] == safe_labels(s.tokens("target")) and ticks[t + 1:] == [""] * (side - t - 1)
+        data, layout = fig.layout.sliders[0].steps[t].args
+        for axis in data["x"] + data["y"]:
+            assert len(axis) == side == len(set(axis))
+            assert [a.replace(ds.ZWSP, "") for a in axis] == safe_labels(s.tokens("target")) + [""] * (side - t - 1)
+        assert not any("axis" in k for k in layout)
         assert f"chooses {safe_labels([s.meta['chosen']])[0]}" in layout["title.text"]
         for i in range(3):  # the newest row (t), outlined over the step's t + 1 keys
             assert (layout[f"shapes[{i}].y0"], layout[f"shapes[{i}].y1"], layout[f"shapes[{i}].x1"]) == (t - 0.5, t + 0.5,
@@ -81,18 +84,62 @@ def test_labels_name_only_the_tokens_seen_so_far(run):
 
 def test_numbers_in_the_cells_only_while_they_fit(toy):
     steps = toy.steps(TEXT)
-    short = ds.step_data(ds.inference_steps(steps[:1], layer=0, head=0)[0], side=3)
+    first = ds.inference_steps(steps[:1], layer=0, head=0)[0]
+    short = ds.step_data(first, 3, 3)
     assert short["text"][0] == [["0", "", ""], ["", "", ""], ["", "", ""]]
     assert short["text"][2][0][0] == "1.00"
-    wide = ds.step_data(ds.inference_steps(steps[:1], layer=0, head=0)[0], side=ds.MASK_TEXT_UP_TO + 1)
+    wide = ds.step_data(first, ds.MASK_TEXT_UP_TO + 1, ds.MASK_TEXT_UP_TO + 1)
     assert wide["text"] == [None, None, None]
 
 
-def test_runs_longer_than_one_figure_are_refused(toy):
-    assert ds.fits(ds.UP_TO) and not ds.fits(ds.UP_TO + 1)
-    m = ds.inference_steps(toy.steps(TEXT)[:1], layer=0, head=0)[0]
-    long = ds.StepMaps(m.mask, m.masked, m.weights, ["x"] * (ds.UP_TO + 1), 0, "x")
-    with pytest.raises(ValueError, match="do not fit"):
-        ds.steps_figure([long])
+def test_a_long_run_shows_each_steps_last_rows_and_sums_the_keys_before(run):
+    """With a window of 3 rows, step t (t + 1 positions) shows rows t-2..t; its first column is
+    the teacher-forced weights of the keys before them, summed, and the scores' mean."""
+    steps, _, _, full = run
+    name = f"decoder.{LAYER}.self_attn."
+    w_full = dv.head_matrix(full, name + "weights", HEAD)
+    s_full = dv.head_matrix(full, name + "masked", HEAD)
+    maps = ds.inference_steps(steps, layer=LAYER, head=HEAD, size=3)
+    fig = ds.steps_figure(maps)
+    for t, m in enumerate(maps):
+        n = t + 1
+        s = max(0, n - 3)
+        assert (m.first, m.earlier) == (s, s)
+        assert m.q_labels == steps[t].tokens("target")[s:]
+        if s:
+            assert m.k_labels == [f"Σ keys 0–{s - 1}"] + m.q_labels
+            np.testing.assert_allclose(m.weights[:, 0], w_full[s:n, :s].sum(1), atol=1e-5)
+            np.testing.assert_allclose(m.masked[:, 0], s_full[s:n, :s].mean(1), atol=1e-4)
+            assert (m.mask[:, 0] == 0).all()
+        np.testing.assert_allclose(m.weights[:, -min(n, 3):], w_full[s:n, s:n], atol=1e-5)
+        np.testing.assert_allclose(m.weights.sum(1), 1, atol=1e-5)
+        z = _arr(ds.slider_step(fig, t)["z"][2])
+        assert z.shape == (3, 4 if len(steps) > 3 else 3)
+        np.testing.assert_allclose(z[: m.weights.shape[0], : m.weights.shape[1]], m.weights, atol=1e-4)
+        if s:
+            assert f"column 0 sums keys 0–{s - 1}" in fig.layout.sliders[0].steps[t].args[1]["title.text"]
+
+
+def test_repeated_tokens_keep_their_own_columns():
+    names = ds._distinct(["the", "cat", "the", "<s>"], 6)
+    assert len(set(names)) == 6
+    assert [n.replace(ds.ZWSP, "") for n in names] == ["the", "cat", "the", "&lt;s&gt;", "", ""]
+
+
+def test_window_reads_whole_maps_or_their_last_rows_alike():
+    rng = np.random.default_rng(0)
+    n, size = 60, 48
+    scores = rng.normal(size=(n, n))
+    mask = np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, 0.0)
+    masked = scores + mask
+    weights = np.exp(masked - masked.max(1, keepdims=True))
+    weights /= weights.sum(1, keepdims=True)
+    tokens = [f"t{i}" for i in range(n)]
+    whole = ds.window(mask, masked, weights, tokens, "x", size)
+    rows = ds.window(mask[-size:], masked[-size:], weights[-size:], tokens, "x", size)
+    for a, b in ((whole.mask, rows.mask), (whole.masked, rows.masked), (whole.weights, rows.weights)):
+        np.testing.assert_array_equal(a, b)
+    assert whole.weights.shape == (size, size + 1) and whole.row == size - 1 and whole.first == 12
+    np.testing.assert_allclose(whole.weights.sum(1), 1)
     with pytest.raises(ValueError, match="at least one step"):
         ds.steps_figure([])

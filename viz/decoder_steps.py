@@ -3,13 +3,16 @@
 The page's Previous / Next rerun the stepper's fragment: the server sends five new charts
 and plotly.js draws them, which costs a few hundred ms on a slow machine whatever the model
 (docs/benchmarks.md, the "floor" rows). This figure holds all steps at once for one layer
-and head: M, the masked scores QKᵀ/√d_k + M and the weights S' side by side on axes as long
-as the whole run, and a slider whose steps restyle the three heatmaps in place (plotly's
-"update" method), so a step costs one redraw in the page and no round trip.
+and head: M, the masked scores QKᵀ/√d_k + M and the weights S' side by side, and a slider
+whose steps restyle the three heatmaps in place (plotly's "update" method), so a step costs
+one redraw in the page and no round trip.
 
-Step t shows the maps of the step's own trace (the caller passes them), padded with blank
-cells for the positions that do not exist yet; the axis labels name only the tokens the step
-has seen, so nothing of the future shows. Pure: no Streamlit.
+Step t shows the maps of the step's own trace (`inference_steps` reads them). Up to WINDOW
+positions the axes are as long as the whole run and a step's maps grow by one row and column,
+blank where a position does not exist yet; the axis labels name only the tokens the step has
+seen, so nothing of the future shows. A longer run (a long prompt) shows each step's last
+WINDOW rows, with one first column that sums the weights of every key before them, so the
+rows still sum to 1 and an attention sink on the first tokens stays visible. Pure: no Streamlit.
 """
 
 from __future__ import annotations
@@ -22,31 +25,53 @@ import plotly.graph_objects as go
 
 from viz.figures import ATTN_SCALE, DIVERGING, safe_labels, to_numpy
 
-UP_TO = 48  # positions (prefix + generated) up to which every step fits in one figure
-VALUES_UP_TO = 8  # numbers in the cells of the scores and weights up to this many positions
-MASK_TEXT_UP_TO = 12  # "0" / "-∞" in the mask's cells up to this many positions (smaller cells: colour only)
+WINDOW = 48  # rows shown per step: the whole decoder input up to this long, else its last WINDOW positions
+VALUES_UP_TO = 8  # numbers in the cells of the scores and weights up to this many rows
+GAPS_UP_TO = 16  # a 1-px gap between cells up to this many rows (beyond, it hides the cells and costs time)
+ZWSP = "\u200b"  # zero-width space: keeps repeated tokens apart on a category axis, invisibly
+MASK_TEXT_UP_TO = 12  # "0" / "-∞" in the mask's cells up to this many rows (smaller cells: colour only)
 PANELS = ("Look-ahead mask M", "Masked scores QKᵀ/√d_k + M", "Weights S' = softmax(…)")
 ALLOWED, MASKED = "#eaf2fb", "#b0b0b0"
 
 
 @dataclass
 class StepMaps:
-    """One step: its three n x n maps (n = the decoder input so far), its tokens, its newest
-    row and the token it chooses."""
+    """One step's three maps, n_q x n_k: its queries (the decoder input so far, or the last
+    WINDOW positions of it) over its keys (the same positions, after one column that sums the
+    keys before the window, if any); the newest row, the token the step chooses, and where
+    the rows start in the decoder input."""
     mask: np.ndarray
     masked: np.ndarray
     weights: np.ndarray
-    tokens: Sequence[str]
+    q_labels: Sequence[str]
+    k_labels: Sequence[str]
     row: int
     chosen: str
+    first: int = 0  # position of the first row
+    earlier: int = 0  # keys before the window, summed (weights) / averaged (scores) into column 0
 
 
-def fits(n_positions: int) -> bool:
-    return n_positions <= UP_TO
+def window(mask, masked, weights, tokens: Sequence[str], chosen: str, size: int = WINDOW) -> StepMaps:
+    """A step's maps as StepMaps: n x n (n = len(tokens)), or already only their last
+    min(n, size) rows. Whole up to `size` positions; beyond, the last `size` rows, whose keys
+    before the window become one column: their weights summed (each row still sums to 1) and
+    their scores averaged. Every earlier key is visible to those rows, so that column's M is 0."""
+    n = len(tokens)
+    s = max(0, n - size)
+    mask, masked, weights = (np.asarray(to_numpy(m), dtype=np.float64) for m in (mask, masked, weights))
+    mask, masked, weights = (m[s:] if m.shape[0] == n else m for m in (mask, masked, weights))
+    if not s:
+        return StepMaps(mask, masked, weights, list(tokens), list(tokens), n - 1, chosen)
+    with np.errstate(invalid="ignore"):
+        earlier_scores = masked[:, :s].mean(axis=1, keepdims=True)
+    col = lambda m, c: np.concatenate([c, m[:, s:]], axis=1)  # noqa: E731
+    return StepMaps(col(mask, np.zeros((size, 1))), col(masked, earlier_scores),
+                    col(weights, weights[:, :s].sum(axis=1, keepdims=True)), list(tokens[s:]),
+                    [f"Σ keys 0–{s - 1}"] + list(tokens[s:]), size - 1, chosen, first=s, earlier=s)
 
 
-def _padded(m: np.ndarray, side: int) -> np.ndarray:
-    out = np.full((side, side), np.nan)
+def _padded(m: np.ndarray, n_q: int, n_k: int) -> np.ndarray:
+    out = np.full((n_q, n_k), np.nan)
     out[: m.shape[0], : m.shape[1]] = m
     return out
 
@@ -56,29 +81,26 @@ def _cells(z: np.ndarray, decimals: int = 4) -> list:
     return np.where(np.isfinite(z), np.round(z, decimals), None).tolist()
 
 
-def _texts(cells: np.ndarray, fmt) -> list:
+def _texts(cells: list, fmt) -> list:
     return [["" if v is None else fmt(v) for v in row] for row in cells]
 
 
-def step_data(s: StepMaps, side: int) -> dict:
-    """The three heatmaps' z (and text) for one step, on `side` x `side` axes."""
-    n = len(s.tokens)
-    mask = to_numpy(s.mask)[:n, :n]
-    masked = to_numpy(s.masked)[:n, :n]
-    weights = to_numpy(s.weights)[:n, :n]
-    m = _padded(np.where(np.isneginf(mask), 1.0, 0.0), side)  # 0: may look (light), 1: -∞ (grey)
-    sc = _padded(np.where(np.isfinite(masked), masked, np.nan), side)
-    sc_neg = _padded(np.isneginf(masked).astype(float), side) == 1
-    w = _padded(weights, side)
-    z = [_cells(m, 0), _cells(sc), _cells(w)]
+def step_data(s: StepMaps, n_q: int, n_k: int) -> dict:
+    """The three heatmaps' z, text and axis labels for one step, on n_q x n_k cells (blank beyond
+    the step's). The labels travel with the data: category axes, so a step restyles the traces
+    alone (a relayout of each axis's ticks would cost plotly a second redraw)."""
+    m = _padded(np.where(np.isneginf(s.mask), 1.0, 0.0), n_q, n_k)  # 0: may look (light), 1: -∞ (grey)
+    sc = _padded(np.where(np.isfinite(s.masked), s.masked, np.nan), n_q, n_k)
+    sc_neg = _padded(np.isneginf(s.masked).astype(float), n_q, n_k) == 1
+    z = [_cells(m, 0), _cells(sc), _cells(_padded(s.weights, n_q, n_k))]
     text = [None, None, None]
-    if side <= MASK_TEXT_UP_TO:
+    if n_q <= MASK_TEXT_UP_TO:
         text[0] = [["" if v is None else ("-∞" if v == 1 else "0") for v in row] for row in z[0]]
-    if side <= VALUES_UP_TO:
+    if n_q <= VALUES_UP_TO:
         text[1] = [["-∞" if neg else ("" if v is None else f"{v:.2f}") for v, neg in zip(row, nrow)]
                    for row, nrow in zip(z[1], sc_neg)]
         text[2] = _texts(z[2], lambda v: f"{v:.2f}")
-    return {"z": z, "text": text}
+    return {"z": z, "text": text, "x": [_distinct(s.k_labels, n_k)] * 3, "y": [_distinct(s.q_labels, n_q)] * 3}
 
 
 def steps_figure(steps: List[StepMaps], *, where: str = "", active: int = 0, height: int = 560) -> go.Figure:
@@ -87,97 +109,114 @@ def steps_figure(steps: List[StepMaps], *, where: str = "", active: int = 0, hei
     the same number at every step."""
     if not steps:
         raise ValueError("steps_figure needs at least one step")
-    side = max(len(s.tokens) for s in steps)
-    if not fits(side):
-        raise ValueError(f"{side} positions do not fit one figure of every step (up to {UP_TO})")
-    finite = np.concatenate([to_numpy(s.masked)[np.isfinite(to_numpy(s.masked))] for s in steps] + [np.zeros(1)])
+    n_q, n_k = max(len(s.q_labels) for s in steps), max(len(s.k_labels) for s in steps)
+    finite = np.concatenate([s.masked[np.isfinite(s.masked)] for s in steps] + [np.zeros(1)])
     span = float(np.max(np.abs(finite))) or 1.0
-    data = [step_data(s, side) for s in steps]
+    data = [step_data(s, n_q, n_k) for s in steps]
     gap = 0.07
     width = (1 - 2 * gap) / 3
     domains = [(i * (width + gap), i * (width + gap) + width) for i in range(3)]
     first = data[active]
-    pos = list(range(side))
-    common = dict(x=pos, y=pos, xgap=1, ygap=1, texttemplate="%{text}",
-                  textfont=dict(size=11 if side <= VALUES_UP_TO else 9))
+    gap_px = 1 if n_q <= GAPS_UP_TO else 0  # white lines between cells while cells are wide enough
+    q_name, k_name = "query", "key"  # the hover reads the cell's tokens from the category axes
+    common = dict(x=first["x"][0], y=first["y"][0], xgap=gap_px, ygap=gap_px, texttemplate="%{text}",
+                  textfont=dict(size=11 if n_q <= VALUES_UP_TO else 9))
     traces = [
         go.Heatmap(z=first["z"][0], text=first["text"][0], zmin=0, zmax=1, showscale=False,
                    colorscale=[[0, ALLOWED], [1, MASKED]], xaxis="x", yaxis="y",
-                   hovertemplate="query %{y} · key %{x}<br>M = %{text}<extra></extra>" if side <= MASK_TEXT_UP_TO
-                   else "query %{y} · key %{x}<br>M = 0 (light) or −∞ (grey)<extra></extra>", **common),
+                   hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>M = " + ("%{text}" if n_q <= MASK_TEXT_UP_TO
+                                                                            else "0 (light) or −∞ (grey)")
+                   + "<extra></extra>", **common),
         go.Heatmap(z=first["z"][1], text=first["text"][1], zmin=-span, zmax=span, colorscale=DIVERGING,
                    xaxis="x2", yaxis="y2", colorbar=dict(x=domains[1][1] + 0.005, thickness=10, len=0.8),
-                   hovertemplate="query %{y} · key %{x}<br>score %{z:.4f}<extra></extra>", **common),
+                   hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>score %{{z:.4f}}<extra></extra>", **common),
         go.Heatmap(z=first["z"][2], text=first["text"][2], zmin=0, zmax=1, colorscale=ATTN_SCALE,
                    xaxis="x3", yaxis="y3", colorbar=dict(x=1.005, thickness=10, len=0.8),
-                   hovertemplate="query %{y} · key %{x}<br>weight %{z:.4f}<extra></extra>", **common),
+                   hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>weight %{{z:.4f}}<extra></extra>", **common),
     ]
-    layout = dict(height=height, margin=dict(l=10, r=40, t=120, b=70), plot_bgcolor="white",
+    layout = dict(height=height, margin=dict(l=10, r=40, t=150, b=70), plot_bgcolor="white",
                   title=dict(text=_title(steps, active, where), x=0, y=0.985, yref="container", yanchor="top",
                              font=dict(size=14)),
-                  annotations=[dict(text=t, x=(d0 + d1) / 2, y=1.0, xref="paper", yref="paper", yshift=70,
+                  annotations=[dict(text=t, x=(d0 + d1) / 2, y=1.0, xref="paper", yref="paper", yshift=100,
                                     showarrow=False, font=dict(size=13)) for t, (d0, d1) in zip(PANELS, domains)],
-                  shapes=[_row_box(i, steps[active].row, len(steps[active].tokens)) for i in range(3)],
+                  shapes=[_row_box(i, steps[active]) for i in range(3)],
                   sliders=[dict(active=active, currentvalue=dict(prefix="Step "), pad=dict(t=10),
                                 steps=[dict(method="update", label=str(t + 1),
-                                            args=[{k: v for k, v in d.items()}, _step_layout(steps, t, side, where)])
+                                            args=[d, _step_layout(steps, t, where)])
                                        for t, d in enumerate(data)])])
     for i, (d0, d1) in enumerate(domains):
         suffix = "" if i == 0 else str(i + 1)
-        ticks = _tick_text(steps[active].tokens, side)
         layout[f"xaxis{suffix}"] = dict(domain=[d0, d1], anchor=f"y{suffix}", side="top", tickangle=-45,
-                                        tickvals=pos, ticktext=ticks, showgrid=False, zeroline=False,
-                                        range=[-0.5, side - 0.5], constrain="domain")
-        layout[f"yaxis{suffix}"] = dict(anchor=f"x{suffix}", tickvals=pos, ticktext=ticks, showgrid=False,
-                                        zeroline=False, range=[side - 0.5, -0.5], scaleanchor=f"x{suffix}",
-                                        constrain="domain", constraintoward="top", showticklabels=i == 0)
+                                        type="category", ticks="", showgrid=False, zeroline=False,
+                                        range=[-0.5, n_k - 0.5], constrain="domain")
+        layout[f"yaxis{suffix}"] = dict(anchor=f"x{suffix}", type="category", ticks="",
+                                        showgrid=False, zeroline=False, range=[n_q - 0.5, -0.5],
+                                        scaleanchor=f"x{suffix}", constrain="domain", constraintoward="top",
+                                        showticklabels=i == 0)
     return go.Figure(traces, layout=layout)
 
 
 def _title(steps: List[StepMaps], t: int, where: str) -> str:
     s = steps[t]
-    return (f"Step {t + 1} of {len(steps)}{' · ' + where if where else ''}: row {s.row} "
-            f"({safe_labels([s.tokens[s.row]])[0]}) is the newest, and the step chooses "
-            f"{safe_labels([s.chosen])[0]}")
+    shown = "" if not s.earlier else (f" (rows {s.first}–{s.first + len(s.q_labels) - 1}; column 0 sums "
+                                      f"keys 0–{s.earlier - 1})")
+    return (f"Step {t + 1} of {len(steps)}{' · ' + where if where else ''}: row {s.first + s.row} "
+            f"({safe_labels([s.q_labels[s.row]])[0]}) is the newest, and the step chooses "
+            f"{safe_labels([s.chosen])[0]}{shown}")
 
 
-def _tick_text(tokens: Sequence[str], side: int) -> list:
-    return safe_labels(tokens) + [""] * (side - len(tokens))
+def _distinct(labels: Sequence[str], n: int) -> list:
+    """n category names: the labels, a repeated one made distinct by zero-width spaces (so two
+    "the" keep two columns and both read "the"), then blank names for positions not there yet."""
+    out, seen = [], {}
+    for label in safe_labels(labels):
+        k = seen.get(label, 0)
+        seen[label] = k + 1
+        out.append(label + ZWSP * k)
+    return out + [ZWSP * (i + 1) for i in range(n - len(out))]
 
 
-def _row_box(panel: int, row: int, n: int) -> dict:
-    """The outline of the newest row, over the step's n keys."""
+def _row_box(panel: int, s: StepMaps) -> dict:
+    """The outline of the newest row, over the step's keys."""
     suffix = "" if panel == 0 else str(panel + 1)
-    return dict(type="rect", xref=f"x{suffix}", yref=f"y{suffix}", x0=-0.5, x1=n - 0.5, y0=row - 0.5,
-                y1=row + 0.5, line=dict(color="#d62728", width=2))
+    return dict(type="rect", xref=f"x{suffix}", yref=f"y{suffix}", x0=-0.5, x1=len(s.k_labels) - 0.5,
+                y0=s.row - 0.5, y1=s.row + 0.5, line=dict(color="#d62728", width=2))
 
 
-def _step_layout(steps: List[StepMaps], t: int, side: int, where: str) -> dict:
-    ticks = _tick_text(steps[t].tokens, side)
+def _step_layout(steps: List[StepMaps], t: int, where: str) -> dict:
     out = {"title.text": _title(steps, t, where)}
     for i in range(3):
-        suffix = "" if i == 0 else str(i + 1)
-        out[f"xaxis{suffix}.ticktext"] = ticks
-        out[f"yaxis{suffix}.ticktext"] = ticks
-        out[f"shapes[{i}].y0"] = steps[t].row - 0.5
-        out[f"shapes[{i}].y1"] = steps[t].row + 0.5
-        out[f"shapes[{i}].x1"] = len(steps[t].tokens) - 0.5
+        box = _row_box(i, steps[t])
+        for k in ("x1", "y0", "y1"):
+            out[f"shapes[{i}].{k}"] = box[k]
     return out
 
 
 def slider_step(fig: go.Figure, t: int) -> dict:
-    """The restyle of step t (from 0) as the browser applies it: {"z": [M, scores, weights], "text": [...]}."""
+    """The restyle of step t (from 0) as the browser applies it: {"z": [M, scores, weights],
+    "text": [...], "x": [...], "y": [...]}."""
     return fig.layout.sliders[0].steps[t].args[0]
 
 
-def inference_steps(steps: Sequence, *, layer: int, head: int) -> List[StepMaps]:
-    """StepMaps of greedy decoding, each from the step's own trace (`core`'s Model.steps)."""
-    from viz.decoder import head_matrix, newest_row
+def _head_rows(trace, name: str, head: int, start: int) -> np.ndarray:
+    """One head's rows from `start` on (the mask has no head axis), cut before converting, so a
+    long prefix's n x n map is never copied whole."""
+    t = trace[name]
+    t = t[head] if t.dim() == 3 else t
+    return to_numpy(t[start:])
 
+
+def inference_steps(steps: Sequence, *, layer: int, head: int, size: int = WINDOW) -> List[StepMaps]:
+    """StepMaps of greedy decoding, each from the step's own trace (`core`'s Model.steps),
+    windowed to its last `size` rows (see `window`)."""
     name = f"decoder.{layer}.self_attn."
-    return [StepMaps(head_matrix(tr, name + "mask", head), head_matrix(tr, name + "masked", head),
-                     head_matrix(tr, name + "weights", head), tr.tokens("target"), newest_row(tr), tr.meta["chosen"])
-            for tr in steps]
+    out = []
+    for tr in steps:
+        tokens = tr.tokens("target")
+        s = max(0, len(tokens) - size)
+        rows = [_head_rows(tr, name + k, head, s) for k in ("mask", "masked", "weights")]
+        out.append(window(*rows, tokens, tr.meta["chosen"], size))
+    return out
 
 
-__all__ = ["StepMaps", "UP_TO", "fits", "step_data", "steps_figure", "slider_step", "inference_steps"]
+__all__ = ["StepMaps", "WINDOW", "window", "step_data", "steps_figure", "slider_step", "inference_steps"]

@@ -212,8 +212,11 @@ def show_all_steps(steps: list, *, layer: int, head: int, step: int) -> None:
     maps = decoder_steps.inference_steps(steps, layer=layer, head=head)
     fig = decoder_steps.steps_figure(maps, where=f"layer {layer} · head {head}", active=min(step, len(maps)) - 1)
     charts.chart(fig, key="decoder-steps", width="stretch")
+    grows = ("the maps grow by one row and column per step, blank cells are positions not generated yet"
+             if not maps[-1].earlier else f"each step shows its last {decoder_steps.WINDOW} rows, and the first "
+             "column sums the weights of every key before them (so rows still sum to 1: a first-token "
+             "“attention sink” shows there) and averages their scores")
     st.caption(f"All {len(maps)} steps of this run, each from its own step's trace. Move the slider under the "
-               "maps (or click a step's number): the maps grow by one row and column per step, blank cells are "
-               "positions not generated yet, and the outlined row is the step's newest position, whose output "
-               "picks the next token. Switch the toggle off for the cross-attention, the next-token bars and "
-               "the downloads of one step.")
+               f"maps (or click a step's number): {grows}; the outlined row is the step's newest position, whose "
+               "output picks the next token. Switch the toggle off for the cross-attention, the next-token bars "
+               "and the downloads of one step.")

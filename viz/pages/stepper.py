@@ -17,7 +17,6 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from viz import decoder as dv
-from viz import decoder_steps
 from viz.pages import decoder_view, dl, url_state
 
 PLAY_DELAY_S = 0.7
@@ -103,17 +102,13 @@ def stepper(run: Run, extra: dict) -> None:
     c = st.columns([1, 1, 1.4, 3.6])
     layer = c[0].selectbox("Decoder layer", list(range(n_layers)), key=layer_key)
     head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
-    n_positions = len(steps[-1].tokens("target"))
-    can_browse = full is None and decoder_steps.fits(n_positions)
     with c[2]:
         st.write("")  # lines the toggle up with the selectboxes' boxes
-        in_browser = st.toggle("Step in the browser", key=IN_BROWSER, disabled=not can_browse,
+        in_browser = st.toggle("Step in the browser", key=IN_BROWSER, disabled=full is not None,
                                help="Every step of this run in one figure with its own slider: a step is redrawn in "
-                                    "the page, with no round trip to the server." if can_browse else
-                               "Inference only, for runs of up to "
-                               f"{decoder_steps.UP_TO} positions (this one has {n_positions})."
-                               if full is None else "Inference only: teacher forcing has its rows all at once.")
-    if in_browser and can_browse:  # the figure's own slider steps; the server's controls would only rerun
+                                    "the page, with no round trip to the server." if full is None else
+                               "Inference only: teacher forcing has its rows all at once.")
+    if in_browser and full is None:  # the figure's own slider steps; the server's controls would only rerun
         ss[PLAYING] = False
         state.show_messages()
         state.publish(**run.url, layer=layer, head=head, step=ss.get(step_key, 1))
