@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import ATTN_SCALE, DIVERGING, safe_labels, to_numpy
+from viz.figures import ATTN_SCALE, CHAR_PX, DIVERGING, MAX_LABEL_CHARS, safe_labels, to_numpy
 
 WINDOW = 48  # rows shown per step: the whole decoder input up to this long, else its last WINDOW positions
 VALUES_UP_TO = 8  # numbers in the cells of the scores and weights up to this many rows
@@ -134,10 +134,15 @@ def steps_figure(steps: List[StepMaps], *, where: str = "", active: int = 0, hei
                    xaxis="x3", yaxis="y3", colorbar=dict(x=1.005, thickness=10, len=0.8),
                    hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>weight %{{z:.4f}}<extra></extra>", **common),
     ]
-    layout = dict(height=height, margin=dict(l=10, r=40, t=150, b=70), plot_bgcolor="white",
+    # Fixed margins that fit the run's longest labels (x at -45°): with plotly's automargin each
+    # step would measure every tick label and draw again when a margin moved.
+    longest = lambda labels: min(MAX_LABEL_CHARS, max(len(lab) for lab in labels))  # noqa: E731
+    x_px = int(CHAR_PX * longest([lab for s in steps for lab in s.k_labels]) * 0.71) + 12
+    left = int(CHAR_PX * longest([lab for s in steps for lab in s.q_labels])) + 16
+    layout = dict(height=height, margin=dict(l=left, r=40, t=x_px + 70, b=70), plot_bgcolor="white",
                   title=dict(text=_title(steps, active, where), x=0, y=0.985, yref="container", yanchor="top",
                              font=dict(size=14)),
-                  annotations=[dict(text=t, x=(d0 + d1) / 2, y=1.0, xref="paper", yref="paper", yshift=100,
+                  annotations=[dict(text=t, x=(d0 + d1) / 2, y=1.0, xref="paper", yref="paper", yshift=x_px + 12,
                                     showarrow=False, font=dict(size=13)) for t, (d0, d1) in zip(PANELS, domains)],
                   shapes=[_row_box(i, steps[active]) for i in range(3)],
                   sliders=[dict(active=active, currentvalue=dict(prefix="Step "), pad=dict(t=10),
@@ -148,11 +153,12 @@ def steps_figure(steps: List[StepMaps], *, where: str = "", active: int = 0, hei
         suffix = "" if i == 0 else str(i + 1)
         layout[f"xaxis{suffix}"] = dict(domain=[d0, d1], anchor=f"y{suffix}", side="top", tickangle=-45,
                                         type="category", ticks="", showgrid=False, zeroline=False,
-                                        range=[-0.5, n_k - 0.5], constrain="domain")
+                                        range=[-0.5, n_k - 0.5], constrain="domain", automargin=False,
+                                        ticklabeloverflow="allow")
         layout[f"yaxis{suffix}"] = dict(anchor=f"x{suffix}", type="category", ticks="",
                                         showgrid=False, zeroline=False, range=[n_q - 0.5, -0.5],
                                         scaleanchor=f"x{suffix}", constrain="domain", constraintoward="top",
-                                        showticklabels=i == 0)
+                                        showticklabels=i == 0, automargin=False, ticklabeloverflow="allow")
     return go.Figure(traces, layout=layout)
 
 
