@@ -19,8 +19,9 @@ maps, one more decoder row...). The page is polled every animation frame.
    shows one more row (the target's figure); also reported: until all five of the step's
    charts hold their new figures;
    decoder in the browser: the stepper's "Step in the browser" toggle on, a click on the
-   all-steps figure's slider at the next step -> its weights panel holds one more row (the
-   figure restyles itself: no Streamlit run, which the page's script state confirms);
+   all-steps figure's slider at the next step -> its title names that step (the figure
+   restyles itself: no Streamlit run, which the page's script state confirms; also on the
+   smollm2 run below);
    floor: the same press of Next on bench/floor/app.py, a bare Streamlit fragment with no
    chart and with five plain heatmaps of the decoder's sizes (values in the cells, no model,
    none of the app's code), each on its own server: what Streamlit and plotly.js cost on this
@@ -678,6 +679,13 @@ def _where(b: dict) -> str:
     return "; " + ", ".join(parts)
 
 
+def _slider_note(times: list, breakdowns: list) -> str:
+    """The note of a slider_steps row: the times, the Streamlit runs the clicks started, the longest task."""
+    return (_note(times) + f"; Streamlit script runs started by the {len(times)} clicks: "
+            f"{sum(b['script_runs'] for b in breakdowns)}; longest main-thread task "
+            f"{collect(breakdowns)['longest_task']:.3f} s (median)")
+
+
 SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_browser", "floor", "decoder_long", "toy", "long", "corpus")
 
 
@@ -777,12 +785,8 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     page, server.url, "the small happy dog sees the old cat near the quiet river", reps, warm))
                 if r:
                     t, b = r
-                    runs = sum(x["script_runs"] for x in b)
-                    details["decoder_browser"] = {"times": t, "breakdown": collect(b), "script_runs": runs}
-                    results.append(Result("browser", name, median(t), "s", 0.3,
-                                          note=_note(t) + f"; Streamlit script runs started by the {len(t)} clicks: "
-                                               f"{runs}; longest main-thread task "
-                                               f"{collect(b)['longest_task']:.3f} s (median)"))
+                    details["decoder_browser"] = {"times": t, "breakdown": collect(b)}
+                    results.append(Result("browser", name, median(t), "s", 0.3, note=_slider_note(t, b)))
 
             if want("floor"):
                 names = [("floor: a Streamlit fragment rerun, no chart (bench/floor: Next -> its step line changes)", None),
@@ -814,13 +818,9 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     results.append(Result("browser", name, median(dl["times"]), "s", 0.3,
                                           note=_note(dl["times"]) + f"; its weights map (in blocks) redrawn after "
                                                f"{median(dl['weights']):.3f} s (median)"))
-                    b = dl["browser_breakdown"]
                     results.append(Result("browser", "decoder step in the browser: the all-steps figure's slider -> "
                                           "the next step (smollm2, 1,024-token prompt, each step's last 48 rows)",
-                                          median(dl["browser"]), "s", 0.3,
-                                          note=_note(dl["browser"]) + "; Streamlit script runs started by the "
-                                               f"{len(b)} clicks: {sum(x['script_runs'] for x in b)}; longest "
-                                               f"main-thread task {collect(b)['longest_task']:.3f} s (median)"))
+                                          median(dl["browser"]), "s", 0.3, note=_slider_note(dl["browser"], dl["browser_breakdown"])))
 
             if want("toy") and not quick:
                 name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"

@@ -37,11 +37,13 @@ BAR_COLOUR = "#6baed6"
 
 
 # ------------------------------------------------------------------ reading a trace
-def head_matrix(trace, name: str, head: int) -> np.ndarray:
+def head_matrix(trace, name: str, head: int, rows_from: int = 0) -> np.ndarray:
     """One head's n_q x n_k matrix of an H x n_q x n_k trace tensor (a 2-D tensor, such as
-    the mask, is returned as it is)."""
-    t = to_numpy(trace[name])
-    return t if t.ndim == 2 else t[head]
+    the mask, has no head axis), from row `rows_from` on. The head and rows are cut before
+    converting, so the other heads (and a long prefix's other rows) are never copied."""
+    t = trace[name]
+    t = t if t.ndim == 2 else t[head]
+    return to_numpy(t[rows_from:])
 
 
 MAX_SIDE = 96  # decoder maps longer than this are drawn in blocks

@@ -18,7 +18,7 @@ rows still sum to 1 and an attention sink on the first tokens stays visible. Pur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,6 +32,7 @@ ZWSP = "\u200b"  # zero-width space: keeps repeated tokens apart on a category a
 MASK_TEXT_UP_TO = 12  # "0" / "-∞" in the mask's cells up to this many rows (smaller cells: colour only)
 PANELS = ("Look-ahead mask M", "Masked scores QKᵀ/√d_k + M", "Weights S' = softmax(…)")
 ALLOWED, MASKED = "#eaf2fb", "#b0b0b0"
+HOVER = "query %{y} · key %{x}<br>"  # a cell's tokens, read from the category axes
 
 
 @dataclass
@@ -81,10 +82,6 @@ def _cells(z: np.ndarray, decimals: int = 4) -> list:
     return np.where(np.isfinite(z), np.round(z, decimals), None).tolist()
 
 
-def _texts(cells: list, fmt) -> list:
-    return [["" if v is None else fmt(v) for v in row] for row in cells]
-
-
 def step_data(s: StepMaps, n_q: int, n_k: int) -> dict:
     """The three heatmaps' z, text and axis labels for one step, on n_q x n_k cells (blank beyond
     the step's). The labels travel with the data: category axes, so a step restyles the traces
@@ -99,7 +96,7 @@ def step_data(s: StepMaps, n_q: int, n_k: int) -> dict:
     if n_q <= VALUES_UP_TO:
         text[1] = [["-∞" if neg else ("" if v is None else f"{v:.2f}") for v, neg in zip(row, nrow)]
                    for row, nrow in zip(z[1], sc_neg)]
-        text[2] = _texts(z[2], lambda v: f"{v:.2f}")
+        text[2] = [["" if v is None else f"{v:.2f}" for v in row] for row in z[2]]
     return {"z": z, "text": text, "x": [_distinct(s.k_labels, n_k)] * 3, "y": [_distinct(s.q_labels, n_q)] * 3}
 
 
@@ -118,21 +115,19 @@ def steps_figure(steps: List[StepMaps], *, where: str = "", active: int = 0, hei
     domains = [(i * (width + gap), i * (width + gap) + width) for i in range(3)]
     first = data[active]
     gap_px = 1 if n_q <= GAPS_UP_TO else 0  # white lines between cells while cells are wide enough
-    q_name, k_name = "query", "key"  # the hover reads the cell's tokens from the category axes
     common = dict(x=first["x"][0], y=first["y"][0], xgap=gap_px, ygap=gap_px, texttemplate="%{text}",
                   textfont=dict(size=11 if n_q <= VALUES_UP_TO else 9))
     traces = [
         go.Heatmap(z=first["z"][0], text=first["text"][0], zmin=0, zmax=1, showscale=False,
                    colorscale=[[0, ALLOWED], [1, MASKED]], xaxis="x", yaxis="y",
-                   hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>M = " + ("%{text}" if n_q <= MASK_TEXT_UP_TO
-                                                                            else "0 (light) or −∞ (grey)")
+                   hovertemplate=HOVER + "M = " + ("%{text}" if n_q <= MASK_TEXT_UP_TO else "0 (light) or −∞ (grey)")
                    + "<extra></extra>", **common),
         go.Heatmap(z=first["z"][1], text=first["text"][1], zmin=-span, zmax=span, colorscale=DIVERGING,
                    xaxis="x2", yaxis="y2", colorbar=dict(x=domains[1][1] + 0.005, thickness=10, len=0.8),
-                   hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>score %{{z:.4f}}<extra></extra>", **common),
+                   hovertemplate=HOVER + "score %{z:.4f}<extra></extra>", **common),
         go.Heatmap(z=first["z"][2], text=first["text"][2], zmin=0, zmax=1, colorscale=ATTN_SCALE,
                    xaxis="x3", yaxis="y3", colorbar=dict(x=1.005, thickness=10, len=0.8),
-                   hovertemplate=f"{q_name} %{{y}} · {k_name} %{{x}}<br>weight %{{z:.4f}}<extra></extra>", **common),
+                   hovertemplate=HOVER + "weight %{z:.4f}<extra></extra>", **common),
     ]
     # Fixed margins that fit the run's longest labels (x at -45°): with plotly's automargin each
     # step would measure every tick label and draw again when a margin moved.
@@ -204,23 +199,17 @@ def slider_step(fig: go.Figure, t: int) -> dict:
     return fig.layout.sliders[0].steps[t].args[0]
 
 
-def _head_rows(trace, name: str, head: int, start: int) -> np.ndarray:
-    """One head's rows from `start` on (the mask has no head axis), cut before converting, so a
-    long prefix's n x n map is never copied whole."""
-    t = trace[name]
-    t = t[head] if t.dim() == 3 else t
-    return to_numpy(t[start:])
-
-
 def inference_steps(steps: Sequence, *, layer: int, head: int, size: int = WINDOW) -> List[StepMaps]:
     """StepMaps of greedy decoding, each from the step's own trace (`core`'s Model.steps),
     windowed to its last `size` rows (see `window`)."""
+    from viz.decoder import head_matrix
+
     name = f"decoder.{layer}.self_attn."
     out = []
     for tr in steps:
         tokens = tr.tokens("target")
         s = max(0, len(tokens) - size)
-        rows = [_head_rows(tr, name + k, head, s) for k in ("mask", "masked", "weights")]
+        rows = [head_matrix(tr, name + k, head, rows_from=s) for k in ("mask", "masked", "weights")]
         out.append(window(*rows, tokens, tr.meta["chosen"], size))
     return out
 
