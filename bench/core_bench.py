@@ -4,15 +4,21 @@
                                [--lengths 16,128,512] [--device cpu|cuda] [--json]
 
 At each length, one round runs each of these once, round after round:
-    ours trace      model.trace(text): tokenize + traced forward (every name of docs/design.md) + Trace
-    ours trace (ids) the same Trace from the token ids (what transformers is given): traced
-                    forward + Trace, without tokenizing or the text-side metadata
-    hf eager+attn   BertModel(attn_implementation="eager")(ids, output_attentions=True)
-    ours plain      model.net(ids): tracing off (fused attention)
-    hf sdpa         BertModel(attn_implementation="sdpa")(ids)
-All but `ours trace` get the same token ids. Reported: medians of wall time and of process
-CPU time, and the ratios ours / theirs (ratio of the medians, and the median of the
-per-round ratios).
+    ours trace+maps  model.trace(text), then every layer's attention weights read through the
+                     public API (trace.each_layer, all kept until the round ends): tokenize +
+                     traced forward + every map, what the model view does
+    ours ids+maps    the same from the token ids (what transformers is given): traced forward +
+                     Trace + every map, without tokenizing or the text-side metadata
+    hf eager+attn    BertModel(attn_implementation="eager")(ids, output_attentions=True): every map
+    ours trace (ids) the Trace from the token ids alone: the traced fast pass, which stores
+                     O(n d) and computes no attention map (maps are computed when read)
+    hf sdpa          BertModel(attn_implementation="sdpa")(ids): no attention map either
+    ours plain       model.net(ids): tracing off (fused attention)
+All but `ours trace+maps` get the same token ids. Like for like: the two "+maps" rows against
+hf eager+attn (every map materialised on both sides); `ours trace (ids)` and `ours plain`
+against hf sdpa (no map on either side). Reported: medians of wall time and of process CPU
+time, and the ratios ours / theirs (ratio of the medians, and the median of the per-round
+ratios).
 
 Configurations (one process each: glibc's malloc settings cannot be undone in-process):
     glibc     glibc's malloc defaults
@@ -32,6 +38,14 @@ import sys
 from bench.common import ROOT, alternate, machine_info, median, paired_ratio, text_of  # noqa: F401
 
 CONFIGS = ("glibc", "after")
+NAMES = ("ours trace+maps", "ours ids+maps", "hf eager+attn", "ours trace (ids)", "hf sdpa", "ours plain")
+
+
+def every_map(trace) -> list:
+    """Every layer's self-attention weights (H x n x n each), read through the public API
+    (Trace.each_layer: one layer's re-run up to its softmax at a time) and all kept, as
+    transformers' output_attentions keeps them: the maps the model view shows."""
+    return [got["self_attn.weights"] for stack in trace.stacks() for got in trace.each_layer(stack)]
 
 
 def run(config: str = "after", rounds: int = 15, lengths=(16, 128, 512), device=None, threads: int = 1) -> dict:
@@ -67,40 +81,49 @@ def run(config: str = "after", rounds: int = 15, lengths=(16, 128, 512), device=
             return model._finish(tensors, {"source": toks}, {"model": model.name, "device": str(dev)}, runner)
 
         fns = {
-            "ours trace": lambda: model.trace(text),
-            "ours trace (ids)": trace_from_ids,
+            "ours trace+maps": lambda: every_map(model.trace(text)),
+            "ours ids+maps": lambda: every_map(trace_from_ids()),
             "hf eager+attn": lambda: eager(ids, output_attentions=True),
-            "ours plain": lambda: model.net(ids),
+            "ours trace (ids)": trace_from_ids,
             "hf sdpa": lambda: sdpa(ids),
+            "ours plain": lambda: model.net(ids),
         }
         with torch.inference_mode():
             t = alternate(fns, rounds, warmup=2, sync=sync)
         tr = model.trace(text)
         with torch.inference_mode():
             ref = eager(ids, output_attentions=True)
-        att_err = max((tr[f"encoder.{i}.self_attn.weights"] - ref.attentions[i][0].float().cpu()).abs().max().item()
-                      for i in range(6))
+        maps = every_map(tr)  # what the timed "+maps" rows read, checked against transformers' maps
+        assert len(maps) == len(ref.attentions), (len(maps), len(ref.attentions))
+        att_err = max((m - r[0].float().cpu()).abs().max().item() for m, r in zip(maps, ref.attentions))
+        ratio = lambda a, b, k="wall": median(t[a][k]) / median(t[b][k])  # noqa: E731
         row = {
             "tokens": n,
             "median_ms": {k: median(v["wall"]) * 1000 for k, v in t.items()},
             "min_ms": {k: min(v["wall"]) * 1000 for k, v in t.items()},
             "cpu_median_ms": {k: median(v["cpu"]) * 1000 for k, v in t.items()},
-            "trace_vs_eager": median(t["ours trace"]["wall"]) / median(t["hf eager+attn"]["wall"]),
-            "trace_vs_eager_paired": paired_ratio(t["ours trace"]["wall"], t["hf eager+attn"]["wall"]),
-            "trace_vs_eager_cpu": median(t["ours trace"]["cpu"]) / median(t["hf eager+attn"]["cpu"]),
-            "ids_vs_eager": median(t["ours trace (ids)"]["wall"]) / median(t["hf eager+attn"]["wall"]),
-            "ids_vs_eager_paired": paired_ratio(t["ours trace (ids)"]["wall"], t["hf eager+attn"]["wall"]),
-            "ids_vs_eager_cpu": median(t["ours trace (ids)"]["cpu"]) / median(t["hf eager+attn"]["cpu"]),
-            "plain_vs_sdpa": median(t["ours plain"]["wall"]) / median(t["hf sdpa"]["wall"]),
+            # like for like, every map materialised on both sides
+            "maps_vs_eager": ratio("ours trace+maps", "hf eager+attn"),
+            "maps_vs_eager_paired": paired_ratio(t["ours trace+maps"]["wall"], t["hf eager+attn"]["wall"]),
+            "maps_vs_eager_cpu": ratio("ours trace+maps", "hf eager+attn", "cpu"),
+            "ids_maps_vs_eager": ratio("ours ids+maps", "hf eager+attn"),
+            "ids_maps_vs_eager_paired": paired_ratio(t["ours ids+maps"]["wall"], t["hf eager+attn"]["wall"]),
+            "ids_maps_vs_eager_cpu": ratio("ours ids+maps", "hf eager+attn", "cpu"),
+            # like for like, no map on either side
+            "trace_vs_sdpa": ratio("ours trace (ids)", "hf sdpa"),
+            "trace_vs_sdpa_paired": paired_ratio(t["ours trace (ids)"]["wall"], t["hf sdpa"]["wall"]),
+            "trace_vs_sdpa_cpu": ratio("ours trace (ids)", "hf sdpa", "cpu"),
+            "plain_vs_sdpa": ratio("ours plain", "hf sdpa"),
             "plain_vs_sdpa_paired": paired_ratio(t["ours plain"]["wall"], t["hf sdpa"]["wall"]),
-            "plain_vs_sdpa_cpu": median(t["ours plain"]["cpu"]) / median(t["hf sdpa"]["cpu"]),
+            "plain_vs_sdpa_cpu": ratio("ours plain", "hf sdpa", "cpu"),
             "trace_bytes": tr.nbytes(),
             "trace_device": tr.meta["device"],
             "trace_device_name": tr.meta["device_name"],
+            "maps_read": len(maps),
             "max_abs_diff_weights_vs_hf": att_err,
         }
         rows.append(row)
-        del tr, ref
+        del tr, ref, maps
     return {"config": config, "rounds": rounds, "keep_freed_memory": kept, "device": str(dev),
             "device_name": core.device_name(dev), "threads": torch.get_num_threads(),
             "load_average_start": os.getloadavg()[0], "rows": rows}
@@ -121,17 +144,18 @@ def run_in_subprocess(config: str, rounds: int, lengths, device=None, timeout: f
 
 
 def format_table(res: dict) -> str:
-    names = ["ours trace", "ours trace (ids)", "hf eager+attn", "ours plain", "hf sdpa"]
+    ratios = [("trace+maps/eager", "maps_vs_eager"), ("ids+maps/eager", "ids_maps_vs_eager"),
+              ("trace(ids)/sdpa", "trace_vs_sdpa"), ("plain/sdpa", "plain_vs_sdpa")]
     lines = [f"config {res['config']}: device {res['device_name']}, threads {res['threads']}, "
              f"{res['rounds']} alternating rounds, keep_freed_memory={res['keep_freed_memory']}",
-             "tokens  " + "  ".join(f"{k:>22}" for k in names) + "   trace/eager  ids/eager  plain/sdpa   trace MiB",
-             "        " + "  ".join(f"{'wall ms [cpu ms]':>22}" for _ in names)]
+             "tokens  " + "  ".join(f"{k:>22}" for k in NAMES) + "  "
+             + "  ".join(f"{label:>16}" for label, _ in ratios) + "  trace MiB",
+             "        " + "  ".join(f"{'wall ms [cpu ms]':>22}" for _ in NAMES)]
     for r in res["rows"]:
-        cells = "  ".join(f"{r['median_ms'][k]:>12.1f} [{r['cpu_median_ms'][k]:>7.1f}]" for k in names)
-        lines.append(f"{r['tokens']:>6}  {cells}   {r['trace_vs_eager']:>5.2f} ({r['trace_vs_eager_cpu']:.2f})"
-                     f"  {r.get('ids_vs_eager', float('nan')):>5.2f} ({r.get('ids_vs_eager_cpu', float('nan')):.2f})"
-                     f"  {r['plain_vs_sdpa']:>5.2f} ({r['plain_vs_sdpa_cpu']:.2f})  {r['trace_bytes'] / 2**20:>9.1f}")
-    lines.append("ratios: wall medians (CPU medians)")
+        cells = "  ".join(f"{r['median_ms'][k]:>12.1f} [{r['cpu_median_ms'][k]:>7.1f}]" for k in NAMES)
+        rat = "  ".join(f"{r[key]:>9.2f} ({r[key + '_cpu']:.2f})" for _, key in ratios)
+        lines.append(f"{r['tokens']:>6}  {cells}  {rat}  {r['trace_bytes'] / 2**20:>9.1f}")
+    lines.append("ratios: wall medians (CPU medians); trace MiB: what the trace stores, before any map is read")
     return "\n".join(lines)
 
 

@@ -8,8 +8,8 @@ Each part runs in its own process (peak memory is per process). Figures, all fro
 minilm (128 and 512 tokens, alternating rounds, medians of process CPU time):
     ours trace (ids)   the Trace from token ids (the traced fast pass, storing O(n d))
     hf sdpa            transformers' BertModel (sdpa), no attentions returned
-    hf eager+attn      BertModel eager with output_attentions=True
-  and the bytes the 512-token trace stores.
+  (neither computes an attention map: the trace computes them when they are read) and the
+  bytes the 512-token trace stores.
 smollm2 at 2,048 tokens (the tokenizer's maximum), from the same ids:
     traced pass / our untraced forward (model.net) -- target <= 1.15x
     stored trace bytes -- target <= 400 MiB
@@ -17,6 +17,9 @@ smollm2 at 2,048 tokens (the tokenizer's maximum), from the same ids:
     the 270-map model view (every layer pooled, layer by layer) / one traced pass -- <= 1.5x
 memory (smollm2, a fresh process): peak resident memory during the traced pass above the
     loaded model (VmHWM reset through /proc/self/clear_refs after loading) -- <= 2.5 GiB.
+
+Every part sets torch's intra-op threads with core.device.configure_threads ($ATTENTION_LAB_THREADS,
+default 1, as in the app) and reports the count it ran with.
 """
 
 from __future__ import annotations
@@ -58,22 +61,19 @@ def part_minilm(rounds: int) -> dict:
     model = core.load_model("minilm", device="cpu")
     folder = str(core.minilm.model_dir())
     sdpa = BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
-    eager = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
     rows = []
     for n in (128, 512):
         enc = model.tokenizer.encode(text_of(model, n))
         ids, toks = list(enc.ids), list(enc.tokens)
         t_ids = torch.tensor([ids])
         fns = {"ours trace (ids)": lambda: _trace_from_ids(model, ids, toks),
-               "hf sdpa": lambda: sdpa(t_ids),
-               "hf eager+attn": lambda: eager(t_ids, output_attentions=True)}
+               "hf sdpa": lambda: sdpa(t_ids)}
         with torch.inference_mode():
             t = alternate(fns, rounds, warmup=2)
         tr = _trace_from_ids(model, ids, toks)
         rows.append({"tokens": n, "cpu_ms": {k: median(v["cpu"]) * 1000 for k, v in t.items()},
                      "wall_ms": {k: median(v["wall"]) * 1000 for k, v in t.items()},
                      "trace_vs_sdpa": median(t["ours trace (ids)"]["cpu"]) / median(t["hf sdpa"]["cpu"]),
-                     "trace_vs_eager": median(t["ours trace (ids)"]["cpu"]) / median(t["hf eager+attn"]["cpu"]),
                      "stored_bytes": tr.nbytes()})
     return {"rows": rows, "threads": torch.get_num_threads()}
 
@@ -128,7 +128,7 @@ def part_memory(n: int = 2048) -> dict:
     tr = _trace_from_ids(model, ids, toks)
     peak = status_kib("VmHWM")
     return {"tokens": n, "loaded_rss_mib": loaded / 1024, "peak_above_loaded_mib": (peak - loaded) / 1024,
-            "stored_mib": tr.nbytes() / MIB}
+            "stored_mib": tr.nbytes() / MIB, "threads": torch.get_num_threads()}
 
 
 def _in_process(part: str, quick: bool) -> dict:
@@ -146,33 +146,35 @@ def run(quick: bool = False) -> dict:
     details, results = {}, []
     details["minilm"] = m = _in_process("minilm", quick)
     for r in m["rows"]:
-        results.append(Result("long inputs", f"minilm trace from ids / transformers sdpa without attentions, "
-                                             f"{r['tokens']} tokens (CPU-time medians)", r["trace_vs_sdpa"], "x", 1.05,
-                              note=f"ours {r['cpu_ms']['ours trace (ids)']:.1f} ms, sdpa {r['cpu_ms']['hf sdpa']:.1f} ms, "
-                                   f"eager + output_attentions {r['cpu_ms']['hf eager+attn']:.1f} ms "
-                                   f"(ours / eager {r['trace_vs_eager']:.2f}x)"))
+        results.append(Result("long inputs", f"minilm trace from ids, maps on demand (none read) / transformers sdpa "
+                                             f"without attentions, {r['tokens']} tokens (CPU-time medians)",
+                              r["trace_vs_sdpa"], "x", 1.05,
+                              note=f"ours {r['cpu_ms']['ours trace (ids)']:.1f} ms, sdpa {r['cpu_ms']['hf sdpa']:.1f} ms "
+                                   f"CPU; neither computes an attention map; torch threads {m['threads']}"))
     r512 = m["rows"][-1]
     results.append(Result("long inputs", "minilm stored trace at 512 tokens", r512["stored_bytes"] / MIB, "MiB", 32,
-                          note="before: 138.8 MiB (every attention map kept)"))
+                          note="what the trace keeps alive (Trace.nbytes) before any map is read"))
     if core.MODELS["smollm2"].available():
         details["smollm2"] = s = _in_process("smollm2", quick)
         results += [
             Result("long inputs", f"smollm2 traced pass / untraced forward, {s['tokens']} tokens",
                    s["traced_vs_forward"], "x", 1.15,
-                   note=f"traced {s['traced_cpu_s']:.2f} s CPU, forward {s['forward_cpu_s']:.2f} s CPU"),
+                   note=f"traced {s['traced_cpu_s']:.2f} s CPU, forward {s['forward_cpu_s']:.2f} s CPU; torch threads "
+                        f"{s['threads']}"),
             Result("long inputs", f"smollm2 stored trace at {s['tokens']} tokens", s["stored_bytes"] / MIB, "MiB", 400,
-                   note="before: 2.2 GB at 1,036 tokens, so the app capped smollm2 at 256 tokens"),
+                   note="what the trace keeps alive (Trace.nbytes) before any map is read"),
             Result("long inputs", "smollm2 one layer's maps on first access / the untraced forward",
-                   s["layer_vs_forward"], "x", 0.25, note=f"{s['layer_first_access_cpu_s']:.2f} s CPU (layer 15)"),
+                   s["layer_vs_forward"], "x", 0.25,
+                   note=f"{s['layer_first_access_cpu_s']:.2f} s CPU (layer 15); torch threads {s['threads']}"),
             Result("long inputs", f"smollm2 model view ({s['maps']} maps, pooled layer by layer) / one traced pass",
-                   s["model_view_vs_traced"], "x", 1.5, note=f"{s['model_view_cpu_s']:.2f} s CPU"),
+                   s["model_view_vs_traced"], "x", 1.5,
+                   note=f"{s['model_view_cpu_s']:.2f} s CPU; torch threads {s['threads']}"),
         ]
         details["memory"] = mm = _in_process("memory", quick)
         results.append(Result("long inputs", f"smollm2 peak process memory during a {mm['tokens']}-token traced pass, "
                                              "above the loaded model", mm["peak_above_loaded_mib"] / 1024, "GiB", 2.5,
                               note=f"loaded model {mm['loaded_rss_mib']:.0f} MiB resident; "
-                                   f"trace stores {mm['stored_mib']:.0f} MiB; before: 3.2 GB of process memory at "
-                                   "1,036 tokens"))
+                                   f"trace stores {mm['stored_mib']:.0f} MiB; torch threads {mm['threads']}"))
     return {"results": [r.to_dict() for r in results], "details": details}
 
 
@@ -182,6 +184,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--part", choices=["minilm", "smollm2", "memory"])
     args = ap.parse_args(argv)
+    import core.device
+
+    core.device.configure_threads(1)  # $ATTENTION_LAB_THREADS, else 1: as the app runs
     rounds = 3 if args.quick else 7
     if args.part:
         out = {"minilm": lambda: part_minilm(rounds * 2), "smollm2": lambda: part_smollm2(max(2, rounds // 2)),

@@ -34,10 +34,9 @@ SUPPORTED = FAMILIES + SEQ2SEQ
 
 
 def supported_families() -> tuple:
-    """The families a folder may hold: ours, plus marian / bart / t5 once core/hf_seq2seq.py exists."""
-    import importlib.util
-
-    return SUPPORTED if importlib.util.find_spec(f"{__package__}.hf_seq2seq") is not None else FAMILIES
+    """The families a folder may hold: the encoders and decoders read here, and the
+    encoder-decoders (marian, bart, t5) that core/hf_seq2seq.py reads."""
+    return SUPPORTED
 
 
 def unsupported(family: str) -> CheckpointError:
@@ -63,10 +62,8 @@ def load_folder(folder, device=None, name: Optional[str] = None, progress: Progr
     hf = read_config(folder)
     family = hf.get("model_type")
     if family in SEQ2SEQ:
-        try:
-            from .hf_seq2seq import load as load_seq2seq
-        except ImportError:
-            raise unsupported(family) from None
+        from .hf_seq2seq import load as load_seq2seq
+
         return load_seq2seq(folder, pick_device(device))
     if family not in FAMILIES:
         raise unsupported(family)

