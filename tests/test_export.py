@@ -3,6 +3,7 @@
 import base64
 import io
 import json
+import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from plotly.colors import convert_colors_to_same_type, unlabel_rgb
 
+from browser_utils import SKIP_VAR
 from conftest import assert_no_exception
 from viz import export
 from viz.figures import attention_heatmap
@@ -24,10 +26,14 @@ ONES = [(0, 1), (1, 3), (2, 0), (3, 2)]
 
 
 def _browser_or_skip():
+    """The browser export draws with. Like the browser tests, a missing one fails with what to
+    install (skipped only with ATTENTION_LAB_SKIP_BROWSER=1, tests/browser_utils.py)."""
+    if os.environ.get(SKIP_VAR, "") not in ("", "0"):
+        pytest.skip(f"{SKIP_VAR}={os.environ[SKIP_VAR]}: the browser tests are skipped on request")
     try:
         return export.find_browser()
     except export.ExportError as exc:
-        pytest.skip(str(exc))
+        pytest.fail(f"figure export cannot run: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
