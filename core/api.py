@@ -220,6 +220,24 @@ class AttentionModel(GreedyDecoding):
         return self._finish(tensors, tokens, meta, runner)
 
     @cpu_fallback
+    def trace_decoder_input(self, text: str, target_ids: Sequence[int], top_k: int = 10) -> Trace:
+        """The decoder run on exactly `target_ids` (an encoder-decoder's from <start>, over the
+        source `text`; a decoder-only model's prompt and continuation, `text` its prompt), in a
+        forward pass of its own: what inference computes at the step whose input this is.
+        Ids, not a string, so the input is the same whatever the tokenizer would round-trip."""
+        if self.kind not in ("encoder-decoder", "decoder"):
+            raise InputError(f"{self.name} is an encoder: it has no decoder")
+        dec_in = [int(i) for i in target_ids]
+        if not dec_in or len(dec_in) > self.config.max_len:
+            raise InputError(f"a decoder input of {len(dec_in)} tokens (1 to {self.config.max_len})")
+        enc = self.encode(text)
+        src_ids = list(enc.ids) if self.kind == "encoder-decoder" else None
+        tensors, ms, runner = self._run_traced(src_ids, dec_in, None, top_k)
+        tokens = {"source": self.source_strings(enc), "target": self.target_strings(dec_in)}
+        meta = self._meta(enc, timings={"forward_ms": ms}, mode="decoder-input", target_ids=dec_in)
+        return self._finish(tensors, tokens, meta, runner)
+
+    @cpu_fallback
     def steps(self, text: str, max_new_tokens: Optional[int] = None, top_k: int = 10) -> List[Trace]:
         """One Trace per generated token (greedy decoding): step t is the decoder on the
         prefix that ends at its t-th input token (<start> for t = 1 in an encoder-decoder)

@@ -178,22 +178,45 @@ def test_generated_and_output_tokens(toy, toy_steps):
     assert toy.target_strings(dv.generated_ids(toy_steps)) == gen
 
 
-def test_prefix_difference_against_teacher_forcing(toy, toy_steps):
+def test_prefix_difference_against_the_prefix_run_alone(toy, toy_steps):
+    """Each step's rows, and the same rows of the teacher-forced pass on the whole output, equal
+    the decoder run on that step's prefix alone (its own pass), over every layer and head."""
+    text = "the small dog sees the cat"
     out = dv.output_tokens(toy_steps)
-    full = toy.trace("the small dog sees the cat", target=" ".join(out))
+    full = toy.trace(text, target=" ".join(out))
+    keys = {"self-attention weights", "cross-attention weights", "top-k next-token probabilities",
+            "next-token distribution"}
     for s in toy_steps:
-        d = dv.prefix_difference(s, full)
-        assert d is not None
-        assert set(d) == {"self-attention weights", "cross-attention weights", "logits", "max"}
-        assert d["self-attention weights"] < 1e-5 and d["cross-attention weights"] < 1e-5
-        # logits reach |20|; float32 keeps ~7 significant digits
-        assert d["logits"] < 1e-5 * max(1.0, float(full["logits"].abs().max()))
-    # a different target: the first step (prefix <start>) still matches, later ones do not
-    other = toy.trace("the small dog sees the cat", target="zu zu zu zu zu zu")
-    first = dv.prefix_difference(toy_steps[0], other)
-    assert first["self-attention weights"] < 1e-5 and first["cross-attention weights"] < 1e-5
+        alone = toy.trace_decoder_input(text, s.meta["target_ids"])
+        assert alone.tokens("target") == s.tokens("target")
+        for rows in (s, full):
+            c = dv.prefix_difference(rows, alone)
+            assert set(c.diffs) == keys and c.n_rows == len(s.tokens("target"))
+            assert (c.n_layers, c.n_heads) == (3, 4)
+            assert c.worst == max(c.diffs.values()) < 1e-5 and c.ok
+    # another target shares only the first decoder input (<start>) with the greedy output
+    other = toy.trace(text, target="zu zu zu zu zu zu")
+    assert dv.prefix_difference(other, toy.trace_decoder_input(text, toy_steps[0].meta["target_ids"])).ok
     if out[0] != "zu":
-        assert dv.prefix_difference(toy_steps[1], other) is None
+        with pytest.raises(ValueError):
+            dv.prefix_difference(other, toy.trace_decoder_input(text, toy_steps[1].meta["target_ids"]))
+
+
+def test_prefix_difference_fails_on_different_computations(toy, toy_steps):
+    """The check can fail: the same decoder input over another source sentence gives other
+    cross-attention rows (and everything after them), reported with where the worst one is."""
+    s = toy_steps[2]
+    alone = toy.trace_decoder_input("the big cat sees the dog", s.meta["target_ids"])
+    c = dv.prefix_difference(s, alone)
+    assert not c.ok and c.worst > 1e-2 and c.worst == max(c.diffs.values())
+    assert c.where.startswith(("cross-attention weights, layer", "self-attention weights, layer",
+                               "top-k next-token probabilities", "next-token distribution")), c.where
+    # a NaN anywhere never passes
+    assert not dv.PrefixCheck(3, {"self-attention weights": float("nan")}, float("nan"), "", 3, 4).ok
+    # a shorter prefix alone is compared with the step's first rows: step 3's first two are step 2's
+    short = toy.trace_decoder_input("the small dog sees the cat", s.meta["target_ids"][:2])
+    c = dv.prefix_difference(s, short)
+    assert c.n_rows == 2 and c.ok and c.worst < 1e-5
 
 
 def test_teacher_forcing_rows_and_cross_entropy():
@@ -222,9 +245,11 @@ def test_decoder_only_steps_have_no_cross_attention(tiny_decoder):
     full = tiny_decoder.trace(prompt, target=" ".join(out))
     assert dv.n_teacher_steps(len(full.tokens("target")), p) == len(out) + 1
     for s in steps:
-        d = dv.prefix_difference(s, full)
-        assert d is not None and "cross-attention weights" not in d
-        assert d["max"] < 1e-5
+        alone = tiny_decoder.trace_decoder_input(prompt, s.meta["target_ids"])  # the step's prefix, alone
+        for rows in (s, full):
+            d = dv.prefix_difference(rows, alone)
+            assert "cross-attention weights" not in d.diffs and "self-attention weights" in d.diffs
+            assert d.worst < 1e-5 and d.ok
     w = dv.head_matrix(steps[-1], "decoder.1.self_attn.weights", 3)
     fig = dv.weights_figure(w, steps[-1].tokens("target"), highlight_row=dv.newest_row(steps[-1]))
     assert np.all(_z(fig)[np.triu_indices(w.shape[0], 1)] == 0)

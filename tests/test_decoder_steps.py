@@ -1,9 +1,9 @@
 """viz.decoder_steps: every inference step in one figure, stepped by its own slider.
 
 Each step's three maps are read back from the slider's restyle (what the browser applies)
-and compared with an independent pass: the whole greedy output fed at once (teacher
-forcing), whose rows up to a step are that step's rows under the look-ahead mask. The
-shown weights are also the softmax of the shown scores, row by row."""
+and compared with an independent pass per step: the decoder run on that step's prefix alone
+(model.trace_decoder_input), not a view of the pass the steps come from. The shown weights are
+also the softmax of the shown scores, row by row."""
 
 import numpy as np
 import pytest
@@ -26,20 +26,22 @@ def run(toy):
     steps = toy.steps(TEXT)
     maps = ds.inference_steps(steps, layer=LAYER, head=HEAD)
     fig = ds.steps_figure(maps, where=f"layer {LAYER} · head {HEAD}", active=2)
-    # independent: the greedy output as one teacher-forced pass (decoder input = <start> + output)
-    full = toy.trace(TEXT, target=" ".join(dv.output_tokens(steps)))
-    return steps, maps, fig, full
+    # independent: each step's decoder input run alone, in a forward pass of its own
+    alone = [toy.trace_decoder_input(TEXT, s.meta["target_ids"]) for s in steps]
+    return steps, maps, fig, alone
 
 
-def test_every_step_equals_the_teacher_forced_rows(run):
-    steps, maps, fig, full = run
+def test_every_step_equals_its_prefix_run_alone(run):
+    steps, maps, fig, alone = run
     side = len(steps[-1].tokens("target"))
     name = f"decoder.{LAYER}.self_attn."
-    w_full = dv.head_matrix(full, name + "weights", HEAD)
-    s_full = dv.head_matrix(full, name + "masked", HEAD)
     assert len(fig.layout.sliders[0].steps) == len(steps) > 3
     for t in range(len(steps)):
         n = t + 1  # step t+1 reads <start> and t generated tokens
+        assert alone[t].tokens("target") == steps[t].tokens("target")
+        w_alone = dv.head_matrix(alone[t], name + "weights", HEAD)  # n x n
+        s_alone = dv.head_matrix(alone[t], name + "masked", HEAD)
+        assert w_alone.shape == (n, n)
         z = [_arr(c) for c in ds.slider_step(fig, t)["z"]]
         assert all(m.shape == (side, side) for m in z)
         mask, scores, weights = z
@@ -47,9 +49,9 @@ def test_every_step_equals_the_teacher_forced_rows(run):
             assert np.isnan(m[n:]).all() and np.isnan(m[:, n:]).all()
         upper = np.triu(np.ones((n, n), bool), 1)
         np.testing.assert_array_equal(mask[:n, :n], upper.astype(float))  # 1 = -inf (grey), 0 = may look
-        np.testing.assert_allclose(weights[:n, :n], w_full[:n, :n], atol=1e-4)
+        np.testing.assert_allclose(weights[:n, :n], w_alone[:n, :n], atol=1e-4)
         assert np.isnan(scores[:n, :n][upper]).all()
-        np.testing.assert_allclose(scores[:n, :n][~upper], s_full[:n, :n][~upper], atol=1e-4)
+        np.testing.assert_allclose(scores[:n, :n][~upper], s_alone[:n, :n][~upper], atol=1e-4)
         # the figure's own numbers: softmax of each shown row of scores is the shown row of weights
         e = np.exp(np.where(np.isnan(scores[:n, :n]), -np.inf, scores[:n, :n]) - np.nanmax(scores[:n, :n], 1)[:, None])
         np.testing.assert_allclose(e / e.sum(1, keepdims=True), weights[:n, :n], atol=1e-3)
@@ -94,24 +96,24 @@ def test_numbers_in_the_cells_only_while_they_fit(toy):
 
 def test_a_long_run_shows_each_steps_last_rows_and_sums_the_keys_before(run):
     """With a window of 3 rows, step t (t + 1 positions) shows rows t-2..t; its first column is
-    the teacher-forced weights of the keys before them, summed, and the scores' mean."""
-    steps, _, _, full = run
+    the weights of the keys before them in the step's prefix run alone, summed, and the scores' mean."""
+    steps, _, _, alone = run
     name = f"decoder.{LAYER}.self_attn."
-    w_full = dv.head_matrix(full, name + "weights", HEAD)
-    s_full = dv.head_matrix(full, name + "masked", HEAD)
     maps = ds.inference_steps(steps, layer=LAYER, head=HEAD, size=3)
     fig = ds.steps_figure(maps)
     for t, m in enumerate(maps):
         n = t + 1
+        w_alone = dv.head_matrix(alone[t], name + "weights", HEAD)
+        s_alone = dv.head_matrix(alone[t], name + "masked", HEAD)
         s = max(0, n - 3)
         assert (m.first, m.earlier) == (s, s)
         assert m.q_labels == steps[t].tokens("target")[s:]
         if s:
             assert m.k_labels == [f"Σ keys 0–{s - 1}"] + m.q_labels
-            np.testing.assert_allclose(m.weights[:, 0], w_full[s:n, :s].sum(1), atol=1e-5)
-            np.testing.assert_allclose(m.masked[:, 0], s_full[s:n, :s].mean(1), atol=1e-4)
+            np.testing.assert_allclose(m.weights[:, 0], w_alone[s:n, :s].sum(1), atol=1e-5)
+            np.testing.assert_allclose(m.masked[:, 0], s_alone[s:n, :s].mean(1), atol=1e-4)
             assert (m.mask[:, 0] == 0).all()
-        np.testing.assert_allclose(m.weights[:, -min(n, 3):], w_full[s:n, s:n], atol=1e-5)
+        np.testing.assert_allclose(m.weights[:, -min(n, 3):], w_alone[s:n, s:n], atol=1e-5)
         np.testing.assert_allclose(m.weights.sum(1), 1, atol=1e-5)
         z = _arr(ds.slider_step(fig, t)["z"][2])
         assert z.shape == (3, 4 if len(steps) > 3 else 3)

@@ -4,7 +4,8 @@ scores.
 
 Step t (from 1) runs the decoder on <start> y_1 .. y_{t-1} and chooses y_t. Under teacher forcing
 on the generated target the decoder sees <start> y_1 .. y_k at once; the look-ahead mask makes its
-first t rows the same computation as step t, so they must agree to float precision. None of these
+first t rows the same computation as step t, so both the step (a view of one traced pass) and those
+rows must agree to float precision with the decoder run on the step's prefix alone, in its own pass. None of these
 tests depends on what the checkpoint translates to, only on the decoding being consistent.
 """
 
@@ -60,9 +61,10 @@ def test_each_step_appends_the_previous_choice(runs):
             assert cur.tokens("target") == prev.tokens("target") + [prev.meta["chosen"]], text
 
 
-def test_steps_equal_teacher_forced_rows(runs):
-    """Self-attention weights, cross-attention weights and logits of step t equal the first t rows
-    of one teacher-forced pass on the generated target."""
+def test_each_step_equals_its_prefix_run_alone(model, runs):
+    """Self-attention weights, cross-attention weights and logits of step t (a view of the steps'
+    one pass), and the first t rows of the teacher-forced pass on the generated target, equal the
+    decoder run on step t's prefix alone, in a forward pass of its own."""
     for text, steps, full in runs:
         assert full.meta["mode"] == "teacher-forcing"
         n_layers = full.layers("decoder")
@@ -70,21 +72,25 @@ def test_steps_equal_teacher_forced_rows(runs):
         for s in steps:
             n = len(s.tokens("target"))
             assert full.tokens("target")[:n] == s.tokens("target"), text
+            alone = model.trace_decoder_input(text, s.meta["target_ids"])
+            assert alone.tokens("target") == s.tokens("target") and alone.meta["target_ids"] == s.meta["target_ids"]
             for i in range(n_layers):
                 for kind in ("self_attn", "cross_attn"):
                     name = f"decoder.{i}.{kind}.weights"
-                    a = s[name]
-                    b = full[name][:, :n, :] if kind == "cross_attn" else full[name][:, :n, :n]
-                    assert a.shape == b.shape, (text, name)
-                    assert torch.allclose(a, b, atol=TOL, rtol=0), (text, s.meta["step"], name,
-                                                                     float((a - b).abs().max()))
+                    ref = alone[name]
+                    assert ref.shape[1] == n, (text, name)
+                    for got in (s[name], full[name][:, :n, :] if kind == "cross_attn" else full[name][:, :n, :n]):
+                        assert got.shape == ref.shape, (text, name)
+                        assert torch.allclose(got, ref, atol=TOL, rtol=0), (text, s.meta["step"], name,
+                                                                            float((got - ref).abs().max()))
                 # beyond the prefix, the teacher-forced rows put exactly zero weight (masked)
                 assert torch.all(full[f"decoder.{i}.self_attn.weights"][:, :n, n:] == 0)
             # logits reach |20|: float32 keeps ~7 digits, so compare relative to their scale
-            scale = float(full["logits"].abs().max())
-            diff = float((s["logits"] - full["logits"][:n]).abs().max())
-            assert diff <= TOL * max(1.0, scale), (text, s.meta["step"], diff, scale)
-            assert torch.equal(s["logits"][-1].argmax(), full["logits"][n - 1].argmax())
+            scale = float(alone["logits"].abs().max())
+            for got in (s["logits"], full["logits"][:n]):
+                diff = float((got - alone["logits"]).abs().max())
+                assert diff <= TOL * max(1.0, scale), (text, s.meta["step"], diff, scale)
+            assert int(alone["logits"][-1].argmax()) == s.meta["chosen_id"]
 
 
 def test_greedy_trace_is_teacher_forcing_on_its_own_output(model, runs):

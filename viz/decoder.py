@@ -13,15 +13,17 @@ the masked scores and the weights, and these functions draw them for one head:
     next_token_figure        the top-k next-token distribution, chosen token marked
 
 plus the bookkeeping the page needs (which row is the newest, how a step's rows compare
-with the teacher-forced pass, the message at the end of generation).
+with the decoder run on their prefix alone, the message at the end of generation).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import plotly.graph_objects as go
+import torch
 
 from viz.figures import (attention_heatmap, fitted_margins, label_margins, matrix_heatmap, safe_label, thin_ticks,
                          tick_labels, to_numpy)
@@ -134,46 +136,82 @@ def ending_message(n_steps: int, ended: bool, max_new_tokens: Optional[int] = No
                        f"without choosing {end_token}.")
 
 
-# ------------------------------------------------------------------ teacher forcing vs steps
-ROW_TENSORS = {
-    "self-attention weights": "decoder.{i}.self_attn.weights",
-    "cross-attention weights": "decoder.{i}.cross_attn.weights",
-}
+# ------------------------------------------------------------------ teacher forcing vs inference
+PREFIX_TOL = 1e-4  # max |Δ| allowed between a pass's rows and the decoder run on their prefix alone
 
 
-def same_prefix(step_trace, full_trace) -> bool:
-    """Whether the step's decoder input is the first rows of the full trace's decoder input."""
-    p = step_trace.tokens("target")
-    return full_trace.tokens("target")[: len(p)] == p
+@dataclass
+class PrefixCheck:
+    """A pass's first n decoder rows against the decoder run on those n inputs alone."""
+    n_rows: int
+    diffs: Dict[str, float]  # what was compared -> max |Δ| over every layer, head, row and key
+    worst: float  # the largest of them (inf for a shape mismatch or a NaN)
+    where: str  # where the worst one is: which tensor, layer, head, row, key
+    n_layers: int
+    n_heads: int
+    tol: float = PREFIX_TOL
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.worst <= self.tol)
 
 
-def prefix_difference(step_trace, full_trace) -> Optional[Dict[str, float]]:
-    """Max |difference| between a step's tensors and the same rows of a teacher-forced trace,
-    over every decoder layer and head: self- and cross-attention weights and the logits.
+def _max_diff(a, b) -> Tuple[float, Optional[tuple]]:
+    """max |a - b| and its index; (inf, None) when the shapes differ, inf at a NaN."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.shape != b.shape:
+        return float("inf"), None
+    if a.numel() == 0:
+        return 0.0, ()
+    d = (a.float() - b.float()).abs()
+    d = torch.where(torch.isnan(d), torch.full_like(d, float("inf")), d)
+    k = int(torch.argmax(d))
+    return float(d.flatten()[k]), tuple(int(i) for i in np.unravel_index(k, tuple(d.shape)))
 
-    None when the two decoder inputs do not share the step's prefix (then the rows are
-    different computations and no difference is expected to be small)."""
-    if not same_prefix(step_trace, full_trace):
-        return None
-    n = len(step_trace.tokens("target"))
-    out: Dict[str, float] = {}
-    for label, pattern in ROW_TENSORS.items():
-        worst = None
-        i = 0
-        while pattern.format(i=i) in step_trace and pattern.format(i=i) in full_trace:
-            a = to_numpy(step_trace[pattern.format(i=i)]).astype(np.float64)  # H x n x n_k
-            b = to_numpy(full_trace[pattern.format(i=i)]).astype(np.float64)[:, :n, : a.shape[-1]]
-            d = float(np.max(np.abs(a - b))) if a.size else 0.0
-            worst = d if worst is None else max(worst, d)
-            i += 1
-        if worst is not None:
-            out[label] = worst
-    if "logits" in step_trace and "logits" in full_trace:
-        a = to_numpy(step_trace["logits"]).astype(np.float64)
-        b = to_numpy(full_trace["logits"]).astype(np.float64)[:n]
-        out["logits"] = float(np.max(np.abs(a - b)))
-    out["max"] = max(out.values()) if out else 0.0
-    return out
+
+def _where(what: str, at: Optional[tuple], axes: Sequence[str], a, b) -> str:
+    if at is None:
+        return f"{what}: shape {tuple(a.shape)} against {tuple(b.shape)}"
+    return what + "".join(f", {ax} {i}" for ax, i in zip(axes, at))
+
+
+def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
+    """Teacher forcing = inference on the same prefix, checked: the first n decoder rows of
+    `rows` (a teacher-forced trace, or a step view) against `alone`, the decoder run on those n
+    inputs in a forward pass of its own (model.trace_decoder_input). Compared: the
+    self-attention weights (and an encoder-decoder's cross-attention weights) of every decoder
+    layer and head, read layer by layer (trace.each_layer), the top-k next-token probabilities
+    of every row and the whole next-token distribution of the last. Raises ValueError when the
+    two decoder inputs differ (then no difference is expected to be small)."""
+    n = len(alone.tokens("target"))
+    ids_rows, ids_alone = rows.meta.get("target_ids"), alone.meta.get("target_ids")
+    if ids_rows is not None and ids_alone is not None and list(ids_rows[:n]) != list(ids_alone):
+        raise ValueError("the two decoder inputs differ: the rows are different computations")
+    view = rows.prefix(n)
+    names = ["self_attn.weights"] + (["cross_attn.weights"] if has_cross_attention(alone) else [])
+    labels = {"self_attn.weights": "self-attention weights", "cross_attn.weights": "cross-attention weights"}
+    diffs: Dict[str, float] = {}
+    worst, where = -1.0, ""
+    n_layers, n_heads = alone.layers("decoder"), 0
+    if view.layers("decoder") != n_layers:
+        return PrefixCheck(n, {"layers": float("inf")}, float("inf"),
+                           f"{view.layers('decoder')} decoder layers against {n_layers}", n_layers, 0, tol)
+    for i, (got, ref) in enumerate(zip(view.each_layer("decoder", names), alone.each_layer("decoder", names))):
+        for s in names:
+            n_heads = max(n_heads, int(ref[s].shape[0]))
+            d, at = _max_diff(got[s], ref[s])
+            diffs[labels[s]] = max(diffs.get(labels[s], 0.0), d)
+            if d > worst:
+                worst, where = d, _where(f"{labels[s]}, layer {i}", at, ("head", "row", "key"), got[s], ref[s])
+    for label, name, axes in (("top-k next-token probabilities", "topk.probs", ("row", "rank")),
+                              ("next-token distribution", "last.probs", ("token id",))):
+        if name in view and name in alone:
+            d, at = _max_diff(view[name], alone[name])
+            diffs[label] = d
+            if d > worst:
+                worst, where = d, _where(label + (f", row {n - 1}" if name == "last.probs" else ""), at, axes,
+                                         view[name], alone[name])
+    return PrefixCheck(n, diffs, max(worst, 0.0), where, n_layers, n_heads, tol)
 
 
 def teacher_forcing_rows(probs, input_tokens: Sequence[str], next_tokens: Sequence[Optional[str]],

@@ -141,5 +141,6 @@ else:
 state.show_messages()  # the URL's model, text, mode and target; the fragment says its own (layer, head, step)
 stepper.stepper(stepper.Run(model_name, model, steps, full, prefix_len, decoder_only, end_token, mode_key,
                             url=dict(model=model_name, text=text, mode=mode, **({"target": target} if full is not None
-                                                                                 else {}))),
+                                                                                 else {})),
+                            run_key=(run_model, run_text, target) if full is not None else ()),
                 extra=dict(state.extra))

@@ -3,8 +3,9 @@
 `show_step` draws the step's decoder input, the three n x n maps of the look-ahead mask
 (M, the masked scores, the weights: in blocks for long prefixes), the cross-attention and the
 next-token bars; under teacher forcing also the check that the rows equal inference on the same
-prefix. Every number comes from the traces the page already holds (the steps of one traced pass
-and, in teacher forcing, the trace of the whole target): nothing here runs the model.
+prefix. The maps come from the traces the page already holds (the steps of one traced pass and,
+in teacher forcing, the trace of the whole target); the check alone runs the model, once per
+step shown and cached (models.prefix_check): the decoder on the step's prefix by itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import streamlit as st
 
 from viz import decoder as dv
 from viz import decoder_steps
-from viz.pages import charts
+from viz.pages import charts, models
 
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
 
@@ -72,9 +73,10 @@ def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool) -> Ste
 
 
 def show_step(model, steps: list, full, *, step: int, layer: int, head: int, prefix_len: int,
-              decoder_only: bool) -> tuple:
+              decoder_only: bool, run_key: tuple = ()) -> tuple:
     """Draw step `step` (from 1) at this layer and head; `full` is the teacher-forced trace
-    or None (inference). Returns (trace, the drawn weights, the query tokens) for the downloads."""
+    or None (inference), traced by get_trace(*run_key) (model key, prompt, target). Returns
+    (trace, the drawn weights, the query tokens) for the downloads."""
     v = _inference(steps[step - 1], step, prefix_len, decoder_only) if full is None else \
         _teacher(model, full, step, prefix_len, decoder_only)
     tr, row, q_tokens = v.tr, v.row, v.q_tokens
@@ -159,35 +161,44 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
             with col:
                 panel()
     if full is not None:
-        _teacher_check(model, steps, full, v, step=step, prefix_len=prefix_len)
+        _teacher_check(model, steps, full, v, step=step, prefix_len=prefix_len, run_key=run_key)
     return tr, weights, q_tokens
 
 
-def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_len: int) -> None:
-    """Teacher forcing = inference on the same prefix: the step's rows against the whole target's,
-    and every position's next-token probabilities at once."""
-    n_layers, n_heads = full.layers("decoder"), full["decoder.0.self_attn.weights"].shape[0]
+def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_len: int, run_key: tuple) -> None:
+    """Teacher forcing = inference on the same prefix: the step's rows of the whole target's pass
+    against the decoder run on that prefix alone (its own forward pass), within a stated
+    tolerance; and every position's next-token probabilities at once."""
+    n = v.row + 1
     greedy_input = steps[-1].tokens("target") + ([] if steps[-1].meta.get("ended") else [steps[-1].meta["chosen"]])
-    equal = full.tokens("target") == greedy_input
-    diff = dv.prefix_difference(steps[step - 1], full) if step <= len(steps) else None
-    parts = ", ".join(f"{k} {d:.1e}" for k, d in (diff or {}).items() if k != "max")
-    if step > len(steps):
-        st.info(f"Inference stopped after {len(steps)} steps (maximum length), so row {v.row} has no inference step "
-                f"to compare with.")
-    elif diff is not None:
-        lead = ("Your target is the greedy output, so teacher forcing gives the same rows as inference: "
-                if equal else "This step's prefix is the same in inference and under your target, so its rows match: ")
-        st.success(f"{lead}max |Δ| = {diff['max']:.1e} between step {step}'s rows and the teacher-forced rows "
-                   f"0–{len(steps[step - 1].tokens('target')) - 1}, over all {n_layers} layers and {n_heads} heads "
-                   f"({parts}).")
-    else:
-        full_toks = full.tokens("target")
+    full_toks = full.tokens("target")
+    if full_toks[:n] != greedy_input[:n]:
         k = next((i for i, (a, b) in enumerate(zip(full_toks, greedy_input)) if a != b),
                  min(len(full_toks), len(greedy_input)))
-        st.info(f"Your target and the greedy output differ from decoder input {k} on, so from step "
-                f"{k - prefix_len + 2} on the rows come from different inputs and are not expected to match "
-                f"inference. Steps before that share the prefix and give the same rows; press "
-                f"“Use the greedy output” to compare every step.")
+        st.info(f"Your target and the greedy output differ from decoder input {k} on, so this step's prefix is "
+                f"your target's, not what inference generated: the check below runs the decoder on this prefix. "
+                f"Press “Use the greedy output” to step through the model's own output.")
+    check = None
+    if not run_key or v.dec_ids is None:
+        st.warning("This trace does not say which model and decoder input made it, so its rows cannot be "
+                   "checked against the decoder run on their prefix alone.")
+    else:
+        run_model = models.get_model(run_key[0])
+        try:
+            check = models.prefix_check(*run_key, n, run_model, full) if run_model is not None else None
+        except Exception as exc:  # the check's own pass failed: say so, never a traceback
+            st.error(f"Could not run the decoder on this step's prefix alone to check the rows: {exc}")
+    if check is not None:
+        parts = ", ".join(f"{k} {d:.1e}" for k, d in check.diffs.items())
+        what = (f"rows 0–{n - 1} of the whole target's pass against the decoder run on those {n} tokens alone "
+                f"(what inference computes at step {step} on this prefix, in a forward pass of its own), over all {check.n_layers} layers and "
+                f"{check.n_heads} heads")
+        if check.ok:
+            st.success(f"Teacher forcing = inference on the same prefix: {what}: max |Δ| = {check.worst:.1e} "
+                       f"≤ {check.tol:.0e} ({parts}).")
+        else:
+            st.error(f"Teacher forcing does not match inference on the same prefix: {what}: max |Δ| = "
+                     f"{check.worst:.1e} > {check.tol:.0e} at {check.where} ({parts}).")
     if v.dec_ids is None:
         return
     dec_ids = v.dec_ids

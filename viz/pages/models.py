@@ -206,6 +206,19 @@ def get_steps(model_name: str, text: str):
     return _cached_run(model_name, text, ("steps",), lambda m, t: m.steps(t), "Generating, one token at a time…")
 
 
+@st.cache_data(max_entries=256, show_spinner="Running the decoder on this step's prefix alone…")
+def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _full):
+    """Teacher forcing = inference on the same prefix, checked for one step: the first n_rows
+    decoder rows of `_full` (get_trace(model_name, text, target=target)) against the decoder
+    run on those n_rows inputs alone, in a forward pass of its own on `_model`
+    (get_model(model_name)); viz.decoder.prefix_difference compares them. One extra pass per
+    step shown, cached per (model, text, target, step): the two objects are not hashed."""
+    from viz import decoder as dv
+
+    alone = _model.trace_decoder_input(clean_text(text)[0], _full.meta["target_ids"][:n_rows])
+    return dv.prefix_difference(_full, alone)
+
+
 def show_trace_notes(trace) -> None:
     meta = trace.meta
     if meta.get("fallback"):

@@ -37,6 +37,7 @@ class Run:
     end_token: str
     mode_key: str
     url: dict = field(default_factory=dict)  # model, text, mode (and target): published with the step
+    run_key: tuple = ()  # teacher forcing: (model key, prompt, target) that `full` was traced on (its check)
 
 
 def _move(delta: int, step_key: str, n: int) -> None:
@@ -150,7 +151,8 @@ def stepper(run: Run, extra: dict) -> None:
 
     # what this step shows (viz/pages/decoder_view.py)
     tr, weights, q_tokens = decoder_view.show_step(model, steps, full, step=step, layer=layer, head=head,
-                                                   prefix_len=run.prefix_len, decoder_only=run.decoder_only)
+                                                   prefix_len=run.prefix_len, decoder_only=run.decoder_only,
+                                                   run_key=run.run_key)
     if full is None:
         st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
                   args=(run.mode_key, state.key("target")),
