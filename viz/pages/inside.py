@@ -117,11 +117,11 @@ failed = [c for cs in checks.values() for c in cs if not c.ok]
 if failed:
     st.error(f"{len(failed)} check{'s' if len(failed) > 1 else ''} failed on this view: the model's recorded tensors "
              "differ from the independent recomputation. The failing steps below are marked ✗.")
-st.caption("Checks (✓ / ✗): each compares the core's recorded tensor with the same quantity computed again in float64 "
+st.caption("Checks: each ✓ compares the core's recorded tensor with the same quantity computed again in float64 "
            "numpy from the layer's stored input and the checkpoint's own weights (viz/reference.py; T5's position "
            "bias read from the trace), A V with the fused kernel's head output, or the explicit re-run with the "
            "fused pass, within 10⁻⁴ × max(1, largest |value|) for float32 weights (the mask and A's zeros exactly, "
-           "row sums to 10⁻⁵); each line gives its error and tolerance.")
+           "row sums to 10⁻⁵); each line gives its error and tolerance, and a failure is shown as a red error box.")
 if checks.note:
     st.info(checks.note)
 
