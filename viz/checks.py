@@ -224,3 +224,13 @@ def residual_checks(trace, stack: str, layer: int, config=None, kind: str = "sel
                 f"layer {layer} run again with the explicit formula gives the output the fused forward pass stored "
                 "(the next layer's input)", max_abs_diff(rerun, trace[stored]), _tol(trace[stored])))
     return out
+
+
+def scaled_check(trace, stack: str, layer: int, head: int, shown) -> Check:
+    """`shown` (a head's scaled scores as a page computed them from the recorded Q and K) against
+    viz.reference's float64 recomputation of the same head from the layer's stored input and the
+    checkpoint's weights. Raises NoReference where the trace has no model."""
+    ref = reference_layer(trace, stack, layer, {"self_attn": head})
+    mine = ref[f"self_attn.maps{head}"]["scaled"]
+    return Check(f"the learned scores shown equal Q Kᵀ × scale recomputed in {NUMPY}", max_abs_diff(shown, mine),
+                 _tol(mine, _rtol(trace)))
