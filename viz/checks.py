@@ -111,8 +111,9 @@ def layer_checks(trace, stack: str, kind: str, layer: int, head: int, notation: 
     per trace and view (kept in trace.memo)."""
     key = ("checks", stack, kind, layer, head, notation)
     if key not in trace.memo:
-        out = CheckSet(head_checks(trace, stack, kind, layer, head, notation=notation))
-        res = residual_checks(trace, stack, layer, kind=kind)
+        ref = _reference(trace, stack, layer, kind, head)  # one numpy layer for both
+        out = CheckSet(head_checks(trace, stack, kind, layer, head, notation=notation, reference=ref))
+        res = residual_checks(trace, stack, layer, kind=kind, reference=ref)
         for k, v in res.items():
             out.setdefault(k, []).extend(v)
         out.note = getattr(res, "note", None)
@@ -121,7 +122,7 @@ def layer_checks(trace, stack: str, kind: str, layer: int, head: int, notation: 
 
 
 def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None,
-                notation: str = ROWS) -> CheckSet:
+                notation: str = ROWS, reference=None) -> CheckSet:
     """One head's checks, keyed by step key: the recorded Q̂, K̂ (RoPE), Q, K, V, QKᵀ, scaled,
     M, masked and A against viz.reference's float64 recomputation; rows of A sum to 1; A is 0
     where the recomputed M is -∞; A V (recorded) against the head output the fused pass stored."""
@@ -137,7 +138,7 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
     checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {kv})'} from the recorded A and V equals "
                              f"head {head}'s output as the forward pass's fused kernel computed it",
                              max_abs_diff(w @ v, heads), _tol(heads))]
-    ref, why = _reference(trace, stack, layer, kind, head)
+    ref, why = reference or _reference(trace, stack, layer, kind, head)
     if ref is None:
         checks.note = why
         return checks
@@ -182,14 +183,14 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
     return checks
 
 
-def residual_checks(trace, stack: str, layer: int, config=None, kind: str = "self_attn") -> CheckSet:
+def residual_checks(trace, stack: str, layer: int, config=None, kind: str = "self_attn", reference=None) -> CheckSet:
     """The layer's other recorded names against viz.reference's float64 recomputation, keyed by
     step key: each attention's Concat(heads) W_o, the FFN, every residual and norm, the output;
     and, where the trace stored the layer's output from its fused forward pass and computes the
     rest by running the layer again explicitly (core/trace.py), that the two agree."""
     p = f"{stack}.{layer}"
     out = CheckSet()
-    ref, why = _reference(trace, stack, layer, kind, 0)
+    ref, why = reference or _reference(trace, stack, layer, kind, 0)
     if ref is None:
         out.note = why
     else:
