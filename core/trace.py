@@ -150,6 +150,12 @@ class Trace:
     def token_sets(self) -> Dict[str, List[str]]:
         return {k: list(v) for k, v in self._tokens.items()}
 
+    @property
+    def runner(self):
+        """What recomputes this trace's layers (core.layer_runner.LayerRunner: its .model,
+        .src_pad and .ablate), or None for a trace that stores every name (loaded from .npz)."""
+        return (self._base or self)._runner
+
     # stored vs recomputed -------------------------------------------------------------
     def is_stored(self, name: str) -> bool:
         return name in (self._base or self)._tensors

@@ -117,6 +117,8 @@ def test_symmetric_scores_are_symmetric(app_test):
     learned = heatmap_z(chart_by_key(at, "playground-learned-scores"))
     assert np.allclose(sym, sym.T, atol=1e-9)
     assert np.abs(learned - learned.T).max() > 1e-3
+    assert any("learned scores shown equal Q Kᵀ × scale recomputed in float64 numpy" in s.value for s in at.success)
+    assert not at.error, [e.value for e in at.error]
     assert at.selectbox(key="playground.layer").value == 1 and at.selectbox(key="playground.head").value == 2
     assert at.query_params["layer"] == "1" and at.query_params["head"] == "2"
 

@@ -340,7 +340,8 @@ def test_inside_page_adds_the_position_bias(app_test, registered):
     assert order == sorted(order)
     chart_by_key(at, "inside-position_bias-fig")
     captions = " ".join(c.value for c in at.caption)
-    assert "masked = scaled + position bias + M" in captions and ":red[" not in captions
+    assert "scaled + M + T5's position bias (read from the trace)" in captions
+    assert not at.error, [e.value for e in at.error]  # every check holds, the position bias included
 
 
 def test_positions_page_explains_marian_layout(app_test, registered):

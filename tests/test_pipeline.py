@@ -173,7 +173,10 @@ def test_checks_hold_on_real_traces(seq2seq, view):
         w = trace[f"{stack}.1.{kind}.weights"][head]
         assert row_sum_error(w) < 1e-5
     res = residual_checks(trace, "decoder", 1, model.config)
-    assert set(res) == {"residual1", "residual2", "residual3", "out"} and all(c.ok for cs in res.values() for c in cs)
+    assert {"residual1", "residual2", "residual3", "norm1", "norm2", "norm3", "attn-out", "cross_attn-out", "ffn-hidden",
+            "ffn-out", "out"} == set(res)
+    assert all(c.ok for cs in res.values() for c in cs), [c.text() for cs in res.values() for c in cs]
+    assert len(res["out"]) == 2  # the numpy layer and the explicit re-run, each against the fused pass
 
 
 def test_checks_against_the_fused_pass_catch_a_tampered_stored_tensor(encoder):

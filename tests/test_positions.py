@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import core
 from viz import positions as vp
@@ -98,9 +99,52 @@ def test_model_positions_of_the_bundled_model():
     assert info["scheme"] == "sinusoidal"
     n, d = info["P"].shape
     assert (n, d) == (4, model.config.d_model)
-    assert info["formula_residual"] < 1e-6  # the model adds exactly the formula's P
     assert np.allclose(info["P"], formula(n, d), atol=1e-6)
-    assert info["sum_residual"] < 1e-5  # X = X' + P
+    p_check, x_check = info["checks"]  # P against the numpy formula, X against X' + P
+    assert p_check.ok and p_check.error < 1e-6 and x_check.ok and x_check.error < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_pe_matrix_is_independent_of_core(layout):
+    """The page's formula is its own numpy code, and agrees with core's to float64 precision."""
+    ours = vp.pe_matrix(50, 12, layout)
+    assert np.allclose(ours, core.sinusoidal_encoding(50, 12, dtype=torch.float64, layout=layout).numpy(), atol=1e-12)
+    if layout == "half":
+        assert np.allclose(ours[:, :6], formula(50, 12)[:, 0::2]) and np.allclose(ours[:, 6:], formula(50, 12)[:, 1::2])
+
+
+def test_position_checks_fail_when_the_models_positions_are_off(monkeypatch):
+    """A model whose P is 1 % off the formula (its buffer tampered with) fails both checks."""
+    model = core.load_model("toy-translate", device="cpu")
+    monkeypatch.setattr(model.net.src_embed, "pe", model.net.src_embed.pe * 1.01)
+    info = vp.model_positions(model.trace("show me the money"))
+    assert [c.ok for c in info["checks"]] == [False, False], [c.text() for c in info["checks"]]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "marian"])
+def test_position_checks_hold_on_learned_layernormed_and_half_layout_positions(tmp_path, family):
+    """Learned tables (GPT-2), BERT's LayerNorm after the sum with token types, Marian's sin | cos."""
+    if family == "marian":
+        from test_hf_seq2seq import _build
+
+        from core import hf_seq2seq
+
+        _build(family, tmp_path)
+        model = hf_seq2seq.load(tmp_path, device="cpu")
+    else:
+        from hf_builders import build, save
+
+        save(build(family, tmp_path)[0], tmp_path)
+        model = core.load_model(str(tmp_path), device="cpu")
+    info = vp.model_positions(model.trace("the bank of the river"))
+    assert len(info["checks"]) == 2 and all(c.ok for c in info["checks"]), [c.text() for c in info["checks"]]
+
+
+def test_toeplitz_check_fails_on_a_broken_formula():
+    assert vp.toeplitz_check(vp.pe_dot_matrix(vp.pe_matrix(20, 8))).ok
+    bad = vp.pe_matrix(20, 8)
+    bad[:, 1::2] = np.sin(np.arange(20)[:, None] * 0.3)  # cosines replaced: no longer a rotation
+    assert not vp.toeplitz_check(vp.pe_dot_matrix(bad)).ok
 
 
 def test_model_positions_rope_has_no_additive_p():

@@ -1,26 +1,38 @@
-"""Numerical identities checked on a trace's recorded tensors, shown beside the steps of
-the Inside page (viz/steps.py): QKᵀ = scores, softmax rows sum to 1, A V = head output,
-residual = input + sub-layer output, and the fused forward pass against the explicit one."""
+"""Checks shown beside the steps of the Inside page (viz/steps.py), each comparing two
+independently computed values with a stated tolerance:
+
+- the core's recorded tensors of one layer (q, k, v, RoPE's Q̂/K̂, scores, scaled, mask, masked,
+  weights, the attention and FFN outputs, residuals, norms) against the same layer computed
+  again in float64 numpy from its stored input and the checkpoint's own weights
+  (viz/reference.py, which shares no code with the core's forward pass);
+- A V from the recorded weights and values against the head output the fused kernel stored;
+- the layer run again on the explicit path against the output the fused pass stored;
+- each row of the recorded A sums to 1, and A is exactly 0 where the numpy mask is -∞.
+
+A trace without its model (loaded from .npz) gets the last three only; `CheckSet.note` says why."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
-from core.positional import apply_rope, rope_angles
 from viz.figures import to_numpy
+from viz.reference import NoReference, reference_layer
 from viz.step import ROWS, kv_head
-from viz.steps import layer_input_name, sublayers
+from viz.steps import sublayers
 
 _np = to_numpy
+
+# Tolerance of a float64 recomputation against the core's numbers, relative to the values'
+# scale (largest |value|, at least 1): float32 rounding through a layer stays near 1e-6.
+RTOL = {"torch.float64": 1e-9, "torch.float32": 1e-4, "torch.float16": 1e-2, "torch.bfloat16": 3e-2}
 
 
 @dataclass
 class Check:
-    """A numerical identity checked on the recorded tensors."""
+    """Two independently computed values compared: the largest |difference| against `tol`."""
 
     label: str
     error: float
@@ -31,9 +43,14 @@ class Check:
         return bool(np.isfinite(self.error) and self.error <= self.tol)
 
     def text(self) -> str:
-        mark = "✓" if self.ok else "✗"
-        return f"{mark} {self.label} (max abs error {self.error:.1e})"
+        mark = "✓" if self.ok else "✗ FAILED:"
+        return f"{mark} {self.label} (max abs error {self.error:.1e}, tolerance {self.tol:.1e})"
 
+
+class CheckSet(dict):
+    """{step key: [Check]}, with `note`: why some checks could not be made (or None)."""
+
+    note: Optional[str] = None
 
 
 def row_sum_error(weights) -> float:
@@ -54,105 +71,149 @@ def max_abs_diff(a, b) -> float:
     return float(np.abs(a[fin] - b[fin]).max()) if fin.any() else 0.0
 
 
-def softmax_rows(x) -> np.ndarray:
-    x = to_numpy(x).astype(np.float64)
-    top = np.max(np.where(np.isneginf(x), -np.inf, x), axis=-1, keepdims=True)
-    e = np.exp(x - top)
-    return e / e.sum(-1, keepdims=True)
-
-
-def _tol(ref) -> float:
+def _tol(ref, rtol: float = 1e-4) -> float:
+    """rtol x max(1, largest finite |ref|)."""
     r = to_numpy(ref).astype(np.float64)
     fin = r[np.isfinite(r)]
     scale = float(np.abs(fin).max()) if fin.size else 1.0
-    return 1e-4 * max(1.0, scale)
+    return rtol * max(1.0, scale)
 
+
+def _rtol(trace) -> float:
+    runner = getattr(trace, "runner", None)
+    net = getattr(getattr(runner, "model", None), "net", None)
+    if net is None:
+        return 1e-4
+    return RTOL.get(str(next(net.parameters()).dtype), 1e-4)
 
 
 # ------------------------------------------------------------------ checks
+NUMPY = "float64 numpy, from the stored input and the checkpoint's weights"
+
+
+def _reference(trace, stack: str, layer: int, kind: str, head: int):
+    """(the layer recomputed by viz.reference, None) or (None, why not)."""
+    try:
+        return reference_layer(trace, stack, layer, {kind: head}), None
+    except NoReference as exc:
+        return None, f"No independent recomputation for this trace: {exc}. Its values are shown without a check."
+
+
+def _inputs(trace, stack: str, layer: int, kind: str, pre: bool) -> str:
+    j = sublayers(trace, stack, layer).index(kind) + 1
+    src = "the layer's stored input" if j == 1 else f"the stream after sub-layer {j - 1}"
+    x = f"Norm{j}({src})" if pre else src
+    return x
+
+
+def layer_checks(trace, stack: str, kind: str, layer: int, head: int, notation: str = ROWS) -> CheckSet:
+    """Every check of one head's view of a layer, keyed by step key (viz.steps), computed once
+    per trace and view (kept in trace.memo)."""
+    key = ("checks", stack, kind, layer, head, notation)
+    if key not in trace.memo:
+        ref = _reference(trace, stack, layer, kind, head)  # one numpy layer for both
+        out = CheckSet(head_checks(trace, stack, kind, layer, head, notation=notation, reference=ref))
+        res = residual_checks(trace, stack, layer, kind=kind, reference=ref)
+        for k, v in res.items():
+            out.setdefault(k, []).extend(v)
+        out.note = getattr(res, "note", None)
+        trace.memo[key] = out
+    return trace.memo[key]
+
+
 def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None,
-                notation: str = ROWS) -> Dict[str, List[Check]]:
-    """Numerical identities on the recorded tensors of one head, keyed by step key:
-    QKᵀ = scores, scores/√d_k = scaled, scaled + M = masked, softmax(masked) = weights,
-    rows of A sum to 1, A is 0 where masked, A V = head, and RoPE(Q̂) = Q where used."""
+                notation: str = ROWS, reference=None) -> CheckSet:
+    """One head's checks, keyed by step key: the recorded Q̂, K̂ (RoPE), Q, K, V, QKᵀ, scaled,
+    M, masked and A against viz.reference's float64 recomputation; rows of A sum to 1; A is 0
+    where the recomputed M is -∞; A V (recorded) against the head output the fused pass stored."""
     p = f"{stack}.{layer}.{kind}"
     w = _np(trace[f"{p}.weights"][head]).astype(np.float64)
     n_heads, n_kv = trace[f"{p}.weights"].shape[0], trace[f"{p}.k"].shape[0]
     kv = kv_head(head, n_heads, n_kv)
-    q = _np(trace[f"{p}.q"][head]).astype(np.float64)
-    k = _np(trace[f"{p}.k"][kv]).astype(np.float64)
     v = _np(trace[f"{p}.v"][kv]).astype(np.float64)
-    scores = _np(trace[f"{p}.scores"][head]).astype(np.float64)
-    scaled = _np(trace[f"{p}.scaled"][head]).astype(np.float64)
-    masked = _np(trace[f"{p}.masked"][head]).astype(np.float64)
-    mask = _np(trace[f"{p}.mask"]).astype(np.float64)
     heads = _np(trace[f"{p}.heads"][head]).astype(np.float64)
-    d_k = q.shape[-1]
-    checks: Dict[str, List[Check]] = {}
-    qk = q @ k.T
-    checks["scores"] = [Check("QKᵀ recomputed from Q and K equals the recorded scores", max_abs_diff(qk, scores),
-                              _tol(scores))]
-    scale = trace.meta.get("config", {}).get("attn_scale") if config is None else getattr(config, "attn_scale", None)
-    if scale is None:
-        checks["scaled"] = [Check(f"scaled = scores / √{d_k}", max_abs_diff(scores / math.sqrt(d_k), scaled),
-                                  _tol(scaled))]
-    else:
-        checks["scaled"] = [Check(f"scaled = {scale:.4g} × scores", max_abs_diff(scores * scale, scaled), _tol(scaled))]
-    if f"{p}.position_bias" in trace:
-        bias = _np(trace[f"{p}.position_bias"][head]).astype(np.float64)
-        checks["masked"] = [Check("masked = scaled + position bias + M (same -∞ cells)",
-                                  max_abs_diff(scaled + bias + mask, masked), _tol(masked))]
-    else:
-        checks["masked"] = [Check("masked = scaled + M (same -∞ cells)", max_abs_diff(scaled + mask, masked),
-                                  _tol(masked))]
-    blocked = np.isneginf(mask)
-    checks["weights"] = [
-        Check("each row of A sums to 1" if notation == ROWS else "each column of Aᵀ sums to 1", row_sum_error(w), 1e-5),
-        Check("A = softmax(masked), recomputed", max_abs_diff(softmax_rows(masked), w), 1e-5),
-        Check("A is exactly 0 where M = -∞", float(np.abs(w[blocked]).max()) if blocked.any() else 0.0, 0.0),
+    checks = CheckSet()
+    sums = "each row of A sums to 1" if notation == ROWS else "each column of Aᵀ sums to 1"
+    checks["weights"] = [Check(sums, row_sum_error(w), 1e-5)]
+    checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {kv})'} from the recorded A and V equals "
+                             f"head {head}'s output as the forward pass's fused kernel computed it",
+                             max_abs_diff(w @ v, heads), _tol(heads))]
+    ref, why = reference or _reference(trace, stack, layer, kind, head)
+    if ref is None:
+        checks.note = why
+        return checks
+    rtol = _rtol(trace)
+    cfg = trace.runner.model.config
+    src = _inputs(trace, stack, layer, kind, cfg.norm_placement == "pre")
+    rope = f"{p}.q_pre_rope" in trace
+    maps = ref[f"{kind}.maps{head}"]
+    d_k = ref[f"{kind}.q"].shape[-1]
+    scale = f"1/√{d_k}" if cfg.attn_scale is None else f"{float(cfg.attn_scale):.4g}"
+
+    def cmp(label, mine, name, i=head):
+        recorded = trace[name][i]
+        return Check(f"{label} ({NUMPY}) equals the recorded `{name.rsplit('.', 1)[-1]}`", max_abs_diff(mine, recorded),
+                     _tol(recorded, rtol))
+
+    b = " + b" if cfg.qkv_bias else ""
+    if rope:
+        checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[f"{kind}.q_pre_rope"][head], f"{p}.q_pre_rope")]
+        checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[f"{kind}.k_pre_rope"][kv], f"{p}.k_pre_rope", kv)]
+    rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {cfg.rope_theta:g})" if rope else ""
+    checks["q"] = [cmp(f"Q = X W_q{b}{rot}, X = {src}", ref[f"{kind}.q"][head], f"{p}.q")]
+    y, of_y = ("X", "") if kind == "self_attn" else ("Y", ", Y = the stored encoder output")
+    checks["k"] = [cmp(f"K = {y} W_k{b}{rot}{of_y}", ref[f"{kind}.k"][kv], f"{p}.k", kv)]
+    checks["v"] = [cmp(f"V = {y} W_v{b}{of_y}", ref[f"{kind}.v"][kv], f"{p}.v", kv)]
+    checks["scores"] = [cmp("QKᵀ of the recomputed Q and K", maps["scores"], f"{p}.scores")]
+    checks["scaled"] = [cmp(f"{scale} × QKᵀ (the model's scale)", maps["scaled"], f"{p}.scaled")]
+    what = {"self_attn": ("look-ahead mask" if stack == "decoder" else "padding mask (none without padding)")
+            + (f" with a {cfg.sliding_window}-token sliding window" if stack == "decoder" and cfg.sliding_window else ""),
+            "cross_attn": "padding mask of the source (none without padding)"}[kind]
+    m = ref[f"{kind}.mask"]
+    checks["mask"] = [Check(f"M built in numpy as the {what} equals the recorded `mask` (same -∞ cells)",
+                            max_abs_diff(m, trace[f"{p}.mask"]), 0.0)]
+    bias = " + T5's position bias (read from the trace)" if f"{p}.position_bias" in trace else ""
+    checks["masked"] = [cmp(f"scaled + M{bias}", maps["masked"], f"{p}.masked")]
+    blocked = np.isneginf(m)
+    checks["weights"] += [
+        cmp("A = softmax(masked)", maps["weights"], f"{p}.weights"),
+        Check("A is exactly 0 where the numpy mask M is -∞", float(np.abs(w[blocked]).max()) if blocked.any() else 0.0,
+              0.0),
     ]
-    checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {kv})'} equals head {head}'s output as the "
-                             "forward pass's fused kernel computed it", max_abs_diff(w @ v, heads), _tol(heads))]
-    if f"{p}.q_pre_rope" in trace:
-        import torch
-
-        cfg = config
-        if cfg is None:
-            from core.config import ModelConfig
-
-            cfg = ModelConfig.from_dict(trace.meta["config"])
-        qh = trace[f"{p}.q_pre_rope"][head].double()
-        kh = trace[f"{p}.k_pre_rope"][kv].double()
-        ang = rope_angles(qh.shape[0], d_k, cfg.rope_theta).to(torch.float64)
-        angk = rope_angles(kh.shape[0], d_k, cfg.rope_theta).to(torch.float64)
-        q_rot = apply_rope(qh, ang, cfg.rope_layout)
-        k_rot = apply_rope(kh, angk, cfg.rope_layout)
-        checks["q"] = [Check("rotating Q̂ by φ gives the recorded Q", max_abs_diff(q_rot, q), _tol(q))]
-        checks["k"] = [Check("rotating K̂ by φ gives the recorded K", max_abs_diff(k_rot, k), _tol(k))]
     return checks
 
 
-def residual_checks(trace, stack: str, layer: int, config=None) -> Dict[str, List[Check]]:
-    """residual_j = (stream before sub-layer j) + (sub-layer j's output), for each sub-layer;
-    and, where the trace stored the layer's output from its fused forward pass and computes
-    the rest by running the layer again explicitly (core/trace.py), that the two agree."""
-    cfg = config
-    if cfg is None:
-        from core.config import ModelConfig
-
-        cfg = ModelConfig.from_dict(trace.meta["config"])
-    pre = cfg.norm_placement == "pre"
+def residual_checks(trace, stack: str, layer: int, config=None, kind: str = "self_attn", reference=None) -> CheckSet:
+    """The layer's other recorded names against viz.reference's float64 recomputation, keyed by
+    step key: each attention's Concat(heads) W_o, the FFN, every residual and norm, the output;
+    and, where the trace stored the layer's output from its fused forward pass and computes the
+    rest by running the layer again explicitly (core/trace.py), that the two agree."""
     p = f"{stack}.{layer}"
-    x_name = layer_input_name(trace, stack, layer)
-    out: Dict[str, List[Check]] = {}
-    for j, sub in enumerate(sublayers(trace, stack, layer), start=1):
-        f_name = f"{p}.{sub}.out"
-        r_name = f"{p}.residual{j}"
-        if x_name in trace and f_name in trace and r_name in trace:
-            x, f, r = (_np(trace[n]).astype(np.float64) for n in (x_name, f_name, r_name))
-            out[f"residual{j}"] = [Check("input + sub-layer output equals the recorded residual",
-                                         max_abs_diff(x + f, r), _tol(r))]
-        x_name = r_name if pre else f"{p}.norm{j}"
+    out = CheckSet()
+    ref, why = reference or _reference(trace, stack, layer, kind, 0)
+    if ref is None:
+        out.note = why
+    else:
+        rtol = _rtol(trace)
+
+        def cmp(label, key, name):
+            recorded = trace[f"{p}.{name}"]
+            out.setdefault(key, []).append(Check(f"{label} ({NUMPY}) equals the recorded `{name}`",
+                                                 max_abs_diff(ref[name], recorded), _tol(recorded, rtol)))
+
+        for j, sub in enumerate(sublayers(trace, stack, layer), start=1):
+            if sub == "ffn":
+                cmp("the FFN's hidden layer", "ffn-hidden", "ffn.hidden")
+                cmp("the FFN's output", "ffn-out", "ffn.out")
+            else:
+                cmp(f"Concat(heads) Wᴼ of the {sub.replace('_attn', '-attention')}",
+                    "attn-out" if sub == kind else f"{sub}-out", f"{sub}.out")
+            cmp(f"residual {j} (input + sub-layer output)", f"residual{j}", f"residual{j}")
+            cmp(f"norm {j}", f"norm{j}", f"norm{j}")
+        if trace.is_stored(f"{p}.out"):
+            out.setdefault("out", []).append(Check(
+                f"the layer's output ({NUMPY}) equals the output the fused forward pass stored",
+                max_abs_diff(ref["out"], trace[f"{p}.out"]), _tol(trace[f"{p}.out"], rtol)))
     stored = f"{p}.out"
     if trace.is_stored(stored) and not trace.is_stored(f"{p}.norm1"):
         try:
@@ -160,8 +221,17 @@ def residual_checks(trace, stack: str, layer: int, config=None) -> Dict[str, Lis
         except KeyError:  # a trace without its model: nothing to re-run
             rerun = None
         if rerun is not None:
-            out["out"] = [Check(f"layer {layer} run again with the explicit formula gives the output the fused forward "
-                                "pass stored (the next layer's input)", max_abs_diff(rerun, trace[stored]),
-                                _tol(trace[stored]))]
+            out.setdefault("out", []).append(Check(
+                f"layer {layer} run again with the explicit formula gives the output the fused forward pass stored "
+                "(the next layer's input)", max_abs_diff(rerun, trace[stored]), _tol(trace[stored])))
     return out
 
+
+def scaled_check(trace, stack: str, layer: int, head: int, shown) -> Check:
+    """`shown` (a head's scaled scores as a page computed them from the recorded Q and K) against
+    viz.reference's float64 recomputation of the same head from the layer's stored input and the
+    checkpoint's weights. Raises NoReference where the trace has no model."""
+    ref = reference_layer(trace, stack, layer, {"self_attn": head})
+    mine = ref[f"self_attn.maps{head}"]["scaled"]
+    return Check(f"the learned scores shown equal Q Kᵀ × scale recomputed in {NUMPY}", max_abs_diff(shown, mine),
+                 _tol(mine, _rtol(trace)))

@@ -16,9 +16,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 
 import core
+from viz.checks import Check, _tol, max_abs_diff
 from viz.figures import DIVERGING, matrix_heatmap, to_numpy
 from viz.reduce import tick_indices
 
@@ -41,9 +41,25 @@ NOTES_PE_1_0 = 0.02
 
 
 # ------------------------------------------------------------------ the matrix
-def pe_matrix(n: int, d: int, layout: str = "interleaved") -> np.ndarray:
-    """P (n x d) in float64, from core.sinusoidal_encoding (layout "half": Marian's sin | cos)."""
-    return core.sinusoidal_encoding(n, d, dtype=torch.float64, layout=layout).numpy()
+def pe_matrix(n: int, d: int, layout: str = "interleaved", base: float = 10000.0) -> np.ndarray:
+    """P (n x d) in float64 numpy, written out from the formula (Vaswani et al. 2017, radians):
+    PE[i, 2j] = sin(i / base^(2j/d)), PE[i, 2j+1] = cos(i / base^(2j/d)); layout "half" puts the
+    sines in the first d/2 features and the cosines in the rest (Marian's layout). Written here
+    again, not taken from core.sinusoidal_encoding, so the page's check of the model's P holds
+    two independent computations against each other."""
+    i = np.arange(n, dtype=np.float64)[:, None]
+    angle = i / base ** (np.arange(0, d, 2, dtype=np.float64)[None, :] / d)  # n x ceil(d/2)
+    pe = np.zeros((n, d))
+    if layout == "half":
+        h = d // 2
+        pe[:, :h] = np.sin(angle[:, :h])
+        pe[:, h:2 * h] = np.cos(angle[:, :h])
+    elif layout == "interleaved":
+        pe[:, 0::2] = np.sin(angle)
+        pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    else:
+        raise ValueError(f"unknown sinusoid layout {layout!r}")
+    return pe
 
 
 def pe_degrees(n: int, d: int, base: float = 10000.0) -> np.ndarray:
@@ -240,14 +256,61 @@ def model_positions(trace) -> dict:
         "sinusoid_layout": cfg.get("sinusoid_layout", "interleaved"),
         "d": X.shape[1],
     }
-    if P is not None:
-        extra = trace[f"embed.{stack}.types"].double().numpy() if info["types"] else 0.0
-        # X = X' + P (Transformers handout eq. 6); models with a LayerNorm after the sum (BERT) differ by it
-        info["sum_residual"] = float(np.abs(X - (tok + P + extra)).max())
-        if info["scheme"] == "sinusoidal":
-            layout = info["sinusoid_layout"]
-            info["formula_residual"] = float(np.abs(P - pe_matrix(P.shape[0], P.shape[1], layout)).max())
+    info["checks"] = position_checks(trace, info) if P is not None else []
     return info
+
+
+def _embedding(trace, stack: str):
+    """The model's embedding module for `stack` (core.layers.Embedding), or None without a model."""
+    net = getattr(getattr(trace.runner, "model", None), "net", None)
+    return getattr(net, "src_embed" if stack == "encoder" else "tgt_embed", None)
+
+
+def _model_position_table(trace, info: dict) -> Optional[np.ndarray]:
+    """The model's own P for these positions, read from its checkpoint: the formula in numpy for
+    sinusoidal positions, the rows of the learned table (from the configured offset) otherwise.
+    None for a trace without its model (loaded from .npz) when the positions are learned."""
+    n, d = info["P"].shape
+    if info["scheme"] == "sinusoidal":
+        return pe_matrix(n, d, info["sinusoid_layout"])
+    emb = _embedding(trace, info["stack"])
+    if emb is None or getattr(emb, "pos", None) is None:
+        return None
+    offset = int(trace.meta.get("config", {}).get("position_offset", 0))
+    return emb.pos.weight.detach().double().cpu().numpy()[offset: offset + n]
+
+
+def position_checks(trace, info: dict) -> list:
+    """The model's positions checked against a second computation (viz.checks.Check each):
+    its recorded P against the formula in numpy (sinusoidal) or its checkpoint's table; and its
+    recorded layer-0 input X against X' + that P (+ token types), then the embedding LayerNorm
+    in numpy where the model has one (BERT). Tolerance 1e-4 x max(1, |value|), as the Inside page's."""
+    stack, P, X = info["stack"], info["P"], info["X"]
+    own = _model_position_table(trace, info)
+    if own is None:
+        return []
+    what = ("the sinusoid formula, computed again in float64 numpy" if info["scheme"] == "sinusoidal"
+            else "the rows of the checkpoint's position table")
+    checks = [Check(f"the recorded P equals {what}", max_abs_diff(P, own), _tol(own))]
+    x = info["tokens_emb"] + own + (trace[f"embed.{stack}.types"].double().numpy() if info["types"] else 0.0)
+    label = "the recorded layer-0 input X equals X′ + P"
+    if info["embed_norm"]:
+        emb = _embedding(trace, stack)
+        if emb is None or emb.norm is None:
+            return checks
+        g, b = (t.detach().double().cpu().numpy() for t in (emb.norm.weight, emb.norm.bias))
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        x = (x - mu) / np.sqrt(var + emb.norm.eps) * g + b
+        label = "the recorded layer-0 input X equals LayerNorm(X′ + P + token types), in numpy"
+    checks.append(Check(label, max_abs_diff(X, x), _tol(X)))
+    return checks
+
+
+def toeplitz_check(G: np.ndarray):
+    """Section 3's claim as a check: every diagonal of PE·PEᵀ is constant (tolerance 1e-9 x its
+    largest entry, float64)."""
+    return Check("PE_i · PE_k is the same along every diagonal (neighbouring diagonal entries compared)",
+                 toeplitz_deviation(G), 1e-9 * max(1.0, float(np.abs(G).max())))
 
 
 def rope_angle_matrix(n: int, d_k: int, theta: float) -> np.ndarray:

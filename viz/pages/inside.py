@@ -9,7 +9,7 @@ checks from viz.checks, figures from viz.step_figures.
 
 import streamlit as st
 
-from viz.checks import head_checks, residual_checks
+from viz.checks import layer_checks
 from viz.notes import cite_text
 from viz.pages import charts, dl, models, training_panel, url_state, vocab, widgets
 from viz.select import axis_tokens
@@ -75,8 +75,7 @@ state.publish(model=model_name, text=text, target=target or None, attn=attn, lay
 cfg = model.config
 try:
     steps = layer_steps(trace, stack, kind, layer, head, cfg)
-    checks = head_checks(trace, stack, kind, layer, head, cfg, notation)
-    checks.update(residual_checks(trace, stack, layer, cfg))
+    checks = layer_checks(trace, stack, kind, layer, head, notation)
 except (KeyError, IndexError, ValueError) as exc:  # a trace without the names this page reads
     st.error(f"This trace lacks a tensor the step-by-step view needs ({exc}). Try another attention or model.")
     st.stop()
@@ -114,6 +113,18 @@ elif any(drawn.values()):
     st.caption("Wide matrices show their first features only (each step says so); the checks and downloads use "
                "the full tensors.")
 
+failed = [c for cs in checks.values() for c in cs if not c.ok]
+if failed:
+    st.error(f"{len(failed)} check{'s' if len(failed) > 1 else ''} failed on this view: the model's recorded tensors "
+             "differ from the independent recomputation. The failing steps below are marked ✗.")
+st.caption("Checks: each ✓ compares the core's recorded tensor with the same quantity computed again in float64 "
+           "numpy from the layer's stored input and the checkpoint's own weights (viz/reference.py; T5's position "
+           "bias read from the trace), A V with the fused kernel's head output, or the explicit re-run with the "
+           "fused pass, within 10⁻⁴ × max(1, largest |value|) for float32 weights (the mask and A's zeros exactly, "
+           "row sums to 10⁻⁵); each line gives its error and tolerance, and a failure is shown as a red error box.")
+if checks.note:
+    st.info(checks.note)
+
 # ------------------------------------------------------------------ the steps
 q_toks, k_toks = axis_tokens(trace, stack, kind)
 
@@ -128,9 +139,7 @@ def show_step(i: int, step: Step) -> None:
         if step.matrix is not None:
             st.caption(f"shape ${step.shape_latex(notation)}$" + (f" · trace name `{step.name}`" if step.name else "")
                        + (f" · drawn: {drawn[step.key]}" if drawn.get(step.key) else ""))
-        for chk in checks.get(step.key, []):
-            colour = "green" if chk.ok else "red"
-            st.caption(f":{colour}[{cite_text(chk.text())}]")
+        widgets.show_checks(checks.get(step.key, []))
     with right:
         if step.matrix is None:
             st.info("Nothing to draw at this step for this model.")

@@ -13,9 +13,11 @@ import pandas as pd
 import streamlit as st
 
 from viz import playground as vg
+from viz.checks import scaled_check
 from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
 from viz.pages import charts, url_state
 from viz.pages.playground_controls import CHOICES
+from viz.reference import NoReference
 
 
 def _need_trace(trace) -> bool:
@@ -154,7 +156,6 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
         toks = trace.tokens("source" if sym_stack == "encoder" else "target")
         q, k, mask = vg.head_qk(trace, sym_stack, layer, head)
         sv = vg.symmetric_vs_learned(q, k, mask)
-        recorded = trace[f"{sym_stack}.{layer}.self_attn.scaled"][head].double().numpy()
         lim = float(max(np.abs(sv["sym_scores"]).max(), np.abs(sv["learned_scores"]).max(), 1e-6))
         panels = [("sym", "symmetric", "Q Qᵀ / √d_k (symmetric: W_k := W_q)", "{:.2e}"),
                   ("learned", "learned", "Q Kᵀ / √d_k (learned W_k)", "{:.2f}")]
@@ -173,13 +174,20 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
             "so a verb can look at its subject without the subject having to look back at the verb. The softmax "
             "rows of the symmetric map are not a symmetric matrix themselves — each row is normalised by its own "
             "sum — but w_ij·Z_i = w_ji·Z_j: the pull between two tokens is mutual. Its diagonal q_i·q_i = |q_i|² "
-            "also tends to win, as in the parameter-free version (tab 2). "
-            f"Learned scores agree with the trace's recorded `scaled` to "
-            f"{np.abs(sv['learned_scores'] - recorded).max():.1e}."
+            "also tends to win, as in the parameter-free version (tab 2)."
             + (" The masked (causal) cells are left out of both softmaxes."
                if mask is not None and np.isneginf(mask).any() else "")
             + (" This model uses RoPE: q and k are taken after the rotation, and q_i·q_j is still symmetric."
                if rope else ""))
+        try:
+            chk = scaled_check(trace, sym_stack, layer, head, sv["learned_scores"])
+        except NoReference as exc:
+            st.caption(f"The learned scores are not checked here: {exc}.")
+        else:
+            if chk.ok:
+                st.success(chk.text())
+            else:
+                st.error(chk.text() + " The learned map above does not match the model's weights.")
 
 
 # ================================================================== 4. scaling

@@ -64,7 +64,6 @@ else:
 # ------------------------------------------------------------------ 3. relative positions
 st.subheader("3 · PE_i · PE_j depends only on the distance i − j")
 G = vp.pe_dot_matrix(P)
-dev = vp.toeplitz_deviation(G)
 g_idx = vp.stride_indices(n)
 c = st.columns(2)
 with c[0]:
@@ -75,10 +74,11 @@ with c[1]:
     charts.chart(vp.offset_figure(vp.dot_by_offset(P, anchors), d,
                                   title="PE_i · PE_{i+δ} against δ, from three starting positions i"),
                  key="positions-offset", width="stretch")
-st.caption(f"Each pair (2j, 2j+1) contributes sin(iω)sin(kω) + cos(iω)cos(kω) = cos((i−k)ω), so "
-           f"PE_i · PE_k = Σ_j cos((i−k)ω_j): the same along every diagonal of the matrix (largest difference "
-           f"between neighbouring diagonal entries here: {dev:.1e}), and the curves from different i lie on top "
-           "of each other. This is the notes' linear map M: PE_{i+δ} is a rotation of PE_i that depends only on δ.")
+st.caption("Each pair (2j, 2j+1) contributes sin(iω)sin(kω) + cos(iω)cos(kω) = cos((i−k)ω), so "
+           "PE_i · PE_k = Σ_j cos((i−k)ω_j): the same along every diagonal of the matrix, and the curves from "
+           "different i lie on top of each other. This is the notes' linear map M: PE_{i+δ} is a rotation of PE_i "
+           "that depends only on δ.")
+widgets.show_checks([vp.toeplitz_check(G)])
 
 # ------------------------------------------------------------------ 4. Show me the money
 st.subheader("4 · “Show me the money” with d = 4, recomputed")
@@ -172,18 +172,19 @@ if trace is not None:
         if info["embed_scale"]:
             notes.append(f"This model multiplies its token embeddings by √d = {info['d'] ** 0.5:.2f} before adding P "
                          "(Vaswani et al.), so the positions are a small perturbation of the words.")
-        if "formula_residual" in info:
-            if info["sinusoid_layout"] == "half":
-                notes.append("Its P holds the formula's sines in the first half of the dimensions and the cosines in "
-                             "the second half (Marian's layout) instead of interleaving them: the same numbers, "
-                             f"columns reordered (largest difference {info['formula_residual']:.1e}).")
-            else:
-                notes.append(f"Its P equals the formula above (largest difference {info['formula_residual']:.1e}).")
+        if scheme == "sinusoidal" and info["sinusoid_layout"] == "half":
+            notes.append("Its P holds the formula's sines in the first half of the dimensions and the cosines in "
+                         "the second half (Marian's layout) instead of interleaving them: the same numbers, "
+                         "columns reordered.")
         if info["embed_norm"] or info["types"]:
             notes.append("X here is LayerNorm(X′ + P + token-type embedding), as in BERT, so X ≠ X′ + P exactly.")
+        if notes:
+            st.caption(" ".join(notes))
+        if info["checks"]:
+            widgets.show_checks(info["checks"])
         else:
-            notes.append(f"X = X′ + P holds to {info['sum_residual']:.1e}.")
-        st.caption(" ".join(notes))
+            st.info("This trace has no model to read the position table from (loaded from a file), so its P and X "
+                    "are shown without a check.")
         if scheme == "learned":
             Gm = vp.pe_dot_matrix(info["P"])
             charts.chart(matrix_heatmap(Gm, labels, labels, title="learned positions: P_i · P_j",

@@ -13,6 +13,7 @@ from typing import Dict
 import streamlit as st
 
 import core
+from viz.notes import cite_text
 from viz.pages.models import get_model, model_kind, model_label, model_names
 from viz.pages.url_state import PageState, int_from_url
 from viz.select import attention_views
@@ -116,3 +117,13 @@ def token_chips(tokens, special=None, title: str = "") -> None:
     shown = tokens[:400]
     st.markdown(" ".join(f"`{_md_code(t)}`" for t in shown) + (" …" if len(tokens) > 400 else ""))
 
+
+
+def show_checks(checks) -> None:
+    """Checks (viz.checks.Check) as the pages show them: a green caption within the tolerance,
+    an st.error past it, each with its error and tolerance."""
+    for chk in checks:
+        if chk.ok:
+            st.caption(f":green[{cite_text(chk.text())}]")
+        else:
+            st.error(cite_text(chk.text()))

@@ -1,0 +1,123 @@
+"""The Inside page's checks (viz.checks) against viz.reference, the float64 numpy layer, on every
+family the loaders support: on the model as it is every check holds; with the core computing one
+projection wrong (a forward hook scales W_k's output by 1.02, the checkpoint's weight left as
+it is) the checks of K and everything after it fail, while the numpy side, which reads the
+weight itself, does not move."""
+
+import pytest
+import torch
+
+import core
+from hf_builders import build
+from viz.checks import layer_checks
+
+pytest.importorskip("transformers")
+
+TEXT = "the small dog sees the old cat near the river bank"
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+HF = {
+    "bert": ("bert", {}),
+    "roberta": ("roberta", {}),
+    "distilbert": ("distilbert", {}),
+    "gpt2": ("gpt2", {}),
+    "llama-gqa-llama3": ("llama", {"rope_parameters": LLAMA3}),
+    "mistral-window4": ("mistral", {"sliding_window": 4}),
+    "qwen2": ("qwen2", {}),
+}
+SEQ2SEQ = ("marian", "bart", "t5")
+
+
+def _views(trace):
+    return [(s, k) for s in trace.stacks() for k in trace.attention_kinds(s)]
+
+
+def _all(trace, head=1):
+    out = {}
+    for stack, kind in _views(trace):
+        for layer in range(trace.layers(stack)):
+            out[(stack, kind, layer)] = layer_checks(trace, stack, kind, layer, head)
+    return out
+
+
+def _failing(checks):
+    return [(k, c.text()) for k, cs in checks.items() for c in cs if not c.ok]
+
+
+def _assert_hold_then_catch(model, target=None):
+    trace = model.trace(TEXT, target=target) if target else model.trace(TEXT)
+    for where, checks in _all(trace).items():
+        assert checks.note is None, checks.note
+        assert not _failing(checks), (where, _failing(checks))
+        assert {"q", "k", "v", "scores", "scaled", "mask", "masked", "weights", "out"} <= set(checks), where
+    stack = trace.stacks()[0]
+    w_k = model.net.layers(stack)[0].self_attn.w_k
+    handle = w_k.register_forward_hook(lambda mod, inp, out: out * 1.02)  # the core's K is 2 % off
+    try:
+        bad = model.trace(TEXT, target=target) if target else model.trace(TEXT)
+        checks = layer_checks(bad, stack, "self_attn", 0, 1)
+    finally:
+        handle.remove()
+    failed = {k for k, cs in checks.items() for c in cs if not c.ok}
+    assert {"k", "scores", "scaled", "masked"} <= failed, _failing(checks)
+    assert "q" not in failed and "v" not in failed  # the fault is where it is, not everywhere
+    assert any("✗ FAILED" in c.text() for c in checks["k"])
+
+
+@pytest.mark.parametrize("case", list(HF))
+def test_hf_families(tmp_path, case):
+    family, over = HF[case]
+    hf, folder = build(family, tmp_path / case, **over)
+    hf.save_pretrained(str(folder))
+    model = core.load_model(str(folder), device="cpu")
+    if family == "mistral":
+        assert model.config.sliding_window == 4
+    _assert_hold_then_catch(model)
+
+
+@pytest.mark.parametrize("family", SEQ2SEQ)
+def test_seq2seq_families(tmp_path, family):
+    pytest.importorskip("sentencepiece")
+    from test_hf_seq2seq import _build
+
+    from core import hf_seq2seq
+
+    _build(family, tmp_path)
+    model = hf_seq2seq.load(tmp_path, device="cpu")
+    _assert_hold_then_catch(model, target="the dog sees the cat")
+
+
+def test_toy_translate(toy):
+    _assert_hold_then_catch(toy)
+
+
+def test_padding_and_ablation_are_in_the_reference():
+    """A padded encoder input (padding columns of M) and a switched-off head (its slice of
+    Concat(heads) zeroed before W_o) are rebuilt on the numpy side too."""
+    cfg = core.ModelConfig(kind="encoder", n_layers=2, d_model=32, n_heads=4, d_ff=64, max_len=64)
+    m = core.load_model("random", device="cpu", config=cfg, seed=1)
+    tr = m.trace("the small dog sees the cat", pad_to=9, ablate=[("encoder", 0, 2)], ablation="mean")
+    checks = layer_checks(tr, "encoder", "self_attn", 0, 2)
+    assert not _failing(checks), _failing(checks)
+    assert "padding" in checks["mask"][0].label
+
+
+@pytest.mark.slow
+def test_smollm2(smollm2):
+    """RoPE (interleaved, from GGUF), grouped-query attention, pre-norm RMSNorm, SwiGLU."""
+    trace = smollm2.trace(TEXT)
+    for layer in (0, trace.layers("decoder") - 1):
+        checks = layer_checks(trace, "decoder", "self_attn", layer, 4)
+        assert not _failing(checks), _failing(checks)
+        assert {"qhat", "khat"} <= set(checks)
+
+
+def test_trace_from_a_file_shows_values_without_ticks(toy, tmp_path):
+    path = tmp_path / "t.npz"
+    toy.trace(TEXT).save(path)
+    loaded = core.Trace.load(path)
+    checks = layer_checks(loaded, "encoder", "self_attn", 1, 0)
+    assert "no model to recompute from" in checks.note
+    assert "q" not in checks and "scores" not in checks  # no tick without an independent side
+    assert all(c.ok for cs in checks.values() for c in cs)
+    assert torch.is_tensor(loaded["encoder.1.self_attn.q"])
