@@ -1,4 +1,4 @@
-"""The floor under the decoder step's figure (bench/browser_bench.py, scenario "floor").
+"""The floor under the decoder step's figure (bench/browser/floor.py, scenario "floor" of bench.browser_bench).
 
 A Streamlit fragment with a Next button, a line that names the step and FLOOR_CHARTS plain
 plotly heatmaps with their values written in the cells (the decoder step's kind of chart),
