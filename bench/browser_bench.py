@@ -57,6 +57,7 @@ from pathlib import Path
 from bench.app_server import CHROMIUM, launch
 from bench.browser.corpus import corpus_rows
 from bench.browser.decoder import SLIDER_STEP_AT_JS, scenario_decoder, scenario_decoder_browser, scenario_decoder_long  # noqa: F401
+from bench.browser.firstload import FIRST_LOAD_PAGES, first_load_rows
 from bench.browser.explore import scenario_head, scenario_long, scenario_model_view, scenario_sentence
 from bench.browser.floor import FLOOR_CHARTS, scenario_floor
 from bench.browser.page import (HELPERS_JS, INIT_JS, _note, _slider_note, _where, collect, expected_ticks,
@@ -64,11 +65,12 @@ from bench.browser.page import (HELPERS_JS, INIT_JS, _note, _slider_note, _where
 from bench.common import ROOT, Result, median, text_of
 
 
-SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_browser", "floor", "decoder_long", "toy", "long", "corpus")
+SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_browser", "floor", "decoder_long", "toy", "long", "corpus",
+             "first_load")
 
 
 def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None,
-        only=None) -> dict:
+        only=None, pages=None) -> dict:
     """Every scenario, or those named in `only` (SCENARIOS), on one warm server and browser."""
     import core
 
@@ -240,6 +242,10 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                                                "to the head change (the page cannot react to input during one)"))
                     details["long"] = lg
 
+            if want("first_load"):
+                first_load_rows(page, server, max(1, reps // 3), warm, results, details, attempt,
+                                pages=[p for p in FIRST_LOAD_PAGES if not pages or p in pages])
+
             if want("corpus"):
                 corpus_rows(minilm, reps, warm, page, server, results, details, attempt)
             details["server_rss_mib_end"] = server.rss_mib()
@@ -259,11 +265,13 @@ def main(argv=None) -> None:
     ap.add_argument("--app-root", default=None, help="serve the app.py of another checkout (e.g. with a change wired in)")
     ap.add_argument("--only", action="append", choices=SCENARIOS, metavar="SCENARIO",
                     help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
+    ap.add_argument("--page", action="append", choices=FIRST_LOAD_PAGES, dest="pages",
+                    help="first_load: open only this page (repeatable)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     reps, long_reps = (3, 1) if args.quick else (args.reps, args.long_reps)
     res = run(reps, long_reps, keep_freed=not args.no_keep_freed_memory, quick=args.quick, app_root=args.app_root,
-              only=args.only)
+              only=args.only, pages=args.pages)
     if args.json:
         print(json.dumps(res, default=str))
         return

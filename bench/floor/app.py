@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-N_CHARTS = int(os.environ.get("FLOOR_CHARTS", "5"))
+N_CHARTS = int(st.query_params.get("charts", os.environ.get("FLOOR_CHARTS", "5")))  # ?charts=N: first loads
 SIDES = range(2, 9)
 
 
