@@ -2,6 +2,7 @@
 
     python -m bench.browser_bench [--reps 10] [--long-reps 5] [--no-keep-freed-memory] [--json]
                                   [--only SCENARIO ...]   # e.g. --only corpus
+                                  [--page PAGE ...]       # first_load: e.g. --page inside
 
 Each figure is the median over repetitions, measured in the page from the user's action
 (the keydown of Enter, the pointerdown of a click, as the page's own event timestamps) to
@@ -40,6 +41,13 @@ maps, one more decoder row...). The page is polled every animation frame.
    the longest main-thread task, and CPU seconds per redraw of the server, Chromium's
    renderer and its GPU process (WebGL runs in software under --disable-gpu), which load on
    the shared machine does not stretch as it does wall time.
+7. first load (bench/browser/firstload.py): each page (/, explore, inside, positions, decoder,
+   compare, heads, corpus, playground, notes) opened afresh -> usable (Streamlit's run ended,
+   nothing stale or a grey skeleton, the first chart drawn), timed from the navigation's start;
+   beside it bench/floor opened with as many plain heatmaps as the page mounted. The row is the
+   ratio page / floor (target 2x), which load on the shared machine cancels out of; the note
+   has both times, every chart drawn, the script's end and the longest main-thread task.
+   Repetitions: a third of --reps (at least one).
 
 The scenarios live in bench/browser/ (one module per page, shared helpers in page.py); this
 module runs them and prints the rows.
