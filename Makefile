@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both set everything up first.
-.PHONY: run test setup bench train eval
+.PHONY: run test setup bench train eval screenshots
 
 # make run MODELS=/path/to/models[:/other/folder]: every checkpoint folder or .gguf file one level
 # inside those folders joins the model picker ($ATTENTION_LAB_MODELS).
@@ -8,6 +8,13 @@ run:
 
 test:
 	bash scripts/test.sh
+
+# The README's screenshots: the browser tests that take them, writing into docs/screenshots/
+# (a plain `make test` writes them under test-artifacts/ and leaves docs/ as it was).
+screenshots: setup
+	ATTENTION_LAB_SCREENSHOTS="$(CURDIR)/docs/screenshots" .venv/bin/python -m pytest -q tests/test_browser.py \
+		tests/test_browser_corpus.py tests/test_browser_heads.py tests/test_browser_long.py \
+		tests/test_browser_newcomer.py tests/test_browser_training.py
 
 setup:
 	bash scripts/setup.sh --test

@@ -6,7 +6,8 @@
     python -m bench.load_bench            # a 0.5 B Llama-shaped bfloat16 checkpoint from disk
     python -m bench.flow_bench            # attention flow for 30 tokens x 6 layers
     python -m bench.corpus_bench          # the corpus job and the joint projection
-    python -m bench.browser_bench         # the app in Chromium: sentence, model view, head, decoder step, 512 tokens
+    python -m bench.browser_bench         # the app in Chromium: sentence, model view, head, decoder step, 512 tokens,
+                                          # corpus, each page's first load (scenarios in bench/browser/)
 
 bench_smollm2.py is a stand-alone script for smollm2's load and trace times.
 """

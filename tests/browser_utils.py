@@ -19,7 +19,12 @@ from bench.app_server import (CHROMIUM, CHROMIUM_ARGS, AppServer, free_port, lau
                                wait_idle_once)
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Screenshots go to test-artifacts/screenshots/ (ignored by git), so a test run leaves the
+# checkout as it was; `make screenshots` points ATTENTION_LAB_SCREENSHOTS at docs/screenshots/
+# to refresh the README's pictures.
+README_SCREENSHOTS = ROOT / "docs" / "screenshots"
+SCREENSHOTS = Path(os.environ.get("ATTENTION_LAB_SCREENSHOTS") or ROOT / "test-artifacts" / "screenshots").resolve()
+SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
 
 SKIP_VAR = "ATTENTION_LAB_SKIP_BROWSER"

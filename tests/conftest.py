@@ -6,6 +6,7 @@ sets DEVICE (e.g. DEVICE = "cpu"); a model whose weight package is not installed
 
 import base64
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,39 @@ def minilm(request):
 @pytest.fixture(scope="module")
 def smollm2(request):
     return _load(request, "smollm2")
+
+
+# ------------------------------------------------------------------ the checkout stays as it was
+DOCS = ROOT / "docs"
+_DOCS_AT_START = {}
+
+
+def _docs_files() -> dict:
+    """Every file under docs/ with its modification time and size."""
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in DOCS.rglob("*") if p.is_file()}
+
+
+def pytest_sessionstart(session):
+    _DOCS_AT_START.update(_docs_files())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests write their screenshots under test-artifacts/ (browser_utils.SCREENSHOTS): a run that
+    wrote into docs/ fails, unless it was asked to (`make screenshots` sets
+    ATTENTION_LAB_SCREENSHOTS to docs/screenshots)."""
+    target = os.environ.get("ATTENTION_LAB_SCREENSHOTS")
+    if target and Path(target).resolve().is_relative_to(DOCS.resolve()):
+        return
+    now = _docs_files()
+    changed = sorted(str(p.relative_to(ROOT)) for p in now if _DOCS_AT_START.get(p) != now[p])
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = (f"the tests wrote {len(changed)} file(s) under docs/ ({', '.join(changed[:5])}"
+               f"{', ...' if len(changed) > 5 else ''}): screenshots belong in test-artifacts/; "
+               "`make screenshots` refreshes the README's")
+        if reporter:
+            reporter.write_line("ERROR: " + msg, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # ------------------------------------------------------------------ browser tests

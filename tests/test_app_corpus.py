@@ -52,7 +52,11 @@ def test_default_draws_the_bundled_corpus(app_test, toy):
         sign = np.sign(drawn[:, axis] @ ref[:, axis])
         np.testing.assert_allclose(drawn[:, axis], sign * ref[:, axis], atol=1e-4)
     assert "<b>[" in qs["hovertext"][0]
-    # small multiples: every head of the layer
+    # small multiples: every head of the layer, computed and drawn only once their expander is open
+    assert not any("corpus-heads" in c.proto.id for c in at.get("plotly_chart"))
+    at.session_state["corpus.heads.open"] = True
+    at.run()
+    assert_no_exception(at)
     heads = figure(chart_by_key(at, "corpus-heads"))
     assert len(heads["data"]) == 2 * toy.config.n_heads
 

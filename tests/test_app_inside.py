@@ -11,6 +11,22 @@ TEXT = "the small dog sees the cat"
 WEIGHTS = "inside-weights-fig"
 
 
+OPEN_FIRST = (1, 3)  # the groups open on a first visit: the input, and scores -> weights
+
+
+@pytest.fixture
+def app_test(app_test):
+    """The page with every group of steps open (they start closed but for OPEN_FIRST and draw
+    only while open): these tests read every step."""
+    def make(page: str = "", **params):
+        at = app_test(page, **params)
+        for gi in range(1, 10):
+            at.session_state[f"inside.group-{gi}.open"] = True
+        return at
+
+    return make
+
+
 def _warnings(at):
     return [w.value for w in at.warning]
 
@@ -171,3 +187,56 @@ def test_pretrained_models_render(app_test, model):
         assert np.all(z[0, 1:] == 0) and z[0, 0] == pytest.approx(1.0)  # causal: the first token sees only itself
     else:
         assert "inside-p-fig" in ids and "inside-t-fig" in ids  # learned positions, token types (BERT)
+
+
+def test_first_visit_draws_the_input_and_the_weights_groups_only():
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import APP
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.switch_page("viz/pages/inside.py")
+    at.query_params["text"] = TEXT
+    at.run()
+    assert_no_exception(at)
+    ids = " ".join(c.proto.id for c in at.get("plotly_chart"))
+    for key in ("inside-x-fig", "inside-scores-fig", WEIGHTS):
+        assert key in ids, key
+    for key in ("inside-q-fig", "inside-heads-fig", "inside-ffn-hidden-fig", "inside-out-fig"):
+        assert key not in ids, key
+    labels = [e.label for e in at.expander if e.label[:1].isdigit()]
+    assert len(labels) == 5, labels
+    # opening a group draws it; the choice outlives a change of head (the label names the head)
+    at.session_state["inside.group-5.open"] = True
+    at.run()
+    assert "inside-ffn-hidden-fig" in " ".join(c.proto.id for c in at.get("plotly_chart"))
+    at.selectbox(key="inside.head").set_value(1).run()
+    assert_no_exception(at)
+    assert "inside-ffn-hidden-fig" in " ".join(c.proto.id for c in at.get("plotly_chart"))
+    assert "head 1" in " ".join(e.label for e in at.expander)
+
+
+def test_a_failed_check_in_a_closed_group_shows(monkeypatch):
+    """A check of a closed group (add & norm, FFN) that fails is an error on the page, not hidden."""
+    from streamlit.testing.v1 import AppTest
+
+    import viz.checks
+    from conftest import APP
+
+    real = viz.checks.residual_checks
+
+    def broken(*a, **k):
+        out = real(*a, **k)
+        for chks in out.values():
+            for c in chks:
+                c.error = 1.0  # far past any tolerance
+        return out
+
+    monkeypatch.setattr(viz.checks, "residual_checks", broken)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.switch_page("viz/pages/inside.py")
+    at.query_params["text"] = TEXT
+    at.run()
+    assert_no_exception(at)
+    errors = [e.value for e in at.error]
+    assert any("failed in “5." in e or "failed in “4." in e for e in errors), errors

@@ -1,6 +1,7 @@
 """The "training step" slider through AppTest: it swaps toy-translate's checkpoint on explore,
 inside and the decoder stepper, keeps the step in the URL (step_train), and its alignment maps
-are the core's cross-attention at that step."""
+are the core's cross-attention at that step. The panel starts collapsed (open when the URL names
+an earlier step) and draws its charts only while open; a chosen step outlives closing it."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
 from core import toy_steps, toy_task
+from viz.pages.training_panel import open_key
 
 TEXT = "the small dog sees the cat"
 SLIDER = "{page}.step_train"
@@ -24,10 +26,48 @@ def _cross(step, layer=1, head=0):
     return m.trace(TEXT, target=" ".join(target))[f"decoder.{layer}.cross_attn.weights"][head].numpy()
 
 
+def _open_panel(at, page: str):
+    """Open the page's training panel (collapsed by default, drawn only when open) and rerun."""
+    at.session_state[open_key(page)] = True
+    at.run()
+    assert_no_exception(at)
+
+
+def test_panel_starts_closed_and_draws_nothing_until_opened(app_test, steps):
+    at = app_test("explore", text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    ids = [c.proto.id for c in at.get("plotly_chart")]
+    assert not any("training-curve" in i or "-align-" in i for i in ids), ids
+    assert any("explore-heatmap" in i for i in ids)
+    assert at.query_params["step_train"] == str(steps[-1])
+    _open_panel(at, "explore")
+    ids = [c.proto.id for c in at.get("plotly_chart")]
+    assert any("explore-training-curve" in i for i in ids) and any("explore-align-0" in i for i in ids)
+
+
+def test_a_step_survives_closing_the_panel(app_test, steps):
+    at = app_test("explore", text=TEXT)
+    at.run()
+    _open_panel(at, "explore")
+    at.select_slider(key=SLIDER.format(page="explore")).set_value(steps[0]).run()
+    at.session_state[open_key("explore")] = False
+    at.run()
+    at.run()  # a second run: a widget not drawn in the one before would have lost its value here
+    assert_no_exception(at)
+    assert at.query_params["step_train"] == str(steps[0])
+    m0 = core.load_model("toy-translate", step=steps[0])
+    np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-heatmap")),
+                               m0.trace(TEXT)["encoder.0.self_attn.weights"][0].numpy(), atol=1e-6)
+    _open_panel(at, "explore")
+    assert at.select_slider(key=SLIDER.format(page="explore")).value == steps[0]
+
+
 def test_explore_slider_swaps_the_checkpoint(app_test, steps):
     at = app_test("explore", text=TEXT)
     at.run()
     assert_no_exception(at)
+    _open_panel(at, "explore")
     slider = at.select_slider(key=SLIDER.format(page="explore"))
     assert list(slider.options) == [str(s) for s in steps[:-1]] + [f"{steps[-1]} (final)"]
     assert slider.value == steps[-1] and at.query_params["step_train"] == str(steps[-1])
@@ -70,6 +110,7 @@ def test_bad_url_step_warns_and_shows_the_final(app_test, steps):
     at.run()
     assert_no_exception(at)
     assert any("step_train" in w.value for w in at.warning)
+    _open_panel(at, "explore")  # the final step: the panel starts closed
     assert at.select_slider(key=SLIDER.format(page="explore")).value == steps[-1]
 
 

@@ -1,13 +1,16 @@
 """The app in a real browser: headless Debian Chromium driven by Playwright against a
-running server. Screenshots of every page go to docs/screenshots/ (the README shows them)."""
+running server. Screenshots of every page go to test-artifacts/screenshots/; `make screenshots`
+takes them again into docs/screenshots/ (the README shows them)."""
 
 import json
+import os
+import time
 import urllib.parse
 
 import pytest
 
 import core
-from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from browser_utils import ROOT, SCREENSHOTS, chart_data, no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -43,7 +46,11 @@ def test_type_sentence_updates_heatmap(server, page):
 
 
 def test_navigation_and_screenshots(server, page):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    """Every page opens from the sidebar without an exception; its screenshot goes to
+    SCREENSHOTS, under test-artifacts/ unless `make screenshots` asked for docs/screenshots."""
+    if not os.environ.get("ATTENTION_LAB_SCREENSHOTS"):
+        assert SCREENSHOTS == ROOT / "test-artifacts" / "screenshots"
+    t0 = time.time()
     page.goto(f"{server.url}/explore?text=" + urllib.parse.quote("the small dog sees the cat"))
     wait_idle(page)
     for name in PAGES:
@@ -54,6 +61,7 @@ def test_navigation_and_screenshots(server, page):
         page.wait_for_timeout(500)
         assert no_exception(page), name
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+        assert (SCREENSHOTS / f"{name}.png").stat().st_mtime >= t0 - 1
 
 
 def _weights(page):

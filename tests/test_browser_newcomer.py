@@ -1,7 +1,7 @@
 """A newcomer's first ten minutes (issue 19), in a real browser: the lecture notes' examples
 open on a model that reads them, a copied URL reproduces the figure, byte-level tokens read
 as text, the model view opens around the selected layer, the stepper's controls. One server
-for the module; screenshots go to docs/screenshots/."""
+for the module; screenshots go to test-artifacts/screenshots/ (`make screenshots`: docs/screenshots/)."""
 
 import re
 import urllib.parse

@@ -1,4 +1,4 @@
-"""The floor under the decoder step's figure (bench/browser_bench.py, scenario "floor").
+"""The floor under the decoder step's figure (bench/browser/floor.py, scenario "floor" of bench.browser_bench).
 
 A Streamlit fragment with a Next button, a line that names the step and FLOOR_CHARTS plain
 plotly heatmaps with their values written in the cells (the decoder step's kind of chart),
@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-N_CHARTS = int(os.environ.get("FLOOR_CHARTS", "5"))
+N_CHARTS = int(st.query_params.get("charts", os.environ.get("FLOOR_CHARTS", "5")))  # ?charts=N: first loads
 SIDES = range(2, 9)
 
 

@@ -178,11 +178,21 @@ def _pick_head() -> None:
         st.session_state[head_key] = h
 
 
-with st.expander(f"Every head of layer {layer} (PCA; click a panel to choose its head)"):
-    cap_small = min(len(rows), 5_000)
-    heads_xy = layer_heads(model_name, key, layer, n_heads, cap_small, table)
-    charts.chart(vc.head_multiples(heads_xy, cap_small, title=f"layer {layer}: {n_heads} heads"),
-                 "corpus-heads", on_select=_pick_head, selection_mode="points", width="stretch")
+def _remember_heads_open() -> None:
+    st.session_state["corpus.heads.open"] = bool(st.session_state.get("corpus.heads"))
+
+
+# Computed and drawn only while open (its label names the layer, so whether it is open is kept
+# under corpus.heads.open across a change of layer).
+heads_box = st.expander(f"Every head of layer {layer} (PCA; click a panel to choose its head)",
+                        expanded=st.session_state.setdefault("corpus.heads.open", False), key="corpus.heads",
+                        on_change=_remember_heads_open)
+if heads_box.open:
+    with heads_box:
+        cap_small = min(len(rows), 5_000)
+        heads_xy = layer_heads(model_name, key, layer, n_heads, cap_small, table)
+        charts.chart(vc.head_multiples(heads_xy, cap_small, title=f"layer {layer}: {n_heads} heads"),
+                     "corpus-heads", on_select=_pick_head, selection_mode="points", width="stretch")
 
 st.download_button("Download this layer's vectors (Parquet)", lambda: _parquet(table), file_name=
                    f"{model_name}-L{layer}-vectors.parquet", mime="application/octet-stream", on_click="ignore",

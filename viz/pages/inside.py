@@ -153,9 +153,28 @@ def show_step(i: int, step: Step) -> None:
         st.caption("The CSV has one row per query (the row form), whatever the notation.")
 
 
+def _remember_open(key: str) -> None:
+    st.session_state[f"{key}.open"] = bool(st.session_state.get(key))
+
+
+# Each group is an expander drawn only while open: the input and the weights' group start open,
+# the others closed (the page mounted some twenty charts at once). A closed group's failed
+# check still shows, as an error under it. Whether a group is open is kept under `<key>.open`:
+# its label names the head, so the expander is a new element when the head changes.
 i = 0
 for gi, (group, members) in enumerate(groups(steps), start=1):
-    with st.expander(f"{gi}. {group}", expanded=True):
+    group_key = f"inside.group-{gi}"
+    first_open = gi == 1 or any(s.key == "weights" for s in members)
+    box = st.expander(f"{gi}. {group}", expanded=st.session_state.setdefault(f"{group_key}.open", first_open),
+                      key=group_key, on_change=_remember_open, args=(group_key,))
+    if box.open is False:
+        failed = [c for s in members for c in checks.get(s.key, []) if not c.ok]
+        if failed:
+            st.error(f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed in “{gi}. {group}” (closed; "
+                     "open it to see): " + "; ".join(cite_text(c.text()) for c in failed))
+        i += len(members)
+        continue
+    with box:
         for step in members:
             i += 1
             show_step(i, step)

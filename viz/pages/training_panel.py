@@ -3,7 +3,9 @@
 A select slider over the saved checkpoints (URL `step_train`) swaps the model the page runs;
 beside it the training curve with the step marked, and below, on the page's sentence, the
 cross-attention of the head trained with guided alignment and of the best unsupervised head
-at that step, with the known alignment outlined. Not a page: pages call `training_step`.
+at that step, with the known alignment outlined. The panel starts collapsed (open when the URL
+names an earlier step) and draws its charts only while open, so a page's first view draws its
+own charts first. Not a page: pages call `training_step`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ def _reference(model, text: str):
     return words, target, alignment
 
 
+def open_key(page: str) -> str:
+    """The session key of the page's training panel (True: open)."""
+    return f"{page}.training_open"
+
+
 def training_step(state: url_state.PageState, model_name: str, model, text: str, key: str) -> str:
     """Draw the panel for toy-translate and return the model key the page should run
     (models.model_key: the chosen step's weights); other models: `model_name`, nothing drawn."""
@@ -72,7 +79,16 @@ def training_step(state: url_state.PageState, model_name: str, model, text: str,
         state.extra["step_train"] = step
         return models.model_key(model_name, None if step == final else step)
     rows = {r["step"]: r for r in (metrics or {}).get("steps", [])}
-    with st.expander("Training step: watch the attention learn", expanded=True):
+    # Collapsed, and drawn only when open (its curve and alignment maps would otherwise be the
+    # page's first charts, ahead of its own); a URL with an earlier step opens it.
+    first = st.session_state.setdefault(f"{open_key(key)}.first", st.session_state[step_key] != final)
+    panel = st.expander("Training step: watch the attention learn", expanded=first, key=open_key(key),
+                        on_change="rerun")
+    if panel.open is False:  # closed: the step stays chosen (the slider is not drawn, so keep its value)
+        step = st.session_state[step_key] = st.session_state[step_key]
+        state.extra["step_train"] = step
+        return models.model_key(model_name, None if step == final else step)
+    with panel:
         left, right = st.columns([1, 2])
         with left:
             step = st.select_slider("Training step", options=steps, key=step_key,
