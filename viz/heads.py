@@ -26,6 +26,9 @@ SCORE_LABELS = {
 }
 
 
+REPEAT_SCORES = ("induction", "duplicate_token")  # read on the seeded random repeat, not the user's text
+
+
 def score_matrix(scores: pd.DataFrame, score: str, stack: str) -> np.ndarray:
     """L x H matrix of one score for one stack (NaN where a head has no row)."""
     rows = scores[scores["stack"] == stack]
