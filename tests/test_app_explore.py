@@ -103,12 +103,12 @@ def test_minilm_default_sentence_is_bank_river(app_test):
     at.run()
     at.selectbox(key="explore.model").set_value("minilm").run()
     assert_no_exception(at)
-    assert at.text_input(key="explore.text").value == "I swam across the river to get to the other bank."
+    assert at.text_area(key="explore.text").value == "I swam across the river to get to the other bank."
     assert "bank" in _ticks(at, "explore-heatmap")
     # a sentence the user typed stays when the model changes
-    at.text_input(key="explore.text").input("the dog sees the bank").run()
+    at.text_area(key="explore.text").input("the dog sees the bank").run()
     at.selectbox(key="explore.model").set_value("toy-translate").run()
-    assert at.text_input(key="explore.text").value == "the dog sees the bank"
+    assert at.text_area(key="explore.text").value == "the dog sees the bank"
 
 
 def test_600_token_input_on_minilm(app_test):
@@ -220,7 +220,7 @@ def test_example_button_changes_text(app_test):
     labels = {b.proto.label: b for b in at.button}
     labels["Show me the money"].click().run()
     assert_no_exception(at)
-    assert at.text_input(key="explore.text").value == "Show me the money"
+    assert at.text_area(key="explore.text").value == "Show me the money"
     assert at.query_params["text"] == "Show me the money"
     assert _ticks(at, "explore-heatmap") == ["show", "me", "the", "money"] != before
 
@@ -243,11 +243,33 @@ def test_a_prompt_longer_than_smollm2s_context_is_cut_to_2048_tokens(app_test):
 def test_an_emptied_sentence_stays_empty_in_the_url(app_test):
     at = app_test("explore", text=TEXT)
     at.run()
-    at.text_input(key="explore.text").input("").run()
+    at.text_area(key="explore.text").input("").run()
     assert_no_exception(at)
     assert at.query_params["text"] == [""] or at.query_params["text"] == ""
     assert any("sentence" in w.lower() or "type" in w.lower() for w in _warnings(at)), _warnings(at)
     again = app_test("explore", text="")  # the shared link opens the same empty box
     again.run()
     assert_no_exception(again)
-    assert again.text_input(key="explore.text").value == ""
+    assert again.text_area(key="explore.text").value == ""
+
+
+def test_one_kind_of_text_box_keeps_newlines(app_test):
+    """Every page's sentence box is the same multi-line box (same key pattern, same hint): a
+    pasted paragraph keeps its newlines, and the URL gives them back."""
+    for page in ("explore", "heads", "inside", "positions", "compare", "decoder", "playground"):
+        at = app_test(page)
+        at.run()
+        assert_no_exception(at)
+        assert not at.get("text_input"), page  # no one-line box left
+        box = at.text_area(key=f"{page}.text")
+        assert box.label.endswith("(press Ctrl+Enter)"), (page, box.label)
+    text = "the dog sees the cat\nthe cat sees the dog"
+    at = app_test("explore")
+    at.run()
+    at.text_area(key="explore.text").input(text).run()
+    assert_no_exception(at)
+    assert at.query_params["text"] == text
+    assert "the dog sees the cat the cat sees the dog".split() == _ticks(at, "explore-heatmap")
+    again = app_test("explore", text=at.query_params["text"])
+    again.run()
+    assert again.text_area(key="explore.text").value == text

@@ -22,9 +22,9 @@ def test_type_sentence_updates_heatmap(server, page):
     page.goto(f"{server.url}/explore")
     wait_idle(page)
     before = _ticktext(chart_data(page, "explore-heatmap"))
-    box = page.get_by_label("Sentence (press Enter)")
+    box = page.get_by_label("Sentence (press Ctrl+Enter)")
     box.fill("the happy farmer finds the green book")
-    box.press("Enter")
+    box.press("Control+Enter")
     page.wait_for_function(
         """() => { const e = document.querySelector('.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot');
                    return e && e.layout.xaxis.ticktext.includes('farmer'); }""", timeout=60_000)

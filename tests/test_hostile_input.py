@@ -101,10 +101,10 @@ def model_of(at, page) -> str:
 def type_normal_sentence(at, page):
     """Type an ordinary sentence (both sentences on Compare) and rerun."""
     if page == "compare":
-        at.text_input(key="compare.text").set_value("the dog sees the cat")
-        at.text_input(key="compare.text2").set_value("the cat sees the dog")
+        at.text_area(key="compare.text").set_value("the dog sees the cat")
+        at.text_area(key="compare.text2").set_value("the cat sees the dog")
     else:
-        at.text_input(key=f"{page}.text").set_value(NORMAL)
+        at.text_area(key=f"{page}.text").set_value(NORMAL)
     at.run()
     return at
 

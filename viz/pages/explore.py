@@ -42,7 +42,7 @@ def _use_example(sentence: str) -> None:
 
 
 with text_col:
-    text = st.text_input("Sentence (press Enter)", key=text_key)
+    text = widgets.text_box("Sentence", text_key)
 st.caption("Examples from the lecture notes and for this model:")
 widgets.example_buttons(examples, "explore-ex", _use_example)
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step

@@ -28,8 +28,8 @@ if model is None:
     st.stop()
 text_key = state.seeded_key("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)
 with text_col:
-    text = st.text_input("Sentence (press Enter)", key=text_key,
-                         help="previous-token, first-token and self scores are read on this sentence.")
+    text = widgets.text_box("Sentence", text_key,
+                            help="previous-token, first-token and self scores are read on this sentence.")
 
 trace = models.get_trace(model_name, text)
 state.publish(model=model_name, text=text)
