@@ -270,7 +270,7 @@ def test_safe_label_keeps_markup_as_text():
         if label.strip() and "\n" not in label:
             assert html.unescape(tick) == label
     assert ticks[0] == "&lt;b&gt;bold&lt;/b&gt;" and ticks[3] == "&amp;amp;"
-    assert ticks[4] == "a\\nb" and ticks[5] == repr("  ")
+    assert ticks[4] == "a\\nb" and ticks[5] == "␣␣"  # a blank token as the token chips show it
     hv = head_view([[[0.5, 0.5], [0.5, 0.5]]], ["<b>x</b>", "<i>y</i>"], ["<b>x</b>", "<i>y</i>"])
     for _, s in figure_strings(hv.to_plotly_json()):
         assert not MARKUP.search(OWN_MARKUP.sub("", s)), s

@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.reduce import thinned
+from viz.text import token_text
 
 ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
@@ -26,8 +27,7 @@ NEG_INF_TEXT_UP_TO = 32  # write '-∞' in masked cells up to this many rows and
 
 def safe_label(tok: str) -> str:
     """A token as plain text for plotly (escapes markup, shows whitespace)."""
-    tok = tok.replace("\n", "\\n").replace("\t", "\\t")
-    return html.escape(tok, quote=False) if tok.strip() else repr(tok)
+    return html.escape(token_text(tok.replace("\t", "\\t")), quote=False)
 
 
 def safe_labels(tokens: Sequence[str]) -> list:

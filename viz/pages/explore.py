@@ -13,6 +13,7 @@ from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
 from viz.pages import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
 from viz.select import View, attention_matrix
+from viz.text import _md_code
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
@@ -67,7 +68,7 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
     widgets.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')}), "
                        f"then predicts: {' '.join(trace.tokens('next')[:1])}")
 elif model.kind == "decoder" and trace.tokens("next"):
-    st.caption(f"Next-token prediction after the prompt: {trace.tokens('next')[0]!r}")
+    st.caption(f"Next-token prediction after the prompt: `{_md_code(trace.tokens('next')[0])}`")
 
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
