@@ -273,3 +273,15 @@ def test_one_kind_of_text_box_keeps_newlines(app_test):
     again = app_test("explore", text=at.query_params["text"])
     again.run()
     assert again.text_area(key="explore.text").value == text
+
+
+def test_figure_files_are_named_like_the_csv(app_test):
+    """The map's PNG (camera button) and SVG are named for what they show, as its CSV is."""
+    import json
+
+    at = app_test("explore", layer="1", head="2")
+    at.run()
+    assert_no_exception(at)
+    name = "toy-translate-encoder-self-attn-layer1-head2-map"
+    cfg = json.loads(chart_by_key(at, "explore-heatmap").proto.config)
+    assert cfg["toImageButtonOptions"]["filename"] == name

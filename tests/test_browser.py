@@ -207,3 +207,16 @@ def test_block_map_hover_names_both_blocks(page):
     outline = page.evaluate("() => { const e = document.querySelector('.js-plotly-plot'); const s = e._fullLayout.shapes[0];"
                             " return [e._fullLayout.yaxis.d2p(40), e._fullLayout.yaxis.l2p((s.y0 + s.y1) / 2)]; }")
     assert abs(outline[0] - outline[1]) < 1.0  # the outline sits on block 40's row
+
+
+def test_svg_download_is_named_like_the_csv(server, page):
+    """The heatmap's SVG file carries the CSV's descriptive name, not the chart's key."""
+    page.goto(f"{server.url}/explore?layer=1&head=2")
+    wait_idle(page)
+    chart_data(page, "explore-heatmap")
+    with page.expect_download(timeout=120_000) as svg:
+        page.locator(".st-key-explore-heatmap-svg button").first.click()
+    with page.expect_download(timeout=60_000) as csv:
+        page.locator(".st-key-explore-dl-csv button").first.click()
+    assert csv.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.csv"
+    assert svg.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.svg"

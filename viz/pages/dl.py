@@ -13,11 +13,21 @@ from viz.figures import attention_frame
 WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
 
 
+def _base(model: str, stack: str, kind: str, layer: int) -> str:
+    return f"{model}-{stack}-{kind.replace('_', '-')}-layer{layer}"
+
+
+def map_name(*, model: str, stack: str, kind: str, layer: int, head, suffix: str = "") -> str:
+    """The file name (without extension) of one map, the same for its CSV, SVG and PNG
+    (head None: the mean over heads)."""
+    head_part = "mean-of-heads" if head is None else f"head{head}"
+    return f"{_base(model, stack, kind, layer)}-{head_part}{suffix}-map"
+
+
 def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: str, layer: int, head, key: str,
           suffix: str = "") -> None:
     """head None: the map is the mean over heads."""
-    head_part = "mean-of-heads" if head is None else f"head{head}"
-    base = f"{model}-{stack}-{kind.replace('_', '-')}-layer{layer}"
+    base = _base(model, stack, kind, layer)
     sizes = vd.trace_bytes(trace, at={stack: layer})
     cols = st.columns(3)
     if matrix is not None:
@@ -25,7 +35,8 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
             return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
 
         cols[0].download_button(f"This map (CSV, {matrix.shape[-2]}×{matrix.shape[-1]})", csv,
-                                file_name=f"{base}-{head_part}{suffix}-map.csv", mime="text/csv",
+                                file_name=map_name(model=model, stack=stack, kind=kind, layer=layer, head=head,
+                                                   suffix=suffix) + ".csv", mime="text/csv",
                                 key=f"{key}-csv", on_click="ignore")
     layer_size = sizes.get(f"layer:{stack}", 0)
     cols[1].download_button(f"Layer {layer}, all heads (NPZ, ≈{vd.human(layer_size)})",

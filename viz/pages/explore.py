@@ -120,6 +120,7 @@ if words:
 else:
     matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
 unit = "words" if words else "tokens"
+map_name = dl.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
 
 tab_map, tab_model, tab_heads = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS], key=tab_key, on_change="rerun")
 with tab_map:
@@ -139,7 +140,7 @@ with tab_map:
                           zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
-        charts.chart(fig, key="explore-heatmap", width="stretch")
+        charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
         st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
                    "Hover a cell for the exact weight.")
         dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
@@ -191,7 +192,7 @@ with tab_model:
         small = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
                                               fixed_scale=not per_map, height=420, log_scale=log_scale),
                                       zq, zk, min_top=90)
-        charts.chart(small, key="explore-enlarged", width="stretch")
+        charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
 
 with tab_heads:
     if tab_heads.open is not False:
