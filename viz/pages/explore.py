@@ -199,11 +199,24 @@ with tab_heads:
         chosen = st.multiselect("Heads shown", list(range(n_heads)), key=heads_key, format_func=lambda h: f"head {h}")
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
-        elif max(matrix.shape) > ex.HEAD_VIEW_MAX:
-            st.info(f"The head view draws a line per pair of {unit}; with {max(matrix.shape)} {unit} it would be "
-                    f"unreadable, so it is drawn up to {ex.HEAD_VIEW_MAX}. Use the heatmap or the model view.")
         else:
             w_all = ex.word_stack(trace, stack, kind, [layer], text)[0] if words else trace[view.name]
-            charts.chart(head_view(w_all, q_toks, k_toks, heads=chosen,
-                                   title=f"layer {layer}: queries (left) → keys (right)"),
+            n_q, n_k = w_all.shape[-2], w_all.shape[-1]
+            qs = ks = slice(None)
+            where = ""
+            if max(n_q, n_k) > ex.HEAD_VIEW_MAX:  # a window of the input the user moves along it
+                last = max(n_q, n_k) - ex.HEAD_VIEW_MAX
+                if not 0 <= st.session_state.get("explore.hv_start", 0) <= last:
+                    st.session_state["explore.hv_start"] = 0
+                start = st.slider(f"Window of {ex.HEAD_VIEW_MAX} {unit}: first position", 0, last, key="explore.hv_start",
+                                  help=f"A line per pair of {max(n_q, n_k)} {unit} would be unreadable: the head view "
+                                       f"draws {ex.HEAD_VIEW_MAX} at a time. Move the window along the input.")
+                qs, ks = ex.head_view_window(n_q, n_k, start)
+                where = f" · {unit} {qs.start}–{qs.stop - 1}"
+                st.caption(f"Lines among {unit} {qs.start}–{qs.stop - 1} (queries) and {ks.start}–{ks.stop - 1} (keys) "
+                           f"of {max(n_q, n_k)} only, drawn with each head's **real weights, not renormalised**: a "
+                           "query's weight to keys outside the window is not drawn, so its lines can add up to less "
+                           "than 1 (in a long prompt most of it often goes to the first token).")
+            charts.chart(head_view(w_all[:, qs, ks], q_toks[qs], k_toks[ks], heads=chosen,
+                                   title=f"layer {layer}{where}: queries (left) → keys (right)"),
                          key="explore-headview", width="stretch")
