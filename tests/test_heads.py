@@ -13,6 +13,7 @@ import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
 from core import analysis
 from viz import heads as hv
+from viz.figures import CHAR_PX
 
 TEXT = "the small dog sees the cat"
 
@@ -193,3 +194,16 @@ def test_induction_link_opens_the_repeated_sequence(app_test):
     assert z.shape == (len(rep["ids"]),) * 2
     stripe = np.mean([z[i, i - r + 1] for i in range(start, start + r)])
     assert stripe == pytest.approx(best["induction"], abs=1e-4) and stripe > 0.5
+
+
+def test_head_labels_stay_level_and_apart():
+    """12 heads (minilm) in a third of the page: the head labels stay horizontal (upright ones
+    ran into the chart's title) and only as many are written as fit side by side."""
+    rows = [{"stack": "encoder", "layer": l, "head": h, **{s: 0.5 for s in analysis.SCORES}}
+            for l in range(6) for h in range(12)]
+    fig = hv.score_heatmap(pd.DataFrame(rows), "self", "encoder")
+    ax = fig.layout.xaxis
+    assert ax.tickangle == 0 and list(ax.tickvals) == [0, 2, 4, 6, 8, 10]
+    assert list(ax.ticktext) == ["H0", "H2", "H4", "H6", "H8", "H10"]
+    width = len(ax.ticktext) * (CHAR_PX * 3 + 4)  # each label's width, at most "H10"
+    assert width <= hv.HEAD_AXIS_PX
