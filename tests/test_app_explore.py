@@ -332,3 +332,13 @@ def test_full_resolution_hover_names_the_tokens(app_test):
     assert len(heat["y"]) == len(toks)
     assert heat["y"][5] == f"{toks[5]} (5)" and heat["x"][7] == f"{toks[7]} (7)"
     assert "%{y}" in heat["hovertemplate"] and "%{x}" in heat["hovertemplate"]
+
+
+def test_newlines_reach_the_tokenizer(app_test):
+    """A newline typed in the box is a token of a byte-level model (shown as \\n in the chips)."""
+    _need("smollm2")
+    at = app_test("explore", model="smollm2", text="Hello\nworld")
+    at.run()
+    assert_no_exception(at)
+    assert at.text_area(key="explore.text").value == "Hello\nworld"
+    assert "`Hello` `\\n` `world`" in " ".join(m.value for m in at.markdown)

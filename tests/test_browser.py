@@ -22,7 +22,7 @@ def test_type_sentence_updates_heatmap(server, page):
     page.goto(f"{server.url}/explore")
     wait_idle(page)
     before = _ticktext(chart_data(page, "explore-heatmap"))
-    box = page.get_by_label("Sentence (press Ctrl+Enter)")
+    box = page.get_by_label("Sentence (press Ctrl+Enter)", exact=True)
     box.fill("the happy farmer finds the green book")
     box.press("Control+Enter")
     page.wait_for_function(

@@ -113,11 +113,10 @@ TEXT_HINT = "press Ctrl+Enter"  # every page's text boxes: multi-line, applied w
 def text_box(label: str, key: str, where=None, help=None, height: int = 80) -> str:
     """The one kind of text box of the app: multi-line (st.text_area), so a pasted paragraph
     keeps its newlines (the tokenizer sees them, the URL keeps them); Enter starts a new line,
-    Ctrl+Enter applies. Every page's sentence, prompt and target box is this one."""
+    Ctrl+Enter applies (Streamlit says so under the box while it is focused). Every page's
+    sentence, prompt and target box is this one."""
     where = st if where is None else where
-    tip = "Enter starts a new line; Ctrl+Enter (⌘+Enter on a Mac) applies the text. Newlines are kept."
-    return where.text_area(f"{label} ({TEXT_HINT})", key=key, height=height,
-                           help=f"{help} {tip}" if help else tip)
+    return where.text_area(f"{label} ({TEXT_HINT})", key=key, height=height, help=help)
 
 
 def token_chips(tokens, special=None, title: str = "") -> None:
