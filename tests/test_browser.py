@@ -220,3 +220,33 @@ def test_svg_download_is_named_like_the_csv(server, page):
         page.locator(".st-key-explore-dl-csv button").first.click()
     assert csv.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.csv"
     assert svg.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.svg"
+
+
+def test_full_resolution_hover_names_the_tokens(page):
+    """A map of more than HOVER_LABEL_CELLS cells (a long input drawn whole) hovers with the
+    tokens' names and positions, though its tokens repeat: the browser's hover over cell
+    (120, 35) names both tokens."""
+    import numpy as np
+
+    from viz.figures import HOVER_LABEL_CELLS, attention_heatmap
+
+    n = 210
+    words = "the river bank was closed so she walked".split()
+    toks = [words[i % len(words)] for i in range(n)]
+    w = np.random.default_rng(0).dirichlet(np.ones(n), size=n)
+    assert n * n > HOVER_LABEL_CELLS
+    fig = attention_heatmap(w, toks, toks, height=900)
+    page.set_content(fig.to_html(include_plotlyjs=True, full_html=True))
+    page.wait_for_selector(".js-plotly-plot .nsewdrag")
+    box = page.locator(".nsewdrag").first.bounding_box()
+    x, y = box["x"] + box["width"] * (35.5 / n), box["y"] + box["height"] * (120.5 / n)
+    page.mouse.move(x - 15, y - 15)
+    page.mouse.move(x, y, steps=4)
+    hover_js = "() => Array.from(document.querySelectorAll('.hoverlayer text')).map(e => e.textContent).join(' ')"
+    want = f"query: {toks[120]} (120)"
+    try:
+        page.wait_for_function(f"() => ({hover_js})().includes({json.dumps(want)})", timeout=10_000)
+    except Exception:
+        pass
+    hover = page.evaluate(hover_js)
+    assert want in hover and f"key: {toks[35]} (35)" in hover and f"{w[120, 35]:.4f}" in hover, hover
