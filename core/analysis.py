@@ -129,6 +129,38 @@ def repeated_sequence(model, r: int = REPEAT_LENGTH, seed: int = 0) -> dict:
     return out
 
 
+def ids_text(tokenizer, ids: Sequence[int]) -> str:
+    """The text a sequence of ordinary ids spells (what one would type to get them back)."""
+    ids = [int(i) for i in ids]
+    if hasattr(tokenizer, "decode_text"):
+        return tokenizer.decode_text(ids)
+    if hasattr(tokenizer, "_tk"):  # a tokenizers.Tokenizer read from the checkpoint (WordPiece, ...)
+        return tokenizer._tk.decode(ids, skip_special_tokens=True)
+    return " ".join(tokenizer.decode(ids))  # whole words
+
+
+def repeated_text(model, stack: Optional[str] = None, r: int = REPEAT_LENGTH, seed: int = 0) -> dict:
+    """The repeated sequence of `stack` (default: the model's first) as text, to open it where a
+    text is typed: {'stack', 'text', 'ids' (the scored ids), 'start', 'r', 'same_ids' (whether
+    the text re-tokenises to exactly those ids), 'why' (when it does not, or no text exists)}.
+    The text spells the 2r random tokens without the special tokens the tokenizer adds itself;
+    an encoder-decoder's decoder repeat is target-side tokens, which no source text gives."""
+    seqs = repeated_sequence(model, r, seed)
+    stack = stack or next(iter(seqs))
+    ids, start = seqs[stack]
+    out = {"stack": stack, "text": None, "ids": ids, "start": start, "r": r, "same_ids": False, "why": ""}
+    if model.kind == "encoder-decoder" and stack == "decoder":
+        out["why"] = "the decoder's repeat is of target tokens after <start>, which no typed source text gives"
+        return out
+    out["text"] = ids_text(model.tokenizer, ids[start - r:start + r])
+    got = list(model.tokenizer.encode(out["text"]).ids)
+    out["same_ids"] = got == list(ids)
+    if not out["same_ids"]:
+        out["why"] = (f"the text re-tokenises to {len(got)} tokens that differ from the {len(ids)} scored ones "
+                      "(neighbouring random pieces merge), so scores read on it differ")
+    return out
+
+
 @torch.inference_mode()
 def _repeat_weights(model, seqs: dict) -> dict:
     """{name: H x n x n} self-attention weights of every layer on the repeated sequences."""

@@ -172,7 +172,7 @@ def test_cosines_and_table():
     fig = va.cosine_figure(va.token_cosines(a, b), ["x", "y", "z"])
     np.testing.assert_allclose(np.asarray(fig.data[0].y, dtype=float), [1.0, 1 / np.sqrt(2), -1.0])
     t = va.next_token_table(["a", "b"], [0.7, 0.2], ["b", "a"], [0.5, 0.4])
-    assert list(t["before"]) == ["'a'", "'b'"] and list(t["p after"]) == [0.5, 0.4]
+    assert list(t["before"]) == ["a", "b"] and list(t["p after"]) == [0.5, 0.4]
 
 
 def test_mark_grid_crosses_out_only_ablated_heads():

@@ -214,3 +214,16 @@ def test_flow_on_a_real_trace_is_bounded_by_one():
     f = an.flow(trace, "encoder", query=1)
     r = an.rollout(trace, "encoder")
     assert f.shape == r.shape and (f[:, 1] <= 1 + 1e-6).all() and (f[:, 1] > 0).all()
+
+
+def test_repeated_text_is_the_scored_sequence(smollm2):
+    """The repeat as text one can type: it re-tokenises to the very ids the induction score read."""
+    rep = an.repeated_text(smollm2)
+    ids, start = an.repeated_sequence(smollm2)["decoder"]
+    assert rep["stack"] == "decoder" and rep["ids"] == ids and rep["start"] == start and rep["r"] == an.REPEAT_LENGTH
+    assert smollm2.tokenizer.encode(rep["text"]).ids == ids and rep["same_ids"]
+    toy = core.load_model("toy-translate", device="cpu")
+    enc = an.repeated_text(toy, "encoder")
+    assert toy.tokenizer.encode(enc["text"]).ids == an.repeated_sequence(toy)["encoder"][0] and enc["same_ids"]
+    dec = an.repeated_text(toy, "decoder")  # target-side tokens: not a text the source box takes
+    assert dec["text"] is None and not dec["same_ids"] and "decoder" in dec["why"]

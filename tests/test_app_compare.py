@@ -104,7 +104,7 @@ def test_empty_sentence_b_warns(app_test):
     assert_no_exception(at)
     assert any("Sentence B is empty" in w for w in _warnings(at)), _warnings(at)
     assert not at.get("plotly_chart")
-    assert at.query_params["text"] == at.text_input(key="compare.text").value  # sentence A kept
+    assert at.query_params["text"] == at.text_area(key="compare.text").value  # sentence A kept
 
 
 def test_word_not_in_both_sentences_warns(app_test):
@@ -150,7 +150,7 @@ def test_url_round_trip(app_test, minilm):
     # `target` is read as sentence B when text2 is absent
     at3 = app_test("compare", model="minilm", text=BANK_A, target="The bank was closed.", word="bank")
     at3.run()
-    assert at3.text_input(key="compare.text2").value == "The bank was closed."
+    assert at3.text_area(key="compare.text2").value == "The bank was closed."
     assert at3.query_params["text2"] == "The bank was closed."
 
 

@@ -191,7 +191,7 @@ def test_switching_to_teacher_forcing_prefills_the_greedy_output(app_test, greed
     at.run()
     at.radio(key="decoder.mode").set_value("teacher").run()
     assert_no_exception(at)
-    assert at.text_input(key="decoder.target").value == " ".join(greedy)
+    assert at.text_area(key="decoder.target").value == " ".join(greedy)
     assert_causal_weights(weights(at), len(greedy) + 1)
     assert at.query_params["target"] in (" ".join(greedy), [" ".join(greedy)])
     # stepping in teacher forcing moves the outlined row, not the size of the matrix

@@ -8,6 +8,7 @@ import pytest
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, grid_shape, grid_tile, heatmap_z
 from viz import explore as ex
+from viz.figures import HOVER_LABEL_CELLS, safe_labels
 
 TEXT = "the small dog sees the cat"
 PIECES = "Tokenization splits embeddings into pieces."
@@ -103,12 +104,12 @@ def test_minilm_default_sentence_is_bank_river(app_test):
     at.run()
     at.selectbox(key="explore.model").set_value("minilm").run()
     assert_no_exception(at)
-    assert at.text_input(key="explore.text").value == "I swam across the river to get to the other bank."
+    assert at.text_area(key="explore.text").value == "I swam across the river to get to the other bank."
     assert "bank" in _ticks(at, "explore-heatmap")
     # a sentence the user typed stays when the model changes
-    at.text_input(key="explore.text").input("the dog sees the bank").run()
+    at.text_area(key="explore.text").input("the dog sees the bank").run()
     at.selectbox(key="explore.model").set_value("toy-translate").run()
-    assert at.text_input(key="explore.text").value == "the dog sees the bank"
+    assert at.text_area(key="explore.text").value == "the dog sees the bank"
 
 
 def test_600_token_input_on_minilm(app_test):
@@ -135,11 +136,13 @@ def test_600_token_input_on_minilm(app_test):
     n_blocks = len(ex.blocks(512, ex.MAX_GRID_SIDE))
     assert tile.shape == (n_blocks, n_blocks) and n_blocks <= ex.MAX_GRID_SIDE
     np.testing.assert_allclose(tile.sum(1), 1.0, atol=1e-4)  # keys summed, queries averaged
-    # the head view declines politely
+    # the head view draws a window of the 512 tokens
     at.session_state["explore.tab"] = "Head view"
     at.run()
     assert_no_exception(at)
-    assert any("head view draws a line per pair" in i.value for i in at.info)
+    hv = figure(chart_by_key(at, "explore-headview"))
+    assert [len(t["text"]) for t in hv["data"] if t.get("mode") == "text"] == [ex.HEAD_VIEW_MAX] * 2
+    assert any("not renormalised" in c.value for c in at.caption)
 
 
 def test_600_token_input_on_toy(app_test):
@@ -220,7 +223,7 @@ def test_example_button_changes_text(app_test):
     labels = {b.proto.label: b for b in at.button}
     labels["Show me the money"].click().run()
     assert_no_exception(at)
-    assert at.text_input(key="explore.text").value == "Show me the money"
+    assert at.text_area(key="explore.text").value == "Show me the money"
     assert at.query_params["text"] == "Show me the money"
     assert _ticks(at, "explore-heatmap") == ["show", "me", "the", "money"] != before
 
@@ -243,11 +246,99 @@ def test_a_prompt_longer_than_smollm2s_context_is_cut_to_2048_tokens(app_test):
 def test_an_emptied_sentence_stays_empty_in_the_url(app_test):
     at = app_test("explore", text=TEXT)
     at.run()
-    at.text_input(key="explore.text").input("").run()
+    at.text_area(key="explore.text").input("").run()
     assert_no_exception(at)
     assert at.query_params["text"] == [""] or at.query_params["text"] == ""
     assert any("sentence" in w.lower() or "type" in w.lower() for w in _warnings(at)), _warnings(at)
     again = app_test("explore", text="")  # the shared link opens the same empty box
     again.run()
     assert_no_exception(again)
-    assert again.text_input(key="explore.text").value == ""
+    assert again.text_area(key="explore.text").value == ""
+
+
+def test_one_kind_of_text_box_keeps_newlines(app_test):
+    """Every page's sentence box is the same multi-line box (same key pattern, same hint): a
+    pasted paragraph keeps its newlines, and the URL gives them back."""
+    for page in ("explore", "heads", "inside", "positions", "compare", "decoder", "playground"):
+        at = app_test(page)
+        at.run()
+        assert_no_exception(at)
+        assert not at.get("text_input"), page  # no one-line box left
+        box = at.text_area(key=f"{page}.text")
+        assert box.label.endswith("(press Ctrl+Enter)"), (page, box.label)
+    text = "the dog sees the cat\nthe cat sees the dog"
+    at = app_test("explore")
+    at.run()
+    at.text_area(key="explore.text").input(text).run()
+    assert_no_exception(at)
+    assert at.query_params["text"] == text
+    assert "the dog sees the cat the cat sees the dog".split() == _ticks(at, "explore-heatmap")
+    again = app_test("explore", text=at.query_params["text"])
+    again.run()
+    assert again.text_area(key="explore.text").value == text
+
+
+def test_figure_files_are_named_like_the_csv(app_test):
+    """The map's PNG (camera button) and SVG are named for what they show, as its CSV is."""
+    import json
+
+    at = app_test("explore", layer="1", head="2")
+    at.run()
+    assert_no_exception(at)
+    name = "toy-translate-encoder-self-attn-layer1-head2-map"
+    cfg = json.loads(chart_by_key(at, "explore-heatmap").proto.config)
+    assert cfg["toImageButtonOptions"]["filename"] == name
+
+
+LONG = " ".join(["the river bank was closed so she walked to the other bank with her dog"] * 15)  # 232 minilm tokens
+
+
+def test_head_view_draws_a_window_of_a_long_input(app_test):
+    """Above 96 tokens the head view draws a window of 96 the user moves: its lines join the
+    window's tokens with the head's own weights (not renormalised)."""
+    if not core.MODELS["minilm"].available():
+        pytest.skip("minilm's weight package is not installed")
+    m = core.load_model("minilm", device="cpu")
+    tr = m.trace(LONG)
+    toks = tr.tokens("source")
+    at = app_test("explore", model="minilm", text=LONG, tab="heads", layer="2")
+    at.run()
+    assert_no_exception(at)
+    at.slider(key="explore.hv_start").set_value(10).run()
+    assert_no_exception(at)
+    fig = figure(chart_by_key(at, "explore-headview"))
+    labels = [t for t in fig["data"] if t.get("mode") == "text"]
+    assert [len(t["text"]) for t in labels] == [ex.HEAD_VIEW_MAX] * 2
+    assert list(labels[0]["text"]) == [str(s) for s in safe_labels(toks[10:106])]
+    w = tr["encoder.2.self_attn.weights"][0, 10:106, 10:106].numpy()
+    lines = [t for t in fig["data"] if t.get("mode") == "lines" and t["name"] == "head 0"]
+    pairs = {(int(a), int(b)) for t in lines for a, b in zip(t["y"][0::3], t["y"][1::3])}
+    assert pairs == {(int(i), int(j)) for i, j in zip(*np.nonzero(w > 0.02))}
+    assert any("not renormalised" in c.value for c in at.caption)
+
+
+def test_full_resolution_hover_names_the_tokens(app_test):
+    """A long map drawn at full resolution names each cell's tokens in its hover, not only
+    their positions (the axes carry 'token (position)')."""
+    if not core.MODELS["minilm"].available():
+        pytest.skip("minilm's weight package is not installed")
+    m = core.load_model("minilm", device="cpu")
+    toks = m.trace(LONG).tokens("source")
+    assert len(toks) ** 2 > HOVER_LABEL_CELLS
+    at = app_test("explore", model="minilm", text=LONG, full="1")
+    at.run()
+    assert_no_exception(at)
+    heat = figure(chart_by_key(at, "explore-heatmap"))["data"][0]
+    assert len(heat["y"]) == len(toks)
+    assert heat["y"][5] == f"{toks[5]} (5)" and heat["x"][7] == f"{toks[7]} (7)"
+    assert "%{y}" in heat["hovertemplate"] and "%{x}" in heat["hovertemplate"]
+
+
+def test_newlines_reach_the_tokenizer(app_test):
+    """A newline typed in the box is a token of a byte-level model (shown as \\n in the chips)."""
+    _need("smollm2")
+    at = app_test("explore", model="smollm2", text="Hello\nworld")
+    at.run()
+    assert_no_exception(at)
+    assert at.text_area(key="explore.text").value == "Hello\nworld"
+    assert "`Hello` `\\n` `world`" in " ".join(m.value for m in at.markdown)

@@ -25,9 +25,9 @@ def test_type_sentence_updates_heatmap(server, page):
     page.goto(f"{server.url}/explore")
     wait_idle(page)
     before = _ticktext(chart_data(page, "explore-heatmap"))
-    box = page.get_by_label("Sentence (press Enter)")
+    box = page.get_by_label("Sentence (press Ctrl+Enter)", exact=True)
     box.fill("the happy farmer finds the green book")
-    box.press("Enter")
+    box.press("Control+Enter")
     page.wait_for_function(
         """() => { const e = document.querySelector('.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot');
                    return e && e.layout.xaxis.ticktext.includes('farmer'); }""", timeout=60_000)
@@ -215,3 +215,46 @@ def test_block_map_hover_names_both_blocks(page):
     outline = page.evaluate("() => { const e = document.querySelector('.js-plotly-plot'); const s = e._fullLayout.shapes[0];"
                             " return [e._fullLayout.yaxis.d2p(40), e._fullLayout.yaxis.l2p((s.y0 + s.y1) / 2)]; }")
     assert abs(outline[0] - outline[1]) < 1.0  # the outline sits on block 40's row
+
+
+def test_svg_download_is_named_like_the_csv(server, page):
+    """The heatmap's SVG file carries the CSV's descriptive name, not the chart's key."""
+    page.goto(f"{server.url}/explore?layer=1&head=2")
+    wait_idle(page)
+    chart_data(page, "explore-heatmap")
+    with page.expect_download(timeout=120_000) as svg:
+        page.locator(".st-key-explore-heatmap-svg button").first.click()
+    with page.expect_download(timeout=60_000) as csv:
+        page.locator(".st-key-explore-dl-csv button").first.click()
+    assert csv.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.csv"
+    assert svg.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.svg"
+
+
+def test_full_resolution_hover_names_the_tokens(page):
+    """A map of more than HOVER_LABEL_CELLS cells (a long input drawn whole) hovers with the
+    tokens' names and positions, though its tokens repeat: the browser's hover over cell
+    (120, 35) names both tokens."""
+    import numpy as np
+
+    from viz.figures import HOVER_LABEL_CELLS, attention_heatmap
+
+    n = 210
+    words = "the river bank was closed so she walked".split()
+    toks = [words[i % len(words)] for i in range(n)]
+    w = np.random.default_rng(0).dirichlet(np.ones(n), size=n)
+    assert n * n > HOVER_LABEL_CELLS
+    fig = attention_heatmap(w, toks, toks, height=900)
+    page.set_content(fig.to_html(include_plotlyjs=True, full_html=True))
+    page.wait_for_selector(".js-plotly-plot .nsewdrag")
+    box = page.locator(".nsewdrag").first.bounding_box()
+    x, y = box["x"] + box["width"] * (35.5 / n), box["y"] + box["height"] * (120.5 / n)
+    page.mouse.move(x - 15, y - 15)
+    page.mouse.move(x, y, steps=4)
+    hover_js = "() => Array.from(document.querySelectorAll('.hoverlayer text')).map(e => e.textContent).join(' ')"
+    want = f"query: {toks[120]} (120)"
+    try:
+        page.wait_for_function(f"() => ({hover_js})().includes({json.dumps(want)})", timeout=10_000)
+    except Exception:
+        pass
+    hover = page.evaluate(hover_js)
+    assert want in hover and f"key: {toks[35]} (35)" in hover and f"{w[120, 35]:.4f}" in hover, hover

@@ -61,6 +61,6 @@ def test_scatter_hover_and_click_opens_explore(server, page):
     assert no_exception(page)
     params = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
     assert params["text"] == [sentence] and params["layer"] == ["2"] and params["head"] == ["1"]
-    assert page.get_by_label("Sentence (press Enter)").input_value() == sentence
+    assert page.get_by_label("Sentence (press Ctrl+Enter)", exact=True).input_value() == sentence
     enlarged = chart_data(page, "explore-heatmap")
     assert "layer 2" in enlarged["layout"]["title"]["text"] and "head 1" in enlarged["layout"]["title"]["text"]

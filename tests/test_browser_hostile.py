@@ -19,9 +19,9 @@ pytestmark = pytest.mark.browser
 PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
 MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",
               "decoder": "decoder-weights", "compare": "compare-attn-a", "playground": "playground-pfree"}
-TEXT_BOX = {"explore": "Sentence (press Enter)", "inside": "Sentence (press Enter)",
-            "positions": "Sentence (press Enter)", "decoder": "Source sentence (press Enter)",
-            "compare": "Sentence A (press Enter)", "playground": "Sentence (press Enter); used by tabs 2, 3 and 5"}
+TEXT_BOX = {"explore": "Sentence (press Ctrl+Enter)", "inside": "Sentence (press Ctrl+Enter)",
+            "positions": "Sentence (press Ctrl+Enter)", "decoder": "Source sentence (press Ctrl+Enter)",
+            "compare": "Sentence A (press Ctrl+Enter)", "playground": "Sentence, used by tabs 2, 3 and 5 (press Ctrl+Enter)"}
 NORMAL = "the small dog sees the cat"
 BIG = ((NORMAL + " ") * 4000)[:100_000]
 MAX_CHARS_NOTE = "only the first 20,000 are used"
@@ -137,7 +137,7 @@ def test_pasted_100kB_then_an_ordinary_sentence(server, page, page_name):
     open_url(page, url(server, page_name))
     box = page.get_by_label(TEXT_BOX[page_name], exact=True)
     box.fill(BIG)
-    box.press("Enter")
+    box.press("Control+Enter")
     page.wait_for_function(f"() => document.body.innerText.includes({MAX_CHARS_NOTE!r})", timeout=180_000)
     wait_idle(page, timeout=180_000)
     assert_safe(page, f"{page_name}/100kB")
@@ -155,7 +155,7 @@ def test_pasted_100kB_then_an_ordinary_sentence(server, page, page_name):
     sentence = "the dog sees the cat" if page_name == "compare" else NORMAL
     box = page.get_by_label(TEXT_BOX[page_name], exact=True)
     box.fill(sentence)
-    box.press("Enter")
+    box.press("Control+Enter")
     page.wait_for_function(  # the page has run on it and written it to the URL
         "want => new URLSearchParams(location.search).get('text') === want", arg=sentence, timeout=180_000)
     wait_idle(page, timeout=180_000)

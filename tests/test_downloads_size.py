@@ -31,3 +31,56 @@ def test_layer_npz_holds_that_layer_only(trace):
         np.testing.assert_array_equal(z["encoder.1.self_attn.weights"], trace["encoder.1.self_attn.weights"].numpy())
         assert sum(z[k].nbytes for k in names) == vd.trace_bytes(trace)["layer:encoder"]
         assert list(z["tokens.source"]) == trace.tokens("source")
+
+
+@pytest.mark.parametrize("name", ["toy-translate", "minilm", "smollm2"])
+def test_sizes_come_from_shapes_without_computing_a_layer(name):
+    """Sizing a download computes no layer (a long input's layer is GBs of maps): the sizes
+    come from the configuration and token counts, and equal the arrays once computed."""
+    if not core.MODELS[name].available():
+        pytest.skip(f"{name}'s weight package is not installed")
+    m = core.load_model(name, device="cpu")
+    tr = m.trace("the small dog sees the cat")
+    runner = tr._runner
+
+    def refuse(*a, **k):
+        raise AssertionError("a layer was computed to size a download")
+
+    real = runner.layer, runner.logits
+    runner.layer = runner.logits = refuse
+    try:
+        sizes = vd.trace_bytes(tr)
+    finally:
+        runner.layer, runner.logits = real
+    for stack in tr.stacks():
+        for layer in {0, tr.layers(stack) - 1}:
+            computed = sum(tr[n].numel() * tr[n].element_size() for n in tr.names(f"{stack}.{layer}."))
+            assert sizes[f"layer:{stack}"] == computed, (stack, layer)
+
+
+def test_download_budget_is_stated():
+    budget, why = vd.download_budget()
+    assert 0 < budget <= vd.DOWNLOAD_CAP_BYTES and vd.human(budget) in why
+
+
+def test_whole_trace_over_the_budget_is_not_offered(app_test, monkeypatch):
+    """A download bigger than the budget is not offered; the page says its size against the
+    budget, and the layer alone (which fits) still is."""
+    text = "the small dog sees the cat"
+    m = core.load_model("toy-translate", device="cpu")
+    sizes = vd.trace_bytes(m.trace(text))
+
+    def buttons(at):
+        return {b.proto.id.rsplit("-", 1)[-1]: b for b in at.get("download_button") if "explore-dl-" in b.proto.id}
+
+    at = app_test("explore", text=text)
+    at.run()
+    assert {"csv", "layer", "npz"} <= set(buttons(at))
+    monkeypatch.setattr(vd, "DOWNLOAD_CAP_BYTES", sizes["layer:encoder"] + 1)
+    at = app_test("explore", text=text)
+    at.run()
+    got = buttons(at)
+    assert "npz" not in got and "layer" in got and not got["layer"].proto.disabled
+    said = " ".join(c.value for c in at.caption)
+    assert "Whole trace not offered" in said and f"≈{vd.human(sizes['total'])}" in said
+    assert vd.human(sizes["layer:encoder"] + 1) in said

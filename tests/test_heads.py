@@ -13,6 +13,7 @@ import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
 from core import analysis
 from viz import heads as hv
+from viz.figures import CHAR_PX
 
 TEXT = "the small dog sees the cat"
 
@@ -112,9 +113,13 @@ def test_top_heads_link_to_explore(app_test, toy):
     at = app_test("heads", text=TEXT)
     at.run()
     links = at.get("page_link")
-    assert len(links) == 5
+    assert len(links) == 10  # induction: each head on the sentence, then on the repeated sequence
+    rep = analysis.repeated_text(toy, "encoder")
     top = analysis.top_heads(analysis.head_scores(toy, TEXT).query("stack == 'encoder'"), "induction", 5)
-    for link, row in zip(links, top.itertuples()):
+    for link, row in zip(links[1::2], top.itertuples()):
+        assert urllib.parse.parse_qs(link.proto.query_string)["text"] == [rep["text"]]
+        assert urllib.parse.parse_qs(link.proto.query_string)["layer"] == [str(row.layer)]
+    for link, row in zip(links[::2], top.itertuples()):
         assert link.proto.label.startswith(f"layer {row.layer} · head {row.head}:")
         assert link.proto.page == "explore"
         assert urllib.parse.parse_qs(link.proto.query_string) == {
@@ -162,3 +167,43 @@ def test_smollm2_page_notes_induction_heads(app_test):
     assert any("Induction heads" in i.value for i in at.info)
     z = decode_array(figure(chart_by_key(at, "heads-induction"))["data"][0]["z"]).astype(float)
     assert z.shape == (30, 9) and np.nanmax(z) > 0.5
+
+
+def test_induction_link_opens_the_repeated_sequence(app_test):
+    """Beside each induction link, one that opens Explore on the repeated sequence the score was
+    read on; at that head, the score recomputed from the opened map is the head score."""
+    if not core.MODELS["smollm2"].available():
+        pytest.skip("smollm2's weight package is not installed")
+    m = core.load_model("smollm2", device="cpu")
+    rep = analysis.repeated_text(m)
+    at = app_test("heads", model="smollm2", text="The cat sat on the mat.")
+    at.run()
+    assert_no_exception(at)
+    links = [urllib.parse.parse_qs(l.proto.query_string, keep_blank_values=True) for l in at.get("page_link")]
+    on_repeat = [q for q in links if q["text"] == [rep["text"]]]
+    assert len(on_repeat) == 5 and len(links) == 10  # one per top head, beside its link on the sentence
+    scores = analysis.head_scores(m, "The cat sat on the mat.")
+    best = analysis.top_heads(scores, "induction", 1).iloc[0]
+    q = on_repeat[0]
+    assert (q["layer"], q["head"]) == ([str(best["layer"])], [str(best["head"])])
+    ex = app_test("explore", **{k: v[0] for k, v in q.items()})
+    ex.run()
+    assert_no_exception(ex)
+    z = decode_array(figure(chart_by_key(ex, "explore-heatmap"))["data"][0]["z"]).astype(float)
+    r, start = rep["r"], rep["start"]
+    assert z.shape == (len(rep["ids"]),) * 2
+    stripe = np.mean([z[i, i - r + 1] for i in range(start, start + r)])
+    assert stripe == pytest.approx(best["induction"], abs=1e-4) and stripe > 0.5
+
+
+def test_head_labels_stay_level_and_apart():
+    """12 heads (minilm) in a third of the page: the head labels stay horizontal (upright ones
+    ran into the chart's title) and only as many are written as fit side by side."""
+    rows = [{"stack": "encoder", "layer": l, "head": h, **{s: 0.5 for s in analysis.SCORES}}
+            for l in range(6) for h in range(12)]
+    fig = hv.score_heatmap(pd.DataFrame(rows), "self", "encoder")
+    ax = fig.layout.xaxis
+    assert ax.tickangle == 0 and list(ax.tickvals) == [0, 2, 4, 6, 8, 10]
+    assert list(ax.ticktext) == ["H0", "H2", "H4", "H6", "H8", "H10"]
+    width = len(ax.ticktext) * (CHAR_PX * 3 + 4)  # each label's width, at most "H10"
+    assert width <= hv.HEAD_AXIS_PX

@@ -197,9 +197,9 @@ def test_memory_is_bounded_over_200_sentences(tmp_path, toy):
                         latencies.append(await open_explore(page, server, s, tokens[s], timeout_ms=120_000))
                     else:  # the same visitor types the next sentence
                         t0 = time.perf_counter()
-                        box = page.get_by_label("Sentence (press Enter)", exact=True)
+                        box = page.get_by_label("Sentence (press Ctrl+Enter)", exact=True)
                         await box.fill(s)
-                        await box.press("Enter")
+                        await box.press("Control+Enter")
                         await page.wait_for_function(SHOWS, arg=" ".join(tokens[s]), timeout=120_000, polling=50)
                         latencies.append(time.perf_counter() - t0)
                     n += 1

@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from viz.figures import safe_labels
+from viz.text import token_text
 
 Head = Tuple[str, int, int]
 STACKS = ("encoder", "decoder")
@@ -97,8 +98,8 @@ def next_token_table(before_tokens: Sequence[str], before_probs, after_tokens: S
     k = min(k, len(before_tokens), len(after_tokens))
     return pd.DataFrame({
         "rank": np.arange(1, k + 1),
-        "before": [repr(t) for t in before_tokens[:k]], "p before": bp[:k],
-        "after": [repr(t) for t in after_tokens[:k]], "p after": ap[:k],
+        "before": [token_text(t) for t in before_tokens[:k]], "p before": bp[:k],
+        "after": [token_text(t) for t in after_tokens[:k]], "p after": ap[:k],
     })
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import weakref
 import zipfile
 from typing import Dict, Optional
@@ -22,10 +23,55 @@ def _nbytes(x) -> int:
     return int(x.numel() * x.element_size()) if hasattr(x, "numel") else int(np.asarray(x).nbytes)
 
 
+_ATTN_KINDS = ("self_attn", "cross_attn")
+_QUERY_SIDE = ("q", "q_pre_rope", "heads")  # H x n_q x d_head
+_KEY_SIDE = ("k", "k_pre_rope", "v")  # H_kv x n_k x d_head
+_MAPS = ("scores", "scaled", "masked", "weights")  # H x n_q x n_k
+
+
+def _side_lengths(trace, stack: str, kind: str):
+    q = "source" if stack == "encoder" else "target"
+    k = "source" if stack == "encoder" or kind == "cross_attn" else "target"
+    return len(trace.tokens(q)), len(trace.tokens(k))
+
+
+def name_shape(trace, name: str):
+    """The shape of a name that is not stored, from the model's configuration (trace.meta's
+    'config') and the token counts alone: nothing is computed. None when no rule knows it."""
+    cfg = trace.meta.get("config") or {}
+    h, dh, d = int(cfg.get("n_heads", 0)), int(cfg.get("d_head", 0)), int(cfg.get("d_model", 0))
+    h_kv, d_ff, vocab = int(cfg.get("n_kv_heads") or h), int(cfg.get("d_ff", 0)), int(cfg.get("tgt_vocab_size", 0))
+    if name in ("logits", "probs"):
+        return (len(trace.tokens("target")), vocab)
+    if name == "last.probs":
+        return (vocab,)
+    where = layer_of(name)
+    if where is None or not (h and dh and d):
+        return None
+    stack, rest = where[0], name.split(".", 2)[2]
+    kind, _, part = rest.partition(".")
+    if kind in _ATTN_KINDS:
+        n_q, n_k = _side_lengths(trace, stack, kind)
+        return {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
+                **{p: (h, n_q, n_k) for p in _MAPS}, "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
+    n = _side_lengths(trace, stack, "self_attn")[0]
+    return (n, d_ff) if rest == "ffn.hidden" else (n, d)  # residuals, norms, ffn.out, out: n x d_model
+
+
+def name_bytes(trace, name: str, itemsize: int = 4) -> int:
+    """Bytes of one name in an NPZ: a stored name's own size; any other from its shape (name_shape),
+    never by computing it. Recomputed names are float32 (`itemsize`)."""
+    if trace.is_stored(name) and name != "last.probs":
+        return _nbytes(trace[name])
+    shape = name_shape(trace, name)
+    if shape is None:
+        raise KeyError(f"no shape rule for {name!r}")
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
 def layer_bytes(trace, stack: str, layer: int = 0) -> int:
-    """Bytes of every name inside one layer of a stack (computes that layer once)."""
-    prefix = f"{stack}.{layer}."
-    return sum(_nbytes(trace[n]) for n in trace.names(prefix))
+    """Bytes of every name inside one layer of a stack, from shapes (computes nothing)."""
+    return sum(name_bytes(trace, n) for n in trace.names(f"{stack}.{layer}."))
 
 
 _SIZES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # trace -> sizes: once per trace
@@ -33,25 +79,18 @@ _SIZES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # trace -> si
 
 def trace_bytes(trace, at: Optional[Dict[str, int]] = None) -> Dict[str, int]:
     """{'total': bytes of the whole trace's NPZ (uncompressed), 'layer:<stack>': bytes of one
-    layer of that stack}, from the shapes of one layer per stack (`at`: stack -> the layer to
-    measure, e.g. the one on screen, whose maps are already computed; default 0)."""
+    layer of that stack}, from the shapes of the names (name_bytes): no layer is computed to
+    size a download. `at` (stack -> layer) is accepted for callers; every layer of a stack
+    has the same names and shapes."""
     try:
         return _SIZES[trace]
     except (KeyError, TypeError):
         pass
-    at = at or {}
-    out, total, per_stack = {}, 0, {}
-    for n in trace.names():
-        where = layer_of(n)
-        if n in ("logits", "probs"):  # n_t x V float32: counted from the shape, never computed here
-            total += 4 * len(trace.tokens("target")) * int(trace.meta.get("config", {}).get("tgt_vocab_size", 0))
-        elif where is None:
-            total += _nbytes(trace[n])
-        elif where[1] == at.get(where[0], 0):
-            per_stack[where[0]] = per_stack.get(where[0], 0) + _nbytes(trace[n])
-    for stack, b in per_stack.items():
-        out[f"layer:{stack}"] = b
-        total += b * trace.layers(stack)
+    out, total = {}, 0
+    for stack in trace.stacks():
+        out[f"layer:{stack}"] = layer_bytes(trace, stack, 0)
+        total += out[f"layer:{stack}"] * trace.layers(stack)
+    total += sum(name_bytes(trace, n) for n in trace.names() if layer_of(n) is None)
     out["total"] = total
     try:
         _SIZES[trace] = out
@@ -71,6 +110,37 @@ def layer_npz(trace, stack: str, layer: int) -> bytes:
             with zf.open(name + ".npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
     return buf.getvalue()
+
+
+DOWNLOAD_CAP_BYTES = 2 * 2**30  # a download is built in the server's memory before it is sent: never above this
+MEMORY_SHARE = 0.25  # ... nor above this share of the memory available when it is offered
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available now (Linux's MemAvailable, else free pages by os.sysconf), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def download_budget():
+    """(bytes, why): the largest download offered, min(DOWNLOAD_CAP_BYTES, MEMORY_SHARE of the
+    memory available now), and a sentence that says so."""
+    avail = available_memory()
+    cap = DOWNLOAD_CAP_BYTES
+    if avail is None:
+        return cap, f"{human(cap)} (a fixed cap; this system does not say how much memory is free)"
+    budget = max(1, min(cap, int(avail * MEMORY_SHARE)))
+    return budget, (f"{human(budget)} (a quarter of the {human(avail)} of memory available now, "
+                    f"at most {human(cap)})")
 
 
 def human(n: int) -> str:

@@ -28,7 +28,7 @@ from viz.select import SPECIAL_TOKENS, View, attention_matrix, drop_special
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
 MAX_GRID_SIDE = 48  # each thumbnail of the model view at most this many cells per side
 MAX_GRID_LAYERS = 12  # deeper models show a range of layers in the model view
-HEAD_VIEW_MAX = 96  # the head view (lines between tokens) is drawn up to this many tokens
+HEAD_VIEW_MAX = 96  # the head view (lines between tokens) draws a window of at most this many tokens
 
 
 # ------------------------------------------------------------------ words
@@ -108,6 +108,15 @@ def reduce_map(matrix, q_labels: Sequence[str], k_labels: Sequence[str], max_sid
     qg, kg = blocks(n_q, max_side), blocks(n_k, max_side)
     z = reduce_to(m, max_side)
     return z, block_labels(qg, q_labels), block_labels(kg, k_labels), len(qg[0]), len(kg[0])
+
+
+def head_view_window(n_q: int, n_k: int, start: int, size: int = HEAD_VIEW_MAX) -> Tuple[slice, slice]:
+    """The queries and keys a head view draws for a window of `size` positions from `start`
+    (clamped so the window fits each side; a side that fits is drawn whole)."""
+    def side(n):
+        lo = min(max(0, int(start)), max(0, n - size))
+        return slice(lo, min(n, lo + size))
+    return side(n_q), side(n_k)
 
 
 def reduce_stack(weights_by_layer: Sequence, max_side: int = MAX_GRID_SIDE) -> List[torch.Tensor]:

@@ -15,19 +15,19 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.reduce import thinned
+from viz.text import token_text
 
 ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
 MAX_TICKS = 64  # beyond this many tokens, label every k-th tick
-HOVER_LABEL_CELLS = 40_000  # larger maps hover with indices only (labels per cell cost ~40 bytes each)
+HOVER_LABEL_CELLS = 40_000  # larger maps name cells through their axes (labels per cell cost ~40 bytes each)
 NEG_INF_TEXT_UP_TO = 32  # write '-∞' in masked cells up to this many rows and columns; beyond, cells are
 # too small to read it, and plotly draws one SVG text per cell (seconds for a 96 x 96 map)
 
 
 def safe_label(tok: str) -> str:
     """A token as plain text for plotly (escapes markup, shows whitespace)."""
-    tok = tok.replace("\n", "\\n").replace("\t", "\\t")
-    return html.escape(tok, quote=False) if tok.strip() else repr(tok)
+    return html.escape(token_text(tok.replace("\t", "\\t")), quote=False)
 
 
 def safe_labels(tokens: Sequence[str]) -> list:
@@ -68,6 +68,9 @@ def matrix_heatmap(
     hover_from_axes=True, when every label of each axis is distinct (a long map's block labels):
     the axes are category axes whose values are the labels, and the hover reads a cell's labels
     from them, so n_x + n_y labels are sent instead of two per cell (0.5 MB for a 96 x 96 map).
+    A map of more than HOVER_LABEL_CELLS cells (a long input drawn at full resolution) does the
+    same with labels made distinct by their position ("bank (12)"), so its hover names the
+    tokens too, not only their positions.
     Positions (ticks, the highlighted row) stay numeric: category i sits at i."""
     z = to_numpy(z)
     n_y, n_x = z.shape
@@ -80,6 +83,11 @@ def matrix_heatmap(
         if not show_values:
             text = np.where(np.isneginf(z), "-∞", "")
     on_axes = hover_labels and hover_from_axes and len(set(x_labels)) == n_x and len(set(y_labels)) == n_y
+    x_values, y_values = x_labels, y_labels
+    if hover_labels and not on_axes and n_x * n_y > HOVER_LABEL_CELLS:  # too many cells for labels per cell
+        on_axes = True
+        x_values = [f"{t} ({i})" for i, t in enumerate(x_labels)]
+        y_values = [f"{t} ({i})" for i, t in enumerate(y_labels)]
     if on_axes:
         custom = None
         hover = (f"{y_title or 'row'}: %{{y}}<br>{x_title or 'column'}: %{{x}}<br>{value_name}: %{{z:.4f}}"
@@ -91,7 +99,7 @@ def matrix_heatmap(
     else:
         custom = None
         hover = f"{y_title or 'row'} %{{y}}<br>{x_title or 'column'} %{{x}}<br>{value_name}: %{{z:.4f}}<extra></extra>"
-    heatmap = dict(z=finite, x=x_labels if on_axes else list(range(n_x)), y=y_labels if on_axes else list(range(n_y)),
+    heatmap = dict(z=finite, x=x_values if on_axes else list(range(n_x)), y=y_values if on_axes else list(range(n_y)),
                    zmin=zmin, zmax=zmax, colorscale=colorscale, customdata=custom, hovertemplate=hover, text=text,
                    texttemplate="%{text}" if text is not None else None, colorbar=dict(thickness=12))
     if max(n_x, n_y) > 200:

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.figures import ATTN_SCALE, safe_labels
+from viz.figures import ATTN_SCALE, CHAR_PX, safe_labels
 
 SCORE_LABELS = {
     "previous_token": "previous token: mean A[i, i-1]",
@@ -24,6 +24,10 @@ SCORE_LABELS = {
     "induction": "induction: mean A[i, i-R+1] on a repeat",
     "duplicate_token": "duplicate token: mean A[i, i-R] on a repeat",
 }
+
+
+HEAD_AXIS_PX = 160  # the narrowest a score map's head axis is drawn (one of three columns, less its colour bar)
+REPEAT_SCORES = ("induction", "duplicate_token")  # read on the seeded random repeat, not the user's text
 
 
 def score_matrix(scores: pd.DataFrame, score: str, stack: str) -> np.ndarray:
@@ -56,8 +60,12 @@ def score_heatmap(scores: pd.DataFrame, score: str, stack: str, title: Optional[
         hovertemplate="layer %{customdata[0]} · head %{customdata[1]}<br>" + score
                       + " %{customdata[2]:.3f}<br>click to open this head in Explore<extra></extra>")
     fig = go.Figure([heat, targets])
-    fig.update_xaxes(tickvals=list(range(n_heads)), ticktext=[f"H{h}" for h in range(n_heads)], side="top",
-                     showgrid=False, zeroline=False)
+    # head labels stay level (plotly turns crowded ones upright, into the title above): every k-th
+    # head, as many as fit the narrowest plot (a third of a page, less the colour bar)
+    label_px = CHAR_PX * len(f"H{n_heads - 1}") + 4  # CHAR_PX is an upper bound; 4 px apart
+    every = max(1, int(np.ceil(n_heads * label_px / HEAD_AXIS_PX)))
+    fig.update_xaxes(tickvals=list(range(0, n_heads, every)), ticktext=[f"H{h}" for h in range(0, n_heads, every)],
+                     side="top", tickangle=0, showgrid=False, zeroline=False)
     step = 1 if n_layers <= 12 else 2
     fig.update_yaxes(tickvals=list(range(0, n_layers, step)), ticktext=[f"L{l}" for l in range(0, n_layers, step)],
                      autorange="reversed", showgrid=False, zeroline=False)

@@ -51,6 +51,13 @@ def url_value(raw, limit: int = 40) -> str:
     return "`" + text.replace("`", "ˋ") + "`"
 
 
-def _md_code(tok: str) -> str:
-    tok = tok.replace("`", "ˋ").replace("\n", "\\n")
+def token_text(tok: str) -> str:
+    """A token as the app shows it: a newline as \\n, and a blank token (spaces) as one visible
+    space symbol ␣ per character, so ' ' is seen and told apart from '  '."""
+    tok = tok.replace("\n", "\\n")
     return tok if tok.strip() else "␣" * max(1, len(tok))
+
+
+def _md_code(tok: str) -> str:
+    """A token for a Markdown code span (the token chips)."""
+    return token_text(tok.replace("`", "ˋ"))

@@ -15,24 +15,26 @@ from viz import export
 PNG_SCALE = 2
 
 
-def modebar_config(key: str) -> dict:
-    """plotly.js config: the camera button saves `<key>.png` at PNG_SCALE x the shown size."""
-    return {"toImageButtonOptions": {"format": "png", "scale": PNG_SCALE, "filename": key},
+def modebar_config(name: str) -> dict:
+    """plotly.js config: the camera button saves `<name>.png` at PNG_SCALE x the shown size."""
+    return {"toImageButtonOptions": {"format": "png", "scale": PNG_SCALE, "filename": name},
             "displaylogo": False}
 
 
-def chart(fig, key: str, where=None, **kwargs):
+def chart(fig, key: str, where=None, name: str = "", **kwargs):
     """st.plotly_chart(fig, key=key, **kwargs) in `where` (default: the page), with the
-    2x PNG camera button and an SVG download under it. Returns plotly_chart's value."""
+    2x PNG camera button and an SVG download under it, both files named `name` (what the
+    figure shows, as its CSV is; default: the key). Returns plotly_chart's value."""
     where = st if where is None else where
-    event = where.plotly_chart(fig, key=key, config=modebar_config(key), **kwargs)
+    name = name or key
+    event = where.plotly_chart(fig, key=key, config=modebar_config(name), **kwargs)
     try:
         export.find_browser()
         missing = None
     except export.ExportError as exc:
         missing = str(exc)
     where.download_button(
-        "SVG", data=lambda: export.to_bytes(fig, "svg"), file_name=f"{key}.svg", mime="image/svg+xml",
+        "SVG", data=lambda: export.to_bytes(fig, "svg"), file_name=f"{name}.svg", mime="image/svg+xml",
         key=f"{key}-svg", on_click="ignore", type="tertiary", icon=":material/download:",
         disabled=missing is not None,
         help=missing or "Download this figure as SVG (vector, for papers); the camera icon on the chart gives a PNG at 2x.")

@@ -57,8 +57,8 @@ with top[1]:
 compare_state.offer_their_sentence(state, model_name, names, model_key, text_a_key, text_b_key)
 
 cols = st.columns(2)
-text_a = cols[0].text_input("Sentence A (press Enter)", key=text_a_key)
-text_b = cols[1].text_input("Sentence B (press Enter)", key=text_b_key)
+text_a = widgets.text_box("Sentence A", text_a_key, where=cols[0])
+text_b = widgets.text_box("Sentence B", text_b_key, where=cols[1])
 
 
 def _stop(message: str) -> None:

@@ -61,11 +61,11 @@ def _mode_changed() -> None:
 
 
 with text_col:
-    if decoder_only:  # prompts may hold newlines (chat templates): a text area keeps them
-        text = st.text_area("Prompt (the decoder's prefix; press Ctrl+Enter)", key=text_key, height=80,
-                            help="The prompt is the decoder's input; generated tokens follow it.")
+    if decoder_only:
+        text = widgets.text_box("Prompt (the decoder's prefix)", text_key,
+                                help="The prompt is the decoder's input; generated tokens follow it.")
     else:
-        text = st.text_input("Source sentence (press Enter)", key=text_key, help="Type a sentence and press Enter.")
+        text = widgets.text_box("Source sentence", text_key)
 
 examples = [widgets.NOTES_EXAMPLES["Show me the money"]] if not decoder_only else []
 examples += [e for e in model.examples[:5] if e.lower() not in {x.lower() for x in examples}][: 5 - len(examples)]
@@ -112,9 +112,8 @@ if mode == "teacher":
 
     tcols = st.columns([5, 1.2])
     target_label = "Continuation (appended to the prompt)" if decoder_only else "Target (the decoder input after <start>)"
-    target_widget = tcols[0].text_area if decoder_only else tcols[0].text_input
-    target = target_widget(target_label, key=target_key,
-                           help="Teacher forcing feeds the whole target at once; the look-ahead mask keeps it "
+    target = widgets.text_box(target_label, target_key, where=tcols[0],
+                              help="Teacher forcing feeds the whole target at once; the look-ahead mask keeps it "
                                 "autoregressive. It starts as the model's own greedy output.")
     tcols[1].button("Use the greedy output", key="decoder-use-greedy", on_click=_use_generated, width="stretch")
     if not (target or "").strip():

@@ -1,5 +1,6 @@
 """Downloads under a map: the map (CSV), its layer (NPZ), the whole trace (NPZ), each labelled
-with what it holds and its size, and named for it."""
+with what it holds and its size, and named for it; a file over the download budget
+(viz.downloads.download_budget) is not offered, and the page says why."""
 
 from __future__ import annotations
 
@@ -13,11 +14,21 @@ from viz.figures import attention_frame
 WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
 
 
+def _base(model: str, stack: str, kind: str, layer: int) -> str:
+    return f"{model}-{stack}-{kind.replace('_', '-')}-layer{layer}"
+
+
+def map_name(*, model: str, stack: str, kind: str, layer: int, head, suffix: str = "") -> str:
+    """The file name (without extension) of one map, the same for its CSV, SVG and PNG
+    (head None: the mean over heads)."""
+    head_part = "mean-of-heads" if head is None else f"head{head}"
+    return f"{_base(model, stack, kind, layer)}-{head_part}{suffix}-map"
+
+
 def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: str, layer: int, head, key: str,
           suffix: str = "") -> None:
     """head None: the map is the mean over heads."""
-    head_part = "mean-of-heads" if head is None else f"head{head}"
-    base = f"{model}-{stack}-{kind.replace('_', '-')}-layer{layer}"
+    base = _base(model, stack, kind, layer)
     sizes = vd.trace_bytes(trace, at={stack: layer})
     cols = st.columns(3)
     if matrix is not None:
@@ -25,14 +36,18 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
             return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
 
         cols[0].download_button(f"This map (CSV, {matrix.shape[-2]}×{matrix.shape[-1]})", csv,
-                                file_name=f"{base}-{head_part}{suffix}-map.csv", mime="text/csv",
+                                file_name=map_name(model=model, stack=stack, kind=kind, layer=layer, head=head,
+                                                   suffix=suffix) + ".csv", mime="text/csv",
                                 key=f"{key}-csv", on_click="ignore")
     layer_size = sizes.get(f"layer:{stack}", 0)
+    budget, why = vd.download_budget()
     cols[1].download_button(f"Layer {layer}, all heads (NPZ, ≈{vd.human(layer_size)})",
                             lambda: vd.layer_npz(trace, stack, layer), file_name=f"{base}-all-heads.npz",
                             mime="application/octet-stream", key=f"{key}-layer", on_click="ignore",
+                            disabled=layer_size > budget,
                             help="Every tensor of this layer (each head's queries, keys, values, scores and "
-                                 "weights) and the tokens.")
+                                 "weights) and the tokens." + (f" Not offered: it is over the download budget of "
+                                                               f"{why}." if layer_size > budget else ""))
 
     def npz() -> bytes:  # built only when clicked
         buf = io.BytesIO()
@@ -40,6 +55,12 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
         return buf.getvalue()
 
     total = sizes["total"]
+    n_layers = sum(trace.layers(s) for s in trace.stacks())
+    if total > budget:  # the file is built in memory before it is sent: offer what fits
+        cols[2].caption(f"**Whole trace not offered**: it would be ≈{vd.human(total)} (uncompressed), over the "
+                        f"download budget of {why}, and it is built in this server's memory before it is sent. "
+                        f"Download it layer by layer instead: ≈{vd.human(layer_size)} each, {n_layers} layers.")
+        return
     cols[2].download_button(f"Whole trace, every layer (NPZ, ≈{vd.human(total)})", npz,
                             file_name=f"{model}-whole-trace-all-layers.npz", mime="application/octet-stream",
                             key=f"{key}-npz", on_click="ignore",

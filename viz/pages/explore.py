@@ -13,6 +13,7 @@ from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
 from viz.pages import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
 from viz.select import View, attention_matrix
+from viz.text import _md_code
 
 TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
 
@@ -42,7 +43,7 @@ def _use_example(sentence: str) -> None:
 
 
 with text_col:
-    text = st.text_input("Sentence (press Enter)", key=text_key)
+    text = widgets.text_box("Sentence", text_key)
 st.caption("Examples from the lecture notes and for this model:")
 widgets.example_buttons(examples, "explore-ex", _use_example)
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
@@ -67,7 +68,7 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
     widgets.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')}), "
                        f"then predicts: {' '.join(trace.tokens('next')[:1])}")
 elif model.kind == "decoder" and trace.tokens("next"):
-    st.caption(f"Next-token prediction after the prompt: {trace.tokens('next')[0]!r}")
+    st.caption(f"Next-token prediction after the prompt: `{_md_code(trace.tokens('next')[0])}`")
 
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
@@ -119,6 +120,7 @@ if words:
 else:
     matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
 unit = "words" if words else "tokens"
+map_name = dl.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
 
 tab_map, tab_model, tab_heads = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS], key=tab_key, on_change="rerun")
 with tab_map:
@@ -138,7 +140,7 @@ with tab_map:
                           zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
-        charts.chart(fig, key="explore-heatmap", width="stretch")
+        charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
         st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
                    "Hover a cell for the exact weight.")
         dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
@@ -190,18 +192,31 @@ with tab_model:
         small = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
                                               fixed_scale=not per_map, height=420, log_scale=log_scale),
                                       zq, zk, min_top=90)
-        charts.chart(small, key="explore-enlarged", width="stretch")
+        charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
 
 with tab_heads:
     if tab_heads.open is not False:
         chosen = st.multiselect("Heads shown", list(range(n_heads)), key=heads_key, format_func=lambda h: f"head {h}")
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
-        elif max(matrix.shape) > ex.HEAD_VIEW_MAX:
-            st.info(f"The head view draws a line per pair of {unit}; with {max(matrix.shape)} {unit} it would be "
-                    f"unreadable, so it is drawn up to {ex.HEAD_VIEW_MAX}. Use the heatmap or the model view.")
         else:
             w_all = ex.word_stack(trace, stack, kind, [layer], text)[0] if words else trace[view.name]
-            charts.chart(head_view(w_all, q_toks, k_toks, heads=chosen,
-                                   title=f"layer {layer}: queries (left) → keys (right)"),
+            n_q, n_k = w_all.shape[-2], w_all.shape[-1]
+            qs = ks = slice(None)
+            where = ""
+            if max(n_q, n_k) > ex.HEAD_VIEW_MAX:  # a window of the input the user moves along it
+                last = max(n_q, n_k) - ex.HEAD_VIEW_MAX
+                if not 0 <= st.session_state.get("explore.hv_start", 0) <= last:
+                    st.session_state["explore.hv_start"] = 0
+                start = st.slider(f"Window of {ex.HEAD_VIEW_MAX} {unit}: first position", 0, last, key="explore.hv_start",
+                                  help=f"A line per pair of {max(n_q, n_k)} {unit} would be unreadable: the head view "
+                                       f"draws {ex.HEAD_VIEW_MAX} at a time. Move the window along the input.")
+                qs, ks = ex.head_view_window(n_q, n_k, start)
+                where = f" · {unit} {qs.start}–{qs.stop - 1}"
+                st.caption(f"Lines among {unit} {qs.start}–{qs.stop - 1} (queries) and {ks.start}–{ks.stop - 1} (keys) "
+                           f"of {max(n_q, n_k)} only, drawn with each head's **real weights, not renormalised**: a "
+                           "query's weight to keys outside the window is not drawn, so its lines can add up to less "
+                           "than 1 (in a long prompt most of it often goes to the first token).")
+            charts.chart(head_view(w_all[:, qs, ks], q_toks[qs], k_toks[ks], heads=chosen,
+                                   title=f"layer {layer}{where}: queries (left) → keys (right)"),
                          key="explore-headview", width="stretch")

@@ -28,8 +28,8 @@ if model is None:
     st.stop()
 text_key = state.seeded_key("text", model.examples[0] if model.examples else analysis.DEFAULT_SENTENCE)
 with text_col:
-    text = st.text_input("Sentence (press Enter)", key=text_key,
-                         help="previous-token, first-token and self scores are read on this sentence.")
+    text = widgets.text_box("Sentence", text_key,
+                            help="previous-token, first-token and self scores are read on this sentence.")
 
 trace = models.get_trace(model_name, text)
 state.publish(model=model_name, text=text)
@@ -42,6 +42,11 @@ if trace is None:
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _head_scores(model_name: str, text: str, _model, _trace):
     return analysis.head_scores(_model, trace=_trace)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _repeat_text(model_name: str, stack: str, _model):
+    return analysis.repeated_text(_model, stack)
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
@@ -80,7 +85,8 @@ def _open(chart_key: str) -> None:
 st.subheader("Head scores")
 st.caption(f"Rows are layers, columns heads. previous token, first token and self are read on your sentence; induction "
            f"and duplicate token on {analysis.REPEAT_LENGTH} random tokens repeated twice (R = "
-           f"{analysis.REPEAT_LENGTH}, seeded). Click a cell to open that head in Explore.")
+           f"{analysis.REPEAT_LENGTH}, seeded). Click a cell to open that head in Explore on your sentence; the top induction and duplicate-token "
+           "heads also link to the repeated sequence their score was read on.")
 cols = st.columns(3)
 for k, score in enumerate(analysis.SCORES):
     key = f"heads-{score}"
@@ -92,9 +98,18 @@ with cols[2]:
     score = st.selectbox("Top heads by", analysis.SCORES, key="heads.top", index=3,
                          format_func=lambda s: s.replace("_", " "))
     top = analysis.top_heads(scores[scores["stack"] == stack], score, 5)
+    rep = _repeat_text(model_name, stack, model) if score in hv.REPEAT_SCORES else None
     for row in top.itertuples():
         st.page_link("viz/pages/explore.py", label=f"layer {row.layer} · head {row.head}: {getattr(row, score):.3f}",
                      query_params=hv.explore_params(model_name, text, stack, row.layer, row.head))
+        if rep is not None and rep["text"] is not None:
+            st.page_link("viz/pages/explore.py", label="↳ on the repeated sequence it was scored on",
+                         query_params=hv.explore_params(model_name, rep["text"], stack, row.layer, row.head),
+                         help=f"Explore this head on the {2 * rep['r']} random tokens (R = {rep['r']}, repeated "
+                              "twice) its score was read on: an induction head's stripe sits one below the "
+                              "diagonal of the earlier copy.")
+    if rep is not None and rep["why"]:
+        st.caption(f"The repeated sequence cannot be opened as it was scored: {rep['why']}.")
 if model.kind == "decoder":
     st.info("**Induction heads** (Olsson et al. 2022) complete patterns: after [A][B] … [A], they attend from the second "
             "[A] to the token that followed the first one, [B], and help copy it. On a random sequence repeated twice "

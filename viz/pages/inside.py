@@ -37,15 +37,15 @@ def _use_example(sentence: str) -> None:
 
 
 with text_col:
-    text = st.text_input("Sentence (press Enter)", key=text_key, help="Type any sentence and press Enter.")
+    text = widgets.text_box("Sentence", text_key)
 target = ""
 if model.kind == "encoder":
     state.ignored_if_given("target", f"{model_name} is an encoder: it reads no target")
 if model.kind == "encoder-decoder":
-    target = st.text_input("Target (optional, teacher forcing; empty = the model's own greedy translation)",
-                           key=target_key)
+    target = widgets.text_box("Target (optional, teacher forcing; empty = the model's own greedy translation)",
+                             target_key)
 elif model.kind == "decoder":
-    target = st.text_input("Continuation (optional, appended to the prompt)", key=target_key)
+    target = widgets.text_box("Continuation (optional, appended to the prompt)", target_key)
 widgets.example_buttons(examples, "inside-ex", _use_example, max_cols=6)
 run_model = training_panel.training_step(state, model_name, model, text, "inside")  # toy-translate: a training step
 

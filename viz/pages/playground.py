@@ -17,7 +17,7 @@ model_name, model, text_col = widgets.model_header(state)
 default_text = model.examples[0] if model is not None and model.examples else widgets.NOTES_EXAMPLES["bank (river)"]
 text_key = state.seeded_key("text", default_text)
 with text_col:
-    text = st.text_input("Sentence (press Enter); used by tabs 2, 3 and 5", key=text_key)
+    text = widgets.text_box("Sentence, used by tabs 2, 3 and 5", text_key)
 trace = models.get_trace(model_name, text) if model is not None else None
 
 keys = playground_controls.seeded_keys(state, trace)

@@ -109,7 +109,7 @@ model = models.get_model(model_name)
 widgets.sidebar(model)
 text_key = state.seeded_key("text", widgets.NOTES_EXAMPLES["Show me the money"])
 with top[1]:
-    text = st.text_input("Sentence (press Enter)", key=text_key)
+    text = widgets.text_box("Sentence", text_key)
 state.show_messages()
 
 trace = models.get_trace(model_name, text) if model is not None else None

@@ -108,6 +108,18 @@ def model_picker(state: PageState, allowed=None, label: str = "Model", needs: st
     return st.selectbox(label, names, key=key, format_func=model_label)
 
 
+TEXT_HINT = "press Ctrl+Enter"  # every page's text boxes: multi-line, applied with Ctrl+Enter (⌘+Enter on a Mac)
+
+
+def text_box(label: str, key: str, where=None, help=None, height: int = 80) -> str:
+    """The one kind of text box of the app: multi-line (st.text_area), so a pasted paragraph
+    keeps its newlines (the tokenizer sees them, the URL keeps them); Enter starts a new line,
+    Ctrl+Enter applies (Streamlit says so under the box while it is focused). Every page's
+    sentence, prompt and target box is this one."""
+    where = st if where is None else where
+    return where.text_area(f"{label} ({TEXT_HINT})", key=key, height=height, help=help)
+
+
 def token_chips(tokens, special=None, title: str = "") -> None:
     """Tokens as chips: plain text in st.pills-like badges (never HTML)."""
     if title:
