@@ -145,7 +145,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     details[detail] = {"times": t, "breakdown": collect(b)}
                     results.append(Result("browser", name, median(t), "s", target, note=_note(t) + _where(collect(b))))
 
-            timed_row("sentence", "sentence_minilm", "type a new 20-token sentence + Enter -> heatmap (minilm)", 0.5,
+            timed_row("sentence", "sentence_minilm", "type a new 20-token sentence + Ctrl+Enter -> heatmap (minilm)", 0.5,
                       lambda: scenario_sentence(page, server.url, "minilm", sents, ticks, warm))
             timed_row("model_view", "model_view", "minilm model view: 72 maps drawn after the tab click (20 tokens)",
                       1.5, lambda: scenario_model_view(page, reps, warm, 72))
@@ -211,7 +211,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                                           median(dl["browser"]), "s", 0.3, note=_slider_note(dl["browser"], dl["browser_breakdown"])))
 
             if want("toy") and not quick:
-                name = "type a new 20-word sentence + Enter -> heatmap (toy-translate, greedy translation included)"
+                name = "type a new 20-word sentence + Ctrl+Enter -> heatmap (toy-translate, greedy translation included)"
 
                 def toy_run():
                     toys = toy_sentences(reps + warm + 1)

@@ -15,7 +15,7 @@ def scenario_sentence(page, base_url: str, model_name: str, texts: list, ticks: 
     wait_chart(page, "explore-heatmap")
     times, bds = [], []
     for i, (text, tk) in enumerate(zip(texts[1:], ticks[1:])):
-        press = set_text(page, "Sentence (press Enter)", text)
+        press = set_text(page, "Sentence (press Ctrl+Enter)", text)
         t = timed(page, press, "explore-heatmap", "JSON.stringify(window.__ticks(e)) === JSON.stringify(arg)", tk)
         if i >= warm:
             times.append(t)
@@ -78,7 +78,7 @@ def scenario_long(page, base_url: str, texts: list, warm: int) -> dict:
     for i, text in enumerate(texts):
         click_tab(page, TAB_MAP, 180_000)
         t_start = page.evaluate("() => performance.now()")
-        press = set_text(page, "Sentence (press Enter)", text)
+        press = set_text(page, "Sentence (press Ctrl+Enter)", text)
         t_map = timed(page, press, "explore-heatmap",
                       "window.__rows(e.data[0].z) === 512 || /blocks of/.test(window.__title(e))", None, 180_000)
         bd_map = dict(LAST)

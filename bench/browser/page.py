@@ -162,7 +162,7 @@ def choose(page, label: str, option: str, timed_action=None):
 def set_text(page, label: str, text: str):
     box = page.get_by_label(label)
     box.fill(text)
-    return lambda: box.press("Enter")
+    return lambda: box.press("Control+Enter")  # the text area applies on Ctrl+Enter (Enter is a new line)
 
 
 # ------------------------------------------------------------------ sentences

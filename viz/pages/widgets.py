@@ -130,7 +130,6 @@ def token_chips(tokens, special=None, title: str = "") -> None:
     st.markdown(" ".join(f"`{_md_code(t)}`" for t in shown) + (" …" if len(tokens) > 400 else ""))
 
 
-
 def show_checks(checks) -> None:
     """Checks (viz.checks.Check) as the pages show them: a green caption within the tolerance,
     an st.error past it, each with its error and tolerance."""
