@@ -198,25 +198,42 @@ def step_prompt(model_name: str, text: str):
     cleaned, _ = clean_text(text)
     try:
         enc = model.tokenizer.encode(cleaned)
-        count = len(enc.offsets)
+        count = len(enc) + enc.truncated  # the tokenizer keeps its first max_len tokens and counts the rest
         if count <= limit:
             return text, 0
-        first = count - limit  # the first token kept
-        while first < count:  # a cut inside a word may tokenize longer: move on until it fits
-            start = enc.offsets[first][0]
-            kept = cleaned[start:]
-            n_kept = len(model.tokenizer.encode(kept).offsets)
-            if n_kept <= limit:
-                break
-            first += n_kept - limit
+        kept = _last_tokens(model.tokenizer, cleaned, limit)
+        n_kept = len(model.tokenizer.encode(kept))
     except Exception:
         return text, 0
     cut = count - n_kept
-    st.warning(f"The prompt has {count:,} tokens; {model_name} reads {limit + model.max_new_tokens:,} and the stepper "
-               f"generates up to {model.max_new_tokens} more, so it runs on the prompt's last {n_kept:,} tokens, the "
-               f"ones generation continues from: the first {cut:,} are cut (marked at the start of the decoder "
-               "input below).")
+    context, new = limit + model.max_new_tokens, model.max_new_tokens
+    st.warning(f"The prompt has {count:,} tokens. {model_name} reads at most {context:,} and the stepper generates up "
+               f"to {new} after the prompt, so it runs on the prompt's last {n_kept:,} tokens (the ones generation "
+               f"continues from): the first {cut:,} are cut (marked at the start of the decoder input below).")
     return kept, cut
+
+
+def _last_tokens(tokenizer, text: str, limit: int) -> str:
+    """The end of `text` that tokenizes to at most `limit` tokens, cut at a token boundary: a
+    window of the text's end is tokenized (the tokenizer itself keeps only its first max_len
+    tokens), widened until it holds more than `limit` tokens, then cut after its surplus."""
+    span = 4 * limit
+    for _ in range(40):
+        begin = max(0, len(text) - span)
+        enc = tokenizer.encode(text[begin:])
+        if enc.truncated:  # more than the tokenizer keeps: narrow the window
+            span = max(limit, span * 3 // 4)
+            continue
+        if len(enc) > limit or begin == 0:
+            break
+        span *= 2
+    first = max(0, len(enc) - limit)
+    while True:  # a cut inside a word may tokenize longer: move on until it fits
+        kept = text[begin + enc.offsets[first][0]:] if first < len(enc) else ""
+        n = len(tokenizer.encode(kept))
+        if n <= limit or first >= len(enc):
+            return kept
+        first += n - limit
 
 
 def get_steps(model_name: str, text: str):
