@@ -52,7 +52,8 @@ def test_model_switch_keeps_the_page_working_and_its_controls_true(server, page)
     assert no_exception(page)
     assert _box(page, "decoder-text").input_value() == TEXT
     main = page.locator('[data-testid="stMain"]')
-    shown = [s.get_attribute("aria-valuetext") or s.get_attribute("aria-valuenow") for s in main.get_by_role("slider").all()]
+    shown = [s.get_attribute("aria-valuetext") or s.get_attribute("aria-valuenow")
+             for s in main.get_by_role("slider").all()]
     body = main.inner_text()
     assert re.search(r"Step 2500\s+of 2500", body) and re.search(r"Step 2 of \d+", body), body[:400]
     assert shown[:2] == ["2500 (final)", "2"], shown  # the sliders say what the page says

@@ -94,8 +94,8 @@ for k, score in enumerate(analysis.SCORES):
                         selection_mode="points", width="stretch")
 
 with cols[2]:
-    score = st.selectbox("Top heads by", analysis.SCORES, key=urlflags.option(state, "top", TOP_DEFAULT, analysis.SCORES),
-                         format_func=lambda s: s.replace("_", " "))
+    top_key = urlflags.option(state, "top", TOP_DEFAULT, analysis.SCORES)
+    score = st.selectbox("Top heads by", analysis.SCORES, key=top_key, format_func=lambda s: s.replace("_", " "))
     url["top"] = urlflags.changed(score, TOP_DEFAULT)
     top = analysis.top_heads(scores[scores["stack"] == stack], score, 5)
     for row in top.itertuples():

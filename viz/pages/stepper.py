@@ -83,8 +83,8 @@ def stepper(run: Run, extra: dict) -> None:
     resumed = bool(ss.pop(RESUME, False))
     if ss.get(PLAYING) and not resumed:
         ss[PLAYING] = False
-    state = url_state.PageState("decoder", keys={"browser": IN_BROWSER})  # the URL as it is now: a fragment
-    # rerun reads its own
+    # the URL as it is now (a fragment rerun reads its own); the toggle keeps its own key
+    state = url_state.PageState("decoder", keys={"browser": IN_BROWSER})
     state.extra.update(extra)
     steps, full, first = run.steps, run.full, run.steps[0]
     n_layers = first.layers("decoder")
