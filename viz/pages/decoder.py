@@ -25,7 +25,8 @@ st.caption("The decoder writes its output one token at a time. At every step it 
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
            "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "
            "Transformers handout: inference from <start> to <end>, and teacher forcing).")
-state = url_state.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train"))
+state = url_state.PageState("decoder", fields=("model", "text", "mode", "target", "layer", "head", "step", "step_train",
+                                                "browser"))
 ss = st.session_state
 
 allowed = [n for n, spec in core.MODELS.items() if spec.kind in DECODER_KINDS]
@@ -80,7 +81,7 @@ mode = st.radio("Mode", list(MODES), key=mode_key, format_func=MODES.get, horizo
 
 # ------------------------------------------------------------------ all steps, once (cached)
 run_model = training_panel.training_step(state, model_name, model, text, "decoder")  # toy-translate: a training step
-run_text = models.step_prompt(run_model, text)  # capped where every step's trace is large
+run_text, cut = models.step_prompt(run_model, text)  # a long prompt keeps its last tokens (models.step_limit)
 steps = models.get_steps(run_model, run_text)
 if not steps:
     if steps is not None:  # ran, but generated nothing (max length 0)
@@ -138,7 +139,7 @@ else:
 
 # ------------------------------------------------------------------ the step: controls and maps (a fragment)
 state.show_messages()  # the URL's model, text, mode and target; the fragment says its own (layer, head, step)
-stepper.stepper(stepper.Run(model_name, model, steps, full, prefix_len, decoder_only, end_token, mode_key,
+stepper.stepper(stepper.Run(model_name, model, steps, full, prefix_len, decoder_only, end_token, mode_key, cut,
                             url=dict(model=model_name, text=text, mode=mode, **({"target": target} if full is not None
                                                                                  else {})),
                             run_key=(run_model, run_text, target) if full is not None else ()),

@@ -38,18 +38,18 @@ class StepView:
     ends_with: Optional[int] = None  # the teacher's token after the last input (<end>), if known
 
 
-def _inference(tr, step: int, prefix_len: int, decoder_only: bool) -> StepView:
+def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     row = dv.newest_row(tr)
     v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr["next.probs"]).tolist(),
                  tr.meta["chosen"])
     n_gen = len(v.q_tokens) - prefix_len
     st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_gen} generated "
                 f"token{'s' if n_gen != 1 else ''}), current token in bold, then the token it chooses:")
-    st.markdown(dv.chips_markdown(v.q_tokens, current=row) + " → " + dv.chips_markdown([v.chosen]))
+    st.markdown(dv.chips_markdown(v.q_tokens, current=row, cut=cut) + " → " + dv.chips_markdown([v.chosen]))
     return v
 
 
-def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool) -> StepView:
+def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     q_tokens = full.tokens("target")
     row = dv.step_row(step, prefix_len)
     probs_row = full["probs"][row]
@@ -67,18 +67,19 @@ def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool) -> Ste
         v.forced, v.forced_prob = model.target_strings([forced_id])[0], float(probs_row[forced_id])
     st.markdown(f"**Teacher forcing:** the decoder gets all {len(q_tokens)} input tokens at once; step {step} is "
                 f"row {row} (bold), whose output predicts the next token:")
-    st.markdown(dv.chips_markdown(q_tokens, current=row)
+    st.markdown(dv.chips_markdown(q_tokens, current=row, cut=cut)
                 + (" → teacher's next: " + dv.chips_markdown([v.forced]) if v.forced is not None else ""))
     return v
 
 
 def show_step(model, steps: list, full, *, step: int, layer: int, head: int, prefix_len: int,
-              decoder_only: bool, run_key: tuple = ()) -> tuple:
+              decoder_only: bool, cut: int = 0, run_key: tuple = ()) -> tuple:
     """Draw step `step` (from 1) at this layer and head; `full` is the teacher-forced trace
-    or None (inference), traced by get_trace(*run_key) (model key, prompt, target). Returns
+    or None (inference), traced by get_trace(*run_key) (model key, prompt, target); `cut`:
+    tokens cut from the start of a long prompt, marked before the decoder input. Returns
     (trace, the drawn weights, the query tokens) for the downloads."""
-    v = _inference(steps[step - 1], step, prefix_len, decoder_only) if full is None else \
-        _teacher(model, full, step, prefix_len, decoder_only)
+    v = _inference(steps[step - 1], step, prefix_len, decoder_only, cut) if full is None else \
+        _teacher(model, full, step, prefix_len, decoder_only, cut)
     tr, row, q_tokens = v.tr, v.row, v.q_tokens
     mask = dv.head_matrix(tr, f"decoder.{layer}.self_attn.mask", head)
     masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)

@@ -8,7 +8,7 @@ import streamlit as st
 from core import analysis
 from viz import heads as hv
 from viz.explore import view_sides
-from viz.pages import charts, models, url_state, widgets
+from viz.pages import charts, models, url_state, urlflags, widgets
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
@@ -21,7 +21,8 @@ if pending:
 st.title("Which heads do what")
 st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
            "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
-state = url_state.PageState("heads", fields=("model", "text"))
+state = url_state.PageState("heads", fields=("model", "text", "top", "token"))
+TOP_DEFAULT = "induction"
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -32,9 +33,10 @@ with text_col:
                             help="previous-token, first-token and self scores are read on this sentence.")
 
 trace = models.get_trace(model_name, text)
-state.publish(model=model_name, text=text)
+url = dict(model=model_name, text=text)  # what the URL holds so far; the top-heads score and token join below
 state.show_messages()
 if trace is None:
+    state.publish(**url)
     st.stop()
 
 
@@ -65,11 +67,14 @@ try:
         scores = _head_scores(model_name, text, model, trace)
 except Exception as exc:  # a model the scores cannot run on must not take the page down
     st.error(f"Could not score the heads of {model_name}: {exc}")
+    state.publish(**url)
     st.stop()
 
 stacks = trace.stacks()
 stack = stacks[0]
 if len(stacks) > 1:
+    state.keep("heads.stack", st.session_state.get("heads.stack") if st.session_state.get("heads.stack") in stacks
+               else stacks[0])
     stack = st.radio("Stack", stacks, key="heads.stack", horizontal=True,
                      format_func=lambda s: f"{s} self-attention")
 
@@ -95,8 +100,9 @@ for k, score in enumerate(analysis.SCORES):
                         selection_mode="points", width="stretch")
 
 with cols[2]:
-    score = st.selectbox("Top heads by", analysis.SCORES, key="heads.top", index=3,
-                         format_func=lambda s: s.replace("_", " "))
+    top_key = urlflags.option(state, "top", TOP_DEFAULT, analysis.SCORES)
+    score = st.selectbox("Top heads by", analysis.SCORES, key=top_key, format_func=lambda s: s.replace("_", " "))
+    url["top"] = urlflags.changed(score, TOP_DEFAULT)
     top = analysis.top_heads(scores[scores["stack"] == stack], score, 5)
     rep = _repeat_text(model_name, stack, model) if score in hv.REPEAT_SCORES else None
     for row in top.itertuples():
@@ -126,13 +132,18 @@ n = len(tokens)
 if n > ROLLOUT_MAX_TOKENS:
     st.info(f"Rollout multiplies the layers' {n} × {n} maps and keeps one per layer; it is drawn up to "
             f"{ROLLOUT_MAX_TOKENS} tokens. Shorten the text to see it.")
+    state.ignored_if_given("token", f"rollout is drawn up to {ROLLOUT_MAX_TOKENS} tokens; this text has {n}")
+    state.show_messages()
+    state.publish(**url)
     st.stop()
 c = st.columns([2, 1])
 default_query = n - 1 if model.kind == "decoder" or stack == "decoder" else min(1, n - 1)
-if st.session_state.get("heads.token", 0) >= n:
-    st.session_state["heads.token"] = default_query
-query = c[0].selectbox("Token", list(range(n)), index=default_query, key="heads.token",
-                       format_func=lambda i: f"{i}: {tokens[i]!r}")
+# the token is a number kept across sentences and models: clamped to this sentence's tokens, with a note
+token_key = url_state.int_from_url(state, "token", default_query, 0, n - 1, of=f"this sentence's {n} tokens")
+query = c[0].selectbox("Token", list(range(n)), key=token_key, format_func=lambda i: f"{i}: {tokens[i]!r}")
+url["token"] = urlflags.changed(query, default_query)
+state.publish(**url)
+state.show_messages()
 residual = c[1].slider("Residual weight", 0.0, 1.0, 0.5, 0.05, key="heads.residual",
                        help="A~ = r·I + (1 − r)·A: how much of each layer's input the residual connection carries.")
 st.caption("Rollout multiplies the layers' head-averaged maps A~ (the residual connection mixed in); flow treats them "

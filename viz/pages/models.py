@@ -175,30 +175,65 @@ def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: 
     return trace
 
 
-# The decoder stepper generates up to 64 tokens with a KV cache, then traces prompt + output
-# once (every step is a view of that pass): smollm2 prompts are capped at 1,024 tokens so
-# that generation stays within seconds on a CPU.
-STEP_INPUT_LIMITS = {"smollm2": 1024}
+def step_limit(model) -> Optional[int]:
+    """The longest prompt the decoder stepper runs a decoder-only model on: its context (the
+    app's input limit, else the config's max_len) minus the tokens it may generate, so that
+    prompt and continuation fit the positions the model has. None for an encoder-decoder (its
+    source has a context of its own; the trace's notes say when it is cut)."""
+    if getattr(model, "kind", None) != "decoder":
+        return None
+    context = getattr(model, "input_limit", None) or model.config.max_len
+    return max(1, int(context) - int(getattr(model, "max_new_tokens", 0) or 0))
 
 
-def step_prompt(model_name: str, text: str) -> str:
-    """The prompt the decoder stepper runs on: `text`, cut after STEP_INPUT_LIMITS tokens (with a
-    warning) where the model has such a cap. Pass it to get_steps and get_trace alike."""
-    limit = STEP_INPUT_LIMITS.get(model_name)
-    model = get_model(model_name) if limit else None
-    if model is None or not text:
-        return text
-    cleaned, _ = clean_text(text)  # same length as text up to MAX_CHARS: its offsets fit text too
+def step_prompt(model_name: str, text: str):
+    """The prompt the decoder stepper runs on and how many tokens were cut from its start:
+    generation continues from the prompt's end, so a prompt longer than step_limit keeps its
+    LAST tokens (with a warning saying how many were cut). Pass the prompt to get_steps and
+    get_trace alike; the step view marks the cut at the start of the decoder input."""
+    model = get_model(model_name) if text else None
+    limit = step_limit(model) if model is not None else None
+    if limit is None:
+        return text, 0
+    cleaned, _ = clean_text(text)
     try:
         enc = model.tokenizer.encode(cleaned)
+        count = len(enc) + enc.truncated  # the tokenizer keeps its first max_len tokens and counts the rest
+        if count <= limit:
+            return text, 0
+        kept = _last_tokens(model.tokenizer, cleaned, limit)
+        n_kept = len(model.tokenizer.encode(kept))
     except Exception:
-        return text
-    if len(enc) <= limit:
-        return text
-    end = max(t for _, t in enc.offsets[:limit])
-    st.warning(f"The decoder stepper generates token by token, so it runs {model_name} on the first {limit} "
-               f"tokens of the prompt (the other pages take up to {INPUT_LIMITS.get(model_name)}).")
-    return text[:end]
+        return text, 0
+    cut = count - n_kept
+    context, new = limit + model.max_new_tokens, model.max_new_tokens
+    st.warning(f"The prompt has {count:,} tokens. {model_name} reads at most {context:,} and the stepper generates up "
+               f"to {new} after the prompt, so it runs on the prompt's last {n_kept:,} tokens (the ones generation "
+               f"continues from): the first {cut:,} are cut (marked at the start of the decoder input below).")
+    return kept, cut
+
+
+def _last_tokens(tokenizer, text: str, limit: int) -> str:
+    """The end of `text` that tokenizes to at most `limit` tokens, cut at a token boundary: a
+    window of the text's end is tokenized (the tokenizer itself keeps only its first max_len
+    tokens), widened until it holds more than `limit` tokens, then cut after its surplus."""
+    span = 4 * limit
+    for _ in range(40):
+        begin = max(0, len(text) - span)
+        enc = tokenizer.encode(text[begin:])
+        if enc.truncated:  # more than the tokenizer keeps: narrow the window
+            span = max(limit, span * 3 // 4)
+            continue
+        if len(enc) > limit or begin == 0:
+            break
+        span *= 2
+    first = max(0, len(enc) - limit)
+    while True:  # a cut inside a word may tokenize longer: move on until it fits
+        kept = text[begin + enc.offsets[first][0]:] if first < len(enc) else ""
+        n = len(tokenizer.encode(kept))
+        if n <= limit or first >= len(enc):
+            return kept
+        first += n - limit
 
 
 def get_steps(model_name: str, text: str):

@@ -6,10 +6,10 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, models, url_state, widgets
+from viz.pages import charts, models, url_state, urlflags, widgets
 
 st.title("Positional encoding")
-state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head"))
+state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head", "degrees"))
 st.caption("Self-attention is permutation invariant: without positions, “dog bites man” and “man bites dog” "
            "look the same to it. The sinusoidal encoding adds a fixed vector PE_i to the embedding of the token "
            "at position i (Transformers handout, eq. 2–3, angles in radians):")
@@ -95,7 +95,9 @@ money = tables["sum"].iloc[3].tolist()
 st.latex(r"x_{\text{money}} = x'_{\text{money}} + \mathrm{PE}_3 = ["
          + ",\\ ".join(f"{v:.4f}" for v in money) + "]")
 st.info(vp.money_note())
-with st.expander("The same formula with the angles read as degrees (how the notes' numbers arise)"):
+degrees_key = urlflags.flag(state, "degrees")  # the section open or shut is part of the view (URL degrees=1)
+with st.expander("The same formula with the angles read as degrees (how the notes' numbers arise)", key=degrees_key,
+                 on_change="rerun"):
     st.dataframe(tables["pe_degrees"].style.format(fmt), width="stretch")
     st.caption("sin and cos of angles under 3° are close to 0 and 1, so in degrees the four positions get "
                "nearly the same vector. The formula, as in Vaswani et al. (2017), is in radians.")
@@ -198,5 +200,5 @@ if trace is not None and vp.position_bias(trace) is None:
     state.ignored_if_given("bias_head", f"{model_name} has no relative position bias (T5 has)")
     state.show_messages()
 bias_key = state.key("bias_head")
-state.publish(model=model_name, text=text, d=d, n=n,
+state.publish(model=model_name, text=text, d=d, n=n, degrees=urlflags.flag_url(st.session_state[degrees_key]),
               bias_head=st.session_state.get(bias_key) if trace is not None and vp.position_bias(trace) else None)

@@ -17,12 +17,12 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from viz import decoder as dv
-from viz.pages import decoder_view, dl, url_state
+from viz.pages import decoder_view, dl, url_state, urlflags
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
 TO_TEACHER = "decoder._to_teacher"
-IN_BROWSER = "decoder-in-browser"  # the toggle: every step in one figure, stepped in the browser
+IN_BROWSER = "decoder-in-browser"  # the toggle (URL browser=1): every step in one figure, stepped in the browser
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Run:
     decoder_only: bool
     end_token: str
     mode_key: str
+    cut: int = 0  # tokens cut from the start of a long prompt (models.step_prompt)
     url: dict = field(default_factory=dict)  # model, text, mode (and target): published with the step
     run_key: tuple = ()  # teacher forcing: (model key, prompt, target) that `full` was traced on (its check)
 
@@ -83,7 +84,8 @@ def stepper(run: Run, extra: dict) -> None:
     resumed = bool(ss.pop(RESUME, False))
     if ss.get(PLAYING) and not resumed:
         ss[PLAYING] = False
-    state = url_state.PageState("decoder")  # the URL as it is now: a fragment rerun reads its own
+    # the URL as it is now (a fragment rerun reads its own); the toggle keeps its own key
+    state = url_state.PageState("decoder", keys={"browser": IN_BROWSER})
     state.extra.update(extra)
     steps, full, first = run.steps, run.full, run.steps[0]
     n_layers = first.layers("decoder")
@@ -105,14 +107,14 @@ def stepper(run: Run, extra: dict) -> None:
     head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
     with c[2]:
         st.write("")  # lines the toggle up with the selectboxes' boxes
-        in_browser = st.toggle("Step in the browser", key=IN_BROWSER, disabled=full is not None,
+        in_browser = st.toggle("Step in the browser", key=urlflags.flag(state, "browser"), disabled=full is not None,
                                help="Every step of this run in one figure with its own slider: a step is redrawn in "
                                     "the page, with no round trip to the server." if full is None else
                                "Inference only: teacher forcing has its rows all at once.")
     if in_browser and full is None:  # the figure's own slider steps; the server's controls would only rerun
         ss[PLAYING] = False
         state.show_messages()
-        state.publish(**run.url, layer=layer, head=head, step=ss.get(step_key, 1))
+        state.publish(**run.url, layer=layer, head=head, step=ss.get(step_key, 1), browser=urlflags.flag_url(True))
         decoder_view.show_all_steps(steps, layer=layer, head=head, step=int(ss.get(step_key, 1)))
         return
     with c[3]:
@@ -141,7 +143,9 @@ def stepper(run: Run, extra: dict) -> None:
         st.success(f"Played all {n_steps} steps.")
 
     state.show_messages()
-    state.publish(**run.url, layer=layer, head=head, step=step)
+    # the switch is in the URL where it shows (inference); teacher forcing leaves it out
+    state.publish(**run.url, layer=layer, head=head, step=step,
+                  browser=urlflags.flag_url(in_browser) if full is None else None)
 
     # how the whole run ended, as a summary line under the output (not a box beside the step counter)
     model = run.model
@@ -152,7 +156,7 @@ def stepper(run: Run, extra: dict) -> None:
     # what this step shows (viz/pages/decoder_view.py)
     tr, weights, q_tokens = decoder_view.show_step(model, steps, full, step=step, layer=layer, head=head,
                                                    prefix_len=run.prefix_len, decoder_only=run.decoder_only,
-                                                   run_key=run.run_key)
+                                                   cut=run.cut, run_key=run.run_key)
     if full is None:
         st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
                   args=(run.mode_key, state.key("target")),

@@ -74,6 +74,7 @@ def training_step(state: url_state.PageState, model_name: str, model, text: str,
                           why=f"the saved steps are {', '.join(map(str, steps))}")
     if st.session_state.get(step_key) not in steps:
         st.session_state[step_key] = final
+    state.keep(step_key)  # the slider shows the step the page runs, also when it comes back after another model
     if not (text or "").strip():  # the page stops at its empty-text warning: keep the step, draw nothing
         step = st.session_state[step_key]
         state.extra["step_train"] = step

@@ -4,6 +4,14 @@ the value given, the value shown and why.
 
 `PageState` is the page's side of it; `int_from_url` seeds a whole-number widget clamped to a
 range. viz/pages/urlflags.py adds switches, tabs and options on top.
+
+What a page remembers across model changes goes through the same calls: every choice is
+read back as its own type (`as_int`: a widget whose options changed with the model can hand
+back the label the browser still shows, a str), clamped or reset with a note when it no
+longer fits the new model, and written back to the session (`PageState.keep`) so that the
+browser's widget shows the value the page states, also after the widget was not drawn for a
+run (another model's page has other controls) or changed kind. On a model switch
+(`PageState.switched`, set by the model picker) the typed text is written back too.
 """
 
 from __future__ import annotations
@@ -40,10 +48,13 @@ class PageState:
     shows each once.
 
     `fields`: every URL field the page reads; the URL's others are ignored, with a message.
+    `keys`: a widget's session key where it is not `page.field` (one the page's CSS or tests
+    name otherwise).
     """
 
-    def __init__(self, page: str, fields: Sequence[str] = ()):
+    def __init__(self, page: str, fields: Sequence[str] = (), keys: Optional[Dict[str, str]] = None):
         self.page = page
+        self.keys = dict(keys or {})
         self.qp = st.query_params.to_dict()
         self.external = self.qp != st.session_state.get("_url_last")
         self.shared: Dict = st.session_state.setdefault("_shared", {})
@@ -51,13 +62,14 @@ class PageState:
         self._said: set = set()
         self.from_url: set = set()  # fields whose value this run took from the URL
         self.extra: Dict = {}  # fields every later publish() adds to the URL (e.g. step_train)
+        self.switched = False  # the model picker saw the model change since this page's last run
         if fields and self.external:
             for field in self.qp:
                 if field not in fields:
                     self.ignored(field, f"this page has no {field} (its URL fields: {', '.join(fields)})")
 
     def key(self, field: str) -> str:
-        return f"{self.page}.{field}"
+        return self.keys.get(field) or f"{self.page}.{field}"
 
     # -------------------------------------------------------------- what the page says about the URL
     def say(self, message: str) -> None:
@@ -92,7 +104,10 @@ class PageState:
             reason = why(raw, exc) if callable(why) else why
             return value, ("it is not valid here" + (f" ({reason})" if reason else ""))
 
-        return self._seed_from_url(field, default, parse, valid, rejected)
+        key = self._seed_from_url(field, default, parse, valid, rejected)
+        if field in TEXT_FIELDS:
+            self.keep_text(key)
+        return key
 
     def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected) -> str:
         """seeded_key's rule; rejected(raw, value, error) -> (the value to use, why) for a URL
@@ -120,6 +135,29 @@ class PageState:
                     value = value[:MAX_CHARS]
             st.session_state[key] = value
         return key
+
+    def keep(self, key: str, value=None) -> None:
+        """Write the widget `key`'s value (the one it holds, or `value`) back to the session
+        before the widget is drawn, so the browser's widget shows what the page states (a widget
+        the last run did not draw, or of another kind, would otherwise come back at its own
+        default while the page reads the remembered value)."""
+        if value is None:
+            value = st.session_state.get(key)
+        if value is not None:
+            st.session_state[key] = value
+
+    def keep_text(self, key: str) -> None:
+        """The text box's `keep`, on a model switch only (the box may change kind with the
+        model; writing it on every run would undo typing the browser has not sent yet)."""
+        if self.switched:
+            self.keep(key)
+
+    def switch_seen(self, model_name: str) -> bool:
+        """Note the page's model; True (and `switched`) when it differs from the last run's."""
+        seen = st.session_state.get(f"_model_seen.{self.page}")
+        st.session_state[f"_model_seen.{self.page}"] = model_name
+        self.switched = seen is not None and seen != model_name
+        return self.switched
 
     def set(self, field: str, value) -> None:
         st.session_state[self.key(field)] = value
@@ -156,18 +194,34 @@ def _holds(valid: Callable, value) -> bool:
         return False
 
 
+def as_int(value) -> Optional[int]:
+    """A remembered whole-number choice as an int: an int, a numeral, or a selectbox label that
+    starts with its number ("3: 'cat'", what the browser sends back for an option of a list
+    that changed with the model); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    m = re.match(r"\s*(-?\d{1,12})(?:\s*$|:)", str(value)) if isinstance(value, str) else None
+    return int(m.group(1)) if m else None
+
+
 def int_from_url(state: PageState, field: str, default: int, lo: int, hi: int, of: str = "") -> str:
     """Seed an integer widget from the URL, clamped to [lo, hi] with a notice; `of` names what
-    the range belongs to ("toy-translate's encoder self-attention")."""
+    the range belongs to ("toy-translate's encoder self-attention"). The value is written back
+    every run (PageState.keep): the browser's widget always shows the number the page uses."""
     key = state._seed_from_url(field, default, lambda raw: int(str(raw).strip()), None, lambda raw, value, exc: (
         default, f"{field}={url_value(raw)} is not a whole number"))
     value = st.session_state[key]
-    if not isinstance(value, int) or value < lo or value > hi:
-        fixed = min(max(int(value) if isinstance(value, int) else default, lo), hi)
-        why = f"{field} {value} is out of range ({lo}–{hi}{' in ' + of if of else ''})"
+    number = as_int(value)
+    if number is None or number < lo or number > hi:
+        fixed = min(max(default if number is None else number, lo), hi)
+        why = (f"{field} {number} is out of range ({lo}–{hi}{' in ' + of if of else ''})" if number is not None
+               else f"{field} {said(value)} is not a whole number")
         if field in state.from_url:
             state.overridden(field, value, fixed, why)
         else:
             state.say(f"{why}; showing {field} {fixed}.")
-        st.session_state[key] = fixed
+        number = fixed
+    state.keep(key, number)
     return key

@@ -42,6 +42,7 @@ def flag(state: PageState, field: str, default: bool = False) -> str:
             st.session_state[key] = parse_bool(value) if value is not None else default
         except ValueError:
             st.session_state[key] = default
+    state.keep(key)
     return key
 
 
@@ -94,6 +95,7 @@ def option(state: PageState, field: str, default, options) -> str:
         except ValueError:
             pass
         st.session_state[key] = value if value in options else default
+    state.keep(key)
     return key
 
 

@@ -105,7 +105,9 @@ def model_picker(state: PageState, allowed=None, label: str = "Model", needs: st
     key = state.seeded_key("model", default, valid=lambda v: v in names, why=lambda raw, exc: why_not(raw))
     if st.session_state[key] not in names:
         st.session_state[key] = default
-    return st.selectbox(label, names, key=key, format_func=model_label)
+    name = st.selectbox(label, names, key=key, format_func=model_label)
+    state.switch_seen(name)  # the page's remembered choices are fitted to the new model (url_state)
+    return name
 
 
 TEXT_HINT = "press Ctrl+Enter"  # every page's text boxes: multi-line, applied with Ctrl+Enter (⌘+Enter on a Mac)
