@@ -265,9 +265,15 @@ class Trace:
         return [s for s in ("encoder", "decoder") if f"{s}.0.self_attn.weights" in self]
 
     def n_heads(self, stack: str) -> int:
-        """Heads per attention, from the stored per-head outputs (no recomputation)."""
+        """Query heads per attention of `stack`, from the config or the stored per-head output:
+        never a recomputed map (reading `weights` to count heads runs a whole layer again)."""
+        n = self.meta.get("config", {}).get("n_heads")
+        if n:
+            return int(n)
         name = f"{stack}.0.self_attn.heads"
-        return (self._base or self)._tensors[name].shape[0] if self.is_stored(name) else self[name].shape[0]
+        if not self.is_stored(name):
+            raise KeyError(f"{name} is not stored and the trace has no config: cannot count heads")
+        return (self._base or self)._tensors[name].shape[0]
 
     def frame(self, name: str):
         """An attention name as a long pandas DataFrame, one row per (head, query, key):

@@ -316,3 +316,19 @@ def test_the_weights_alone_are_bit_for_bit_the_full_rerun(label, model, kw):
     for stack, maps in alone.items():
         for i, w in enumerate(maps):
             assert torch.equal(w, tr[f"{stack}.{i}.self_attn.weights"]), (stack, i)
+
+
+def test_counting_heads_computes_no_map(toy, monkeypatch):
+    """n_heads answers from the config (or the stored head outputs of a trace without one), never
+    by running a layer again: the pages ask it on every run."""
+    import core.layer_runner
+
+    trace = toy.trace("the small dog sees the cat")
+
+    def no_layer(*a, **k):
+        raise AssertionError("a layer was computed to count heads")
+
+    monkeypatch.setattr(core.layer_runner.LayerRunner, "layer", no_layer)
+    assert trace.n_heads("encoder") == trace.n_heads("decoder") == toy.config.n_heads
+    trace.meta.pop("config")
+    assert trace.n_heads("decoder") == toy.config.n_heads  # from the stored decoder.0.self_attn.heads

@@ -128,7 +128,7 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
     where the recomputed M is -∞; A V (recorded) against the head output the fused pass stored."""
     p = f"{stack}.{layer}.{kind}"
     w = _np(trace[f"{p}.weights"][head]).astype(np.float64)
-    n_heads, n_kv = trace[f"{p}.weights"].shape[0], trace[f"{p}.k"].shape[0]
+    n_heads, n_kv = trace.n_heads(stack), trace[f"{p}.k"].shape[0]
     kv = kv_head(head, n_heads, n_kv)
     v = _np(trace[f"{p}.v"][kv]).astype(np.float64)
     heads = _np(trace[f"{p}.heads"][head]).astype(np.float64)

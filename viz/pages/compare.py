@@ -90,7 +90,7 @@ compare_state.settle_word(state, word_key, model_name, words_a, words_b, shared_
 
 stack = cmp.stack_of(trace_a)
 n_layers = trace_a.layers(stack)
-n_heads = trace_a[f"{stack}.0.self_attn.weights"].shape[0]
+n_heads = trace_a.n_heads(stack)
 layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
 head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 

@@ -72,7 +72,7 @@ elif model.kind == "decoder" and trace.tokens("next"):
 
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
-n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
     mean_heads = st.toggle("Average over heads", key=flags["mean"])

@@ -63,7 +63,7 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
 # ------------------------------------------------------------------ what to show
 c = st.columns([2, 1, 1, 2.4])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
-n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS,
                           why=f"notations: {', '.join(NOTATIONS)}")
 notation = c[3].radio("Notation", list(NOTATIONS), key=notation_key,

@@ -146,7 +146,7 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
         c = st.columns(3)
         sym_stack = c[0].selectbox("Self-attention of", trace.stacks(), key=keys["sym_stack"])
         n_layers = trace.layers(sym_stack)
-        n_heads = trace[f"{sym_stack}.0.self_attn.weights"].shape[0]
+        n_heads = trace.n_heads(sym_stack)
         of = f"{model_name}'s {sym_stack} self-attention"
         layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
         head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=of)

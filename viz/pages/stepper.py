@@ -89,7 +89,7 @@ def stepper(run: Run, extra: dict) -> None:
     state.extra.update(extra)
     steps, full, first = run.steps, run.full, run.steps[0]
     n_layers = first.layers("decoder")
-    n_heads = first["decoder.0.self_attn.weights"].shape[0]
+    n_heads = first.n_heads("decoder")
     if full is not None:
         n_steps = dv.n_teacher_steps(len(full.tokens("target")), run.prefix_len)
     else:

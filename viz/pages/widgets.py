@@ -46,7 +46,7 @@ def attention_picker(state: PageState, trace, cols):
     attn = cols[0].selectbox("Attention", view_names, key=attn_key,
                              format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
     stack, kind = attn.split(".")
-    n_layers, n_heads = trace.layers(stack), trace[f"{stack}.0.{kind}.weights"].shape[0]
+    n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
     of = f"{model}'s {KIND_LABEL.get((stack, kind), attn)}"
     layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
     head_key = int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
