@@ -7,7 +7,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
-from core import toy_steps, toy_task
+from core.toy import toy_steps, toy_task
 
 TEXT = "the small dog sees the cat"
 SLIDER = "{page}.step_train"
