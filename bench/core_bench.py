@@ -65,7 +65,7 @@ def run(config: str = "after", rounds: int = 15, lengths=(16, 128, 512), device=
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    folder = str(core.minilm.model_dir())
+    folder = str(core.loaders.minilm.model_dir())
     eager = BertModel.from_pretrained(folder, attn_implementation="eager").eval().to(dev)
     sdpa = BertModel.from_pretrained(folder, attn_implementation="sdpa").eval().to(dev)
 

@@ -3,11 +3,11 @@
     python -m bench.corpus_bench [--model minilm] [--n 1000] [--layers all] [--single 200] [--threads 1]
 
 Prints, with the load average beside them (the machine may be shared):
-  - the corpus job (core.corpus.run: padded batches) over the first n bundled sentences,
+  - the corpus job (core.analysis.corpus_job.run: padded batches) over the first n bundled sentences,
     seconds (target <= 60 s for minilm, 1,000 sentences, on a 2-core CPU);
   - its cost per sentence against tracing the sentences one at a time (model.trace(s), then
     reading the same layers' q and k), timed on the first `single` sentences (target <= 0.5x);
-  - AttentionViz normalisation + PCA (core.joint) of 20,000 points (10,000 queries and
+  - AttentionViz normalisation + PCA (core.analysis.joint) of 20,000 points (10,000 queries and
     10,000 keys of one head), median of 5 (target <= 1 s).
 """
 
@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     import torch
 
     import core
-    import core.corpus as cc
-    import core.joint as cj
+    import core.analysis.corpus_job as cc
+    import core.analysis.joint as cj
     from core.corpus_data import load as load_bundled
 
     torch.set_num_threads(args.threads)

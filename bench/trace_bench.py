@@ -59,7 +59,7 @@ def part_minilm(rounds: int) -> dict:
 
     hf_logging.set_verbosity_error()
     model = core.load_model("minilm", device="cpu")
-    folder = str(core.minilm.model_dir())
+    folder = str(core.loaders.minilm.model_dir())
     sdpa = BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     rows = []
     for n in (128, 512):

@@ -9,13 +9,13 @@ No Streamlit and no plotting here: pages and figures build on this package.
 """
 
 from .api import AttentionModel
-from .attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
-from .config import ModelConfig
+from .net.attention import causal_mask, combine_masks, padding_mask, scaled_dot_product_attention
+from .net.config import ModelConfig
 from .device import device_name, pick_device
 from .errors import InputError
-from .model import Transformer
-from .positional import apply_rope, rope_angles, sinusoidal_encoding
-from .recorder import Recorder
+from .net.model import Transformer
+from .net.positional import apply_rope, rope_angles, sinusoidal_encoding
+from .net.recorder import Recorder
 from .registry import MODELS, ModelUnavailable, list_models, load_model
 from .trace import Trace
 

@@ -20,7 +20,7 @@ def cmd_models(args) -> int:
         print(f"{spec.name}\t{spec.kind}\t{spec.description}{note}")
     roots = os.environ.get("ATTENTION_LAB_MODELS", "")
     if roots:
-        from .local_models import discover
+        from .loaders.local_models import discover
 
         for m in discover(roots, taken=list(MODELS)).values():
             note = f"  [{m.problem}]" if m.problem else ""
@@ -71,7 +71,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import evaluate, format_table
+    from .toy.evaluate import evaluate, format_table
 
     model = load_model(args.model, device=args.device, step=args.step)
     result = evaluate(model, n=args.n)
@@ -85,7 +85,7 @@ def cmd_eval(args) -> int:
 def cmd_corpus(args) -> int:
     from pathlib import Path
 
-    from . import corpus
+    from .analysis import corpus_job as corpus
 
     path = Path(args.input)
     if not path.is_file():

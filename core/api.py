@@ -18,14 +18,14 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .ablation import Ablation
+from .net.head_ablation import Ablation
 from .decoding import GreedyDecoding
 from .device import device_name
 from .errors import InputError, cpu_fallback
 from .layer_runner import LayerRunner
-from .model import Transformer
-from .recorder import Recorder
-from .tokenizer import Encoded
+from .net.model import Transformer
+from .net.recorder import Recorder
+from .tokens.tokenizer import Encoded
 from .trace import Trace
 
 

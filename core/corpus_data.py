@@ -4,7 +4,7 @@
 
 Every sentence is the project's own: the lecture notes' example sentences (seeds 000-004),
 the example sentences the app's models show, then sentences drawn with a fixed seed from the
-toy translation task's grammar (core.toy_task.sample), held-out sentences included, without
+toy translation task's grammar (core.toy.toy_task.sample), held-out sentences included, without
 repeats. Nothing is downloaded.
 """
 
@@ -14,7 +14,7 @@ import argparse
 import random
 from pathlib import Path
 
-from . import toy_task
+from .toy import toy_task
 
 CORPUS_DIR = Path(__file__).resolve().parent.parent / "assets" / "corpus"
 CORPUS_FILE = CORPUS_DIR / "sentences.txt"
@@ -31,7 +31,7 @@ NOTES = [
     "help me!",
     "Not on your life!",
 ]
-# The examples the app's pages offer for its models (core.minilm.EXAMPLES, toy_task.EXAMPLES).
+# The examples the app's pages offer for its models (core.loaders.minilm.EXAMPLES, toy_task.EXAMPLES).
 MODEL_EXAMPLES = [
     "The animal didn't cross the street because it was too tired.",
     "The trophy doesn't fit in the suitcase because it is too big.",

@@ -12,9 +12,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .ablation import Ablation
+from .net.head_ablation import Ablation
 from .errors import InputError, cpu_fallback
-from .tokenizer import Encoded
+from .tokens.tokenizer import Encoded
 
 
 class GreedyDecoding:

@@ -5,16 +5,13 @@ and the logits of the stored final hidden states.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
-from .ablation import Ablation
-from .recorder import Recorder
+from .net.head_ablation import Ablation
+from .net.recorder import Recorder
 from .trace import Trace, layer_of
-
-if TYPE_CHECKING:
-    from .api import AttentionModel
 
 
 class LayerRunner:

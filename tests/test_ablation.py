@@ -61,7 +61,7 @@ def llama():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from core.smollm2_files import gguf_path
+    from core.loaders.smollm2_files import gguf_path
 
     path = gguf_path()
     folder, name = str(path.parent), path.name
@@ -122,7 +122,7 @@ def test_minilm_ablation_matches_bert_hook(mode):
     _need("minilm")
     from transformers import BertModel
 
-    from core.minilm import model_dir
+    from core.loaders.minilm import model_dir
 
     model = core.load_model("minilm", device="cpu")
     bert = BertModel.from_pretrained(str(model_dir()), attn_implementation="eager").eval()

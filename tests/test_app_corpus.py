@@ -3,7 +3,7 @@ projected; URL state (model, layer, head, projection); pasted corpora and bad in
 
 import numpy as np
 
-import core.corpus as cc
+import core.analysis.corpus_job as cc
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
 from core.corpus_data import load as load_bundled
 
@@ -41,7 +41,7 @@ def test_default_draws_the_bundled_corpus(app_test, toy):
         np.testing.assert_allclose(q[where], ref, atol=1e-5)
     for where, ref in k_rows:
         np.testing.assert_allclose(k[where], ref, atol=1e-5)
-    import core.joint as cj
+    import core.analysis.joint as cj
 
     qn, kn = cj.normalise(q, k)
     np.testing.assert_allclose(qn.mean(0), kn.mean(0), atol=1e-6)

@@ -223,11 +223,11 @@ def test_a_failed_check_in_a_closed_group_shows(monkeypatch):
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    import core.layers
+    import core.net.layers
     from conftest import APP
     from viz.pages import models
 
-    orig = core.layers.FeedForward.forward
+    orig = core.net.layers.FeedForward.forward
 
     def off(self, *a, **kw):
         hook = self.w_2.register_forward_hook(lambda m, i, out: out * 1.02)
@@ -236,7 +236,7 @@ def test_a_failed_check_in_a_closed_group_shows(monkeypatch):
         finally:
             hook.remove()
 
-    monkeypatch.setattr(core.layers.FeedForward, "forward", off)
+    monkeypatch.setattr(core.net.layers.FeedForward, "forward", off)
     models.trace_cache.clear()  # a clean trace cached by an earlier test (with its checks) must not hide the fault
     st.cache_data.clear()
     at = AppTest.from_file(APP, default_timeout=120)

@@ -8,7 +8,7 @@ import pytest
 
 import core
 from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
-from core import toy_steps, toy_task
+from core.toy import toy_steps, toy_task
 
 pytestmark = pytest.mark.browser
 

@@ -26,9 +26,9 @@ import streamlit as st
 import torch
 
 import core
-import core.attention
-import core.layers
-import core.multihead
+import core.net.attention
+import core.net.layers
+import core.net.multihead
 import core.trace
 from conftest import assert_no_exception
 
@@ -58,11 +58,11 @@ def add(entry: Fault) -> Fault:
 
 
 # ------------------------------------------------------------------ faults in the core
-_ORIG_SDPA = core.attention.scaled_dot_product_attention
+_ORIG_SDPA = core.net.attention.scaled_dot_product_attention
 
 
 def explicit_path(fault: str):
-    """core.attention.scaled_dot_product_attention with one step of the explicit (recorded) path
+    """core.net.attention.scaled_dot_product_attention with one step of the explicit (recorded) path
     wrong, or ("fused") the fused kernel's output 1 % off. The other path is the original."""
 
     def sdpa(q, k, v, mask=None, record=None, scale=None, is_causal=False):
@@ -73,7 +73,7 @@ def explicit_path(fault: str):
         if fault == "scale":
             scale = scale * 1.05  # 1/sqrt(d_k) off by 5 %
         if is_causal and mask is None:
-            mask = core.attention.causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
+            mask = core.net.attention.causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
         scores = q @ k.transpose(-2, -1)
         if fault == "scores":
             scores = scores * 1.01
@@ -92,7 +92,7 @@ def explicit_path(fault: str):
         return weights @ v
 
     def inject(mp):
-        for mod in (core.attention, core.multihead, core):
+        for mod in (core.net.attention, core.net.multihead, core):
             mp.setattr(mod, "scaled_dot_product_attention", sdpa)
 
     return inject
@@ -118,8 +118,8 @@ def projection(owner, attr: str, factor: float = 1.02):
 
 
 def rope_angles_off(mp):
-    orig = core.multihead.apply_rope
-    mp.setattr(core.multihead, "apply_rope", lambda x, angles, layout="half": orig(x, angles * 1.01, layout))
+    orig = core.net.multihead.apply_rope
+    mp.setattr(core.net.multihead, "apply_rope", lambda x, angles, layout="half": orig(x, angles * 1.01, layout))
 
 
 def causal_mask_off_by_one(mp):
@@ -129,7 +129,7 @@ def causal_mask_off_by_one(mp):
         k_pos = torch.arange(n_k, device=device)[None, :]
         return torch.zeros(n, n_k, device=device, dtype=dtype).masked_fill(k_pos > q_pos + 1, float("-inf"))
 
-    mp.setattr(core.multihead, "causal_mask", causal_mask)
+    mp.setattr(core.net.multihead, "causal_mask", causal_mask)
 
 
 def layer_norm_off(mp):
@@ -139,11 +139,11 @@ def layer_norm_off(mp):
 
 def norms_without_shift(mp):
     """Transformer(cfg) builds its LayerNorms without the shift β: the count loses 2·d per norm pair."""
-    mp.setattr(core.layers, "make_norm", lambda cfg: torch.nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
-               if cfg.norm == "layernorm" else core.layers.RMSNorm(cfg.d_model, cfg.norm_eps))
+    mp.setattr(core.net.layers, "make_norm", lambda cfg: torch.nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
+               if cfg.norm == "layernorm" else core.net.layers.RMSNorm(cfg.d_model, cfg.norm_eps))
 
 
-MHA, FFN = core.multihead.MultiHeadAttention, core.layers.FeedForward
+MHA, FFN = core.net.multihead.MultiHeadAttention, core.net.layers.FeedForward
 
 
 # ------------------------------------------------------------------ the registry
@@ -204,12 +204,12 @@ add(Fault("parameter count: formula = core", "playground", {"text": TEXT},
 # ------------------------------------------------------------------ the Positions page
 def positions_off_by_one(mp):
     """The embedding adds the positions of the next token (offset + 1): P and X both off."""
-    original = core.layers.Embedding.forward
+    original = core.net.layers.Embedding.forward
 
     def shifted(self, ids, rec=None, offset=0, token_types=None):
         return original(self, ids, rec, offset=offset + 1, token_types=token_types)
 
-    mp.setattr(core.layers.Embedding, "forward", shifted)
+    mp.setattr(core.net.layers.Embedding, "forward", shifted)
 
 
 def pe_formula_without_cosines(mp):

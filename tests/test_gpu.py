@@ -22,7 +22,8 @@ import torch
 import torch.nn as nn
 
 import core
-from core import Recorder, causal_mask, scaled_dot_product_attention, toy_task
+from core import Recorder, causal_mask, scaled_dot_product_attention
+from core.toy import toy_task
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -146,7 +147,7 @@ def test_trace_on_cuda_matches_the_cpu(request, on_cpu, fixture):
 def test_minilm_on_cuda_matches_transformers_on_cuda(minilm):
     from transformers import BertModel
 
-    ref = BertModel.from_pretrained(str(core.minilm.model_dir()), attn_implementation="eager").eval().to(DEVICE)
+    ref = BertModel.from_pretrained(str(core.loaders.minilm.model_dir()), attn_implementation="eager").eval().to(DEVICE)
     text = CASES["minilm"][0]
     trace = minilm.trace(text)
     ids = torch.tensor([minilm.tokenizer.encode(text).ids], device=DEVICE)
@@ -165,7 +166,7 @@ def test_smollm2_on_cuda_matches_transformers_on_cuda(smollm2):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder; never reach for the Hub
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from core import smollm2_files
+    from core.loaders import smollm2_files
 
     path = smollm2_files.gguf_path()
     folder, name = str(path.parent), path.name

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import core
-from core.checkpoint import CheckpointError
-from core.positional import rope_inv_freq
+from core.loaders.checkpoint import CheckpointError
+from core.net.positional import rope_inv_freq
 from hf_builders import SENTENCES, build, hf_eager
 
 pytest.importorskip("transformers")
@@ -213,7 +213,7 @@ def test_cli_trace_takes_a_path(tmp_path):
 
 
 def test_discover_lists_folders_and_gguf_one_level_deep(tmp_path):
-    from core.local_models import discover
+    from core.loaders.local_models import discover
 
     root = tmp_path / "models"
     hf, folder = build("bert", root / "minilm")  # clashes with the registry name
@@ -235,11 +235,11 @@ def test_seq2seq_families_go_to_hf_seq2seq(tmp_path, monkeypatch):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
     calls = []
-    fake = types.ModuleType("core.hf_seq2seq")
+    fake = types.ModuleType("core.loaders.hf_seq2seq")
     fake.load = lambda f, device: calls.append((f, device)) or "seq2seq model"
-    monkeypatch.setitem(sys.modules, "core.hf_seq2seq", fake)
+    monkeypatch.setitem(sys.modules, "core.loaders.hf_seq2seq", fake)
     assert core.load_model(str(folder), device="cpu") == "seq2seq model"
     assert calls == [(folder, torch.device("cpu"))]
-    from core.hf import supported_families
+    from core.loaders.hf import supported_families
 
     assert {"marian", "bart", "t5"} <= set(supported_families())

@@ -1,4 +1,4 @@
-"""Encoder-decoder checkpoint folders (Marian, BART, T5) read by core.hf_seq2seq.
+"""Encoder-decoder checkpoint folders (Marian, BART, T5) read by core.loaders.hf_seq2seq.
 
 Each family: a tiny random model built here with transformers and saved as safetensors,
 with a tokenizer trained here (sentencepiece or tokenizers). Our core loads the folder;
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from core import hf_seq2seq
-from core.hf_seq2seq import CheckpointError
+from core.loaders import hf_seq2seq
+from core.loaders.hf_seq2seq import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")

@@ -1,10 +1,10 @@
-"""The joint query-key embedding (core.joint) and its figures (viz.corpus)."""
+"""The joint query-key embedding (core.analysis.joint) and its figures (viz.corpus)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-import core.joint as cj
+import core.analysis.joint as cj
 from conftest import decode_array
 from viz import corpus as vc
 

@@ -26,7 +26,7 @@ import pytest
 
 import core
 from browser_utils import launch, require_browser, start_server
-from core import toy_task
+from core.toy import toy_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

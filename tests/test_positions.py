@@ -127,7 +127,7 @@ def test_position_checks_hold_on_learned_layernormed_and_half_layout_positions(t
     if family == "marian":
         from test_hf_seq2seq import _build
 
-        from core import hf_seq2seq
+        from core.loaders import hf_seq2seq
 
         _build(family, tmp_path)
         model = hf_seq2seq.load(tmp_path, device="cpu")

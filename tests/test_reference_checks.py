@@ -80,7 +80,7 @@ def test_seq2seq_families(tmp_path, family):
     pytest.importorskip("sentencepiece")
     from test_hf_seq2seq import _build
 
-    from core import hf_seq2seq
+    from core.loaders import hf_seq2seq
 
     _build(family, tmp_path)
     model = hf_seq2seq.load(tmp_path, device="cpu")

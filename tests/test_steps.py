@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import core
-from core import toy_task
+from core.toy import toy_task
 
 TOL = 1e-5
 EXAMPLE = "the small dog sees the cat"

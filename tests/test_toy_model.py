@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import core
-from core import toy_task
+from core.toy import toy_task
 from core.registry import TOY_DIR
 from conftest import ROOT
 
@@ -24,7 +24,7 @@ def test_checkpoint_is_safetensors_and_small():
 
 
 def test_held_out_exact_match_and_alignment(toy):
-    from core.evaluate import evaluate_toy
+    from core.toy.evaluate import evaluate_toy
 
     result = evaluate_toy(toy, n=1000)
     print(json.dumps(result))

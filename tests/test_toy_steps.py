@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 import core
-from core import toy_steps, toy_task
+from core.toy import toy_steps, toy_task
 from core.__main__ import main as cli
-from core.evaluate import evaluate_toy
+from core.toy.evaluate import evaluate_toy
 from core.registry import TOY_DIR
 from viz import training as tv
 
@@ -29,7 +29,7 @@ def steps():
 @torch.inference_mode()
 def teacher_forced_scores(model, triples, batch: int = 250):
     """(exact match, alignment accuracy of the guided head) by one teacher-forced pass, written
-    apart from core.evaluate: greedy decoding reproduces the reference exactly iff, fed the
+    apart from core.toy.evaluate: greedy decoding reproduces the reference exactly iff, fed the
     reference prefix, the model's argmax is the next reference token at every position
     (<end> included); a head hits a target word when its row's argmax is the aligned source word."""
     src_ids, tgt_ids = model.tokenizer.index, model.target_tokenizer.index
@@ -59,7 +59,7 @@ def teacher_forced_scores(model, triples, batch: int = 250):
 
 @pytest.fixture(scope="module")
 def scores(steps):
-    """teacher_forced_scores of every saved step on core.evaluate's 1000 held-out sentences."""
+    """teacher_forced_scores of every saved step on core.toy.evaluate's 1000 held-out sentences."""
     triples = toy_task.test_examples(1000, seed=12345)
     return {s: teacher_forced_scores(core.load_model("toy-translate", device="cpu", step=s), triples) for s in steps}
 
@@ -109,8 +109,8 @@ def test_exact_match_rises_over_the_saved_steps(steps, scores):
 
 
 def test_metrics_json_agrees_with_an_independent_scoring(steps, scores):
-    """metrics.json (core.evaluate: greedy decoding) against the teacher-forced scoring above,
-    every step; and core.evaluate itself re-run on two steps."""
+    """metrics.json (core.toy.evaluate: greedy decoding) against the teacher-forced scoring above,
+    every step; and core.toy.evaluate itself re-run on two steps."""
     metrics = toy_steps.load_metrics()
     assert [r["step"] for r in metrics["steps"]] == steps and metrics["n_heldout"] == 1000
     for r in metrics["steps"]:
@@ -162,7 +162,7 @@ def test_chance_alignment_is_the_mean_inverse_length():
 
 # ------------------------------------------------------------------ figures
 def test_alignment_cells_and_hits_agree_with_evaluate():
-    """viz.training's outlined cells and argmax hits on one sentence = core.evaluate's scoring."""
+    """viz.training's outlined cells and argmax hits on one sentence = core.toy.evaluate's scoring."""
     model = core.load_model("toy-translate", device="cpu", step=0)
     s, y, a = toy_task.test_examples(1, seed=5)[0]
     trace = model.trace(" ".join(s), target=" ".join(y))

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from core import toy_task as tt
+from core.toy import toy_task as tt
 
 
 def test_vocabularies():

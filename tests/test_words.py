@@ -1,9 +1,9 @@
-"""core.words: word pieces merged back into typed words (SUM over keys, MEAN over queries)."""
+"""core.tokens.words: word pieces merged back into typed words (SUM over keys, MEAN over queries)."""
 
 import pytest
 import torch
 
-from core.words import merge_attention, trace_words, word_attention, word_groups, word_labels
+from core.tokens.words import merge_attention, trace_words, word_attention, word_groups, word_labels
 
 # [CLS] play ##ing football [SEP]  ->  words: [CLS] | playing | football | [SEP]
 WORD_IDS = [None, 0, 0, 1, None]

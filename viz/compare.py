@@ -5,13 +5,13 @@ cos(u, v) = u^T v / (|u| |v|), and the difference between a static embedding (on
 per word, whatever the sentence) and a contextual one (a vector per occurrence).
 
 For a word present in both sentences this module finds its token positions (a word may be
-several word pieces, via core.words), reads its vector at every depth of the stack,
+several word pieces, via core.tokens.words), reads its vector at every depth of the stack,
 
     depth 0       embed.{stack}.sum       the input of layer 0 (token embedding + positions)
     depth i + 1   {stack}.{i}.out         the output of layer i
 
 and compares the two sentences' vectors with the cosine. A word of several pieces is the
-MEAN of its pieces' vectors (as core.words averages a word's query rows). The attention FROM
+MEAN of its pieces' vectors (as core.tokens.words averages a word's query rows). The attention FROM
 the word is the mean of its pieces' query rows; read in words, each key word is the SUM of
 its pieces' columns, so the weights still sum to 1.
 
@@ -31,7 +31,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from core.words import merge_attention, word_groups, word_labels
+from core.tokens.words import merge_attention, word_groups, word_labels
 from viz.figures import safe_label, to_numpy
 from viz.reduce import thinned
 from viz.select import SPECIAL_TOKENS
@@ -93,7 +93,7 @@ def normalize(word: str) -> str:
 class Word:
     """One typed word of a sentence: its label, matching form, and token positions."""
 
-    index: int  # the word's index among the sentence's words (core.words groups)
+    index: int  # the word's index among the sentence's words (core.tokens.words groups)
     label: str  # typed text (or the joined pieces)
     key: str  # normalize(label)
     positions: List[int]  # token positions of its pieces
@@ -118,7 +118,7 @@ def is_word_like(key: str) -> bool:
 
 def sentence_words(trace, text: Optional[str] = None, stack: Optional[str] = None) -> List[Word]:
     """The typed words of the sentence a trace was run on, in order, from the tokenizer's
-    word ids (core.words.word_groups); `text` gives labels in the typed spelling."""
+    word ids (core.tokens.words.word_groups); `text` gives labels in the typed spelling."""
     stack = stack or stack_of(trace)
     tokens = stack_tokens(trace, stack)
     meta = trace.meta

@@ -1,7 +1,7 @@
 """Queries and keys of a whole corpus in one scatter per head (AttentionViz's joint view).
 
-    rows, q, k = core.corpus.head_vectors(table, layer, head)
-    xy = core.joint.joint_embedding(q, k, "pca")          # (2N, 2): queries, then keys
+    rows, q, k = core.analysis.corpus_job.head_vectors(table, layer, head)
+    xy = core.analysis.joint.joint_embedding(q, k, "pca")          # (2N, 2): queries, then keys
     fig = joint_scatter(xy, rows, color_by="type")         # plotly WebGL scatter
 
 Every point carries customdata [sentence_id, position, is_key] (clicks open that sentence);

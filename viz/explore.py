@@ -1,7 +1,7 @@
 """Helpers for the Explore page: words instead of word pieces, long inputs, large model views.
 Pure functions (torch, numpy, plotly; no Streamlit).
 
-Read in words (core.words): a word's column is the SUM of its pieces' columns (the total
+Read in words (core.tokens.words): a word's column is the SUM of its pieces' columns (the total
 attention to the word), a word's row is the MEAN of its pieces' rows; rows still sum to 1.
 
 Long inputs: a map wider than `max_side` is drawn as contiguous blocks of tokens with the
@@ -19,8 +19,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 import torch
 
-from core.tokenizer import WordTokenizer
-from core.words import Groups, merge_attention, word_groups, word_labels
+from core.tokens.tokenizer import WordTokenizer
+from core.tokens.words import Groups, merge_attention, word_groups, word_labels
 from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
 from viz.reduce import blocks, reduce_to, tick_indices
 from viz.select import SPECIAL_TOKENS, View, attention_matrix, drop_special

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import List
 
-from core.positional import rope_angles
+from core.net.positional import rope_angles
 from viz.figures import to_numpy as _np
 from viz.select import axis_tokens
 from viz.step import Step, feature_labels as _feature_labels, kv_head, mask_kind

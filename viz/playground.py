@@ -8,7 +8,7 @@
 6. measured cost against O(N^2 D) + O(N D^2) (Missaoui)
 
 All attention goes through core.scaled_dot_product_attention with a record callback. The
-parameter count and the timed forward passes of parts 5 and 6 are core's (core/cost.py);
+parameter count and the timed forward passes of parts 5 and 6 are core's (core/net/cost.py);
 they are re-exported here under the names the Playground page uses.
 """
 
@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import torch
 
 import core
-from core.cost import (  # noqa: F401
+from core.net.cost import (  # noqa: F401
     cost_grid, cost_model, fit_cost, layer_formula, meta_model, param_formula, weight_shapes,
 )
 from viz.figures import fix_margins

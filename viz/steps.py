@@ -72,7 +72,7 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     the model computes them (post-norm or pre-norm, per config.norm_placement)."""
     cfg = config
     if cfg is None:
-        from core.config import ModelConfig
+        from core.net.config import ModelConfig
 
         cfg = ModelConfig.from_dict(trace.meta["config"])
     steps: List[Step] = []
@@ -267,7 +267,7 @@ def shapes_table(trace, stack: str, kind: str, config=None):
 
     cfg = config
     if cfg is None:
-        from core.config import ModelConfig
+        from core.net.config import ModelConfig
 
         cfg = ModelConfig.from_dict(trace.meta["config"])
     q_t, k_t = axis_tokens(trace, stack, kind)

@@ -3,7 +3,7 @@
 Pure functions (no Streamlit): the curve of loss, held-out exact match and alignment
 accuracy against the training step, with the step being shown marked; a cross-attention map
 with the known word alignment outlined; and which target rows are aligned to which source
-words (core.toy_task knows the alignment of any sentence of its grammar).
+words (core.toy.toy_task knows the alignment of any sentence of its grammar).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def training_curve(metrics: Dict, step: Optional[int] = None, losses: Optional[D
                    height: int = 330) -> go.Figure:
     """Loss (left axis, log scale) and held-out exact match / alignment accuracy (right axis,
     0 to 1) against the training step, one marker per saved checkpoint; `step` drawn as a
-    vertical line. `metrics` is core.toy_steps.load_metrics(); `losses` its per-update losses."""
+    vertical line. `metrics` is core.toy.toy_steps.load_metrics(); `losses` its per-update losses."""
     rows = metrics.get("steps", [])
     xs = [r["step"] for r in rows]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -99,7 +99,7 @@ def alignment_map(weights, query_tokens: Sequence[str], key_tokens: Sequence[str
 
 def argmax_hits(weights, cells: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
     """How many aligned rows have their argmax on the aligned source word (hits, rows):
-    core.evaluate's alignment accuracy on one sentence."""
+    core.toy.evaluate's alignment accuracy on one sentence."""
     w = np.asarray(weights.detach().cpu().float() if hasattr(weights, "detach") else weights)
     hits = sum(int(np.argmax(w[r]) == c) for r, c in cells)
     return hits, len(cells)

@@ -187,7 +187,7 @@ def minilm_sentences(model, n: int, length: int = 20, seed: int = 0) -> list:
 
 
 def toy_sentences(n: int, length: int = 20, seed: int = 1) -> list:
-    from core import toy_task
+    from core.toy import toy_task
 
     rng = random.Random(seed)
     out = []

@@ -1,7 +1,7 @@
 """Corpus: one head's queries and keys over a whole corpus (AttentionViz's joint view).
 
-The corpus job (core.corpus) runs once per (model, corpus, layer) and is cached; the joint
-embedding (core.joint: AttentionViz's normalisation, then PCA / t-SNE / UMAP) once per head
+The corpus job (core.analysis.corpus_job) runs once per (model, corpus, layer) and is cached; the joint
+embedding (core.analysis.joint: AttentionViz's normalisation, then PCA / t-SNE / UMAP) once per head
 and projection. Clicking a point opens its sentence in Explore at this layer and head.
 """
 
@@ -11,8 +11,8 @@ import re
 import numpy as np
 import streamlit as st
 
-import core.corpus as cc
-import core.joint as cj
+import core.analysis.corpus_job as cc
+import core.analysis.joint as cj
 from core.corpus_data import CORPUS_FILE
 from viz import corpus as vc
 from viz.pages import charts, url_state, widgets

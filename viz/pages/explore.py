@@ -2,7 +2,7 @@
 
 Heatmap of one (stack, attention, layer, head); model view (layer x head grid, click a map
 to enlarge it); head view (lines from queries to keys, one colour per head). Word-piece
-models can be read in words (core.words); long inputs are drawn in blocks and deep models
+models can be read in words (core.tokens.words); long inputs are drawn in blocks and deep models
 show a range of layers in the model view (viz.explore). Only the open tab is computed.
 """
 

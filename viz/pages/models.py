@@ -34,13 +34,13 @@ MODELS_ENV = "ATTENTION_LAB_MODELS"  # folders separated like PATH; each model f
 
 @st.cache_resource(ttl=30, show_spinner=False)
 def _discover(roots: str):
-    import core.local_models
+    import core.loaders.local_models
 
-    return core.local_models.discover(roots, taken=list(core.MODELS))
+    return core.loaders.local_models.discover(roots, taken=list(core.MODELS))
 
 
 def local_models():
-    """name -> core.local_models.LocalModel for the checkpoints found under $ATTENTION_LAB_MODELS. Only these
+    """name -> core.loaders.local_models.LocalModel for the checkpoints found under $ATTENTION_LAB_MODELS. Only these
     names (never a path from the URL) lead to a file being read."""
     return _discover(os.environ.get(MODELS_ENV, ""))
 
@@ -266,6 +266,6 @@ def show_trace_notes(trace) -> None:
                    f"({meta['truncated']} tokens dropped).")
     if meta.get("dropped"):
         st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
-    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.masked_lm)
+    for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.loaders.masked_lm)
         top = " · ".join(f"`{_md_code(tok)}` {p:.0%}" for tok, p in fill["top"])
         st.info(f"The masked-LM head's fill-ins for token {fill['position']}: {top}")

@@ -14,7 +14,7 @@ from typing import Optional
 
 import streamlit as st
 
-from core import toy_steps, toy_task
+from core.toy import toy_steps, toy_task
 from viz import training as tv
 from viz.pages import charts, models, url_state
 from viz.text import clean_text

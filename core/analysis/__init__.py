@@ -1,0 +1,48 @@
+"""What heads do, and where attention goes through the layers: pure functions over models and traces.
+
+    import core, core.analysis
+    model = core.load_model("smollm2")
+    scores = core.analysis.head_scores(model, "The cat sat on the mat.")   # DataFrame, one row per head
+    trace = model.trace("The cat sat on the mat.")
+    R = core.analysis.rollout(trace, "decoder")   # L x n x n, R[l, i, j]: input token j's share in token i after layer l
+    F = core.analysis.flow(trace, "decoder")      # L x n x n, maximum flow from input token j to token i after layer l
+
+Only self-attention maps are read (`{stack}.{i}.self_attn.weights`), one layer at a time, so a
+trace that computes attention on access never holds every layer's maps at once.
+
+The analyses, by job: head_scoring.py (what heads do), attention_flow.py (rollout and flow),
+corpus_job.py (a corpus traced in batches, per-head vectors), joint.py (AttentionViz's joint
+query-key projection).
+"""
+
+from .attention_flow import FLOW_SCALE, Heads, flow, mix_residual, rollout
+from .head_scoring import (
+    DEFAULT_SENTENCE,
+    REPEAT_LENGTH,
+    SCORES,
+    head_scores,
+    map_scores,
+    ordinary_ids,
+    repeat_scores,
+    repeated_sequence,
+    repeated_text,
+    top_heads,
+)
+
+__all__ = [
+    "DEFAULT_SENTENCE",
+    "FLOW_SCALE",
+    "Heads",
+    "REPEAT_LENGTH",
+    "SCORES",
+    "flow",
+    "head_scores",
+    "map_scores",
+    "mix_residual",
+    "ordinary_ids",
+    "repeat_scores",
+    "repeated_sequence",
+    "repeated_text",
+    "rollout",
+    "top_heads",
+]

@@ -1,0 +1,109 @@
+"""Hugging Face checkpoint folders (config.json + *.safetensors + tokenizer.json) in our core.
+
+    model = core.load_model("/path/to/my-bert")           # a folder
+    model = core.load_model("/path/to/model.gguf")        # llama / qwen2 GGUF (core/loaders/gguf_file.py)
+
+load_path sends a .gguf file to core/loaders/gguf_file.py and a folder to load_folder, which reads
+config.json's model_type: bert, roberta, distilbert, gpt2, llama, mistral and qwen2 here;
+marian, bart and t5 in core/loaders/hf_seq2seq.py (loaded from here when that module is present).
+Anything else gets a CheckpointError naming the supported families. The pieces:
+
+    core/loaders/hf_config.py      config.json -> ModelConfig, family by family
+    core/loaders/hf_weights.py     the weight-name tables; the network filled from the checkpoint
+    core/loaders/masked_lm.py      an encoder's masked-LM head; HFModel.fill_mask
+    core/loaders/hf_tokenizer.py   tokenizer.json as our tokenizer
+    core/loaders/local_models.py   the folders and .gguf files the app lists
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..api import AttentionModel
+from .checkpoint import CheckpointError, open_checkpoint, read_config
+from ..device import pick_device
+from .hf_tokenizer import HFTokenizer
+from .hf_weights import Progress, build_net
+from .masked_lm import EXAMPLES, HFModel, human_size, local_model  # noqa: F401 (re-exported)
+
+FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
+SEQ2SEQ = ("marian", "bart", "t5")
+SUPPORTED = FAMILIES + SEQ2SEQ
+
+
+def supported_families() -> tuple:
+    """The families a folder may hold: the encoders and decoders read here, and the
+    encoder-decoders (marian, bart, t5) that core/loaders/hf_seq2seq.py reads."""
+    return SUPPORTED
+
+
+def unsupported(family: str) -> CheckpointError:
+    return CheckpointError(
+        f"model_type {family!r} is not supported; supported families: {', '.join(supported_families())} "
+        "(folders with config.json and *.safetensors) and GGUF files of the llama and qwen2 architectures"
+    )
+
+
+def _ids_from(hf: dict, key: str) -> Optional[int]:
+    v = hf.get(key)
+    if isinstance(v, list):
+        v = v[0] if v else None
+    return int(v) if v is not None else None
+
+
+def load_folder(folder, device=None, name: Optional[str] = None, progress: Progress = None) -> AttentionModel:
+    """A Hugging Face checkpoint folder as an AttentionModel (see the module docstring)."""
+    folder = Path(folder)
+    t0 = time.perf_counter()
+    say = progress or (lambda s: None)
+    say("reading config.json")
+    hf = read_config(folder)
+    family = hf.get("model_type")
+    if family in SEQ2SEQ:
+        from .hf_seq2seq import load as load_seq2seq
+
+        return load_seq2seq(folder, pick_device(device))
+    if family not in FAMILIES:
+        raise unsupported(family)
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"{folder.name}: no tokenizer.json in the folder (it is needed to turn text into tokens)")
+    ckpt = open_checkpoint(folder)
+    say(f"reading {len(ckpt.names())} tensors ({', '.join(ckpt.dtypes())} -> float32)")
+    try:
+        net, head = build_net(family, hf, ckpt, progress)
+    except KeyError as exc:
+        raise CheckpointError(f"config.json lacks {exc.args[0]!r}, which a {family} model needs") from None
+    say("reading tokenizer.json")
+    cfg = net.cfg
+    tok = HFTokenizer(folder / "tokenizer.json", max_len=cfg.max_len)
+    n = sum(p.numel() for p in net.parameters())
+    start = end = None
+    if cfg.kind == "encoder":
+        start = tok.index.get("[CLS]", tok.index.get("<s>"))
+        end = tok.index.get("[SEP]", tok.index.get("</s>"))
+    else:
+        end = _ids_from(hf, "eos_token_id")
+    model = local_model(name or folder.name, net, tok, device, f"{family} checkpoint from {folder.name}", folder,
+                        family, n, t0, cfg.kind, start_id=start, end_id=end, dtypes=ckpt.dtypes(),
+                        masked_lm=head is not None)
+    model.mlm_head = head
+    if head is not None and tok.mask_token:
+        model.examples = [f"The capital of France is {tok.mask_token}."] + model.examples
+    say("ready")
+    return model
+
+
+def load_path(path, device=None, name: Optional[str] = None, progress: Progress = None) -> AttentionModel:
+    """A folder (config.json + safetensors) or a .gguf file, as an AttentionModel."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        from .gguf_file import load_gguf
+
+        return load_gguf(path, device=device, name=name, progress=progress)
+    if path.is_dir():
+        return load_folder(path, device=device, name=name, progress=progress)
+    if path.is_file() and path.suffix in (".bin", ".pt", ".pth", ".ckpt"):
+        raise CheckpointError(f"{path.name}: pickle weights are never loaded; convert them to safetensors")
+    raise CheckpointError(f"{path}: neither a checkpoint folder nor a .gguf file")

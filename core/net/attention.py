@@ -1,0 +1,117 @@
+"""Scaled dot-product attention and its masks: seed 003, equations (10) and (18).
+
+    A(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V
+
+Tokens are rows. Masks are additive float matrices: 0 where a query may look at a key,
+-inf where it may not, so softmax gives those keys a weight of exactly 0.
+
+One function serves every model in the project. With a recorder it computes each step
+explicitly and hands every intermediate to the recorder; without one it takes PyTorch's
+fused kernel, which computes the same thing without keeping the n x n matrices. A traced
+pass takes the fused kernel; a layer looked at is run again on the explicit path (see
+core/trace.py), so the two paths check each other.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+RecordFn = Callable[[str, torch.Tensor], None]  # record(name, tensor); core.net.recorder.Recorder is one
+
+NEG_INF = float("-inf")
+
+
+def causal_mask(n: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
+    """Look-ahead mask M (seed 002) / B (seed 003): 0 on and below the diagonal, -inf above.
+
+    With n_k > n the queries are the last n of n_k positions (a prefix is already known).
+    """
+    n_k = n if n_k is None else n_k
+    q_pos = torch.arange(n_k - n, n_k, device=device)[:, None]  # (n, 1)
+    k_pos = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
+    mask = torch.zeros(n, n_k, device=device, dtype=dtype)
+    return mask.masked_fill(k_pos > q_pos, NEG_INF)
+
+
+def padding_mask(key_is_pad: torch.Tensor, n_q: int, dtype=torch.float32) -> torch.Tensor:
+    """Additive mask from a boolean key-padding vector.
+
+    key_is_pad: (..., n_k) True at padding positions. Returns (..., n_q, n_k): -inf in the
+    columns of padding keys, 0 elsewhere. Padding queries still see the real keys, so no
+    row is ever all -inf.
+    """
+    cols = torch.zeros(key_is_pad.shape, dtype=dtype, device=key_is_pad.device)
+    cols = cols.masked_fill(key_is_pad, NEG_INF)
+    return cols.unsqueeze(-2).expand(*key_is_pad.shape[:-1], n_q, key_is_pad.shape[-1])
+
+
+def sliding_window_mask(n: int, window: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
+    """(1, 1, n, n_k) additive mask: -inf where key j is `window` or more positions before
+    query i (the queries are the last n of n_k positions)."""
+    n_k = n if n_k is None else n_k
+    i = torch.arange(n_k - n, n_k, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
+    m = torch.zeros(n, n_k, device=device, dtype=dtype).masked_fill(i - j >= window, float("-inf"))
+    return m[None, None]
+
+
+def combine_masks(*masks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Sum of additive masks (None entries ignored); -inf anywhere stays -inf."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else out + m
+    return out
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    record: Optional[RecordFn] = None,
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """softmax(Q K^T * scale + M) V for q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v).
+
+    Two paths, the same maths:
+    - fast (record is None): PyTorch's fused kernel; no n_q x n_k matrix is kept. With
+      is_causal=True (and no mask) the kernel applies the look-ahead mask itself.
+    - explicit (record given): the formula line by line, each step handed to the recorder
+      as scores, scaled, masked and weights (seed 003's Q K^T, F, F + B and S).
+    scale defaults to 1/sqrt(d_k). mask is additive and broadcasts to (..., n_q, n_k).
+    """
+    d_k = q.shape[-1]
+    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    if record is None:
+        causal = is_causal and mask is None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
+    if is_causal and mask is None:
+        mask = causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
+    scores = q @ k.transpose(-2, -1)  # (..., n_q, n_k)
+    scaled = scores * scale
+    masked = scaled if mask is None else scaled + mask
+    weights = torch.softmax(masked, dim=-1)
+    record("scores", scores)
+    record("scaled", scaled)
+    record("masked", masked)
+    record("weights", weights)
+    return weights @ v  # (..., n_q, d_v)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                      scale: Optional[float] = None) -> torch.Tensor:
+    """softmax(Q K^T * scale + M) alone, for views that need only the weights (the model
+    view): the explicit path's operations in the same order, done in place on one n_q x n_k
+    buffer, so the weights are bit for bit the explicit path's (tests/test_trace.py)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    w = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., n_q, n_k)
+    if mask is not None:
+        w = w.add_(mask) if torch.broadcast_shapes(w.shape, mask.shape) == w.shape else w + mask
+    return torch.softmax(w, dim=-1)

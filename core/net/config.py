@@ -1,0 +1,131 @@
+"""ModelConfig: one dataclass that describes every architecture the core runs.
+
+Notation follows the lecture notes: d (d_model), H (n_heads), d_k (d_head), m (d_ff),
+L (n_layers). The defaults are the notes' block: post-norm LayerNorm, ReLU FFN,
+sinusoidal positions, encoder-decoder.
+
+Fields added for the Hugging Face families (core/loaders/hf.py); each defaults to the behaviour the
+bundled models always had, so their configs and numbers are unchanged:
+    position_offset  learned positions start at this row (RoBERTa: padding_idx + 1 = 2);
+                     the position table then has max_len + position_offset rows
+    rope_scaling     None, or {"type": "linear", "factor": f} or {"type": "llama3", "factor",
+                     "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}:
+                     how the RoPE frequencies are rescaled (positional.rope_inv_freq)
+    sliding_window   None, or W: decoder self-attention also masks keys W or more positions
+                     back (Mistral); the mask is part of the recorded mask
+    qkv_bias         biases on W_q, W_k, W_v; None: as `bias` (Qwen2: True with bias False)
+    out_bias         bias on the output projection; None: bias and not tie_embeddings
+Fields for checkpoint families (core/loaders/hf_seq2seq.py); their defaults change nothing:
+    sinusoid_layout  "interleaved" (the notes: sin in even, cos in odd features) or "half"
+                     (Marian: sin in the first half of the features, cos in the second).
+    positional       "relative": no position vectors; a learned, bucketed bias per head is
+                     added to the scores (T5), computed once per stack (rel_buckets buckets,
+                     logarithmic beyond rel_max_distance / 2 ... rel_max_distance; both ways in
+                     the encoder, backwards only in the decoder).
+    attn_scale       the factor on Q K^T; None is 1/sqrt(d_k) (T5 uses 1.0).
+    activation       also "silu" (Marian's swish) and "geglu_tanh" (T5's gated-gelu:
+                     gelu_tanh(W_1^T u) * W_3^T u).
+    out_bias         a bias on the output projection; None: bias and not tie_embeddings
+                     (BART and Marian: their final_logits_bias, with tied weights).
+    logit_scale      the decoder's last hidden state is multiplied by this before the output
+                     projection (T5 with tied embeddings: d^-0.5).
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128  # d
+    n_heads: int = 4  # H
+    d_head: Optional[int] = None  # d_k; default d / H
+    d_ff: int = 512  # m
+    n_layers: int = 3  # L, encoder layers (and decoder layers unless n_decoder_layers)
+    n_decoder_layers: Optional[int] = None
+    n_kv_heads: Optional[int] = None  # grouped-query attention; default H
+    src_vocab_size: int = 0
+    tgt_vocab_size: int = 0  # decoders; for decoder-only models the one vocabulary
+    max_len: int = 512
+    positional: str = "sinusoidal"  # sinusoidal | learned | rope | relative | none
+    rope_theta: float = 10000.0
+    rope_layout: str = "half"  # half | interleaved (see positional.apply_rope)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-5
+    norm_placement: str = "post"  # post | pre
+    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu_tanh
+    kind: str = "encoder-decoder"  # encoder | decoder | encoder-decoder
+    bias: bool = True  # biases in the attention and FFN projections
+    embed_scale: bool = False  # multiply token embeddings by sqrt(d) (Vaswani et al.)
+    embed_norm: bool = False  # LayerNorm after summing embeddings (BERT)
+    type_vocab_size: int = 0  # token-type (segment) embeddings (BERT)
+    final_norm: Optional[bool] = None  # norm after the last layer; default: pre-norm only
+    tie_embeddings: bool = False  # output projection shares the target embedding
+    sinusoid_layout: str = "interleaved"  # interleaved | half (Marian)
+    rel_buckets: int = 32  # positional="relative" (T5): number of buckets
+    rel_max_distance: int = 128  # positional="relative": distance of the last bucket
+    attn_scale: Optional[float] = None  # factor on Q K^T; None: 1/sqrt(d_k)
+    out_bias: Optional[bool] = None  # output projection bias; None: bias and not tie_embeddings
+    logit_scale: float = 1.0  # hidden state times this before the output projection (T5)
+    pad_id: int = 0
+    position_offset: int = 0  # first learned position row (RoBERTa: 2)
+    rope_scaling: Optional[dict] = None  # see the module docstring
+    sliding_window: Optional[int] = None  # decoder self-attention window (Mistral)
+    qkv_bias: Optional[bool] = None  # default: bias
+    out_bias: Optional[bool] = None  # default: bias and not tie_embeddings
+    extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
+
+    def __post_init__(self):
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError("d_model must be divisible by n_heads when d_head is not given")
+            self.d_head = self.d_model // self.n_heads
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must be a multiple of n_kv_heads")
+        if self.n_decoder_layers is None:
+            self.n_decoder_layers = self.n_layers
+        if self.qkv_bias is None:
+            self.qkv_bias = self.bias
+        if self.out_bias is None:
+            self.out_bias = self.bias and not self.tie_embeddings
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError("sliding_window must be positive")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3"):
+            raise ValueError(f"rope_scaling type must be 'linear' or 'llama3', not {self.rope_scaling.get('type')!r}")
+        if self.final_norm is None:
+            self.final_norm = self.norm_placement == "pre"
+        for name, value, allowed in [
+            ("positional", self.positional, ("sinusoidal", "learned", "rope", "relative", "none")),
+            ("norm", self.norm, ("layernorm", "rmsnorm")),
+            ("norm_placement", self.norm_placement, ("post", "pre")),
+            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")),
+            ("sinusoid_layout", self.sinusoid_layout, ("interleaved", "half")),
+            ("kind", self.kind, ("encoder", "decoder", "encoder-decoder")),
+            ("rope_layout", self.rope_layout, ("half", "interleaved")),
+        ]:
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+        for name in ("d_model", "n_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.kind in ("encoder", "encoder-decoder")
+
+    @property
+    def has_decoder(self) -> bool:
+        return self.kind in ("decoder", "encoder-decoder")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)

@@ -1,0 +1,212 @@
+"""The pieces of a transformer layer, written as the notes' formulas: norms, the FFN, one
+encoder or decoder layer (Layer), the embedding, and T5's relative position bias.
+
+Post-norm block (seed 001 / 003, and torch.nn.Transformer's default):
+    u = LayerNorm(x + MultiHead(x))
+    z = LayerNorm(u + W_2^T ReLU(W_1^T u))
+Pre-norm (Llama, many later models):
+    u = x + MultiHead(Norm(x));  z = u + FFN(Norm(u))
+
+Every intermediate passes through a named recording point (core/net/recorder.py); the
+attention itself is core/net/multihead.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .multihead import MultiHeadAttention
+from .positional import relative_buckets, sinusoidal_encoding
+from .recorder import Rec, scoped
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * g (Zhang & Sennrich 2019)."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)  # seed 003 eq. (15)
+
+
+class FeedForward(nn.Module):
+    """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u);
+    GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.act = cfg.activation
+        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        gated = self.act in ("swiglu", "geglu_tanh")
+        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
+
+    def forward(self, x, rec: Rec = None):
+        a = self.w_1(x)  # (B, n, m)
+        if self.act == "relu":
+            hidden = F.relu(a)
+        elif self.act == "gelu":
+            hidden = F.gelu(a)
+        elif self.act == "gelu_tanh":
+            hidden = F.gelu(a, approximate="tanh")
+        elif self.act == "silu":
+            hidden = F.silu(a)
+        elif self.act == "geglu_tanh":
+            hidden = F.gelu(a, approximate="tanh") * self.w_3(x)
+        else:
+            hidden = F.silu(a) * self.w_3(x)
+        out = self.w_2(hidden)  # (B, n, d)
+        if rec:
+            rec("hidden", hidden)
+            rec("out", out)
+        return out
+
+
+class Layer(nn.Module):
+    """One encoder or decoder layer: self-attention, [cross-attention], FFN, each wrapped
+    in residual + norm. Trace names residual{j}/norm{j} number the sub-layers in order."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool):
+        super().__init__()
+        self.pre = cfg.norm_placement == "pre"
+        self.rope = cfg.positional == "rope"
+        self.relative = cfg.positional == "relative"
+        self.self_attn = MultiHeadAttention(cfg)
+        self.cross_attn = MultiHeadAttention(cfg) if cross else None
+        self.ffn = FeedForward(cfg)
+        self.norms = nn.ModuleList(make_norm(cfg) for _ in range(3 if cross else 2))
+
+    def sublayers(self) -> List[str]:
+        return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
+
+    def recorded_names(self) -> List[str]:
+        """What an explicit run of this layer records, in order (names under the layer)."""
+        attn = ["q", "k", "v", "mask", "scores", "scaled", "masked", "weights", "heads", "out"]
+        names = []
+        for j, sub in enumerate(self.sublayers(), start=1):
+            if sub == "ffn":
+                inner = ["ffn.hidden", "ffn.out"]
+            else:
+                pre_rope = ["q_pre_rope", "k_pre_rope"] if self.rope and sub == "self_attn" else []
+                names_ = attn if not (self.relative and sub == "self_attn") else attn[:4] + ["position_bias"] + attn[4:]
+                inner = [f"{sub}.{n}" for n in pre_rope + names_]
+            names += ([f"norm{j}"] + inner + [f"residual{j}"]) if self.pre else (inner + [f"residual{j}", f"norm{j}"])
+        return names + ["out"]
+
+    def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
+        """This layer's self-attention weights alone, from its input x: the first sub-layer
+        up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run."""
+        y = self.norms[0](x) if self.pre else x
+        return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
+
+    def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
+                self_causal: bool = False, off: Optional[Dict[str, List[int]]] = None, ablation: str = "zero",
+                cache: Optional[dict] = None, position_bias=None):
+        """off: {attention kind: heads switched off} (Ablation.layer). cache: a dict kept
+        between calls for greedy decoding (keys and values of both attentions).
+        position_bias: T5's relative position bias, for the self-attention."""
+        off = off or {}
+        caches = {} if cache is None else cache
+
+        def attend(kind, y):
+            attn, kv = (self.self_attn, y) if kind == "self_attn" else (self.cross_attn, memory)
+            c = None
+            if cache is not None:
+                c = caches.setdefault(kind, {"static": kind == "cross_attn"})
+            mask = self_mask if kind == "self_attn" else cross_mask
+            return attn(y, kv, mask, scoped(rec, kind), angles if kind == "self_attn" else None,
+                        is_causal=self_causal and kind == "self_attn", off=off.get(kind), ablation=ablation, cache=c,
+                        position_bias=position_bias if kind == "self_attn" else None)
+
+        for j, (sub, norm) in enumerate(zip(self.sublayers(), self.norms), start=1):
+            fn = (lambda y: self.ffn(y, scoped(rec, "ffn"))) if sub == "ffn" else (lambda y, s=sub: attend(s, y))
+            if self.pre:  # u = x + f(Norm(x))
+                normed = norm(x)
+                if rec:
+                    rec(f"norm{j}", normed)
+                x = x + fn(normed)
+                if rec:
+                    rec(f"residual{j}", x)
+            else:  # u = Norm(x + f(x))
+                res = x + fn(x)
+                x = norm(res)
+                if rec:
+                    rec(f"residual{j}", res)
+                    rec(f"norm{j}", x)
+        if rec:
+            rec("out", x)
+        return x
+
+
+class RelativePositionBias(nn.Module):
+    """T5's position bias: one learned scalar per head and distance bucket, H x n_q x n_k."""
+
+    def __init__(self, cfg: ModelConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets, self.max_distance = cfg.rel_buckets, cfg.rel_max_distance
+        self.emb = nn.Embedding(cfg.rel_buckets, cfg.n_heads)
+
+    def forward(self, n_q: int, n_k: int):
+        b = relative_buckets(n_q, n_k, self.bidirectional, self.num_buckets, self.max_distance, self.emb.weight.device)
+        return self.emb(b).permute(2, 0, 1)[None]  # (1, H, n_q, n_k)
+
+
+class Embedding(nn.Module):
+    """Token embedding (times sqrt(d) if configured) + positions [+ token types] [-> LayerNorm]."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(vocab_size, cfg.d_model)
+        self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
+        self.offset = cfg.position_offset  # RoBERTa's positions start at padding_idx + 1
+        n_pos = cfg.max_len + self.offset
+        self.pos = nn.Embedding(n_pos, cfg.d_model) if cfg.positional == "learned" else None
+        if cfg.positional == "sinusoidal":
+            pe = sinusoidal_encoding(cfg.max_len, cfg.d_model, layout=cfg.sinusoid_layout)
+            self.register_buffer("pe", pe, persistent=False)
+        self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
+
+    def forward(self, ids, rec: Rec = None, offset: int = 0, token_types=None):
+        n = ids.shape[1]
+        x = self.tok(ids) * self.scale  # (B, n, d)
+        if rec:
+            rec("tokens", x)
+        if self.cfg.positional in ("sinusoidal", "learned"):
+            if self.pos is not None:
+                p = self.pos.weight[self.offset + offset : self.offset + offset + n]
+            else:
+                p = self.pe[offset : offset + n].to(x.dtype)
+            x = x + p  # X = X' + P (seed 003 eq. 6)
+            if rec:
+                rec("positions", p, batched=False)
+        if self.types is not None:
+            tt = token_types if token_types is not None else torch.zeros_like(ids)
+            t = self.types(tt)
+            x = x + t
+            if rec:
+                rec("types", t)
+        if self.norm is not None:
+            if rec:
+                rec("presum_norm", x)
+            x = self.norm(x)
+        if rec:
+            rec("sum", x)
+        return x

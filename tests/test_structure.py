@@ -1,0 +1,129 @@
+"""The house's layout holds: what the README, docs/design.md, the notebook and the CLI use is
+importable from where they use it, and scripts/structure.py's figures for core stay on target
+(at most 14 modules at core's top level, no import cycle, imports inside functions counted)."""
+
+import importlib
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "docs/design.md", "examples/quickstart.ipynb")
+
+# (module, name) pairs the README, docs/design.md and examples/quickstart.ipynb use, listed by hand
+PUBLIC = [
+    ("core", "load_model"),
+    ("core", "MODELS"),
+    ("core", "ModelConfig"),
+    ("core", "ModelUnavailable"),
+    ("core", "InputError"),
+    ("core", "AttentionModel"),
+    ("core", "Trace"),
+    ("core", "Transformer"),
+    ("core", "Recorder"),
+    ("core", "sinusoidal_encoding"),
+    ("core", "rope_angles"),
+    ("core", "scaled_dot_product_attention"),
+    ("core", "pick_device"),
+    ("core.analysis", "head_scores"),
+    ("core.analysis", "rollout"),
+    ("core.analysis", "flow"),
+    ("core.analysis", "top_heads"),
+    ("core.frames", "frame"),
+    ("core.frames", "frames"),
+    ("core.registry", "load_toy"),
+    ("core.registry", "load_random"),
+    ("core.registry", "ModelSpec"),
+    ("core.loaders.hf_seq2seq", "load"),
+    ("core.loaders.hf", "load_path"),
+    ("core.tokens.tokenizer", "display_pieces"),
+    ("core.trace", "decoder_rows"),
+    ("core.device", "configure_threads"),
+    ("core.device", "keep_freed_memory"),
+    ("core.net.attention", "scaled_dot_product_attention"),
+    ("core.net.cost", "param_formula"),
+    ("core.cli", "main"),
+    ("core.train_toy", "main"),
+    ("core.corpus_data", "main"),
+    ("core.__main__", "main"),
+]
+
+
+def load_structure():
+    spec = importlib.util.spec_from_file_location("structure", ROOT / "scripts" / "structure.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("module,name", PUBLIC, ids=[f"{m}.{n}" for m, n in PUBLIC])
+def test_public_name_is_importable(module, name):
+    assert hasattr(importlib.import_module(module), name), f"{module}.{name} is gone"
+
+
+def resolve(dotted: str) -> bool:
+    """Whether `core.a.b.c` names a module or an attribute of one (the longest importable prefix)."""
+    parts = dotted.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        try:
+            for p in parts[k:]:
+                obj = getattr(obj, p)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_dotted_core_path_in_the_docs_resolves():
+    """Each `core.x.y` the README, design notes and notebook write names something that exists,
+    and each `core/x/y.py` they name is a file."""
+    dotted, paths = set(), set()
+    for doc in DOCS:
+        text = (ROOT / doc).read_text(encoding="utf-8")
+        dotted |= set(re.findall(r"(?<![\w./])core(?:\.[A-Za-z_]\w*)+", text))
+        paths |= set(re.findall(r"(?<![\w./])core/[\w/]+\.py", text))
+    assert {"core.load_model", "core.analysis.head_scores", "core.frames"} <= dotted  # the scan reads the docs
+    missing = sorted(d for d in dotted if not resolve(d))
+    assert not missing, f"the docs name these, which do not exist: {missing}"
+    gone = sorted(p for p in paths if not (ROOT / p).is_file())
+    assert not gone, f"the docs name these files, which do not exist: {gone}"
+
+
+def test_python_dash_m_modules_and_the_entry_point():
+    for mod in ("core", "core.train_toy", "core.corpus_data"):
+        spec = importlib.util.find_spec(mod if mod != "core" else "core.__main__")
+        assert spec is not None, f"python -m {mod} has no module"
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    target = scripts["attention-lab"]
+    mod, _, fn = target.partition(":")
+    assert callable(getattr(importlib.import_module(mod), fn)), target
+
+
+def test_structure_figures_hold():
+    f = load_structure().figures()
+    assert f["core_top_level_modules"] <= 14, f["core_top_level_modules"]
+    assert f["import_cycles"] == [], f["import_cycles"]
+
+
+def test_structure_counts_an_import_inside_a_function_as_a_cycle(tmp_path, monkeypatch):
+    """The cycle count sees an import hidden in a function (what once held nine modules together)."""
+    s = load_structure()
+    pkg = tmp_path / "core"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("x = 1\n\ndef f():\n    from .a import x\n    return x\n")
+    (tmp_path / "viz").mkdir()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "app.py").write_text("")
+    monkeypatch.setattr(s, "ROOT", tmp_path)
+    f = s.figures()
+    assert f["import_cycles"] == [["core.a", "core.b"]]
+    assert f["core_top_level_modules"] == 2
