@@ -11,6 +11,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key
+from viz.pages.training_panel import open_key
 
 DEVICE = "cpu"
 TEXT = "the cat sees the small dog"  # in toy-translate's vocabulary (not its default sentence): every model reads it
@@ -73,7 +74,7 @@ def test_heads_token_survives_a_model_switch(app_test):
     chart_by_key(at, "heads-compare")  # "Attention through the layers" is drawn
     # a token past the new sentence's end is clamped to its last token, with a note
     at.selectbox(key="heads.token").set_value(6).run()
-    at.text_input(key="heads.text").input("The cat").run()
+    at.text_area(key="heads.text").input("The cat").run()
     assert_no_exception(at)
     n = len(at.selectbox(key="heads.token").options)
     assert at.selectbox(key="heads.token").value == n - 1
@@ -84,17 +85,18 @@ def test_heads_token_survives_a_model_switch(app_test):
 @needs_all
 def test_decoder_keeps_the_sentence_and_its_controls_agree_across_a_switch(app_test):
     at = app_test("decoder", model="toy-translate")
+    at.session_state[open_key("decoder")] = True  # the training panel (it starts closed) holds step_train
     at.run()
-    at.text_input(key="decoder.text").input(TEXT).run()
+    at.text_area(key="decoder.text").input(TEXT).run()
     at.button(key="decoder-btn-next").click().run()
     assert step_of(at)[0] == 2
     at.selectbox(key="decoder.model").set_value("smollm2").run()
     assert_no_exception(at)
-    assert at.text_area(key="decoder.text").value == TEXT  # the box changed kind; the sentence stays
+    assert at.text_area(key="decoder.text").value == TEXT  # the sentence stays
     assert browser_shows(at.text_area(key="decoder.text")) == TEXT
     at.selectbox(key="decoder.model").set_value("toy-translate").run()
     assert_no_exception(at)
-    assert at.text_input(key="decoder.text").value == TEXT and qp(at, "text") == TEXT
+    assert at.text_area(key="decoder.text").value == TEXT and qp(at, "text") == TEXT
     # the controls the browser draws anew show what the page states
     step, n = step_of(at)
     assert step == 2
@@ -107,6 +109,7 @@ def test_decoder_keeps_the_sentence_and_its_controls_agree_across_a_switch(app_t
 def test_training_step_keeps_the_decoder_step(app_test):
     """Changing toy-translate's training step keeps the Step (clamped to the new run's length)."""
     at = app_test("decoder", model="toy-translate", text=TEXT, step="3")
+    at.session_state[open_key("decoder")] = True  # the training panel (it starts closed) holds step_train
     at.run()
     assert step_of(at)[0] == 3
     at.select_slider(key="decoder.step_train").set_value(200).run()

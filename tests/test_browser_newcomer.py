@@ -312,7 +312,7 @@ def test_compare_says_it_opens_on_its_own_pair(server, page):
     wait_idle(page, timeout=120_000)
     assert page.locator('[data-testid="stAlert"]', has_text="its own pair").count() == 1
     page.locator(".st-key-compare-use-mine button").first.click()
-    page.wait_for_function("(t) => [...document.querySelectorAll('input')].some(i => i.value === t)", arg=mine,
+    page.wait_for_function("(t) => [...document.querySelectorAll('input, textarea')].some(i => i.value === t)", arg=mine,
                            timeout=60_000)
     wait_idle(page, timeout=120_000)
     assert "toy-translate" in page.url and urllib.parse.quote_plus(mine) in page.url

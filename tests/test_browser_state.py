@@ -42,7 +42,7 @@ def test_model_switch_keeps_the_page_working_and_its_controls_true(server, page)
     page.goto(f"{server.url}/decoder?model=toy-translate")
     wait_idle(page, timeout=120_000)
     _box(page, "decoder-text").fill(TEXT)
-    _box(page, "decoder-text").press("Enter")
+    _box(page, "decoder-text").press("Control+Enter")  # the text area applies on Ctrl+Enter
     wait_idle(page, timeout=120_000)
     page.locator(".st-key-decoder-btn-next button").first.click()
     wait_idle(page, timeout=120_000)
@@ -52,6 +52,8 @@ def test_model_switch_keeps_the_page_working_and_its_controls_true(server, page)
     assert no_exception(page)
     assert _box(page, "decoder-text").input_value() == TEXT
     main = page.locator('[data-testid="stMain"]')
+    main.get_by_text("Training step: watch the attention learn").first.click()  # the panel starts closed
+    wait_idle(page, timeout=120_000)
     shown = [s.get_attribute("aria-valuetext") or s.get_attribute("aria-valuenow")
              for s in main.get_by_role("slider").all()]
     body = main.inner_text()
