@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 
 from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
-from viz.pages.widgets import NOTES_EXAMPLES
+from viz.ui.widgets import NOTES_EXAMPLES
 
 pytestmark = pytest.mark.browser
 

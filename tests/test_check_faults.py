@@ -279,7 +279,7 @@ add(Fault("teacher-forced rows = the prefix run alone", "decoder", _decoder_para
 
 # ------------------------------------------------------------------ running a page
 def _clear_caches():
-    from viz.pages import models
+    from viz.ui import models
 
     models.trace_cache.clear()
     st.cache_data.clear()  # the data caches, models.prefix_check (the decoder's check) among them

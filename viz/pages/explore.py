@@ -11,7 +11,7 @@ import streamlit as st
 from viz import explore as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import ablation as va
-from viz.pages import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
+from viz.ui import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
 from viz.select import View, attention_matrix
 from viz.text import _md_code
 
@@ -53,9 +53,7 @@ off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
 trace = models.get_trace(run_model, text, ablate=off, ablation=ablation)
 if trace is None:
-    state.publish(model=model_name, text=text, **url_ablation)
-    state.show_messages()
-    st.stop()
+    state.end_here(model=model_name, text=text, **url_ablation)
 
 vocab.offer_reader(state, model_name, trace, key="explore-reader")
 n_source = len(trace.tokens("source"))

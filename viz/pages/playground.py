@@ -7,8 +7,8 @@ the sentence and the controls (playground_controls.py), draws each tab in its st
 
 import streamlit as st
 
-from viz.pages import models, playground_attention, playground_controls, playground_cost, url_state, urlflags, widgets
-from viz.pages.playground_controls import PLAY_TABS
+from viz.ui import models, playground_attention, playground_controls, playground_cost, url_state, urlflags, widgets
+from viz.ui.playground_controls import PLAY_TABS
 
 st.title("Playground")
 state = url_state.PageState("playground", fields=playground_controls.FIELDS)

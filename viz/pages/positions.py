@@ -6,7 +6,7 @@ import streamlit as st
 
 from viz import positions as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, url_state, urlflags, widgets
 
 st.title("Positional encoding")
 state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head", "degrees"))

@@ -15,8 +15,8 @@ import streamlit as st
 from viz import playground as vg
 from viz.checks import scaled_check
 from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
-from viz.pages import charts, url_state
-from viz.pages.playground_controls import CHOICES
+from viz.ui import charts, url_state
+from viz.ui.playground_controls import CHOICES
 from viz.reference import NoReference
 
 

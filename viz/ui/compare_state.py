@@ -10,7 +10,7 @@ import streamlit as st
 
 import core
 from viz import compare as cmp
-from viz.pages import models, url_state
+from viz.ui import models, url_state
 
 FALLBACK_MODEL = "toy-translate"
 

@@ -8,7 +8,7 @@ from typing import Dict
 
 import streamlit as st
 
-from viz.pages.url_state import PageState
+from viz.ui.url_state import PageState
 
 TRUE, FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 

@@ -18,7 +18,7 @@ import streamlit as st
 
 from viz import decoder as dv
 from viz import decoder_steps
-from viz.pages import charts, models
+from viz.ui import charts, models
 
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
 

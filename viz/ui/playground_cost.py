@@ -16,8 +16,8 @@ from core import toy_task
 from core.errors import InputError
 from viz import playground as vg
 from viz.figures import attention_heatmap
-from viz.pages import charts, url_state
-from viz.pages.playground_controls import CHOICES
+from viz.ui import charts, url_state
+from viz.ui.playground_controls import CHOICES
 from viz.text import clean_text
 
 BUILD_LIMIT = 60_000_000  # parameters: larger models are counted, not built
