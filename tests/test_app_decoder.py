@@ -290,7 +290,7 @@ def test_smollm2_stepper_with_a_1024_token_prompt(app_test):
     generation and one traced pass; the maps come in blocks; Next moves one step and the
     drawn weights are the core's, in blocks."""
     from bench.common import PASSAGE
-    from viz import decoder as dv
+    from viz import decoder_maps as dv
 
     model = core.load_model("smollm2", device="cpu")
     text = PASSAGE * 40

@@ -3,7 +3,7 @@
 What the word attends to in each sentence (one layer and head, or the mean of the heads),
 and the cosine similarity (Chapter 9) of its two vectors at every depth: identical at the
 input embedding -- a static embedding, one vector per token -- and drifting apart layer by
-layer as attention mixes in each sentence's context. Numbers come from viz.compare.
+layer as attention mixes in each sentence's context. Numbers come from viz.word_pair.
 
 URL state: model, text (sentence A), text2 (sentence B; `target` is read as an alias when
 text2 is absent), word, layer, head. The page remembers its own pair of sentences: it does
@@ -14,8 +14,8 @@ and the word the two sentences share, is kept by viz/ui/compare_state.py.
 
 import streamlit as st
 
-from viz import compare as cmp
-from viz import explore as ex
+from viz import word_pair as cmp
+from viz import model_view as ex
 from viz.figures import safe_label
 from viz.ui import charts, compare_state, models, url_state, urlflags, widgets
 

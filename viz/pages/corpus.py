@@ -14,7 +14,7 @@ import streamlit as st
 import core.corpus as cc
 import core.joint as cj
 from core.corpus_data import CORPUS_FILE
-from viz import corpus as vc
+from viz import joint_scatter as vc
 from viz.ui import charts, url_state, widgets
 
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus

@@ -13,7 +13,7 @@ step reruns only that part of the page.
 import streamlit as st
 
 import core
-from viz import decoder as dv
+from viz import decoder_maps as dv
 from viz.ui import models, stepper, training_panel, url_state, widgets
 
 DECODER_KINDS = ("encoder-decoder", "decoder")

@@ -1,13 +1,13 @@
 """Heads: what each head does (head scores as layer x head heatmaps; a click opens the head in
 Explore), and where a token's information comes from through the layers (rollout, flow).
-Scores and maps come from core.analysis; figures from viz.heads.
+Scores and maps come from core.analysis; figures from viz.score_maps.
 """
 
 import streamlit as st
 
 from core import analysis
-from viz import heads as hv
-from viz.explore import view_sides
+from viz import score_maps as hv
+from viz.model_view import view_sides
 from viz.ui import charts, models, url_state, urlflags, widgets
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run

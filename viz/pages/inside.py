@@ -10,7 +10,7 @@ checks from viz.checks, figures from viz.step_figures.
 import streamlit as st
 
 from viz.checks import layer_checks
-from viz.notes import cite_text
+from viz.citations import cite_text
 from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head

@@ -1,7 +1,7 @@
 """Playground: attention by hand, parameter-free and symmetric attention, why scores are
 scaled, what the hyper-parameters cost in parameters, and what sequence length costs in time.
 
-Computation lives in viz.playground (pure functions over core). This page reads the model,
+Computation lives in viz.by_hand (pure functions over core). This page reads the model,
 the sentence and the controls (playground_controls.py), draws each tab in its st.tab (tabs
 1–4 in playground_attention.py, 5 and 6 in playground_cost.py) and writes the URL."""
 

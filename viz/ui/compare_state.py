@@ -9,7 +9,7 @@ from typing import Sequence, Tuple
 import streamlit as st
 
 import core
-from viz import compare as cmp
+from viz import word_pair as cmp
 from viz.ui import models, url_state
 
 FALLBACK_MODEL = "toy-translate"

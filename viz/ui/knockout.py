@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 import streamlit as st
 
-from viz import ablation as va
+from viz import head_knockout as va
 from viz.ui import charts, models, url_state
 
 ABLATION_LABELS = {"zero": "zeroed", "mean": "replaced by its mean over positions"}

@@ -16,7 +16,7 @@ from typing import Optional
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from viz import decoder as dv
+from viz import decoder_maps as dv
 from viz.ui import decoder_view, dl, url_state, urlflags
 
 PLAY_DELAY_S = 0.7

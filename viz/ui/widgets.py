@@ -13,7 +13,7 @@ from typing import Dict
 import streamlit as st
 
 import core
-from viz.notes import cite_text
+from viz.citations import cite_text
 from viz.ui.models import get_model, model_kind, model_label, model_names
 from viz.ui.url_state import PageState, int_from_url
 from viz.select import attention_views
