@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from viz.pages.models import setup_process
-from viz.pages.history import one_entry_per_action
+from viz.ui.models import setup_process
+from viz.ui.history import one_entry_per_action
 
 setup_process()
 

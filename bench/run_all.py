@@ -204,7 +204,7 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "ratios are in the notes.")
     L.append("")
     L.append("- **glibc**: glibc's malloc defaults;")
-    L.append("- **after**: `core.device.keep_freed_memory()`: what the app runs (viz/pages/models.py's setup_process calls it).")
+    L.append("- **after**: `core.device.keep_freed_memory()`: what the app runs (viz/ui/models.py's setup_process calls it).")
     L.append("")
     L.append("```")
     for name in ("glibc", "after", "after-cuda"):

@@ -84,7 +84,7 @@ def part_smollm2(rounds: int, n: int = 2048) -> dict:
     import torch
 
     import core
-    from viz.explore import pooled_layers
+    from viz.model_view import pooled_layers
 
     model = core.load_model("smollm2", device="cpu")
     ids = _smol_ids(model, n)

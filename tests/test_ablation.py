@@ -1,7 +1,7 @@
 """Head ablation against transformers: our model.trace(text, ablate=...) equals transformers'
 forward with a forward pre-hook on the output projection that zeroes (or mean-replaces) the
 head's slice of Concat(heads), for smollm2 (LlamaForCausalLM) and minilm (BertModel).
-Also the pure helpers of viz.ablation (URL form, toggling, what changed)."""
+Also the pure helpers of viz.head_knockout (URL form, toggling, what changed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import core
-from viz import ablation as va
+from viz import head_knockout as va
 
 TOL = 1e-4
 
@@ -143,7 +143,7 @@ def test_minilm_ablation_matches_bert_hook(mode):
     assert (ours["encoder.4.self_attn.weights"] - ref.attentions[4][0]).abs().max().item() < TOL
 
 
-# ------------------------------------------------------------------ viz.ablation
+# ------------------------------------------------------------------ viz.head_knockout
 SIZES = {"decoder": (30, 9)}
 
 

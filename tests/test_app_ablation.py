@@ -9,7 +9,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
-from viz import ablation as va
+from viz import head_knockout as va
 
 TEXT = "the small dog sees the cat"
 TAB_MODEL = "Model view (all layers × heads)"

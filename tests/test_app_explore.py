@@ -7,7 +7,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, grid_shape, grid_tile, heatmap_z
-from viz import explore as ex
+from viz import model_view as ex
 from viz.figures import HOVER_LABEL_CELLS, safe_labels
 
 TEXT = "the small dog sees the cat"

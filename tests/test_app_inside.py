@@ -225,7 +225,7 @@ def test_a_failed_check_in_a_closed_group_shows(monkeypatch):
 
     import core.net.layers
     from conftest import APP
-    from viz.pages import models
+    from viz.ui import models
 
     orig = core.net.layers.FeedForward.forward
 

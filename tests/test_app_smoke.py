@@ -41,7 +41,7 @@ def test_a_model_load_freezes_the_heap_out_of_the_collectors_walks(app_test):
     later runs made, not the whole of torch, plotly and the model."""
     import gc
 
-    from viz.pages import models
+    from viz.ui import models
 
     gc.unfreeze()
     models._load_model.clear()

@@ -11,7 +11,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key
-from viz.pages.training_panel import open_key
+from viz.ui.training_panel import open_key
 
 DEVICE = "cpu"
 TEXT = "the cat sees the small dog"  # in toy-translate's vocabulary (not its default sentence): every model reads it
@@ -202,7 +202,7 @@ def test_state_survives_every_model_switch(app_test, page):
 
 # ------------------------------------------------------------------ shared links
 def test_decoder_step_in_the_browser_round_trips(app_test):
-    from viz.pages.stepper import IN_BROWSER
+    from viz.ui.stepper import IN_BROWSER
 
     at = app_test("decoder", model="toy-translate", text=TEXT)
     at.run()
@@ -262,7 +262,7 @@ def test_long_prompt_keeps_its_last_tokens(app_test, monkeypatch):
     """A prompt longer than the model's context minus the new tokens keeps its LAST tokens (the
     ones generation continues from), says how many were cut and marks the cut. The context is
     shrunk here (the cached model's own input_limit) so that the prompt is short to run."""
-    from viz.pages import models
+    from viz.ui import models
 
     model = models._load_model("smollm2")
     monkeypatch.setattr(model, "input_limit", model.max_new_tokens + 24)  # room for a 24-token prompt

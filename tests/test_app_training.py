@@ -9,7 +9,7 @@ import pytest
 import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
 from core.toy import toy_steps, toy_task
-from viz.pages.training_panel import open_key
+from viz.ui.training_panel import open_key
 
 TEXT = "the small dog sees the cat"
 SLIDER = "{page}.step_train"

@@ -186,7 +186,7 @@ def test_block_map_hover_names_both_blocks(page):
     import torch
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from viz import decoder as dv
+    from viz import decoder_maps as dv
 
     n = 300
     mask = core.causal_mask(n).numpy()

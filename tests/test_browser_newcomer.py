@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 
 from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
-from viz.pages.widgets import NOTES_EXAMPLES
+from viz.ui.widgets import NOTES_EXAMPLES
 
 pytestmark = pytest.mark.browser
 
@@ -231,7 +231,7 @@ def test_lecture_notes_are_named_for_a_reader(server, page):
     """The notes are listed on one page with title and author, and no page calls them "seed"."""
     import re
 
-    from viz.notes import NOTES
+    from viz.citations import NOTES
 
     page.goto(f"{server.url}/notes")
     wait_idle(page)

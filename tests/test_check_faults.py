@@ -215,21 +215,21 @@ def positions_off_by_one(mp):
 def pe_formula_without_cosines(mp):
     """Not the core: the page's own formula with its cosines replaced by sines, so PE·PEᵀ is no
     longer constant along its diagonals (section 3's check is about the formula itself)."""
-    import viz.positions
+    import viz.position_figures
 
-    real = viz.positions.pe_matrix
+    real = viz.position_figures.pe_matrix
 
     def broken(n, d, layout="interleaved", base=10000.0):
         pe = real(n, d, layout, base)
         pe[:, 1::2] = pe[:, 0::2][:, : d // 2] * 0.5 + 0.1
         return pe
 
-    mp.setattr(viz.positions, "pe_matrix", broken)
+    mp.setattr(viz.position_figures, "pe_matrix", broken)
 
 
 POSITIONS = {"model": "toy-translate", "text": TEXT}
 add(Fault("model's P = the formula in numpy", "positions", POSITIONS,
-          "the recorded P vs the sinusoid formula written out again in float64 numpy (viz.positions.pe_matrix)",
+          "the recorded P vs the sinusoid formula written out again in float64 numpy (viz.position_figures.pe_matrix)",
           positions_off_by_one, fails="the recorded P equals the sinusoid formula",
           holds="the recorded P equals the sinusoid formula"))
 add(Fault("model's X = X' + P in numpy", "positions", POSITIONS,
@@ -279,7 +279,7 @@ add(Fault("teacher-forced rows = the prefix run alone", "decoder", _decoder_para
 
 # ------------------------------------------------------------------ running a page
 def _clear_caches():
-    from viz.pages import models
+    from viz.ui import models
 
     models.trace_cache.clear()
     st.cache_data.clear()  # the data caches, models.prefix_check (the decoder's check) among them

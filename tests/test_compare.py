@@ -1,4 +1,4 @@
-"""viz.compare: words found in traces (pieces included), cosines layer by layer checked
+"""viz.word_pair: words found in traces (pieces included), cosines layer by layer checked
 against torch.nn.functional.cosine_similarity on the trace tensors, attention from a word."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import core
 from core.trace import Trace
-from viz import compare as cmp
+from viz import word_pair as cmp
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 

@@ -1,4 +1,4 @@
-"""viz.decoder: the stepper's figure functions and bookkeeping, without a browser or Streamlit."""
+"""viz.decoder_maps: the stepper's figure functions and bookkeeping, without a browser or Streamlit."""
 
 import math
 
@@ -9,7 +9,8 @@ import torch
 
 import core
 from core import ModelConfig
-from viz import decoder as dv
+from viz import decoder_maps as dv
+from viz import prefix_check as pc
 from viz.figures import matrix_heatmap
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
@@ -190,16 +191,16 @@ def test_prefix_difference_against_the_prefix_run_alone(toy, toy_steps):
         alone = toy.trace_decoder_input(text, s.meta["target_ids"])
         assert alone.tokens("target") == s.tokens("target")
         for rows in (s, full):
-            c = dv.prefix_difference(rows, alone)
+            c = pc.prefix_difference(rows, alone)
             assert set(c.diffs) == keys and c.n_rows == len(s.tokens("target"))
             assert (c.n_layers, c.n_heads) == (3, 4)
             assert c.worst == max(c.diffs.values()) < 1e-5 and c.ok
     # another target shares only the first decoder input (<start>) with the greedy output
     other = toy.trace(text, target="zu zu zu zu zu zu")
-    assert dv.prefix_difference(other, toy.trace_decoder_input(text, toy_steps[0].meta["target_ids"])).ok
+    assert pc.prefix_difference(other, toy.trace_decoder_input(text, toy_steps[0].meta["target_ids"])).ok
     if out[0] != "zu":
         with pytest.raises(ValueError):
-            dv.prefix_difference(other, toy.trace_decoder_input(text, toy_steps[1].meta["target_ids"]))
+            pc.prefix_difference(other, toy.trace_decoder_input(text, toy_steps[1].meta["target_ids"]))
 
 
 def test_prefix_difference_fails_on_different_computations(toy, toy_steps):
@@ -207,15 +208,15 @@ def test_prefix_difference_fails_on_different_computations(toy, toy_steps):
     cross-attention rows (and everything after them), reported with where the worst one is."""
     s = toy_steps[2]
     alone = toy.trace_decoder_input("the big cat sees the dog", s.meta["target_ids"])
-    c = dv.prefix_difference(s, alone)
+    c = pc.prefix_difference(s, alone)
     assert not c.ok and c.worst > 1e-2 and c.worst == max(c.diffs.values())
     assert c.where.startswith(("cross-attention weights, layer", "self-attention weights, layer",
                                "top-k next-token probabilities", "next-token distribution")), c.where
     # a NaN anywhere never passes
-    assert not dv.PrefixCheck(3, {"self-attention weights": float("nan")}, float("nan"), "", 3, 4).ok
+    assert not pc.PrefixCheck(3, {"self-attention weights": float("nan")}, float("nan"), "", 3, 4).ok
     # a shorter prefix alone is compared with the step's first rows: step 3's first two are step 2's
     short = toy.trace_decoder_input("the small dog sees the cat", s.meta["target_ids"][:2])
-    c = dv.prefix_difference(s, short)
+    c = pc.prefix_difference(s, short)
     assert c.n_rows == 2 and c.ok and c.worst < 1e-5
 
 
@@ -247,7 +248,7 @@ def test_decoder_only_steps_have_no_cross_attention(tiny_decoder):
     for s in steps:
         alone = tiny_decoder.trace_decoder_input(prompt, s.meta["target_ids"])  # the step's prefix, alone
         for rows in (s, full):
-            d = dv.prefix_difference(rows, alone)
+            d = pc.prefix_difference(rows, alone)
             assert "cross-attention weights" not in d.diffs and "self-attention weights" in d.diffs
             assert d.worst < 1e-5 and d.ok
     w = dv.head_matrix(steps[-1], "decoder.1.self_attn.weights", 3)
@@ -259,7 +260,7 @@ def test_long_prefixes_are_drawn_in_blocks():
     """A 200-position causal map in blocks of 3: weights rows sum to 1, the block means of
     the scores and the mask are those of a direct loop, blocks wholly above the diagonal -inf."""
     import core
-    from viz import decoder as dv
+    from viz import decoder_maps as dv
 
     n = 200
     g = torch.Generator().manual_seed(0)
@@ -350,7 +351,7 @@ def test_fix_margins_fixes_every_axis_of_a_figure_with_subplots():
 
 def test_space_tokens_show_a_visible_space():
     """A next token that is a space reads as the token chips show it (␣), not as the quoted ' '."""
-    from viz import ablation as va
+    from viz import head_knockout as va
     from viz.text import token_text
 
     fig = dv.next_token_figure([" ", "the", "  "], [0.5, 0.3, 0.2])

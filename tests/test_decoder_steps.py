@@ -8,7 +8,7 @@ also the softmax of the shown scores, row by row."""
 import numpy as np
 import pytest
 
-from viz import decoder as dv
+from viz import decoder_maps as dv
 from viz import decoder_steps as ds
 from viz.figures import safe_labels
 

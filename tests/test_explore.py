@@ -1,4 +1,4 @@
-"""viz.explore: pieces read as words, long maps drawn in blocks, layer ranges of the model view,
+"""viz.model_view: pieces read as words, long maps drawn in blocks, layer ranges of the model view,
 and the cap on decoder-only prompts. Pure functions, checked against the core's tensors."""
 
 import json
@@ -9,7 +9,7 @@ import torch
 
 import core
 from conftest import grid_shape, grid_tile
-from viz import explore as ex
+from viz import model_view as ex
 from viz.select import View, attention_matrix
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here

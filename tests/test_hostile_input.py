@@ -20,7 +20,7 @@ import viz.text
 from conftest import assert_no_exception, chart_by_key
 from viz.cache import ByteLRU
 from viz.figures import attention_heatmap, head_view, safe_label
-from viz.pages import models
+from viz.ui import models
 
 PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads"]
 MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",

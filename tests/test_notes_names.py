@@ -1,10 +1,10 @@
-"""The lecture notes are cited by name (viz.notes), and "seed" is left to random seeds."""
+"""The lecture notes are cited by name (viz.citations), and "seed" is left to random seeds."""
 
 from pathlib import Path
 
 import pytest
 
-from viz.notes import NOTES, cite_text
+from viz.citations import NOTES, cite_text
 
 # The notes live beside the checkout: <dir>/main (the project) and <dir>/shared/seeds.
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""viz.playground: attention by hand, parameter-free and symmetric attention, the scaling
+"""viz.by_hand: attention by hand, parameter-free and symmetric attention, the scaling
 argument, the parameter-count formula and the cost measurement, against independent numpy."""
 
 import math
@@ -10,7 +10,7 @@ import torch
 
 import core
 from core.net import cost
-from viz import playground as vg
+from viz import by_hand as vg
 
 
 def softmax_rows(a):

@@ -202,7 +202,7 @@ def slider_step(fig: go.Figure, t: int) -> dict:
 def inference_steps(steps: Sequence, *, layer: int, head: int, size: int = WINDOW) -> List[StepMaps]:
     """StepMaps of greedy decoding, each from the step's own trace (`core`'s Model.steps),
     windowed to its last `size` rows (see `window`)."""
-    from viz.decoder import head_matrix
+    from viz.decoder_maps import head_matrix
 
     name = f"decoder.{layer}.self_attn."
     out = []

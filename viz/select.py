@@ -1,6 +1,6 @@
 """Choosing what to show from a Trace: which attention maps it holds, their token labels,
 one map (a head or the mean of heads) with or without special tokens. Pure functions, no
-Streamlit. (Values from the URL are read by viz/pages/url_state.py's PageState.)"""
+Streamlit. (Values from the URL are read by viz/ui/url_state.py's PageState.)"""
 
 from __future__ import annotations
 

@@ -3,21 +3,21 @@
 What the word attends to in each sentence (one layer and head, or the mean of the heads),
 and the cosine similarity (Chapter 9) of its two vectors at every depth: identical at the
 input embedding -- a static embedding, one vector per token -- and drifting apart layer by
-layer as attention mixes in each sentence's context. Numbers come from viz.compare.
+layer as attention mixes in each sentence's context. Numbers come from viz.word_pair.
 
 URL state: model, text (sentence A), text2 (sentence B; `target` is read as an alias when
 text2 is absent), word, layer, head. The page remembers its own pair of sentences: it does
 not take the single sentence or model of the other pages (its default is minilm on the two
 "bank" sentences; toy-translate, with a toy pair, when minilm is not installed). That state,
-and the word the two sentences share, is kept by viz/pages/compare_state.py.
+and the word the two sentences share, is kept by viz/ui/compare_state.py.
 """
 
 import streamlit as st
 
-from viz import compare as cmp
-from viz import explore as ex
+from viz import word_pair as cmp
+from viz import model_view as ex
 from viz.figures import safe_label
-from viz.pages import charts, compare_state, models, url_state, urlflags, widgets
+from viz.ui import charts, compare_state, models, url_state, urlflags, widgets
 
 st.title("Compare: one word, two sentences")
 st.caption("Bishop ch. 12: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
@@ -63,10 +63,8 @@ text_b = widgets.text_box("Sentence B", text_b_key, where=cols[1])
 
 def _stop(message: str) -> None:
     st.warning(message)
-    state.show_messages()
-    state.publish(model=model_name, text=text_a, text2=text_b, word=st.session_state.get(word_key),
-                  layer=st.session_state.get(state.key("layer")), head=st.session_state.get(state.key("head")))
-    st.stop()
+    state.end_here(model=model_name, text=text_a, text2=text_b, word=st.session_state.get(word_key),
+                   layer=st.session_state.get(state.key("layer")), head=st.session_state.get(state.key("head")))
 
 
 for label, txt in (("A", text_a), ("B", text_b)):

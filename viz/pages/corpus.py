@@ -14,8 +14,8 @@ import streamlit as st
 import core.analysis.corpus_job as cc
 import core.analysis.joint as cj
 from core.corpus_data import CORPUS_FILE
-from viz import corpus as vc
-from viz.pages import charts, url_state, widgets
+from viz import joint_scatter as vc
+from viz.ui import charts, url_state, widgets
 
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus
 MAX_SENTENCES = 2_000  # sentences one run reads (more are cut, with a warning)
@@ -96,9 +96,8 @@ if re.search(r"[\x00-\x08\x0b-\x1f]", text):
     st.warning("Control characters in the corpus were replaced by spaces.")
 sentences = cc.read_sentences(text)
 if not sentences:
-    state.publish(model=model_name)
     st.warning("The corpus is empty: choose the bundled corpus, upload a .txt file or paste sentences, one a line.")
-    st.stop()
+    state.end_here(model=model_name)
 if len(sentences) > MAX_SENTENCES:
     st.warning(f"The corpus has {len(sentences):,} sentences; the page reads the first {MAX_SENTENCES:,} "
                "(`python -m core corpus` reads any number).")

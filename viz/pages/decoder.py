@@ -6,15 +6,15 @@ QKᵀ/√d_k + M, the weights, the cross-attention over the source and the next-
 distribution. Teacher forcing: the whole typed target at once under the same mask (seed
 003), with the check that its rows equal the inference rows for the same prefix.
 All steps come from models.get_steps (computed once, cached): moving between steps does
-no model work. The step's controls and maps are one fragment (viz/pages/stepper.py), so a
+no model work. The step's controls and maps are one fragment (viz/ui/stepper.py), so a
 step reruns only that part of the page.
 """
 
 import streamlit as st
 
 import core
-from viz import decoder as dv
-from viz.pages import models, stepper, training_panel, url_state, widgets
+from viz import decoder_maps as dv
+from viz.ui import models, stepper, training_panel, url_state, widgets
 
 DECODER_KINDS = ("encoder-decoder", "decoder")
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
@@ -77,6 +77,12 @@ for i, sentence in enumerate(examples):
     label = label if len(label) <= 40 else label[:39] + "…"
     ex_cols[i + 1].button(label, key=f"decoder-ex-{i}", on_click=_use_example, args=(sentence,), width="stretch")
 
+def _end_here(**url) -> None:
+    """Nothing to step through: Play stops, and the page ends with its URL and messages."""
+    ss[PLAYING] = False
+    state.end_here(**url)
+
+
 mode = st.radio("Mode", list(MODES), key=mode_key, format_func=MODES.get, horizontal=True, on_change=_mode_changed)
 
 # ------------------------------------------------------------------ all steps, once (cached)
@@ -86,10 +92,7 @@ steps = models.get_steps(run_model, run_text)
 if not steps:
     if steps is not None:  # ran, but generated nothing (max length 0)
         st.warning("The model generated no tokens for that input (it is already at the maximum length).")
-    state.publish(model=model_name, text=text, mode=mode)
-    state.show_messages()
-    ss[PLAYING] = False
-    st.stop()
+    _end_here(model=model_name, text=text, mode=mode)
 
 first = steps[0]
 prefix_len = int(first.meta.get("prefix_len", 1))
@@ -119,16 +122,10 @@ if mode == "teacher":
     tcols[1].button("Use the greedy output", key="decoder-use-greedy", on_click=_use_generated, width="stretch")
     if not (target or "").strip():
         st.warning("Type a target to see teacher forcing, or press “Use the greedy output”.")
-        state.publish(model=model_name, text=text, mode=mode)
-        state.show_messages()
-        ss[PLAYING] = False
-        st.stop()
+        _end_here(model=model_name, text=text, mode=mode)
     full = models.get_trace(run_model, run_text, target=target)
     if full is None:
-        state.publish(model=model_name, text=text, mode=mode, target=target)
-        state.show_messages()
-        ss[PLAYING] = False
-        st.stop()
+        _end_here(model=model_name, text=text, mode=mode, target=target)
     if full.meta.get("target_unknown"):
         words = ", ".join(f"“{w}”" for w in full.meta["target_unknown"][:20])
         st.warning(f"Not in {model_name}'s target vocabulary, shown as <unk>: {words}")

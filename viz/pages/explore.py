@@ -3,15 +3,15 @@
 Heatmap of one (stack, attention, layer, head); model view (layer x head grid, click a map
 to enlarge it); head view (lines from queries to keys, one colour per head). Word-piece
 models can be read in words (core.tokens.words); long inputs are drawn in blocks and deep models
-show a range of layers in the model view (viz.explore). Only the open tab is computed.
+show a range of layers in the model view (viz.model_view). Only the open tab is computed.
 """
 
 import streamlit as st
 
-from viz import explore as ex
+from viz import model_view as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
-from viz import ablation as va
-from viz.pages import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
+from viz import head_knockout as va
+from viz.ui import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
 from viz.select import View, attention_matrix
 from viz.text import _md_code
 
@@ -53,9 +53,7 @@ off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
 trace = models.get_trace(run_model, text, ablate=off, ablation=ablation)
 if trace is None:
-    state.publish(model=model_name, text=text, **url_ablation)
-    state.show_messages()
-    st.stop()
+    state.end_here(model=model_name, text=text, **url_ablation)
 
 vocab.offer_reader(state, model_name, trace, key="explore-reader")
 n_source = len(trace.tokens("source"))
@@ -88,15 +86,7 @@ with c[3]:
         words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
-heads_key = state.seeded_key("heads", list(range(min(n_heads, 4))), parse=urlflags.parse_ints,
-                       valid=lambda v: all(0 <= h < n_heads for h in v), why=f"{model_name} has heads 0–{n_heads - 1}")
-if isinstance(st.session_state[heads_key], str):  # as another page published it
-    try:
-        st.session_state[heads_key] = urlflags.parse_ints(st.session_state[heads_key])
-    except ValueError:
-        pass
-if not isinstance(st.session_state[heads_key], list) or any(not 0 <= h < n_heads for h in st.session_state[heads_key]):
-    st.session_state[heads_key] = list(range(min(n_heads, 4)))
+heads_key = urlflags.heads(state, "heads", n_heads, f"{model_name} has heads 0–{n_heads - 1}")
 TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS}
 tab_key = urlflags.tab(state, "tab", TABS)
 state.show_messages()

@@ -1,14 +1,14 @@
 """Heads: what each head does (head scores as layer x head heatmaps; a click opens the head in
 Explore), and where a token's information comes from through the layers (rollout, flow).
-Scores and maps come from core.analysis; figures from viz.heads.
+Scores and maps come from core.analysis; figures from viz.score_maps.
 """
 
 import streamlit as st
 
 from core import analysis
-from viz import heads as hv
-from viz.explore import view_sides
-from viz.pages import charts, models, url_state, urlflags, widgets
+from viz import score_maps as hv
+from viz.model_view import view_sides
+from viz.ui import charts, models, url_state, urlflags, widgets
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
@@ -36,8 +36,7 @@ trace = models.get_trace(model_name, text)
 url = dict(model=model_name, text=text)  # what the URL holds so far; the top-heads score and token join below
 state.show_messages()
 if trace is None:
-    state.publish(**url)
-    st.stop()
+    state.end_here(**url)
 
 
 # cache_resource: the results are shared read-only (no copy per hit, as cache_data would make)
@@ -67,8 +66,7 @@ try:
         scores = _head_scores(model_name, text, model, trace)
 except Exception as exc:  # a model the scores cannot run on must not take the page down
     st.error(f"Could not score the heads of {model_name}: {exc}")
-    state.publish(**url)
-    st.stop()
+    state.end_here(**url)
 
 stacks = trace.stacks()
 stack = stacks[0]
@@ -133,9 +131,7 @@ if n > ROLLOUT_MAX_TOKENS:
     st.info(f"Rollout multiplies the layers' {n} × {n} maps and keeps one per layer; it is drawn up to "
             f"{ROLLOUT_MAX_TOKENS} tokens. Shorten the text to see it.")
     state.ignored_if_given("token", f"rollout is drawn up to {ROLLOUT_MAX_TOKENS} tokens; this text has {n}")
-    state.show_messages()
-    state.publish(**url)
-    st.stop()
+    state.end_here(**url)
 c = st.columns([2, 1])
 default_query = n - 1 if model.kind == "decoder" or stack == "decoder" else min(1, n - 1)
 # the token is a number kept across sentences and models: clamped to this sentence's tokens, with a note

@@ -10,8 +10,8 @@ checks from viz.checks, figures from viz.step_figures.
 import streamlit as st
 
 from viz.checks import layer_checks
-from viz.notes import cite_text
-from viz.pages import charts, dl, models, training_panel, url_state, vocab, widgets
+from viz.citations import cite_text
+from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
@@ -51,9 +51,7 @@ run_model = training_panel.training_step(state, model_name, model, text, "inside
 
 trace = models.get_trace(run_model, text, target or None)
 if trace is None:
-    state.publish(model=model_name, text=text, target=target or None)
-    state.show_messages()
-    st.stop()
+    state.end_here(model=model_name, text=text, target=target or None)
 
 vocab.offer_reader(state, model_name, trace, key="inside-reader")
 widgets.token_chips(trace.tokens("source"), title=f"{len(trace.tokens('source'))} source tokens")

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from viz.notes import NOTES
+from viz.citations import NOTES
 
 st.title("Lecture notes")
 st.caption("The pages follow five sets of lecture notes on attention and transformers and cite them by the short "

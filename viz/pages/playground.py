@@ -1,14 +1,14 @@
 """Playground: attention by hand, parameter-free and symmetric attention, why scores are
 scaled, what the hyper-parameters cost in parameters, and what sequence length costs in time.
 
-Computation lives in viz.playground (pure functions over core). This page reads the model,
+Computation lives in viz.by_hand (pure functions over core). This page reads the model,
 the sentence and the controls (playground_controls.py), draws each tab in its st.tab (tabs
 1–4 in playground_attention.py, 5 and 6 in playground_cost.py) and writes the URL."""
 
 import streamlit as st
 
-from viz.pages import models, playground_attention, playground_controls, playground_cost, url_state, urlflags, widgets
-from viz.pages.playground_controls import PLAY_TABS
+from viz.ui import models, playground_attention, playground_controls, playground_cost, url_state, urlflags, widgets
+from viz.ui.playground_controls import PLAY_TABS
 
 st.title("Playground")
 state = url_state.PageState("playground", fields=playground_controls.FIELDS)

@@ -1,12 +1,12 @@
 """Positions: the sinusoidal encoding (Lecture 10, Transformers handout and Missaoui), its relative-distance property, the
 notes' "Show me the money" example recomputed in radians, and a model's own positions on the
-user's sentence. Numbers come from core; figures from viz.positions."""
+user's sentence. Numbers come from core; figures from viz.position_figures."""
 
 import streamlit as st
 
-from viz import positions as vp
+from viz import position_figures as vp
 from viz.figures import DIVERGING, matrix_heatmap
-from viz.pages import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, url_state, urlflags, widgets
 
 st.title("Positional encoding")
 state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head", "degrees"))

@@ -8,7 +8,7 @@ from typing import Dict
 
 import streamlit as st
 
-from viz.pages.url_state import PageState
+from viz.ui.url_state import PageState
 
 TRUE, FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
@@ -43,6 +43,22 @@ def flag(state: PageState, field: str, default: bool = False) -> str:
         except ValueError:
             st.session_state[key] = default
     state.keep(key)
+    return key
+
+
+def heads(state: PageState, field: str, n_heads: int, why: str, first: int = 4) -> str:
+    """A list of heads kept in the URL (`heads=0,2,3`, or `none`), each in 0..n_heads-1; the
+    first `first` heads by default, and again when the remembered list does not fit the model."""
+    default = list(range(min(n_heads, first)))
+    key = state.seeded_key(field, default, parse=parse_ints, valid=lambda v: all(0 <= h < n_heads for h in v),
+                           why=why)
+    if isinstance(st.session_state[key], str):  # as another page published it
+        try:
+            st.session_state[key] = parse_ints(st.session_state[key])
+        except ValueError:
+            pass
+    if not isinstance(st.session_state[key], list) or any(not 0 <= h < n_heads for h in st.session_state[key]):
+        st.session_state[key] = default
     return key
 
 

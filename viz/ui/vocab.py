@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from viz.pages import models, url_state
+from viz.ui import models, url_state
 
 # word-piece and byte-level tokenizers: English text gives them no <unk>
 READERS = ("minilm", "smollm2")

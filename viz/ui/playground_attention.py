@@ -2,7 +2,7 @@
 Transformers handout's “help me!”), parameter-free attention softmax(X Xᵀ) X (Bishop ch. 12),
 symmetric against learned scores and why scores are scaled (Missaoui). Each tab is one
 function, drawn inside its st.tab by viz/pages/playground.py; the numbers and figures come
-from viz.playground."""
+from viz.by_hand."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from viz import playground as vg
+from viz import by_hand as vg
 from viz.checks import scaled_check
 from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
-from viz.pages import charts, url_state
-from viz.pages.playground_controls import CHOICES
+from viz.ui import charts, url_state
+from viz.ui.playground_controls import CHOICES
 from viz.reference import NoReference
 
 

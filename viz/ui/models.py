@@ -246,12 +246,12 @@ def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _
     """Teacher forcing = inference on the same prefix, checked for one step: the first n_rows
     decoder rows of `_full` (get_trace(model_name, text, target=target)) against the decoder
     run on those n_rows inputs alone, in a forward pass of its own on `_model`
-    (get_model(model_name)); viz.decoder.prefix_difference compares them. One extra pass per
+    (get_model(model_name)); viz.prefix_check.prefix_difference compares them. One extra pass per
     step shown, cached per (model, text, target, step): the two objects are not hashed."""
-    from viz import decoder as dv
+    from viz import prefix_check as pc
 
     alone = _model.trace_decoder_input(clean_text(text)[0], _full.meta["target_ids"][:n_rows])
-    return dv.prefix_difference(_full, alone)
+    return pc.prefix_difference(_full, alone)
 
 
 def show_trace_notes(trace) -> None:

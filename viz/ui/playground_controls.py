@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from viz import playground as vg
-from viz.pages import url_state, urlflags
+from viz import by_hand as vg
+from viz.ui import url_state, urlflags
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
              "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}

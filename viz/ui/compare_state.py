@@ -9,8 +9,8 @@ from typing import Sequence, Tuple
 import streamlit as st
 
 import core
-from viz import compare as cmp
-from viz.pages import models, url_state
+from viz import word_pair as cmp
+from viz.ui import models, url_state
 
 FALLBACK_MODEL = "toy-translate"
 

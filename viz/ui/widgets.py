@@ -2,8 +2,8 @@
 layer / head picker, example-sentence buttons and token chips, and the lecture notes'
 example sentences.
 
-The pickers are seeded from the URL through PageState (viz/pages/url_state.py); the header
-loads the picked model through viz/pages/models.py.
+The pickers are seeded from the URL through PageState (viz/ui/url_state.py); the header
+loads the picked model through viz/ui/models.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Dict
 import streamlit as st
 
 import core
-from viz.notes import cite_text
-from viz.pages.models import get_model, model_kind, model_label, model_names
-from viz.pages.url_state import PageState, int_from_url
+from viz.citations import cite_text
+from viz.ui.models import get_model, model_kind, model_label, model_names
+from viz.ui.url_state import PageState, int_from_url
 from viz.select import attention_views
 from viz.text import _md_code
 

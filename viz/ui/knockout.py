@@ -9,8 +9,8 @@ from typing import List, Tuple
 
 import streamlit as st
 
-from viz import ablation as va
-from viz.pages import charts, models, url_state
+from viz import head_knockout as va
+from viz.ui import charts, models, url_state
 
 ABLATION_LABELS = {"zero": "zeroed", "mean": "replaced by its mean over positions"}
 MODES = tuple(ABLATION_LABELS)

@@ -16,7 +16,7 @@ import streamlit as st
 
 from core.toy import toy_steps, toy_task
 from viz import training as tv
-from viz.pages import charts, models, url_state
+from viz.ui import charts, models, url_state
 from viz.text import clean_text
 
 TOY = "toy-translate"

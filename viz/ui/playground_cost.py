@@ -2,7 +2,7 @@
 (core's count against the formula written out by hand, and a model built with them) and what
 sequence length and width cost in time (timed forward passes fitted to O(N²D) + O(N·D²)).
 Each tab is one function, drawn inside its st.tab by viz/pages/playground.py; the counts,
-timings and figures come from core/net/cost.py through viz.playground."""
+timings and figures come from core/net/cost.py through viz.by_hand."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import streamlit as st
 import core
 from core.toy import toy_task
 from core.errors import InputError
-from viz import playground as vg
+from viz import by_hand as vg
 from viz.figures import attention_heatmap
-from viz.pages import charts, url_state
-from viz.pages.playground_controls import CHOICES
+from viz.ui import charts, url_state
+from viz.ui.playground_controls import CHOICES
 from viz.text import clean_text
 
 BUILD_LIMIT = 60_000_000  # parameters: larger models are counted, not built

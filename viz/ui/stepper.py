@@ -16,8 +16,8 @@ from typing import Optional
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from viz import decoder as dv
-from viz.pages import decoder_view, dl, url_state, urlflags
+from viz import decoder_maps as dv
+from viz.ui import decoder_view, dl, url_state, urlflags
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
@@ -153,7 +153,7 @@ def stepper(run: Run, extra: dict) -> None:
     st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
     st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
 
-    # what this step shows (viz/pages/decoder_view.py)
+    # what this step shows (viz/ui/decoder_view.py)
     tr, weights, q_tokens = decoder_view.show_step(model, steps, full, step=step, layer=layer, head=head,
                                                    prefix_len=run.prefix_len, decoder_only=run.decoder_only,
                                                    cut=run.cut, run_key=run.run_key)

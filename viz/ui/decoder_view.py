@@ -16,9 +16,9 @@ from typing import List, Optional
 import numpy as np
 import streamlit as st
 
-from viz import decoder as dv
+from viz import decoder_maps as dv
 from viz import decoder_steps
-from viz.pages import charts, models
+from viz.ui import charts, models
 
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
 
@@ -96,7 +96,7 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     else:
         shown_weights = weights
     # Margins fit the labels of the longest decoder input of this run, so they stay put from
-    # step to step (viz.decoder._tidy); the maps themselves grow with the step.
+    # step to step (viz.decoder_maps._tidy); the maps themselves grow with the step.
     run_tokens = q_tokens if full is not None else steps[-1].tokens("target")
     fit_self = (run_tokens, run_tokens) if shown_tokens is q_tokens else (shown_tokens, shown_tokens)
     height = int(min(900, max(360, 170 + 34 * n)))
