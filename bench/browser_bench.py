@@ -11,7 +11,7 @@ new figure: a different plotly data object than before the action, which also pa
 check that it is the new data (the typed tokens on the x axis, "head h" in the title, 72
 maps, one more decoder row...). The page is polled every animation frame.
 
-1. sentence: type a new 20-token sentence (minilm: [CLS] + 18 words + [SEP]) + Enter on
+1. sentence: type a new 20-token sentence (minilm: [CLS] + 18 words + [SEP]) + Ctrl+Enter on
    /explore -> the heatmap shows its tokens; also toy-translate (20 words), the app's default;
 2. model view: click the tab "Model view (all layers × heads)" -> the 72-map grid (minilm,
    6 layers x 12 heads, 20 tokens, tiled into one heatmap by viz.grid) is drawn;
@@ -27,7 +27,7 @@ maps, one more decoder row...). The page is polled every animation frame.
    chart and with five plain heatmaps of the decoder's sizes (values in the cells, no model,
    none of the app's code), each on its own server: what Streamlit and plotly.js cost on this
    machine, under the decoder's figure;
-5. long input: 512 minilm tokens + Enter -> the heatmap is drawn; then the model view tab ->
+5. long input: 512 minilm tokens + Ctrl+Enter -> the heatmap is drawn; then the model view tab ->
    the grid; then a head change at 512 tokens; the page's longest main-thread task
    (PerformanceObserver 'longtask') while the 512-token views update tells whether the page
    stays responsive;
@@ -232,7 +232,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     w = list(base)
                     w[i + 1], w[i + 5] = w[i + 5], w[i + 1]
                     longs.append(" ".join(w))
-                names = [("512 tokens + Enter -> one head's map drawn (minilm)", 3.0),
+                names = [("512 tokens + Ctrl+Enter -> one head's map drawn (minilm)", 3.0),
                          ("512 tokens: model view tab -> 72-map grid drawn", 3.0),
                          ("512 tokens: change the head -> heatmap", None),
                          ("512 tokens: longest main-thread task while the views update (responsive: <= 0.5 s)", 0.5)]
