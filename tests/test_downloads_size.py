@@ -33,14 +33,35 @@ def test_layer_npz_holds_that_layer_only(trace):
         assert list(z["tokens.source"]) == trace.tokens("source")
 
 
-@pytest.mark.parametrize("name", ["toy-translate", "minilm", "smollm2"])
-def test_sizes_come_from_shapes_without_computing_a_layer(name):
-    """Sizing a download computes no layer (a long input's layer is GBs of maps): the sizes
-    come from the configuration and token counts, and equal the arrays once computed."""
+SEQ2SEQ = ("marian", "bart", "t5")  # tiny checkpoints of the families the app reads from disk
+HF = ("bert", "gpt2", "llama", "mistral", "qwen2")
+
+
+def _model(name, tmp_path):
+    if name in SEQ2SEQ:
+        from test_hf_seq2seq import _build
+
+        from core.loaders import hf_seq2seq
+
+        _build(name, tmp_path)
+        return hf_seq2seq.load(tmp_path, device="cpu")
+    if name in HF:
+        from hf_builders import build, save
+
+        save(build(name, tmp_path, **({"sliding_window": 4} if name == "mistral" else {}))[0], tmp_path)
+        return core.load_model(str(tmp_path), device="cpu")
     if not core.MODELS[name].available():
         pytest.skip(f"{name}'s weight package is not installed")
-    m = core.load_model(name, device="cpu")
-    tr = m.trace("the small dog sees the cat")
+    return core.load_model(name, device="cpu")
+
+
+@pytest.mark.parametrize("name", ["toy-translate", "minilm", "smollm2", *SEQ2SEQ, *HF])
+def test_sizes_come_from_shapes_without_computing_a_layer(name, tmp_path):
+    """Sizing a download computes no layer (a long input's layer is GBs of maps): the sizes
+    come from the configuration and token counts, and equal the arrays once computed, for
+    every family the app reads (T5's position bias, GQA's key/value heads, windows, ...)."""
+    m = _model(name, tmp_path)
+    tr = m.trace("the small dog sees the cat", **({"target": "a dog"} if name in SEQ2SEQ else {}))
     runner = tr._runner
 
     def refuse(*a, **k):

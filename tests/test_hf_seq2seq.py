@@ -291,7 +291,7 @@ def registered(make, monkeypatch, tmp_path):
         name = f"tiny-{family}"
         mod = f"tiny_{family}_loader"
         (tmp_path / f"{mod}.py").write_text(
-            "from pathlib import Path\nfrom core import hf_seq2seq\n\n"
+            "from pathlib import Path\nfrom core.loaders import hf_seq2seq\n\n"
             f"def load(device=None):\n    return hf_seq2seq.load(Path({str(folder)!r}), device='cpu')\n"
         )
         monkeypatch.syspath_prepend(str(tmp_path))

@@ -53,7 +53,8 @@ def name_shape(trace, name: str):
     if kind in _ATTN_KINDS:
         n_q, n_k = _side_lengths(trace, stack, kind)
         return {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
-                **{p: (h, n_q, n_k) for p in _MAPS}, "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
+                **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
+                "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
     n = _side_lengths(trace, stack, "self_attn")[0]
     return (n, d_ff) if rest == "ffn.hidden" else (n, d)  # residuals, norms, ffn.out, out: n x d_model
 
