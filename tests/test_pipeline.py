@@ -157,7 +157,7 @@ def test_pre_norm_rope_gqa_steps(llama_like):
     np.testing.assert_allclose(by["angles"].matrix, core.rope_angles(6, cfg.d_head, cfg.rope_theta).numpy())
     assert r"\operatorname{SiLU}" in by["ffn-hidden"].latex_rows
     assert r"\tilde{X}" in by["q"].latex_rows or r"\tilde{X}" in by["qhat"].latex_rows
-    checks = head_checks(trace, "decoder", "self_attn", 1, head, cfg)
+    checks = head_checks(trace, "decoder", "self_attn", 1, head)
     assert {"q", "k", "heads", "weights"} <= set(checks)
     assert all(c.ok for cs in checks.values() for c in cs), [c.text() for cs in checks.values() for c in cs]
 
@@ -168,11 +168,11 @@ def test_checks_hold_on_real_traces(seq2seq, view):
     model, trace = seq2seq
     stack, kind = view
     for head in range(model.config.n_heads):
-        checks = head_checks(trace, stack, kind, 1, head, model.config)
+        checks = head_checks(trace, stack, kind, 1, head)
         assert all(c.ok for cs in checks.values() for c in cs), [c.text() for cs in checks.values() for c in cs]
         w = trace[f"{stack}.1.{kind}.weights"][head]
         assert row_sum_error(w) < 1e-5
-    res = residual_checks(trace, "decoder", 1, model.config)
+    res = residual_checks(trace, "decoder", 1)
     assert {"residual1", "residual2", "residual3", "norm1", "norm2", "norm3", "attn-out", "cross_attn-out", "ffn-hidden",
             "ffn-out", "out"} == set(res)
     assert all(c.ok for cs in res.values() for c in cs), [c.text() for cs in res.values() for c in cs]
@@ -184,16 +184,16 @@ def test_checks_against_the_fused_pass_catch_a_tampered_stored_tensor(encoder):
     stored: a changed stored layer output or head output makes each fail."""
     model, _ = encoder
     trace = model.trace(TEXT)
-    assert all(c.ok for c in residual_checks(trace, "encoder", 1, model.config)["out"])
-    assert all(c.ok for c in head_checks(trace, "encoder", "self_attn", 1, 2, model.config)["heads"])
+    assert all(c.ok for c in residual_checks(trace, "encoder", 1)["out"])
+    assert all(c.ok for c in head_checks(trace, "encoder", "self_attn", 1, 2)["heads"])
     bad = model.trace(TEXT)
     out = bad._tensors["encoder.1.out"] = bad._tensors["encoder.1.out"].clone()
     out[2, 5] += 0.5
     heads = bad._tensors["encoder.1.self_attn.heads"] = bad._tensors["encoder.1.self_attn.heads"].clone()
     heads[2, 1, 0] -= 0.25
-    chk = residual_checks(bad, "encoder", 1, model.config)["out"][0]
+    chk = residual_checks(bad, "encoder", 1)["out"][0]
     assert not chk.ok and chk.error == pytest.approx(0.5, rel=1e-3) and "✗" in chk.text()
-    chk = head_checks(bad, "encoder", "self_attn", 1, 2, model.config)["heads"][0]
+    chk = head_checks(bad, "encoder", "self_attn", 1, 2)["heads"][0]
     assert not chk.ok and chk.error == pytest.approx(0.25, rel=1e-3)
 
 
@@ -203,7 +203,7 @@ def test_checks_catch_a_wrong_head(encoder):
     tensors["encoder.0.self_attn.heads"][1, 2, 3] += 0.5  # not A V any more
     tensors["encoder.0.self_attn.weights"][1, 0, :] *= 1.1  # row 0 no longer sums to 1
     bad = core.Trace(tensors, trace.token_sets, trace.meta)
-    checks = head_checks(bad, "encoder", "self_attn", 0, 1, model.config)
+    checks = head_checks(bad, "encoder", "self_attn", 0, 1)
     assert not checks["heads"][0].ok and checks["heads"][0].error == pytest.approx(0.5, rel=1e-3)
     sums = checks["weights"][0]
     assert not sums.ok and sums.error == pytest.approx(0.1, rel=1e-3)

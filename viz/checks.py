@@ -121,8 +121,8 @@ def layer_checks(trace, stack: str, kind: str, layer: int, head: int, notation: 
     return trace.memo[key]
 
 
-def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None,
-                notation: str = ROWS, reference=None) -> CheckSet:
+def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: str = ROWS,
+                reference=None) -> CheckSet:
     """One head's checks, keyed by step key: the recorded Q̂, K̂ (RoPE), Q, K, V, QKᵀ, scaled,
     M, masked and A against viz.reference's float64 recomputation; rows of A sum to 1; A is 0
     where the recomputed M is -∞; A V (recorded) against the head output the fused pass stored."""
@@ -183,7 +183,7 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, config=None
     return checks
 
 
-def residual_checks(trace, stack: str, layer: int, config=None, kind: str = "self_attn", reference=None) -> CheckSet:
+def residual_checks(trace, stack: str, layer: int, kind: str = "self_attn", reference=None) -> CheckSet:
     """The layer's other recorded names against viz.reference's float64 recomputation, keyed by
     step key: each attention's Concat(heads) W_o, the FFN, every residual and norm, the output;
     and, where the trace stored the layer's output from its fused forward pass and computes the
