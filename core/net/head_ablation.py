@@ -2,14 +2,19 @@
 
     model.trace(text, ablate=[("decoder", 3, 4)], ablation="zero")
 
-AttentionModel turns `ablate` / `ablation` into an Ablation; Transformer.encode / decode /
-run_layer pass each layer `off_kwargs(ablate, stack, i)`, and MultiHeadAttention zeroes
-(or replaces by their mean) the heads' slices of Concat(heads) before W_o.
+AttentionModel turns `ablate` / `ablation` into an Ablation. An Ablation is a set of
+functions on the hook points `{stack}.{i}.{attn}.heads` (core/net/hooks.py) that zero (or
+replace by their mean) the heads' slices of Concat(heads) before W_o; Transformer.encode /
+decode / run_layer attach them to whatever recorder the pass has.
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .hooks import HookFn
 
 ATTENTION_KINDS = ("self_attn", "cross_attn")
 
@@ -46,13 +51,27 @@ class Ablation:
         """A hashable description (for caches): sorted sites and the mode."""
         return (self.mode,) + tuple((s, l, k, tuple(h)) for (s, l, k), h in sorted(self.sites.items()))
 
-    def layer(self, stack: str, layer: int) -> Optional[Dict[str, List[int]]]:
-        """{attention kind: heads off} for one layer, or None when nothing is off there."""
-        out = {k: self.sites[(stack, layer, k)] for k in ATTENTION_KINDS if (stack, layer, k) in self.sites}
-        return out or None
+    def hooks(self, stack: str, layer: Optional[int] = None) -> Dict[str, HookFn]:
+        """The hook functions of one stack (full names), or of one of its layers (names
+        relative to the layer: "self_attn.heads")."""
+        out = {}
+        for (s, l, kind), heads in self.sites.items():
+            if s != stack or (layer is not None and l != layer):
+                continue
+            name = f"{kind}.heads" if layer is not None else f"{s}.{l}.{kind}.heads"
+            out[name] = _switch_off(heads, self.mode)
+        return out
 
 
-def off_kwargs(ablate: Optional[Ablation], stack: str, i: int) -> dict:
-    """Keyword arguments that switch a layer's ablated heads off (none without ablation)."""
-    off = ablate.layer(stack, i) if ablate else None
-    return {"off": off, "ablation": ablate.mode} if off else {}
+def _switch_off(heads: List[int], mode: str) -> HookFn:
+    """heads (B, H, n, d_k) with the listed heads zeroed, or replaced by their mean over
+    the query positions (mode "mean")."""
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        keep = torch.ones(t.shape[1], 1, 1, dtype=t.dtype, device=t.device)
+        keep[heads] = 0
+        if mode == "mean":
+            return t * keep + t.mean(dim=2, keepdim=True) * (1 - keep)
+        return t * keep
+
+    return fn

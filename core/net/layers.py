@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .multihead import MultiHeadAttention
 from .positional import relative_buckets, sinusoidal_encoding
+from .hooks import point
 from .recorder import Rec, scoped
 
 
@@ -73,8 +74,7 @@ class FeedForward(nn.Module):
         out = self.w_2(hidden)  # (B, n, d)
         if rec:
             rec("hidden", hidden)
-            rec("out", out)
-        return out
+        return point(rec, "out", out)
 
 
 class Layer(nn.Module):
@@ -115,12 +115,11 @@ class Layer(nn.Module):
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
-                self_causal: bool = False, off: Optional[Dict[str, List[int]]] = None, ablation: str = "zero",
-                cache: Optional[dict] = None, position_bias=None):
-        """off: {attention kind: heads switched off} (Ablation.layer). cache: a dict kept
-        between calls for greedy decoding (keys and values of both attentions).
-        position_bias: T5's relative position bias, for the self-attention."""
-        off = off or {}
+                self_causal: bool = False, cache: Optional[dict] = None, position_bias=None):
+        """cache: a dict kept between calls for greedy decoding (keys and values of both
+        attentions). position_bias: T5's relative position bias, for the self-attention.
+        rec may carry hooks (core/net/hooks.py): the layer's input is hook point `in`."""
+        x = point(rec, "in", x, record=False)  # the residual stream entering the layer
         caches = {} if cache is None else cache
 
         def attend(kind, y):
@@ -130,7 +129,7 @@ class Layer(nn.Module):
                 c = caches.setdefault(kind, {"static": kind == "cross_attn"})
             mask = self_mask if kind == "self_attn" else cross_mask
             return attn(y, kv, mask, scoped(rec, kind), angles if kind == "self_attn" else None,
-                        is_causal=self_causal and kind == "self_attn", off=off.get(kind), ablation=ablation, cache=c,
+                        is_causal=self_causal and kind == "self_attn", cache=c,
                         position_bias=position_bias if kind == "self_attn" else None)
 
         for j, (sub, norm) in enumerate(zip(self.sublayers(), self.norms), start=1):
@@ -186,9 +185,7 @@ class Embedding(nn.Module):
 
     def forward(self, ids, rec: Rec = None, offset: int = 0, token_types=None):
         n = ids.shape[1]
-        x = self.tok(ids) * self.scale  # (B, n, d)
-        if rec:
-            rec("tokens", x)
+        x = point(rec, "tokens", self.tok(ids) * self.scale)  # (B, n, d); attribution replaces it
         if self.cfg.positional in ("sinusoidal", "learned"):
             if self.pos is not None:
                 p = self.pos.weight[self.offset + offset : self.offset + offset + n]

@@ -7,7 +7,8 @@ builds their masks and positions, and projects to the vocabulary.
 Every intermediate passes through a named recording point. Recording is opt-in: with
 `rec=None` (the default) nothing is kept and attention takes the fused kernel. Names are
 the Trace contract of docs/design.md; a Recorder (core/net/recorder.py) keeps batch item 0
-(traces are unbatched). An Ablation (core/net/head_ablation.py) switches heads off in every layer.
+(traces are unbatched). An Ablation (core/net/head_ablation.py) switches heads off in every layer through
+the hook points of core/net/hooks.py, where any value of the pass can be replaced.
 `run_layer` runs one layer on its stored input: how a trace computes a layer's inside
 when it is looked at (core/trace.py).
 """
@@ -19,7 +20,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .head_ablation import Ablation, off_kwargs
+from .head_ablation import Ablation
+from .hooks import attach
 from .attention import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from .config import ModelConfig
 from .layers import Embedding, Layer, RelativePositionBias, make_norm
@@ -96,13 +98,13 @@ class Transformer(nn.Module):
     def encode(self, src, src_pad=None, rec: Rec = None, token_types=None, ablate: Optional[Ablation] = None):
         """src (B, n) ids, src_pad (B, n) bool (True = padding). Returns memory (B, n, d)."""
         n = src.shape[1]
+        rec = attach(rec, ablate.hooks("encoder") if ablate else {})
         x = self.src_embed(src, scoped(rec, "embed.encoder"), token_types=token_types)
         masks = self.encoder_masks(src_pad, n, x.dtype)
         angles = self._angles(n, device=src.device)
         bias = self.position_bias("encoder", n)
         for i, layer in enumerate(self.encoder):
-            x = layer(x, **masks, rec=scoped(rec, f"encoder.{i}"), angles=angles, position_bias=bias,
-                      **off_kwargs(ablate, "encoder", i))
+            x = layer(x, **masks, rec=scoped(rec, f"encoder.{i}"), angles=angles, position_bias=bias)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
             if rec:
@@ -116,6 +118,7 @@ class Transformer(nn.Module):
         cache: a dict kept between calls for greedy decoding: the keys and values of the
         positions already decoded (tgt then holds only the new ids)."""
         t = tgt.shape[1]
+        rec = attach(rec, ablate.hooks("decoder") if ablate else {})
         n_past = 0 if cache is None else cache.get("n", 0)
         x = self.tgt_embed(tgt, scoped(rec, "embed.decoder"), offset=n_past)
         masks = self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past)
@@ -124,7 +127,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder):
             c = None if cache is None else cache.setdefault(i, {})
             x = layer(x, memory=memory, **masks, rec=scoped(rec, f"decoder.{i}"), angles=angles,
-                      cache=c, position_bias=bias, **off_kwargs(ablate, "decoder", i))
+                      cache=c, position_bias=bias)
         if cache is not None:
             cache["n"] = n_past + t
         if self.decoder_norm is not None:
@@ -144,9 +147,9 @@ class Transformer(nn.Module):
         else:
             masks = self.decoder_masks(n, src_pad if memory is not None else None, None, x.device, x.dtype)
             masks["memory"] = memory
+        rec = attach(rec, ablate.hooks(stack, i) if ablate else {})
         return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
-                                     position_bias=self.position_bias(stack, n),
-                                     **off_kwargs(ablate, stack, i))
+                                     position_bias=self.position_bias(stack, n))
 
     def layer_weights(self, stack: str, i: int, x, src_pad=None):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with

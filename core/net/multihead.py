@@ -1,5 +1,5 @@
 """Multi-head attention, the module: projections, RoPE, grouped-query attention, the KV
-cache of greedy decoding, T5's position bias and head ablation, around the one attention
+cache of greedy decoding and T5's position bias, around the one attention
 function of core/net/attention.py.
 
 Recorded names (under "{stack}.{i}.{attn}"): q_pre_rope and k_pre_rope (RoPE), q, k, v,
@@ -10,7 +10,7 @@ position_bias and the n_q x n_k steps are not recorded.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -18,6 +18,7 @@ import torch.nn as nn
 from .attention import attention_weights, causal_mask, combine_masks, scaled_dot_product_attention
 from .config import ModelConfig
 from .positional import apply_rope
+from .hooks import point
 from .recorder import Rec, records_maps
 
 
@@ -59,11 +60,9 @@ class MultiHeadAttention(nn.Module):
         return attention_weights(q, k, mask, self.scale)
 
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
-                off: Optional[Sequence[int]] = None, ablation: str = "zero", cache: Optional[dict] = None,
-                position_bias=None):
+                cache: Optional[dict] = None, position_bias=None):
         """mask: additive (broadcast to B, H, n_q, n_k). is_causal: the mask is exactly the
-        look-ahead mask (the fused kernel then builds it itself). off: heads switched off
-        (Ablation). cache: a dict that keeps this attention's keys and values between calls
+        look-ahead mask (the fused kernel then builds it itself). cache: a dict that keeps this attention's keys and values between calls
         (greedy decoding): new keys/values are appended to the kept ones (self-attention),
         or computed once (cross-attention, flagged by cache["static"]). position_bias: T5's
         relative position bias (1, H, n_q, n_k), added to the scores with the mask."""
@@ -111,17 +110,7 @@ class MultiHeadAttention(nn.Module):
             mask, is_causal = combine_masks(position_bias[:, :, -n_q:], mask), False
         heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None, self.scale,
                                              is_causal=is_causal)  # (B, H, n_q, d_k)
-        if rec:
-            rec("heads", heads)
-        if off:
-            keep = torch.ones(self.h, 1, 1, dtype=heads.dtype, device=heads.device)
-            keep[list(off)] = 0
-            if ablation == "mean":  # each switched-off head gives its mean over positions
-                heads = heads * keep + heads.mean(dim=2, keepdim=True) * (1 - keep)
-            else:
-                heads = heads * keep
+        heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)
-        if rec:
-            rec("out", out)
-        return out
+        return point(rec, "out", out)

@@ -68,6 +68,11 @@ class _Scope:
     def maps(self) -> bool:
         return getattr(self.rec, "maps", True)
 
+    def point(self, name: str, t: torch.Tensor, record: bool = True) -> torch.Tensor:
+        from .hooks import point
+
+        return point(self.rec, f"{self.prefix}.{name}", t, record)
+
 
 def scoped(rec: Rec, prefix: str) -> Rec:
     if rec is None:
