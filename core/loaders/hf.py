@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Optional
 
 from ..api import AttentionModel
+from . import families
 from .checkpoint import CheckpointError, open_checkpoint, read_config
 from ..device import pick_device
 from .hf_tokenizer import HFTokenizer
 from .hf_weights import Progress, build_net
 from .masked_lm import EXAMPLES, HFModel, human_size, local_model  # noqa: F401 (re-exported)
 
-FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
+FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2") + families.model_types()
 SEQ2SEQ = ("marian", "bart", "t5")
 SUPPORTED = FAMILIES + SEQ2SEQ
 

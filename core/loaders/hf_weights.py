@@ -23,6 +23,7 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError, check_shape
 from ..net.config import ModelConfig
+from . import families
 from .hf_config import CONFIGS
 from .masked_lm import mlm_names, read_mlm_head
 from .minilm import EMBED_MAP as MINILM_EMBED
@@ -79,8 +80,8 @@ IGNORED = re.compile(
 )
 
 
-def _base(ckpt: Checkpoint, family: str) -> str:
-    prefixes, probe = BASES[family]
+def _base(ckpt: Checkpoint, family: str, mod=None) -> str:
+    prefixes, probe = mod.BASES if mod is not None else BASES[family]
     for p in prefixes:
         if p + probe in ckpt:
             return p
@@ -117,13 +118,14 @@ def weight_table(family: str, cfg: ModelConfig, ckpt: Checkpoint, base: str) -> 
 
 def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None):
     """(our Transformer, MLMHead or None) holding the checkpoint's tensors, as float32."""
-    cfg = CONFIGS[family](hf)
-    base = _base(ckpt, family)
+    mod = families.module(family)  # a family with a module of its own (core/loaders/families)
+    cfg = (mod.config if mod is not None else CONFIGS[family])(hf)
+    base = _base(ckpt, family, mod)
     with torch.device("meta"):
         net = Transformer(cfg)
     ours = dict(net.state_dict(keep_vars=True))
     state: Dict[str, torch.Tensor] = {}
-    rows = weight_table(family, cfg, ckpt, base)
+    rows = mod.weight_rows(cfg, base) if mod is not None else weight_table(family, cfg, ckpt, base)
     total = len(rows)
     for k, (theirs, mine, how) in enumerate(rows):
         if mine not in ours:
@@ -139,6 +141,8 @@ def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None
         state[mine] = t
         if progress and k % 64 == 0:
             progress(f"reading tensors ({k}/{total})")
+    if mod is not None and hasattr(mod, "split_fused"):
+        mod.split_fused(cfg, base, ckpt, state)
     if family == "gpt2":  # c_attn: x @ W (d x 3d) + b -> W_q, W_k, W_v
         d = cfg.d_model
         for i in range(cfg.n_layers):
@@ -168,7 +172,9 @@ def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None
     used = set(ckpt.used) | {n for n in mlm_names(family, ckpt) if n in ckpt and head is not None}
     if tied and "lm_head.weight" in ckpt:  # a tied copy stored anyway
         used.add("lm_head.weight")
-    left = [n for n in ckpt.names() if n not in used and not IGNORED.match(n)]
+    extra_ignored = getattr(mod, "IGNORED", None)
+    left = [n for n in ckpt.names() if n not in used and not IGNORED.match(n)
+            and not (extra_ignored is not None and extra_ignored.match(n))]
     if left:
         raise CheckpointError(f"the checkpoint holds tensor(s) the {family} architecture here does not use: "
                               f"{', '.join(left[:6])}" + (" ..." if len(left) > 6 else ""))

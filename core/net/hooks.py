@@ -63,11 +63,6 @@ class Hooks:
             raise ValueError(f"hook on {name} returned shape {tuple(out.shape)}, expected {tuple(t.shape)}")
         return out
 
-    def scope(self, prefix: str):
-        from .recorder import scoped
-
-        return scoped(self, prefix)
-
 
 def point(rec, name: str, t: torch.Tensor, record: bool = True) -> torch.Tensor:
     """The value at hook point `name` (relative to rec's scope): t itself, recorded when a
@@ -86,10 +81,9 @@ def attach(rec, fns: Dict[str, HookFn]):
     """rec with hooks added (names relative to rec's scope); rec itself when fns is empty."""
     if not fns:
         return rec
-    from .recorder import _Scope
-
-    if isinstance(rec, _Scope):
-        return _Scope(_merge(rec.rec, {f"{rec.prefix}.{k}": f for k, f in fns.items()}), rec.prefix)
+    prefix = getattr(rec, "prefix", None)
+    if prefix is not None:  # a scope (core/net/recorder.py): the same scope over hooks at its root
+        return type(rec)(_merge(rec.rec, {f"{prefix}.{k}": f for k, f in fns.items()}), prefix)
     return _merge(rec, fns)
 
 

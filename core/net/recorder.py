@@ -14,6 +14,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from .hooks import point
+
 Rec = Optional[Callable[[str, torch.Tensor], None]]
 
 
@@ -69,8 +71,6 @@ class _Scope:
         return getattr(self.rec, "maps", True)
 
     def point(self, name: str, t: torch.Tensor, record: bool = True) -> torch.Tensor:
-        from .hooks import point
-
         return point(self.rec, f"{self.prefix}.{name}", t, record)
 
 
