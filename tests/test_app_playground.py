@@ -1,11 +1,13 @@
-"""The Playground page through AppTest: every tab renders, the by-hand editor drives the
-output, bad cells warn without losing state, and layer/head live in the URL."""
+"""The Playground page through AppTest: every tab renders (only the open one runs), the
+by-hand editor drives the output, bad cells warn without losing state, and layer/head live in
+the URL."""
 
 
 import numpy as np
 
 import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
+from viz.ui.playground_controls import PLAY_TABS
 
 LONG_TEXT = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 EDIT = "playground.Q.v0"
@@ -20,6 +22,17 @@ def warnings(at):
     return [w.value for w in at.warning]
 
 
+def open_tab(at, slug: str):
+    """Click a tab: the page runs again with that tab open (st.tabs on_change="rerun")."""
+    at.session_state["playground.tab"] = PLAY_TABS[slug]
+    at.run()
+    assert_no_exception(at)
+
+
+def chart_keys(at):
+    return {c.proto.id.split("-", 2)[-1] for c in at.get("plotly_chart")}
+
+
 def test_default_view_computes_the_notes_example(app_test):
     at = app_test("playground")
     at.run()
@@ -30,10 +43,16 @@ def test_default_view_computes_the_notes_example(app_test):
     softmax = next(f for f in frames if f.shape == (2, 2) and abs(float(f.iloc[0, 0]) - 0.6225) < 1e-4)
     assert softmax.round(4).to_numpy().tolist() == [[0.6225, 0.3775], [0.2227, 0.7773]]
     assert any("A1 (q1 (help)) = 0.6225 v1 + 0.3775 v2" in c.value for c in at.code)
-    for key in ("playground-pfree", "playground-sym-scores", "playground-learned-scores",
-                "playground-scaling-std", "playground-scaling-entropy"):
-        chart_by_key(at, key)
     assert at.query_params["model"] == "toy-translate"
+    # only the open tab's charts are drawn; each other tab draws its own when opened
+    assert not [c for c in at.get("plotly_chart") if "playground-pfree" in c.proto.id]
+    for slug, keys in {"free": ["playground-pfree"], "symmetric": ["playground-sym-scores", "playground-learned-scores"],
+                       "scale": ["playground-scaling-std", "playground-scaling-entropy"]}.items():
+        open_tab(at, slug)
+        for key in keys:
+            chart_by_key(at, key)
+        assert not [c for c in at.get("plotly_chart") if "playground-hand-weights" in c.proto.id]
+        assert at.query_params["tab"] == slug
 
 
 def test_editing_q_changes_the_output(app_test):
@@ -59,8 +78,6 @@ def test_bad_cell_warns_and_keeps_the_edits(app_test):
     assert_no_exception(at)
     assert any("not finite numbers" in w and "column 2" in w for w in warnings(at))
     assert at.session_state[EDIT]["edited_rows"]  # the user's edit is still there
-    # other tabs still work
-    chart_by_key(at, "playground-pfree")
     # a row added to K without a value in V: a shape message, not a traceback
     at.session_state[EDIT] = {"edited_rows": {}, "added_rows": [], "deleted_rows": []}
     at.session_state["playground.K.v0"] = {"edited_rows": {},
@@ -69,6 +86,8 @@ def test_bad_cell_warns_and_keeps_the_edits(app_test):
     at.run()
     assert_no_exception(at)
     assert any("each key needs exactly one value" in w for w in warnings(at))
+    open_tab(at, "free")  # other tabs still work
+    chart_by_key(at, "playground-pfree")
 
 
 def test_reset_restores_the_notes_example(app_test):
@@ -95,7 +114,7 @@ def test_unscaled_toggle(app_test):
 
 def test_parameter_free_map_is_softmax_x_xt(app_test):
     text = "the small dog sees the cat"
-    at = app_test("playground", text=text)
+    at = app_test("playground", text=text, tab="free")
     at.run()
     tr = core.load_model("toy-translate", device="cpu").trace(text)
     X = tr["embed.encoder.sum"].double().numpy()
@@ -110,7 +129,7 @@ def test_parameter_free_map_is_softmax_x_xt(app_test):
 
 
 def test_symmetric_scores_are_symmetric(app_test):
-    at = app_test("playground", layer="1", head="2")
+    at = app_test("playground", layer="1", head="2", tab="symmetric")
     at.run()
     assert_no_exception(at)
     sym = heatmap_z(chart_by_key(at, "playground-sym-scores"))
@@ -124,12 +143,13 @@ def test_symmetric_scores_are_symmetric(app_test):
 
 
 def test_url_round_trip_and_bad_values(app_test):
-    at = app_test("playground", layer="9", head="x", text="the dog sees the cat")
+    at = app_test("playground", layer="9", head="x", text="the dog sees the cat", tab="symmetric")
     at.run()
     assert_no_exception(at)
     w = " ".join(warnings(at))
     assert "out of range" in w and "not a whole number" in w
-    assert dict(at.query_params) == {"model": "toy-translate", "text": "the dog sees the cat", "layer": "2", "head": "0"}
+    assert dict(at.query_params) == {"model": "toy-translate", "text": "the dog sees the cat", "layer": "2", "head": "0",
+                                     "tab": "symmetric"}
 
 
 def test_empty_text(app_test):
@@ -138,11 +158,12 @@ def test_empty_text(app_test):
     assert_no_exception(at)
     assert any("empty" in w for w in warnings(at))
     heatmap_z(chart_by_key(at, "playground-hand-weights"))  # the other tabs do not need a sentence
+    open_tab(at, "scale")
     chart_by_key(at, "playground-scaling-std")
 
 
 def test_600_token_text(app_test):
-    at = app_test("playground", text=LONG_TEXT)
+    at = app_test("playground", text=LONG_TEXT, tab="free")
     at.run()
     assert_no_exception(at)
     assert any("cut" in w for w in warnings(at))
@@ -150,7 +171,7 @@ def test_600_token_text(app_test):
 
 
 def test_hyper_parameters_count(app_test):
-    at = app_test("playground")
+    at = app_test("playground", tab="sizes")
     at.run()
     at.select_slider(key="playground.hp_d").set_value(128)
     at.select_slider(key="playground.hp_H").set_value(8)
@@ -168,7 +189,7 @@ def test_hyper_parameters_count(app_test):
 
 
 def test_build_random_model_on_request(app_test):
-    at = app_test("playground", text="the dog sees the cat")
+    at = app_test("playground", text="the dog sees the cat", tab="sizes")
     at.run()
     assert not [c for c in at.get("plotly_chart") if "playground-random-attn" in c.proto.id]
     at.button(key="playground.hp_build").click()
@@ -179,7 +200,7 @@ def test_build_random_model_on_request(app_test):
 
 
 def test_cost_measurement_on_button(app_test):
-    at = app_test("playground")
+    at = app_test("playground", tab="cost")
     at.run()
     assert any("Press Measure" in i.value for i in at.info)
     at.select_slider(key="playground.cost_n").set_value(128)
@@ -226,21 +247,32 @@ def test_in_tab_controls_go_in_the_url_and_come_back(app_test):
     at = app_test("playground", text=text)
     at.run()
     at.toggle(key="playground.hand_scaled").set_value(False)
+    at.run()
+    open_tab(at, "free")
     at.toggle(key="playground.pf_scale").set_value(True)
     at.radio(key="playground.pf_x").set_value("tokens")
+    at.run()
+    open_tab(at, "symmetric")
     at.selectbox(key="playground.sym_stack").set_value("decoder")
+    at.run()
+    open_tab(at, "scale")
     at.select_slider(key="playground.sc_keys").set_value(64)
     at.number_input(key="playground.sc_seed").set_value(7)
+    at.run()
+    open_tab(at, "cost")
+    at.select_slider(key="playground.cost_n").set_value(256)
+    at.run()
+    open_tab(at, "sizes")  # a control set in a closed tab keeps its value
     at.select_slider(key="playground.hp_d").set_value(128)
     at.select_slider(key="playground.hp_H").set_value(8)
     at.selectbox(key="playground.hp_pos").set_value("rope")
     at.slider(key="playground.hp_L").set_value(3)
-    at.select_slider(key="playground.cost_n").set_value(256)
     at.run()
     at.button(key="playground.hp_build").click()
     at.run()
     assert_no_exception(at)
     url = dict(at.query_params)
+    assert url["tab"] == "sizes"
     assert {k: url.get(k) for k in ("hand_scaled", "pf_scale", "pf_x", "sym_stack", "sc_keys", "sc_seed", "hp_d",
                                     "hp_H", "hp_pos", "hp_L", "cost_n", "hp_built", "hp_kind")} == {
         "hand_scaled": "0", "pf_scale": "1", "pf_x": "tokens", "sym_stack": "decoder", "sc_keys": "64",
@@ -250,11 +282,15 @@ def test_in_tab_controls_go_in_the_url_and_come_back(app_test):
     again.run()
     assert_no_exception(again)
     assert not warnings(again)
-    for key in ("playground-hand-weights", "playground-pfree", "playground-sym-scores", "playground-scaling-std",
-                "playground-random-attn"):
+    assert dict(again.query_params) == url
+    for slug, key in (("sizes", "playground-random-attn"), ("hand", "playground-hand-weights"),
+                      ("free", "playground-pfree"), ("symmetric", "playground-sym-scores"),
+                      ("scale", "playground-scaling-std")):
+        open_tab(at, slug)
+        open_tab(again, slug)
         mine, theirs = figure(chart_by_key(at, key)), figure(chart_by_key(again, key))
         assert [[t.get(a) for a in "xyz"] for t in mine["data"]] == [[t.get(a) for a in "xyz"] for t in theirs["data"]]
-    assert dict(again.query_params) == url
+    assert {k: v for k, v in again.query_params.items() if k != "tab"} == {k: v for k, v in url.items() if k != "tab"}
 
 
 def test_bad_in_tab_values_in_the_url(app_test):
@@ -267,4 +303,5 @@ def test_bad_in_tab_values_in_the_url(app_test):
                  "The URL's pf_x='rows' is replaced by 'sum'", "The URL's hp_bias='maybe' is replaced by on"):
         assert said in w, (said, w)
     assert "sym_stack" not in w  # toy-translate has an encoder: taken
+    open_tab(at, "symmetric")
     assert at.selectbox(key="playground.sym_stack").value == "encoder"

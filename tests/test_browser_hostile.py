@@ -74,7 +74,12 @@ def page(browser):
     ctx.close()
 
 
+# the Playground runs only its open tab: the one that reads the sentence is tab 2
+PAGE_PARAMS = {"playground": {"tab": "free"}}
+
+
 def url(server, page_name: str, **params) -> str:
+    params = {**PAGE_PARAMS.get(page_name, {}), **params}
     return f"{server.url}/{page_name}?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
 
 

@@ -192,11 +192,11 @@ inside("out", "layer output (numpy) = stored output", DEC_SELF, "numpy layer out
 inside("out", "explicit re-run = fused output", DEC_SELF, "explicit re-run's layer output vs the fused pass's stored output",
        explicit_path("fused"), "", holds="run again with the explicit formula gives the output the fused forward pass "
                                          "stored")
-add(Fault("learned scores shown = numpy", "playground", {"text": TEXT, "layer": "1", "head": "2"},
+add(Fault("learned scores shown = numpy", "playground", {"text": TEXT, "layer": "1", "head": "2", "tab": "symmetric"},
           "tab 3's learned scores (core's attention on the recorded Q, K) vs numpy from the layer input and W_q, W_k",
           explicit_path("scale"), fails="the learned scores shown equal Q Kᵀ × scale recomputed in float64 numpy",
           holds="the learned scores shown equal Q Kᵀ × scale recomputed in float64 numpy"))
-add(Fault("parameter count: formula = core", "playground", {"text": TEXT},
+add(Fault("parameter count: formula = core", "playground", {"text": TEXT, "tab": "sizes"},
           "tab 5's hand-written count vs Transformer(cfg).num_parameters()", norms_without_shift,
           fails="The formula and core's count differ", holds="The hand-written formula and core's count agree"))
 

@@ -84,7 +84,12 @@ def messages(at) -> list:
     return [m.value for m in list(at.warning) + list(at.error) + list(at.info)]
 
 
+# the Playground runs only its open tab: the one that reads the sentence is tab 2
+PAGE_PARAMS = {"playground": {"tab": "free"}}
+
+
 def open_page(app_test, page, text=None, **params):
+    params = {**PAGE_PARAMS.get(page, {}), **params}
     if text is not None:
         params["text"] = text
         if page == "compare":

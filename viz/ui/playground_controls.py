@@ -32,9 +32,9 @@ HAND = {"Q": "hand_q", "K": "hand_k", "V": "hand_v"}  # tab 1's tables: JSON row
 FIELDS = ("model", "text", "tab", "layer", "head", "sym_stack", *CHOICES, *NUMBERS, "hp_H", *SWITCHES, *HAND.values())
 
 
-def seeded_keys(state: url_state.PageState, trace) -> dict:
+def seeded_keys(state: url_state.PageState, trace, model_name: str = "") -> dict:
     """Every tab control's session key, its value first set from the URL (or this session, or
-    its default); sym_stack only when there is a trace to choose a stack of."""
+    its default); sym_stack, layer and head only when there is a trace to choose them in."""
     ss = st.session_state
     keys = {name: urlflags.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
     keys.update({name: url_state.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
@@ -43,6 +43,12 @@ def seeded_keys(state: url_state.PageState, trace) -> dict:
     if trace is not None:
         stacks = trace.stacks()
         keys["sym_stack"] = urlflags.option(state, "sym_stack", stacks[0], stacks)
+        # tab 3's layer and head, checked here whether or not tab 3 is open (only the open tab
+        # runs), so a URL's bad value gets its message and the URL keeps a valid one
+        stack = ss[keys["sym_stack"]]
+        of = f"{model_name}'s {stack} self-attention"
+        keys["layer"] = url_state.int_from_url(state, "layer", 0, 0, trace.layers(stack) - 1, of=of)
+        keys["head"] = url_state.int_from_url(state, "head", 0, 0, trace.n_heads(stack) - 1, of=of)
     return keys
 
 
