@@ -26,6 +26,7 @@ from .layer_runner import LayerRunner
 from .net.model import Transformer
 from .net.recorder import Recorder
 from .tokens.tokenizer import Encoded
+from . import trace_names as tn
 from .trace import Trace
 
 
@@ -130,7 +131,7 @@ class AttentionModel(GreedyDecoding):
         """One pass on the fast path (fused attention), storing only what is O(n d): see
         core/trace.py. Returns the stored tensors (CPU), the forward time in ms, and the
         LayerRunner that recomputes the rest."""
-        rec = Recorder(names=_stored_name, maps=False)
+        rec = Recorder(names=tn.is_stored, maps=False)
         sync = self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize()
@@ -286,12 +287,6 @@ class AttentionModel(GreedyDecoding):
 
 
 LOGIT_ROWS = 256  # next-token distributions computed this many positions at a time
-
-
-def _stored_name(name: str) -> bool:
-    """What a traced pass keeps (see core/trace.py): O(n d) tensors only."""
-    return (name.startswith(("embed.", "topk.", "next.")) or name == "last.probs" or name.endswith((".out", ".final_norm", "_attn.heads"))
-            and not name.endswith(("_attn.out", "ffn.out")))
 
 
 def _ablated_list(abl: Ablation) -> List[tuple]:

@@ -11,6 +11,7 @@ import torch
 
 from .net.head_ablation import Ablation
 from .net.recorder import Recorder
+from . import trace_names as tn
 from .trace import Trace, layer_of
 
 
@@ -30,10 +31,10 @@ class LayerRunner:
         x = trace.layer_input(stack, i).to(dev)[None]  # (1, n, d)
         memory = None
         if stack == "decoder" and net.cfg.kind == "encoder-decoder":
-            memory = trace[_encoder_output(trace)].to(dev)[None]
+            memory = trace[tn.stack_output(trace, "encoder")].to(dev)[None]
         pad = None if self.src_pad is None else self.src_pad.to(dev)
         rec = Recorder()
-        net.run_layer(stack, i, x, rec.scope(f"{stack}.{i}"), memory=memory, src_pad=pad, ablate=self.ablate)
+        net.run_layer(stack, i, x, rec.scope(tn.layer(stack, i)), memory=memory, src_pad=pad, ablate=self.ablate)
         return {n: t.to("cpu") for n, t in rec.tensors.items()}
 
     @torch.inference_mode()
@@ -47,7 +48,7 @@ class LayerRunner:
     @torch.inference_mode()
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:
         net = self.model.net
-        name = "decoder.final_norm" if "decoder.final_norm" in trace else f"decoder.{trace.layers('decoder') - 1}.out"
+        name = tn.stack_output(trace, "decoder")
         return net.project(trace[name][rows].to(self.model.device)).to("cpu")
 
     def ordered_names(self, stored: Dict[str, torch.Tensor]) -> List[str]:
@@ -60,13 +61,9 @@ class LayerRunner:
                 if where not in seen:
                     seen.add(where)
                     stack, i = where
-                    names += [f"{stack}.{i}.{s}" for s in net.layers(stack)[i].recorded_names()]
+                    names += tn.layer_names(stack, i, net.layers(stack)[i].recorded_names())
                 continue
             if n == "topk.ids":
                 names += ["logits", "probs"]
             names.append(n)
         return names
-
-
-def _encoder_output(trace: Trace) -> str:
-    return "encoder.final_norm" if "encoder.final_norm" in trace else f"encoder.{trace.layers('encoder') - 1}.out"

@@ -16,17 +16,27 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from core.trace import layer_of
+from core import trace_names as tn
+from core.trace_names import layer_of
 
 
 def _nbytes(x) -> int:
     return int(x.numel() * x.element_size()) if hasattr(x, "numel") else int(np.asarray(x).nbytes)
 
 
-_ATTN_KINDS = ("self_attn", "cross_attn")
-_QUERY_SIDE = ("q", "q_pre_rope", "heads")  # H x n_q x d_head
-_KEY_SIDE = ("k", "k_pre_rope", "v")  # H_kv x n_k x d_head
-_MAPS = ("scores", "scaled", "masked", "weights")  # H x n_q x n_k
+_ATTN_KINDS = tn.ATTNS
+_QUERY_SIDE = tn.QUERY_SIDE  # H x n_q x d_head
+_KEY_SIDE = tn.KEY_SIDE  # H_kv x n_k x d_head
+_MAPS = tn.MAPS  # H x n_q x n_k
+
+
+def _pieces(name: str):
+    """(stack, attention kind or 'ffn' or 'block', step) of a name inside a layer."""
+    try:
+        p = tn.parse(name)
+    except ValueError:  # a name recorded by a newer layer: no attention rule, n x d
+        return layer_of(name)[0], "block", name
+    return p.stack, p.part, p.step
 
 
 def _side_lengths(trace, stack: str, kind: str):
@@ -48,15 +58,14 @@ def name_shape(trace, name: str):
     where = layer_of(name)
     if where is None or not (h and dh and d):
         return None
-    stack, rest = where[0], name.split(".", 2)[2]
-    kind, _, part = rest.partition(".")
+    stack, kind, part = _pieces(name)
     if kind in _ATTN_KINDS:
         n_q, n_k = _side_lengths(trace, stack, kind)
         return {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
                 **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
                 "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
-    n = _side_lengths(trace, stack, "self_attn")[0]
-    return (n, d_ff) if rest == "ffn.hidden" else (n, d)  # residuals, norms, ffn.out, out: n x d_model
+    n = _side_lengths(trace, stack, tn.SELF)[0]
+    return (n, d_ff) if (kind, part) == (tn.FFN, "hidden") else (n, d)  # residuals, norms, ffn.out, out: n x d_model
 
 
 def name_bytes(trace, name: str, itemsize: int = 4) -> int:
