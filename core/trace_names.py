@@ -84,6 +84,11 @@ def attn(stack: str, i: int, kind: str, step: str) -> str:
     return f"{stack}.{i}.{kind}.{step}"
 
 
+def sublayer(stack: str, i: int, sub: str, step: str) -> str:
+    """{stack}.{i}.{sub}.{step}, sub an attention kind or ffn (a layer's sub-layers in turn)."""
+    return f"{stack}.{i}.{sub}.{step}"
+
+
 def self_attn(stack: str, i: int, step: str) -> str:
     return f"{stack}.{i}.{SELF}.{step}"
 

@@ -19,6 +19,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 import torch
 
+from core import trace_names as tn
 from core.tokens.tokenizer import WordTokenizer
 from core.tokens.words import Groups, merge_attention, word_groups, word_labels
 from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
@@ -83,7 +84,7 @@ def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Option
     q_side, k_side = view_sides(stack, kind)
     q_groups, _ = side_groups(trace, q_side, text)
     k_groups, _ = side_groups(trace, k_side, text)
-    return [merge_attention(trace[f"{stack}.{i}.{kind}.weights"], q_groups, k_groups) for i in layers]
+    return [merge_attention(trace[tn.attn(stack, i, kind, "weights")], q_groups, k_groups) for i in layers]
 
 
 # ------------------------------------------------------------------ long inputs
@@ -166,7 +167,7 @@ def pooled_layers(trace, stack: str, kind: str, layers: Sequence[int], text: Opt
     full maps at once) and kept in trace.memo, so redrawing the model view does no model work."""
     key = ("pooled", stack, kind, tuple(layers), words, max_side, text if words else None)
     if key not in trace.memo:
-        got = (d[f"{kind}.weights"] for d in trace.each_layer(stack, [f"{kind}.weights"], layers))
+        got = (d[tn.local(kind, "weights")] for d in trace.each_layer(stack, [tn.local(kind, "weights")], layers))
         if words:
             q_side, k_side = view_sides(stack, kind)
             q_groups, k_groups = side_groups(trace, q_side, text)[0], side_groups(trace, k_side, text)[0]

@@ -16,6 +16,7 @@ from typing import List, Optional
 import numpy as np
 import streamlit as st
 
+from core import trace_names as tn
 from viz import decoder_maps as dv
 from viz import decoder_steps
 from viz.ui import charts, models
@@ -81,9 +82,9 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     v = _inference(steps[step - 1], step, prefix_len, decoder_only, cut) if full is None else \
         _teacher(model, full, step, prefix_len, decoder_only, cut)
     tr, row, q_tokens = v.tr, v.row, v.q_tokens
-    mask = dv.head_matrix(tr, f"decoder.{layer}.self_attn.mask", head)
-    masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)
-    weights = dv.head_matrix(tr, f"decoder.{layer}.self_attn.weights", head)
+    mask = dv.head_matrix(tr, tn.self_attn("decoder", layer, "mask"), head)
+    masked = dv.head_matrix(tr, tn.self_attn("decoder", layer, "masked"), head)
+    weights = dv.head_matrix(tr, tn.self_attn("decoder", layer, "weights"), head)
     n = len(q_tokens)
     where = f"layer {layer} · head {head}"
     shown_tokens, shown_row = q_tokens, row
@@ -131,7 +132,7 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
                     "self-attention.")
             return
         src = tr.tokens("source")
-        cross = dv.head_matrix(tr, f"decoder.{layer}.cross_attn.weights", head)
+        cross = dv.head_matrix(tr, tn.cross_attn("decoder", layer, "weights"), head)
         charts.chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
                                                fit=(run_tokens, src), title=f"Cross-attention over the source · {where}"),
                      key="decoder-cross", width="stretch")
