@@ -149,11 +149,11 @@ class AttentionModel(GreedyDecoding):
                 top = torch.topk(p, k)
                 ids.append(top.indices)
                 probs.append(top.values)
-            rec("topk.ids", torch.cat(ids), batched=False)
-            rec("topk.probs", torch.cat(probs), batched=False)
-            rec("last.probs", p[-1], batched=False)
-            rec("next.ids", rec.tensors["topk.ids"][-1], batched=False)
-            rec("next.probs", rec.tensors["topk.probs"][-1], batched=False)
+            rec(tn.TOPK_IDS, torch.cat(ids), batched=False)
+            rec(tn.TOPK_PROBS, torch.cat(probs), batched=False)
+            rec(tn.LAST_PROBS, p[-1], batched=False)
+            rec(tn.NEXT_IDS, rec.tensors[tn.TOPK_IDS][-1], batched=False)
+            rec(tn.NEXT_PROBS, rec.tensors[tn.TOPK_PROBS][-1], batched=False)
         if sync:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
@@ -161,8 +161,8 @@ class AttentionModel(GreedyDecoding):
         return tensors, ms, LayerRunner(self, pad, ablate)
 
     def _finish(self, tensors, tokens, meta, runner) -> Trace:
-        if "next.ids" in tensors:
-            tokens["next"] = self.alternative_strings(tensors["next.ids"].tolist())
+        if tn.NEXT_IDS in tensors:
+            tokens["next"] = self.alternative_strings(tensors[tn.NEXT_IDS].tolist())
         return Trace(tensors, tokens, meta, runner=runner, names=runner.ordered_names(tensors))
 
     @cpu_fallback
@@ -267,7 +267,7 @@ class AttentionModel(GreedyDecoding):
         traces = []
         for t, nxt in enumerate(gen):
             n_in = len(prefix0) + t
-            ids = whole["topk.ids"][n_in - 1].tolist()
+            ids = whole[tn.TOPK_IDS][n_in - 1].tolist()
             tokens = {"source": self.source_strings(enc), "target": self.target_strings(full[:n_in]),
                       "next": self.alternative_strings(ids)}
             meta = self._meta(

@@ -5,6 +5,10 @@ and the logits of the stored final hidden states.
 
 from __future__ import annotations
 
+import itertools
+import threading
+import uuid
+import weakref
 from typing import Dict, List, Optional
 
 import torch
@@ -63,7 +67,55 @@ class LayerRunner:
                     stack, i = where
                     names += tn.layer_names(stack, i, net.layers(stack)[i].recorded_names())
                 continue
-            if n == "topk.ids":
-                names += ["logits", "probs"]
+            if n == tn.TOPK_IDS:
+                names += list(tn.OUTPUTS)
             names.append(n)
         return names
+
+    def __reduce__(self):
+        """Pickled, a runner is a reference to its model in this process, never the weights:
+        unpickled where that model is alive it is the same runner; elsewhere a MissingModel
+        that names the model (core/trace.py, Trace.__getstate__)."""
+        return (_unpickle, (model_ref(self.model), self.model.name, self.src_pad, self.ablate))
+
+
+class MissingModel:
+    """The runner of an unpickled trace whose model is not loaded in this process: the trace
+    keeps its stored names, and asking for any other says which model it needs."""
+
+    model = None
+
+    def __init__(self, model_name: str, src_pad=None, ablate: Optional[Ablation] = None):
+        self.model_name, self.src_pad, self.ablate = model_name, src_pad, ablate
+
+    def _missing(self, *_, **__):
+        raise KeyError(f"this trace was unpickled without its model: recomputing a name it does not store needs "
+                       f"{self.model_name!r} loaded in this process (or a trace saved with Trace.save)")
+
+    layer = self_weights = logits = _missing
+
+    def __reduce__(self):
+        return (MissingModel, (self.model_name, self.src_pad, self.ablate))
+
+
+_PROCESS = uuid.uuid4().hex  # references from another process never match this one's models
+_COUNT = itertools.count(1)
+_LOCK = threading.Lock()
+_REFS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its reference
+_MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # reference -> model, while it lives
+
+
+def model_ref(model) -> str:
+    """A reference to a live model that a pickle can carry: unique to this process and this
+    model object (never reused for another model, as id() could be)."""
+    with _LOCK:
+        ref = _REFS.get(model)
+        if ref is None:
+            ref = _REFS[model] = f"{_PROCESS}:{next(_COUNT)}"
+            _MODELS[ref] = model
+        return ref
+
+
+def _unpickle(ref: str, name: str, src_pad, ablate):
+    model = _MODELS.get(ref)
+    return LayerRunner(model, src_pad, ablate) if model is not None else MissingModel(name, src_pad, ablate)

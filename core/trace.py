@@ -73,7 +73,6 @@ class Trace:
         self._lock = threading.RLock()
         self._rows: Optional[int] = None  # a step view: the first _rows decoder positions
         self._base: Optional["Trace"] = None
-        self.memo: dict = {}  # small results viewers compute from this trace (e.g. pooled model-view maps)
 
     # mapping interface ------------------------------------------------------------
     def __getitem__(self, name: str):
@@ -91,10 +90,10 @@ class Trace:
 
     def _step_value(self, name: str, t: int) -> torch.Tensor:
         """next.* and last.probs of a step view: the prediction at position t - 1."""
-        if name == "next.ids":
-            return self._tensors["topk.ids"][t - 1]
-        if name == "next.probs":
-            return self._tensors["topk.probs"][t - 1]
+        if name == tn.NEXT_IDS:
+            return self._tensors[tn.TOPK_IDS][t - 1]
+        if name == tn.NEXT_PROBS:
+            return self._tensors[tn.TOPK_PROBS][t - 1]
         return torch.softmax(self._runner.logits(self, rows=slice(t - 1, t))[0], dim=-1)  # last.probs
 
     def __contains__(self, name: str) -> bool:
@@ -153,11 +152,11 @@ class Trace:
         where = layer_of(name)
         if where is not None:
             return self._layer(*where)[name]
-        if name in ("logits", "probs"):
+        if name in tn.OUTPUTS:
             with self._lock:
                 if ("head",) not in self._cache:
                     logits = self._runner.logits(self)
-                    self._cache[("head",)] = {"logits": logits, "probs": torch.softmax(logits, dim=-1)}
+                    self._cache[("head",)] = {tn.LOGITS: logits, tn.PROBS: torch.softmax(logits, dim=-1)}
                     while len(self._cache) > LAYER_CACHE:
                         self._cache.popitem(last=False)
                 return self._cache[("head",)][name]
@@ -218,7 +217,6 @@ class Trace:
         view._tokens = {k: list(v) for k, v in (tokens or base._tokens).items()}
         view.meta = dict(meta if meta is not None else base.meta)
         view._rows, view._base = t, base
-        view.memo = {}
         return view
 
     # structure helpers --------------------------------------------------------------
@@ -284,16 +282,43 @@ class Trace:
                     tensors[k] = torch.from_numpy(z[k])
         return cls(tensors, tokens, meta)
 
+    # pickling ---------------------------------------------------------------------------
     def __getstate__(self):
-        """Pickled, a trace keeps every name (computed now, layer by layer) and no model."""
-        return {"tensors": OrderedDict((n, self[n]) for n in self._order), "tokens": self._tokens, "meta": self.meta}
+        """Pickled (st.cache_data, multiprocessing), a trace keeps what it STORES (the O(n d)
+        tensors, tokens, meta, every name in order, a step view's rows) and HOW TO COMPUTE THE
+        REST: its LayerRunner, which pickles as a reference to its model in this process (the
+        weights are never copied; core/layer_runner.py). Nothing is computed to pickle a trace.
+        Unpickled where that model is alive, it recomputes every other name as the original
+        does; elsewhere it holds the stored names and says that the rest needs the model."""
+        base = self._base or self
+        tensors = OrderedDict((n, t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t)
+                              for n, t in base._tensors.items())  # a view (positions: max_len x d) pickles alone
+        return {"tensors": tensors, "names": base._order, "tokens": base._tokens, "meta": base.meta,
+                "runner": base._runner, "rows": self._rows,
+                "view_tokens": self._tokens if self._rows is not None else None,
+                "view_meta": self.meta if self._rows is not None else None}
 
     def __setstate__(self, state):
-        self.__init__(state["tensors"], state["tokens"], state["meta"])
+        base = Trace(state["tensors"], state["tokens"], state["meta"], runner=state.get("runner"),
+                     names=state.get("names"))
+        if state.get("rows") is not None:
+            base = base.prefix(state["rows"], state["view_tokens"], state["view_meta"])
+        self.__dict__.update(base.__dict__)
+
+    def computes(self) -> str:
+        """What this trace does for a name it does not store, in words (also in its repr)."""
+        runner = self.runner
+        if runner is None:
+            return "stores every name"
+        model = getattr(runner, "model", None)
+        if model is None:
+            return f"stores {len(self.stored_names())} names; the rest needs the model " \
+                   f"{getattr(runner, 'model_name', '?')!r}, which is not loaded in this process"
+        return f"stores {len(self.stored_names())} names and recomputes the rest on the model {model.name!r}"
 
     def __repr__(self) -> str:
         toks = {k: len(v) for k, v in self._tokens.items()}
-        return f"Trace(model={self.meta.get('model')!r}, tokens={toks}, tensors={len(self)})"
+        return f"Trace(model={self.meta.get('model')!r}, tokens={toks}, tensors={len(self)}: {self.computes()})"
 
 
 def nbytes_of(traces: Iterable[Trace]) -> int:

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from core import trace_names as tn
+from viz.cache import per_trace
 from viz.figures import to_numpy
 from viz.reference import NoReference, reference_layer
 from viz.step import ROWS, kv_head
@@ -109,17 +110,18 @@ def _inputs(trace, stack: str, layer: int, kind: str, pre: bool) -> str:
 
 def layer_checks(trace, stack: str, kind: str, layer: int, head: int, notation: str = ROWS) -> CheckSet:
     """Every check of one head's view of a layer, keyed by step key (viz.steps), computed once
-    per trace and view (kept in trace.memo)."""
+    per trace and view (kept with the trace: viz.cache.per_trace)."""
     key = ("checks", stack, kind, layer, head, notation)
-    if key not in trace.memo:
+    memo = per_trace(trace)
+    if key not in memo:
         ref = _reference(trace, stack, layer, kind, head)  # one numpy layer for both
         out = CheckSet(head_checks(trace, stack, kind, layer, head, notation=notation, reference=ref))
         res = residual_checks(trace, stack, layer, kind=kind, reference=ref)
         for k, v in res.items():
             out.setdefault(k, []).extend(v)
         out.note = getattr(res, "note", None)
-        trace.memo[key] = out
-    return trace.memo[key]
+        memo[key] = out
+    return memo[key]
 
 
 def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: str = ROWS,

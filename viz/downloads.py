@@ -51,9 +51,9 @@ def name_shape(trace, name: str):
     cfg = trace.meta.get("config") or {}
     h, dh, d = int(cfg.get("n_heads", 0)), int(cfg.get("d_head", 0)), int(cfg.get("d_model", 0))
     h_kv, d_ff, vocab = int(cfg.get("n_kv_heads") or h), int(cfg.get("d_ff", 0)), int(cfg.get("tgt_vocab_size", 0))
-    if name in ("logits", "probs"):
+    if name in tn.OUTPUTS:
         return (len(trace.tokens("target")), vocab)
-    if name == "last.probs":
+    if name == tn.LAST_PROBS:
         return (vocab,)
     where = layer_of(name)
     if where is None or not (h and dh and d):
@@ -71,7 +71,7 @@ def name_shape(trace, name: str):
 def name_bytes(trace, name: str, itemsize: int = 4) -> int:
     """Bytes of one name in an NPZ: a stored name's own size; any other from its shape (name_shape),
     never by computing it. Recomputed names are float32 (`itemsize`)."""
-    if trace.is_stored(name) and name != "last.probs":
+    if trace.is_stored(name) and name != tn.LAST_PROBS:
         return _nbytes(trace[name])
     shape = name_shape(trace, name)
     if shape is None:
@@ -81,7 +81,7 @@ def name_bytes(trace, name: str, itemsize: int = 4) -> int:
 
 def layer_bytes(trace, stack: str, layer: int = 0) -> int:
     """Bytes of every name inside one layer of a stack, from shapes (computes nothing)."""
-    return sum(name_bytes(trace, n) for n in trace.names(f"{stack}.{layer}."))
+    return sum(name_bytes(trace, n) for n in trace.names(tn.layer(stack, layer) + "."))
 
 
 _SIZES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # trace -> sizes: once per trace
@@ -113,7 +113,7 @@ def layer_npz(trace, stack: str, layer: int) -> bytes:
     """One layer's names (every head's maps, q, k, v, ...) and the tokens, as an .npz file."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        items = [(n, trace[n].numpy()) for n in trace.names(f"{stack}.{layer}.")]
+        items = [(n, trace[n].numpy()) for n in trace.names(tn.layer(stack, layer) + ".")]
         items += [(f"tokens.{w}", np.array(trace.tokens(w), dtype=str)) for w in ("source", "target") if trace.tokens(w)]
         items.append(("meta", np.array(json.dumps({**trace.meta, "layer": layer, "stack": stack}, default=str))))
         for name, arr in items:

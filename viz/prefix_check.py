@@ -82,12 +82,12 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
             diffs[labels[s]] = max(diffs.get(labels[s], 0.0), d)
             if d > worst:
                 worst, where = d, _where(f"{labels[s]}, layer {i}", at, ("head", "row", "key"), got[s], ref[s])
-    for label, name, axes in (("top-k next-token probabilities", "topk.probs", ("row", "rank")),
-                              ("next-token distribution", "last.probs", ("token id",))):
+    for label, name, axes in (("top-k next-token probabilities", tn.TOPK_PROBS, ("row", "rank")),
+                              ("next-token distribution", tn.LAST_PROBS, ("token id",))):
         if name in view and name in alone:
             d, at = _max_diff(view[name], alone[name])
             diffs[label] = d
             if d > worst:
-                worst, where = d, _where(label + (f", row {n - 1}" if name == "last.probs" else ""), at, axes,
+                worst, where = d, _where(label + (f", row {n - 1}" if name == tn.LAST_PROBS else ""), at, axes,
                                          view[name], alone[name])
     return PrefixCheck(n, diffs, max(worst, 0.0), where, n_layers, n_heads, tol)

@@ -166,8 +166,8 @@ class Transformer(nn.Module):
             hidden = hidden * self.cfg.logit_scale
         logits = self.out_proj(hidden)  # (B, t, V)
         if rec:
-            rec("logits", logits)
-            rec("probs", torch.softmax(logits, dim=-1))
+            rec(tn.LOGITS, logits)
+            rec(tn.PROBS, torch.softmax(logits, dim=-1))
         return logits
 
     def forward(self, src=None, tgt=None, src_pad=None, tgt_pad=None, rec: Rec = None, token_types=None,

@@ -41,7 +41,7 @@ class StepView:
 
 def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     row = dv.newest_row(tr)
-    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr["next.probs"]).tolist(),
+    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr[tn.NEXT_PROBS]).tolist(),
                  tr.meta["chosen"])
     n_gen = len(v.q_tokens) - prefix_len
     st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_gen} generated "
@@ -53,7 +53,7 @@ def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0)
 def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     q_tokens = full.tokens("target")
     row = dv.step_row(step, prefix_len)
-    probs_row = full["probs"][row]
+    probs_row = full[tn.PROBS][row]
     ids, p = dv.top_k(probs_row, 10)
     next_tokens = model.alternative_strings(ids)
     # the teacher's next token: the next decoder input, or <end> after the last one (an
@@ -204,11 +204,11 @@ def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_l
     if v.dec_ids is None:
         return
     dec_ids = v.dec_ids
-    argmax_all = model.alternative_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
+    argmax_all = model.alternative_strings(dv.to_numpy(full[tn.PROBS]).argmax(-1).tolist())
     start_row = prefix_len - 1
     next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else v.ends_with for i in range(len(dec_ids))]
     frame, ce = dv.teacher_forcing_rows(
-        full["probs"][start_row:], v.q_tokens[start_row:],
+        full[tn.PROBS][start_row:], v.q_tokens[start_row:],
         [model.target_strings([j])[0] if j is not None else None for j in next_ids[start_row:]],
         next_ids[start_row:], argmax_all[start_row:])
     frame.index = frame.index + start_row

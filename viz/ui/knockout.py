@@ -80,8 +80,8 @@ def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head],
             c = st.columns([3, 2])
             with c[0]:
                 st.caption("Next token after the prompt: top 10 before and after")
-                st.dataframe(va.next_token_table(base.tokens("next"), base["next.probs"].float().numpy(),
-                                                 ablated.tokens("next"), ablated["next.probs"].float().numpy()),
+                st.dataframe(va.next_token_table(base.tokens("next"), base[tn.NEXT_PROBS].float().numpy(),
+                                                 ablated.tokens("next"), ablated[tn.NEXT_PROBS].float().numpy()),
                              hide_index=True, key="explore-changed-next",
                              column_config={"p before": st.column_config.NumberColumn(format="%.4f"),
                                             "p after": st.column_config.NumberColumn(format="%.4f")})
