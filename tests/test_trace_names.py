@@ -161,3 +161,38 @@ def test_design_doc_lists_every_name_the_module_knows():
     spelled = set(re.findall(r"`([^`]+)`", rows))
     missing = [p for p in tn.patterns() if p not in spelled]
     assert not missing, f"docs/design.md's trace-name table lacks {missing}"
+
+
+def _page_fields() -> dict:
+    """{page: the fields its PageState reads}, read from the page scripts' source (nothing run)."""
+    import ast
+
+    out = {}
+    for path in sorted((ROOT / "viz").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+                continue
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if func not in ("PageState", "__init__"):
+                continue
+            for kw in node.keywords:
+                if kw.arg == "fields" and isinstance(kw.value, ast.Tuple):
+                    fields = [e.value for e in kw.value.elts if isinstance(e, ast.Constant)]
+                    out.setdefault(node.args[0].value, set()).update(fields)
+    return out
+
+
+def test_design_doc_lists_every_url_parameter_of_every_page():
+    doc = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    section = doc.split("## Pages and URLs", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("| `") else []
+        if len(cells) == 2:
+            rows[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[1]))
+    pages = _page_fields()
+    assert {"explore", "inside", "decoder", "heads", "corpus"} <= set(pages), pages
+    for page, fields in pages.items():
+        assert page in rows, f"docs/design.md's URL table has no row for {page}"
+        missing = fields - rows[page]
+        assert not missing, f"{page}: docs/design.md does not name {sorted(missing)}"
