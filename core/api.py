@@ -26,6 +26,7 @@ from .layer_runner import LayerRunner
 from .net.model import Transformer
 from .net.recorder import Recorder
 from .tokens.tokenizer import Encoded
+from . import trace_names as tn
 from .trace import Trace
 
 
@@ -130,7 +131,7 @@ class AttentionModel(GreedyDecoding):
         """One pass on the fast path (fused attention), storing only what is O(n d): see
         core/trace.py. Returns the stored tensors (CPU), the forward time in ms, and the
         LayerRunner that recomputes the rest."""
-        rec = Recorder(names=_stored_name, maps=False)
+        rec = Recorder(names=tn.is_stored, maps=False)
         sync = self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize()
@@ -148,11 +149,11 @@ class AttentionModel(GreedyDecoding):
                 top = torch.topk(p, k)
                 ids.append(top.indices)
                 probs.append(top.values)
-            rec("topk.ids", torch.cat(ids), batched=False)
-            rec("topk.probs", torch.cat(probs), batched=False)
-            rec("last.probs", p[-1], batched=False)
-            rec("next.ids", rec.tensors["topk.ids"][-1], batched=False)
-            rec("next.probs", rec.tensors["topk.probs"][-1], batched=False)
+            rec(tn.TOPK_IDS, torch.cat(ids), batched=False)
+            rec(tn.TOPK_PROBS, torch.cat(probs), batched=False)
+            rec(tn.LAST_PROBS, p[-1], batched=False)
+            rec(tn.NEXT_IDS, rec.tensors[tn.TOPK_IDS][-1], batched=False)
+            rec(tn.NEXT_PROBS, rec.tensors[tn.TOPK_PROBS][-1], batched=False)
         if sync:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
@@ -160,8 +161,8 @@ class AttentionModel(GreedyDecoding):
         return tensors, ms, LayerRunner(self, pad, ablate)
 
     def _finish(self, tensors, tokens, meta, runner) -> Trace:
-        if "next.ids" in tensors:
-            tokens["next"] = self.alternative_strings(tensors["next.ids"].tolist())
+        if tn.NEXT_IDS in tensors:
+            tokens["next"] = self.alternative_strings(tensors[tn.NEXT_IDS].tolist())
         return Trace(tensors, tokens, meta, runner=runner, names=runner.ordered_names(tensors))
 
     @cpu_fallback
@@ -266,7 +267,7 @@ class AttentionModel(GreedyDecoding):
         traces = []
         for t, nxt in enumerate(gen):
             n_in = len(prefix0) + t
-            ids = whole["topk.ids"][n_in - 1].tolist()
+            ids = whole[tn.TOPK_IDS][n_in - 1].tolist()
             tokens = {"source": self.source_strings(enc), "target": self.target_strings(full[:n_in]),
                       "next": self.alternative_strings(ids)}
             meta = self._meta(
@@ -286,12 +287,6 @@ class AttentionModel(GreedyDecoding):
 
 
 LOGIT_ROWS = 256  # next-token distributions computed this many positions at a time
-
-
-def _stored_name(name: str) -> bool:
-    """What a traced pass keeps (see core/trace.py): O(n d) tensors only."""
-    return (name.startswith(("embed.", "topk.", "next.")) or name == "last.probs" or name.endswith((".out", ".final_norm", "_attn.heads"))
-            and not name.endswith(("_attn.out", "ffn.out")))
 
 
 def _ablated_list(abl: Ablation) -> List[tuple]:

@@ -23,29 +23,37 @@ the names of one quantity. Everything is built with numpy (no Python loop over c
 
 from __future__ import annotations
 
-import re
 from fnmatch import fnmatchcase
 from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 
+from . import trace_names as tn
+
 # The attention maps of docs/design.md and the column each one's values go in.
 VALUE_COLUMNS = {"scores": "score", "scaled": "scaled", "mask": "mask", "masked": "masked", "weights": "weight"}
 COLUMNS = ["stack", "layer", "attn", "head", "query_index", "query_token", "key_index", "key_token"]
 
-_NAME = re.compile(r"^(?P<stack>[a-z_]+)\.(?P<layer>\d+)\.(?P<attn>[a-z_]+)\.(?P<what>" +
-                   "|".join(VALUE_COLUMNS) + r")$")
+
+
+def _map_name(name: str):
+    """The parsed name (core.trace_names.parse) of an attention name frame() takes, else None."""
+    try:
+        p = tn.parse(name)
+    except ValueError:
+        return None
+    return p if p.part in tn.ATTNS and p.step in VALUE_COLUMNS else None
 
 
 def parse_name(name: str) -> Tuple[str, int, str, str]:
     """(stack, layer, attn, quantity) of an attention name; ValueError for any other name."""
-    m = _NAME.match(name)
-    if m is None:
+    p = _map_name(name)
+    if p is None:
         raise ValueError(f"{name!r} is not an attention map name: expected "
                          f"{{stack}}.{{layer}}.{{attn}}.{{{'|'.join(VALUE_COLUMNS)}}}, "
-                         "e.g. encoder.0.self_attn.weights")
-    return m["stack"], int(m["layer"]), m["attn"], m["what"]
+                         f"e.g. {tn.self_attn('encoder', 0, 'weights')}")
+    return p.stack, p.layer, p.part, p.step
 
 
 def _axis_tokens(trace, stack: str, attn: str, n_q: int, n_k: int) -> Tuple[List[str], List[str]]:
@@ -94,12 +102,12 @@ def frame(trace, name: str) -> pd.DataFrame:
 def _all_attention_names(trace) -> List[str]:
     """Every attention name of the trace, in its order. Read from `trace.names()`; a trace
     that lists only what it stores is asked name by name for each stack, layer and kind."""
-    found = [n for n in trace.names() if _NAME.match(n)]
+    found = [n for n in trace.names() if _map_name(n) is not None]
     if found:
         return found
-    return [f"{stack}.{i}.{attn}.{what}" for stack in trace.stacks() for i in range(trace.layers(stack))
-            for attn in ("self_attn", "cross_attn") for what in VALUE_COLUMNS
-            if f"{stack}.{i}.{attn}.{what}" in trace]
+    every = (tn.attn(stack, i, attn, what) for stack in trace.stacks() for i in range(trace.layers(stack))
+             for attn in tn.ATTNS for what in VALUE_COLUMNS)
+    return [n for n in every if n in trace]
 
 
 def attention_names(trace, what: str = "weights") -> List[str]:

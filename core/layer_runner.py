@@ -5,12 +5,17 @@ and the logits of the stored final hidden states.
 
 from __future__ import annotations
 
+import itertools
+import threading
+import uuid
+import weakref
 from typing import Dict, List, Optional
 
 import torch
 
 from .net.head_ablation import Ablation
 from .net.recorder import Recorder
+from . import trace_names as tn
 from .trace import Trace, layer_of
 
 
@@ -30,10 +35,10 @@ class LayerRunner:
         x = trace.layer_input(stack, i).to(dev)[None]  # (1, n, d)
         memory = None
         if stack == "decoder" and net.cfg.kind == "encoder-decoder":
-            memory = trace[_encoder_output(trace)].to(dev)[None]
+            memory = trace[tn.stack_output(trace, "encoder")].to(dev)[None]
         pad = None if self.src_pad is None else self.src_pad.to(dev)
         rec = Recorder()
-        net.run_layer(stack, i, x, rec.scope(f"{stack}.{i}"), memory=memory, src_pad=pad, ablate=self.ablate)
+        net.run_layer(stack, i, x, rec.scope(tn.layer(stack, i)), memory=memory, src_pad=pad, ablate=self.ablate)
         return {n: t.to("cpu") for n, t in rec.tensors.items()}
 
     @torch.inference_mode()
@@ -47,7 +52,7 @@ class LayerRunner:
     @torch.inference_mode()
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:
         net = self.model.net
-        name = "decoder.final_norm" if "decoder.final_norm" in trace else f"decoder.{trace.layers('decoder') - 1}.out"
+        name = tn.stack_output(trace, "decoder")
         return net.project(trace[name][rows].to(self.model.device)).to("cpu")
 
     def ordered_names(self, stored: Dict[str, torch.Tensor]) -> List[str]:
@@ -60,13 +65,57 @@ class LayerRunner:
                 if where not in seen:
                     seen.add(where)
                     stack, i = where
-                    names += [f"{stack}.{i}.{s}" for s in net.layers(stack)[i].recorded_names()]
+                    names += tn.layer_names(stack, i, net.layers(stack)[i].recorded_names())
                 continue
-            if n == "topk.ids":
-                names += ["logits", "probs"]
+            if n == tn.TOPK_IDS:
+                names += list(tn.OUTPUTS)
             names.append(n)
         return names
 
+    def __reduce__(self):
+        """Pickled, a runner is a reference to its model in this process, never the weights:
+        unpickled where that model is alive it is the same runner; elsewhere a MissingModel
+        that names the model (core/trace.py, Trace.__getstate__)."""
+        return (_unpickle, (model_ref(self.model), self.model.name, self.src_pad, self.ablate))
 
-def _encoder_output(trace: Trace) -> str:
-    return "encoder.final_norm" if "encoder.final_norm" in trace else f"encoder.{trace.layers('encoder') - 1}.out"
+
+class MissingModel:
+    """The runner of an unpickled trace whose model is not loaded in this process: the trace
+    keeps its stored names, and asking for any other says which model it needs."""
+
+    model = None
+
+    def __init__(self, model_name: str, src_pad=None, ablate: Optional[Ablation] = None):
+        self.model_name, self.src_pad, self.ablate = model_name, src_pad, ablate
+
+    def _missing(self, *_, **__):
+        raise KeyError(f"this trace was unpickled without its model: recomputing a name it does not store needs "
+                       f"{self.model_name!r} loaded in this process (or a trace saved with Trace.save)")
+
+    layer = self_weights = logits = _missing
+
+    def __reduce__(self):
+        return (MissingModel, (self.model_name, self.src_pad, self.ablate))
+
+
+_PROCESS = uuid.uuid4().hex  # references from another process never match this one's models
+_COUNT = itertools.count(1)
+_LOCK = threading.Lock()
+_REFS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its reference
+_MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # reference -> model, while it lives
+
+
+def model_ref(model) -> str:
+    """A reference to a live model that a pickle can carry: unique to this process and this
+    model object (never reused for another model, as id() could be)."""
+    with _LOCK:
+        ref = _REFS.get(model)
+        if ref is None:
+            ref = _REFS[model] = f"{_PROCESS}:{next(_COUNT)}"
+            _MODELS[ref] = model
+        return ref
+
+
+def _unpickle(ref: str, name: str, src_pad, ablate):
+    model = _MODELS.get(ref)
+    return LayerRunner(model, src_pad, ablate) if model is not None else MissingModel(name, src_pad, ablate)

@@ -49,41 +49,10 @@ import numpy as np
 import torch
 
 
-# Token lists live beside the tensors; these names reach them like tensors.
-LIST_NAMES = {"tokens.source": "source", "tokens.target": "target", "next.tokens": "next"}
+from .trace_names import MAPS, PER_HEAD, STEP_NAMES, TOKEN_LISTS, decoder_rows, layer_of  # noqa: F401 (public here too)
+from . import trace_names as tn
 
-MAPS = ("scores", "scaled", "masked", "weights")  # the H x n_q x n_k attention maps
-PER_HEAD = ("q", "k", "v", "q_pre_rope", "k_pre_rope", "heads")  # H x n x d_k
-STEP_NAMES = ("next.ids", "next.probs", "last.probs")  # per step view: the prediction at its last row
 LAYER_CACHE = 2  # recomputed layers kept (each holds its maps: 4 x H x n^2 floats)
-
-
-def layer_of(name: str) -> Optional[Tuple[str, int]]:
-    """(stack, layer) for a name inside a layer ('decoder.3.self_attn.q' -> ('decoder', 3))."""
-    parts = name.split(".", 2)
-    if len(parts) >= 3 and parts[0] in ("encoder", "decoder") and parts[1].isdigit():
-        return parts[0], int(parts[1])
-    return None
-
-
-def decoder_rows(name: str, x: torch.Tensor, t: int) -> torch.Tensor:
-    """The part of a decoder-side tensor that belongs to the first t decoder positions."""
-    if not (name.startswith(("decoder.", "embed.decoder.")) or name in ("logits", "probs", "topk.ids", "topk.probs")):
-        return x
-    last = name.rsplit(".", 1)[-1]
-    if ".self_attn." in name:
-        if last == "mask":
-            return x[:t, :t]
-        if last in MAPS or last == "position_bias":
-            return x[:, :t, :t]
-        return x[:, :t] if last in PER_HEAD else x[:t]
-    if ".cross_attn." in name:
-        if last == "mask":
-            return x[:t]
-        if last in ("k", "v"):
-            return x  # the encoder's positions
-        return x[:, :t] if last in MAPS or last in PER_HEAD else x[:t]
-    return x[:t]
 
 
 class Trace:
@@ -104,12 +73,11 @@ class Trace:
         self._lock = threading.RLock()
         self._rows: Optional[int] = None  # a step view: the first _rows decoder positions
         self._base: Optional["Trace"] = None
-        self.memo: dict = {}  # small results viewers compute from this trace (e.g. pooled model-view maps)
 
     # mapping interface ------------------------------------------------------------
     def __getitem__(self, name: str):
-        if name in LIST_NAMES and LIST_NAMES[name] in self._tokens:
-            return self.tokens(LIST_NAMES[name])
+        if name in TOKEN_LISTS and TOKEN_LISTS[name] in self._tokens:
+            return self.tokens(TOKEN_LISTS[name])
         if name not in self._known:
             raise KeyError(f"no tensor named {name!r} in this trace")
         base = self._base or self
@@ -122,14 +90,14 @@ class Trace:
 
     def _step_value(self, name: str, t: int) -> torch.Tensor:
         """next.* and last.probs of a step view: the prediction at position t - 1."""
-        if name == "next.ids":
-            return self._tensors["topk.ids"][t - 1]
-        if name == "next.probs":
-            return self._tensors["topk.probs"][t - 1]
+        if name == tn.NEXT_IDS:
+            return self._tensors[tn.TOPK_IDS][t - 1]
+        if name == tn.NEXT_PROBS:
+            return self._tensors[tn.TOPK_PROBS][t - 1]
         return torch.softmax(self._runner.logits(self, rows=slice(t - 1, t))[0], dim=-1)  # last.probs
 
     def __contains__(self, name: str) -> bool:
-        return name in self._known or (name in LIST_NAMES and LIST_NAMES[name] in self._tokens)
+        return name in self._known or (name in TOKEN_LISTS and TOKEN_LISTS[name] in self._tokens)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._order)
@@ -184,11 +152,11 @@ class Trace:
         where = layer_of(name)
         if where is not None:
             return self._layer(*where)[name]
-        if name in ("logits", "probs"):
+        if name in tn.OUTPUTS:
             with self._lock:
                 if ("head",) not in self._cache:
                     logits = self._runner.logits(self)
-                    self._cache[("head",)] = {"logits": logits, "probs": torch.softmax(logits, dim=-1)}
+                    self._cache[("head",)] = {tn.LOGITS: logits, tn.PROBS: torch.softmax(logits, dim=-1)}
                     while len(self._cache) > LAYER_CACHE:
                         self._cache.popitem(last=False)
                 return self._cache[("head",)][name]
@@ -206,9 +174,9 @@ class Trace:
 
     def layer_input(self, stack: str, i: int) -> torch.Tensor:
         """The stored input of layer i: embed.{stack}.sum for layer 0, else {stack}.{i-1}.out."""
-        return self[f"embed.{stack}.sum" if i == 0 else f"{stack}.{i - 1}.out"]
+        return self[tn.stored_input(stack, i)]
 
-    def each_layer(self, stack: str, names: Iterable[str] = ("self_attn.weights",),
+    def each_layer(self, stack: str, names: Iterable[str] = (tn.local(tn.SELF, "weights"),),
                    layers: Optional[Iterable[int]] = None) -> Iterator[Dict[str, torch.Tensor]]:
         """Layer by layer, the asked-for names (suffixes under the layer) of every layer of a
         stack (or of `layers`), computed one layer at a time and not kept: for views of all
@@ -219,15 +187,15 @@ class Trace:
             with base._lock:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(
-                    f"{stack}.{i}.{s}" in base._tensors for s in names):
-                if names == ["self_attn.weights"]:  # the weights alone: the layer up to its softmax
+                    tn.at(stack, i, s) in base._tensors for s in names):
+                if names == [tn.local(tn.SELF, "weights")]:  # the weights alone: the layer up to its softmax
                     w = base._runner.self_weights(base, stack, i)
-                    cached = {f"{stack}.{i}.self_attn.weights": w}
+                    cached = {tn.self_attn(stack, i, "weights"): w}
                 else:
                     cached = base._runner.layer(base, stack, i)
             got = {}
             for s in names:
-                full = f"{stack}.{i}.{s}"
+                full = tn.at(stack, i, s)
                 t = base._tensors.get(full) if cached is None or full in base._tensors else cached[full]
                 got[s] = t if self._rows is None else decoder_rows(full, t, self._rows)
             yield got
@@ -249,20 +217,19 @@ class Trace:
         view._tokens = {k: list(v) for k, v in (tokens or base._tokens).items()}
         view.meta = dict(meta if meta is not None else base.meta)
         view._rows, view._base = t, base
-        view.memo = {}
         return view
 
     # structure helpers --------------------------------------------------------------
     def layers(self, stack: str) -> int:
         """Number of layers recorded for a stack ('encoder' or 'decoder')."""
-        idx = {int(n.split(".")[1]) for n in self._order if n.startswith(stack + ".") and n.split(".")[1].isdigit()}
+        idx = {w[1] for w in map(layer_of, self._order) if w is not None and w[0] == stack}
         return max(idx) + 1 if idx else 0
 
     def attention_kinds(self, stack: str) -> List[str]:
-        return [kind for kind in ("self_attn", "cross_attn") if f"{stack}.0.{kind}.weights" in self]
+        return [kind for kind in tn.ATTNS if tn.attn(stack, 0, kind, "weights") in self]
 
     def stacks(self) -> List[str]:
-        return [s for s in ("encoder", "decoder") if f"{s}.0.self_attn.weights" in self]
+        return [s for s in tn.STACKS if tn.self_attn(s, 0, "weights") in self]
 
     def n_heads(self, stack: str) -> int:
         """Query heads per attention of `stack`, from the config or the stored per-head output:
@@ -270,7 +237,7 @@ class Trace:
         n = self.meta.get("config", {}).get("n_heads")
         if n:
             return int(n)
-        name = f"{stack}.0.self_attn.heads"
+        name = tn.self_attn(stack, 0, "heads")
         if not self.is_stored(name):
             raise KeyError(f"{name} is not stored and the trace has no config: cannot count heads")
         return (self._base or self)._tensors[name].shape[0]
@@ -288,7 +255,7 @@ class Trace:
         for k in self._order:
             yield k, self[k].numpy()
         for which, toks in self._tokens.items():
-            yield ("next.tokens" if which == "next" else f"tokens.{which}"), np.array(toks, dtype=str)
+            yield tn.TOKEN_LIST_NAMES.get(which, f"tokens.{which}"), np.array(toks, dtype=str)
         yield "meta", np.array(json.dumps(self.meta, default=str))
 
     def to_numpy(self) -> Dict[str, np.ndarray]:
@@ -307,24 +274,51 @@ class Trace:
         with np.load(path, allow_pickle=False) as z:
             tensors, tokens, meta = OrderedDict(), {}, {}
             for k in z.files:
-                if k in LIST_NAMES or k.startswith("tokens."):
-                    tokens[LIST_NAMES.get(k, k[len("tokens."):])] = [str(s) for s in z[k]]
+                if k in TOKEN_LISTS or k.startswith("tokens."):
+                    tokens[TOKEN_LISTS.get(k, k[len("tokens."):])] = [str(s) for s in z[k]]
                 elif k == "meta":
                     meta = json.loads(str(z[k]))
                 else:
                     tensors[k] = torch.from_numpy(z[k])
         return cls(tensors, tokens, meta)
 
+    # pickling ---------------------------------------------------------------------------
     def __getstate__(self):
-        """Pickled, a trace keeps every name (computed now, layer by layer) and no model."""
-        return {"tensors": OrderedDict((n, self[n]) for n in self._order), "tokens": self._tokens, "meta": self.meta}
+        """Pickled (st.cache_data, multiprocessing), a trace keeps what it STORES (the O(n d)
+        tensors, tokens, meta, every name in order, a step view's rows) and HOW TO COMPUTE THE
+        REST: its LayerRunner, which pickles as a reference to its model in this process (the
+        weights are never copied; core/layer_runner.py). Nothing is computed to pickle a trace.
+        Unpickled where that model is alive, it recomputes every other name as the original
+        does; elsewhere it holds the stored names and says that the rest needs the model."""
+        base = self._base or self
+        tensors = OrderedDict((n, t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t)
+                              for n, t in base._tensors.items())  # a view (positions: max_len x d) pickles alone
+        return {"tensors": tensors, "names": base._order, "tokens": base._tokens, "meta": base.meta,
+                "runner": base._runner, "rows": self._rows,
+                "view_tokens": self._tokens if self._rows is not None else None,
+                "view_meta": self.meta if self._rows is not None else None}
 
     def __setstate__(self, state):
-        self.__init__(state["tensors"], state["tokens"], state["meta"])
+        base = Trace(state["tensors"], state["tokens"], state["meta"], runner=state.get("runner"),
+                     names=state.get("names"))
+        if state.get("rows") is not None:
+            base = base.prefix(state["rows"], state["view_tokens"], state["view_meta"])
+        self.__dict__.update(base.__dict__)
+
+    def computes(self) -> str:
+        """What this trace does for a name it does not store, in words (also in its repr)."""
+        runner = self.runner
+        if runner is None:
+            return "stores every name"
+        model = getattr(runner, "model", None)
+        if model is None:
+            return f"stores {len(self.stored_names())} names; the rest needs the model " \
+                   f"{getattr(runner, 'model_name', '?')!r}, which is not loaded in this process"
+        return f"stores {len(self.stored_names())} names and recomputes the rest on the model {model.name!r}"
 
     def __repr__(self) -> str:
         toks = {k: len(v) for k, v in self._tokens.items()}
-        return f"Trace(model={self.meta.get('model')!r}, tokens={toks}, tensors={len(self)})"
+        return f"Trace(model={self.meta.get('model')!r}, tokens={toks}, tensors={len(self)}: {self.computes()})"
 
 
 def nbytes_of(traces: Iterable[Trace]) -> int:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .loaders.catalog import TOY_DIR
+from . import trace_names as tn
 from .net.config import ModelConfig
 from .net.model import Transformer
 from .net.recorder import Recorder
@@ -48,7 +49,7 @@ from .toy.evaluate import evaluate_steps
 from .toy.toy_steps import CHECKPOINT_STEPS, LOSSES, STEPS_DIR, step_file
 from .toy.toy_task import encode_batch
 
-GUIDED = ("decoder.1.cross_attn.weights", 0)  # (trace name, head) supervised with the alignment
+GUIDED = (tn.cross_attn("decoder", 1, "weights"), 0)  # (trace name, head) supervised with the alignment
 
 
 def make_config(src_vocab: int, tgt_vocab: int) -> ModelConfig:

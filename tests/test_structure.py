@@ -110,6 +110,17 @@ def test_structure_figures_hold():
     f = load_structure().figures()
     assert f["core_top_level_modules"] <= 14, f["core_top_level_modules"]
     assert f["import_cycles"] == [], f["import_cycles"]
+    assert f["hand_spelled_trace_names"] == 0, f["hand_spelled_by_module"]  # core.trace_names builds them
+
+
+def test_structure_counts_a_hand_spelled_trace_name(tmp_path):
+    """The count sees trace names spelled out, and not parameter names or docstrings."""
+    s = load_structure()
+    path = tmp_path / "m.py"
+    path.write_text('"""Reads {stack}.{i}.self_attn.weights."""\n'
+                    'A = f"{stack}.{i}.self_attn.weights"\nB = "embed.encoder.sum"\nC = f"{stack}.{i}.out"\n'
+                    'D = "decoder.final_norm"\nE = f"{stack}.{i}.self_attn.w_q.weight"\nF = "self-attention"\n')
+    assert s.name_literals(path) == 4
 
 
 def test_structure_counts_an_import_inside_a_function_as_a_cycle(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 import torch
 
 import core
+from core import trace_names as tn
 from core.net.cost import (  # noqa: F401
     cost_grid, cost_model, fit_cost, layer_formula, meta_model, param_formula, weight_shapes,
 )
@@ -255,10 +256,10 @@ def asymmetry(S: np.ndarray) -> float:
 
 def head_qk(trace, stack: str, layer: int, head: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, k, mask) of one self-attention head from a trace; grouped-query heads share k."""
-    base = f"{stack}.{layer}.self_attn"
-    q_all, k_all = trace[f"{base}.q"], trace[f"{base}.k"]
+    q_all, k_all = trace[tn.self_attn(stack, layer, "q")], trace[tn.self_attn(stack, layer, "k")]
     group = q_all.shape[0] // k_all.shape[0]
-    mask = trace[f"{base}.mask"].double().numpy() if f"{base}.mask" in trace else None
+    mask_name = tn.self_attn(stack, layer, "mask")
+    mask = trace[mask_name].double().numpy() if mask_name in trace else None
     return q_all[head].double().numpy(), k_all[head // group].double().numpy(), mask
 
 

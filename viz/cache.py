@@ -7,6 +7,7 @@ count limit alone would not bound memory.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
@@ -72,3 +73,20 @@ class ByteLRU:
         with self._lock:
             self._data.clear()
             self._bytes = 0
+
+
+# ------------------------------------------------------------------ per-trace results
+_PER_TRACE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PER_TRACE_LOCK = threading.Lock()
+
+
+def per_trace(trace) -> dict:
+    """A dict of small results a viewer computed from `trace` (the model view's pooled maps,
+    the Inside page's checks), kept while that trace object lives and dropped with it. It lives
+    here, keyed by the trace's identity (each decoder step view has its own), so core's Trace
+    carries no viewer state. Values must not hold the trace itself (it would never be freed)."""
+    with _PER_TRACE_LOCK:
+        memo = _PER_TRACE.get(trace)
+        if memo is None:
+            memo = _PER_TRACE[trace] = {}
+        return memo

@@ -18,6 +18,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from core import trace_names as tn
+from viz.cache import per_trace
 from viz.figures import to_numpy
 from viz.reference import NoReference, reference_layer
 from viz.step import ROWS, kv_head
@@ -108,17 +110,18 @@ def _inputs(trace, stack: str, layer: int, kind: str, pre: bool) -> str:
 
 def layer_checks(trace, stack: str, kind: str, layer: int, head: int, notation: str = ROWS) -> CheckSet:
     """Every check of one head's view of a layer, keyed by step key (viz.steps), computed once
-    per trace and view (kept in trace.memo)."""
+    per trace and view (kept with the trace: viz.cache.per_trace)."""
     key = ("checks", stack, kind, layer, head, notation)
-    if key not in trace.memo:
+    memo = per_trace(trace)
+    if key not in memo:
         ref = _reference(trace, stack, layer, kind, head)  # one numpy layer for both
         out = CheckSet(head_checks(trace, stack, kind, layer, head, notation=notation, reference=ref))
         res = residual_checks(trace, stack, layer, kind=kind, reference=ref)
         for k, v in res.items():
             out.setdefault(k, []).extend(v)
         out.note = getattr(res, "note", None)
-        trace.memo[key] = out
-    return trace.memo[key]
+        memo[key] = out
+    return memo[key]
 
 
 def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: str = ROWS,
@@ -126,12 +129,14 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     """One head's checks, keyed by step key: the recorded Q̂, K̂ (RoPE), Q, K, V, QKᵀ, scaled,
     M, masked and A against viz.reference's float64 recomputation; rows of A sum to 1; A is 0
     where the recomputed M is -∞; A V (recorded) against the head output the fused pass stored."""
-    p = f"{stack}.{layer}.{kind}"
-    w = _np(trace[f"{p}.weights"][head]).astype(np.float64)
-    n_heads, n_kv = trace.n_heads(stack), trace[f"{p}.k"].shape[0]
+    def nm(step):  # this attention's trace name of `step`
+        return tn.attn(stack, layer, kind, step)
+
+    w = _np(trace[nm("weights")][head]).astype(np.float64)
+    n_heads, n_kv = trace.n_heads(stack), trace[nm("k")].shape[0]
     kv = kv_head(head, n_heads, n_kv)
-    v = _np(trace[f"{p}.v"][kv]).astype(np.float64)
-    heads = _np(trace[f"{p}.heads"][head]).astype(np.float64)
+    v = _np(trace[nm("v")][kv]).astype(np.float64)
+    heads = _np(trace[nm("heads")][head]).astype(np.float64)
     checks = CheckSet()
     sums = "each row of A sums to 1" if notation == ROWS else "each column of Aᵀ sums to 1"
     checks["weights"] = [Check(sums, row_sum_error(w), 1e-5)]
@@ -145,9 +150,9 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     rtol = _rtol(trace)
     cfg = trace.runner.model.config
     src = _inputs(trace, stack, layer, kind, cfg.norm_placement == "pre")
-    rope = f"{p}.q_pre_rope" in trace
-    maps = ref[f"{kind}.maps{head}"]
-    d_k = ref[f"{kind}.q"].shape[-1]
+    rope = nm("q_pre_rope") in trace
+    maps = ref[tn.local(kind, f"maps{head}")]
+    d_k = ref[tn.local(kind, "q")].shape[-1]
     scale = f"1/√{d_k}" if cfg.attn_scale is None else f"{float(cfg.attn_scale):.4g}"
 
     def cmp(label, mine, name, i=head):
@@ -157,26 +162,26 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
 
     b = " + b" if cfg.qkv_bias else ""
     if rope:
-        checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[f"{kind}.q_pre_rope"][head], f"{p}.q_pre_rope")]
-        checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[f"{kind}.k_pre_rope"][kv], f"{p}.k_pre_rope", kv)]
+        checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[tn.local(kind, "q_pre_rope")][head], nm("q_pre_rope"))]
+        checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[tn.local(kind, "k_pre_rope")][kv], nm("k_pre_rope"), kv)]
     rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {cfg.rope_theta:g})" if rope else ""
-    checks["q"] = [cmp(f"Q = X W_q{b}{rot}, X = {src}", ref[f"{kind}.q"][head], f"{p}.q")]
+    checks["q"] = [cmp(f"Q = X W_q{b}{rot}, X = {src}", ref[tn.local(kind, "q")][head], nm("q"))]
     y, of_y = ("X", "") if kind == "self_attn" else ("Y", ", Y = the stored encoder output")
-    checks["k"] = [cmp(f"K = {y} W_k{b}{rot}{of_y}", ref[f"{kind}.k"][kv], f"{p}.k", kv)]
-    checks["v"] = [cmp(f"V = {y} W_v{b}{of_y}", ref[f"{kind}.v"][kv], f"{p}.v", kv)]
-    checks["scores"] = [cmp("QKᵀ of the recomputed Q and K", maps["scores"], f"{p}.scores")]
-    checks["scaled"] = [cmp(f"{scale} × QKᵀ (the model's scale)", maps["scaled"], f"{p}.scaled")]
+    checks["k"] = [cmp(f"K = {y} W_k{b}{rot}{of_y}", ref[tn.local(kind, "k")][kv], nm("k"), kv)]
+    checks["v"] = [cmp(f"V = {y} W_v{b}{of_y}", ref[tn.local(kind, "v")][kv], nm("v"), kv)]
+    checks["scores"] = [cmp("QKᵀ of the recomputed Q and K", maps["scores"], nm("scores"))]
+    checks["scaled"] = [cmp(f"{scale} × QKᵀ (the model's scale)", maps["scaled"], nm("scaled"))]
     what = {"self_attn": ("look-ahead mask" if stack == "decoder" else "padding mask (none without padding)")
             + (f" with a {cfg.sliding_window}-token sliding window" if stack == "decoder" and cfg.sliding_window else ""),
             "cross_attn": "padding mask of the source (none without padding)"}[kind]
-    m = ref[f"{kind}.mask"]
+    m = ref[tn.local(kind, "mask")]
     checks["mask"] = [Check(f"M built in numpy as the {what} equals the recorded `mask` (same -∞ cells)",
-                            max_abs_diff(m, trace[f"{p}.mask"]), 0.0)]
-    bias = " + T5's position bias (read from the trace)" if f"{p}.position_bias" in trace else ""
-    checks["masked"] = [cmp(f"scaled + M{bias}", maps["masked"], f"{p}.masked")]
+                            max_abs_diff(m, trace[nm("mask")]), 0.0)]
+    bias = " + T5's position bias (read from the trace)" if nm("position_bias") in trace else ""
+    checks["masked"] = [cmp(f"scaled + M{bias}", maps["masked"], nm("masked"))]
     blocked = np.isneginf(m)
     checks["weights"] += [
-        cmp("A = softmax(masked)", maps["weights"], f"{p}.weights"),
+        cmp("A = softmax(masked)", maps["weights"], nm("weights")),
         Check("A is exactly 0 where the numpy mask M is -∞", float(np.abs(w[blocked]).max()) if blocked.any() else 0.0,
               0.0),
     ]
@@ -188,7 +193,6 @@ def residual_checks(trace, stack: str, layer: int, kind: str = "self_attn", refe
     step key: each attention's Concat(heads) W_o, the FFN, every residual and norm, the output;
     and, where the trace stored the layer's output from its fused forward pass and computes the
     rest by running the layer again explicitly (core/trace.py), that the two agree."""
-    p = f"{stack}.{layer}"
     out = CheckSet()
     ref, why = reference or _reference(trace, stack, layer, kind, 0)
     if ref is None:
@@ -197,25 +201,25 @@ def residual_checks(trace, stack: str, layer: int, kind: str = "self_attn", refe
         rtol = _rtol(trace)
 
         def cmp(label, key, name):
-            recorded = trace[f"{p}.{name}"]
+            recorded = trace[tn.at(stack, layer, name)]
             out.setdefault(key, []).append(Check(f"{label} ({NUMPY}) equals the recorded `{name}`",
                                                  max_abs_diff(ref[name], recorded), _tol(recorded, rtol)))
 
         for j, sub in enumerate(sublayers(trace, stack, layer), start=1):
             if sub == "ffn":
-                cmp("the FFN's hidden layer", "ffn-hidden", "ffn.hidden")
-                cmp("the FFN's output", "ffn-out", "ffn.out")
+                cmp("the FFN's hidden layer", "ffn-hidden", tn.local(tn.FFN, "hidden"))
+                cmp("the FFN's output", "ffn-out", tn.local(tn.FFN, "out"))
             else:
                 cmp(f"Concat(heads) Wᴼ of the {sub.replace('_attn', '-attention')}",
-                    "attn-out" if sub == kind else f"{sub}-out", f"{sub}.out")
+                    "attn-out" if sub == kind else f"{sub}-out", tn.local(sub, "out"))
             cmp(f"residual {j} (input + sub-layer output)", f"residual{j}", f"residual{j}")
             cmp(f"norm {j}", f"norm{j}", f"norm{j}")
-        if trace.is_stored(f"{p}.out"):
+        if trace.is_stored(tn.out(stack, layer)):
             out.setdefault("out", []).append(Check(
                 f"the layer's output ({NUMPY}) equals the output the fused forward pass stored",
-                max_abs_diff(ref["out"], trace[f"{p}.out"]), _tol(trace[f"{p}.out"], rtol)))
-    stored = f"{p}.out"
-    if trace.is_stored(stored) and not trace.is_stored(f"{p}.norm1"):
+                max_abs_diff(ref["out"], trace[tn.out(stack, layer)]), _tol(trace[tn.out(stack, layer)], rtol)))
+    stored = tn.out(stack, layer)
+    if trace.is_stored(stored) and not trace.is_stored(tn.norm(stack, layer, 1)):
         try:
             rerun = trace.recomputed(stored)  # this layer again, on the explicit path
         except KeyError:  # a trace without its model: nothing to re-run
@@ -231,7 +235,7 @@ def scaled_check(trace, stack: str, layer: int, head: int, shown) -> Check:
     """`shown` (a head's scaled scores as a page computed them from the recorded Q and K) against
     viz.reference's float64 recomputation of the same head from the layer's stored input and the
     checkpoint's weights. Raises NoReference where the trace has no model."""
-    ref = reference_layer(trace, stack, layer, {"self_attn": head})
-    mine = ref[f"self_attn.maps{head}"]["scaled"]
+    ref = reference_layer(trace, stack, layer, {tn.SELF: head})
+    mine = ref[tn.local(tn.SELF, f"maps{head}")]["scaled"]
     return Check(f"the learned scores shown equal Q Kᵀ × scale recomputed in {NUMPY}", max_abs_diff(shown, mine),
                  _tol(mine, _rtol(trace)))

@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import plotly.graph_objects as go
 
+from core import trace_names as tn
 from viz.figures import (attention_heatmap, fitted_margins, label_margins, matrix_heatmap, safe_label, thin_ticks,
                          tick_labels, to_numpy)
 
@@ -95,7 +96,7 @@ def n_teacher_steps(n_rows: int, prefix_len: int) -> int:
 
 
 def has_cross_attention(trace) -> bool:
-    return "decoder.0.cross_attn.weights" in trace
+    return tn.cross_attn("decoder", 0, "weights") in trace
 
 
 def generated_tokens(steps) -> List[str]:

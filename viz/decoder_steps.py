@@ -23,6 +23,7 @@ from typing import List, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from core import trace_names as tn
 from viz.figures import ATTN_SCALE, CHAR_PX, DIVERGING, MAX_LABEL_CHARS, safe_labels, to_numpy
 
 WINDOW = 48  # rows shown per step: the whole decoder input up to this long, else its last WINDOW positions
@@ -204,12 +205,11 @@ def inference_steps(steps: Sequence, *, layer: int, head: int, size: int = WINDO
     windowed to its last `size` rows (see `window`)."""
     from viz.decoder_maps import head_matrix
 
-    name = f"decoder.{layer}.self_attn."
     out = []
     for tr in steps:
         tokens = tr.tokens("target")
         s = max(0, len(tokens) - size)
-        rows = [head_matrix(tr, name + k, head, rows_from=s) for k in ("mask", "masked", "weights")]
+        rows = [head_matrix(tr, tn.self_attn("decoder", layer, k), head, rows_from=s) for k in ("mask", "masked", "weights")]
         out.append(window(*rows, tokens, tr.meta["chosen"], size))
     return out
 

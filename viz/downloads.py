@@ -16,17 +16,27 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from core.trace import layer_of
+from core import trace_names as tn
+from core.trace_names import layer_of
 
 
 def _nbytes(x) -> int:
     return int(x.numel() * x.element_size()) if hasattr(x, "numel") else int(np.asarray(x).nbytes)
 
 
-_ATTN_KINDS = ("self_attn", "cross_attn")
-_QUERY_SIDE = ("q", "q_pre_rope", "heads")  # H x n_q x d_head
-_KEY_SIDE = ("k", "k_pre_rope", "v")  # H_kv x n_k x d_head
-_MAPS = ("scores", "scaled", "masked", "weights")  # H x n_q x n_k
+_ATTN_KINDS = tn.ATTNS
+_QUERY_SIDE = tn.QUERY_SIDE  # H x n_q x d_head
+_KEY_SIDE = tn.KEY_SIDE  # H_kv x n_k x d_head
+_MAPS = tn.MAPS  # H x n_q x n_k
+
+
+def _pieces(name: str):
+    """(stack, attention kind or 'ffn' or 'block', step) of a name inside a layer."""
+    try:
+        p = tn.parse(name)
+    except ValueError:  # a name recorded by a newer layer: no attention rule, n x d
+        return layer_of(name)[0], "block", name
+    return p.stack, p.part, p.step
 
 
 def _side_lengths(trace, stack: str, kind: str):
@@ -41,28 +51,27 @@ def name_shape(trace, name: str):
     cfg = trace.meta.get("config") or {}
     h, dh, d = int(cfg.get("n_heads", 0)), int(cfg.get("d_head", 0)), int(cfg.get("d_model", 0))
     h_kv, d_ff, vocab = int(cfg.get("n_kv_heads") or h), int(cfg.get("d_ff", 0)), int(cfg.get("tgt_vocab_size", 0))
-    if name in ("logits", "probs"):
+    if name in tn.OUTPUTS:
         return (len(trace.tokens("target")), vocab)
-    if name == "last.probs":
+    if name == tn.LAST_PROBS:
         return (vocab,)
     where = layer_of(name)
     if where is None or not (h and dh and d):
         return None
-    stack, rest = where[0], name.split(".", 2)[2]
-    kind, _, part = rest.partition(".")
+    stack, kind, part = _pieces(name)
     if kind in _ATTN_KINDS:
         n_q, n_k = _side_lengths(trace, stack, kind)
         return {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
                 **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
                 "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
-    n = _side_lengths(trace, stack, "self_attn")[0]
-    return (n, d_ff) if rest == "ffn.hidden" else (n, d)  # residuals, norms, ffn.out, out: n x d_model
+    n = _side_lengths(trace, stack, tn.SELF)[0]
+    return (n, d_ff) if (kind, part) == (tn.FFN, "hidden") else (n, d)  # residuals, norms, ffn.out, out: n x d_model
 
 
 def name_bytes(trace, name: str, itemsize: int = 4) -> int:
     """Bytes of one name in an NPZ: a stored name's own size; any other from its shape (name_shape),
     never by computing it. Recomputed names are float32 (`itemsize`)."""
-    if trace.is_stored(name) and name != "last.probs":
+    if trace.is_stored(name) and name != tn.LAST_PROBS:
         return _nbytes(trace[name])
     shape = name_shape(trace, name)
     if shape is None:
@@ -72,7 +81,7 @@ def name_bytes(trace, name: str, itemsize: int = 4) -> int:
 
 def layer_bytes(trace, stack: str, layer: int = 0) -> int:
     """Bytes of every name inside one layer of a stack, from shapes (computes nothing)."""
-    return sum(name_bytes(trace, n) for n in trace.names(f"{stack}.{layer}."))
+    return sum(name_bytes(trace, n) for n in trace.names(tn.layer(stack, layer) + "."))
 
 
 _SIZES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # trace -> sizes: once per trace
@@ -104,7 +113,7 @@ def layer_npz(trace, stack: str, layer: int) -> bytes:
     """One layer's names (every head's maps, q, k, v, ...) and the tokens, as an .npz file."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        items = [(n, trace[n].numpy()) for n in trace.names(f"{stack}.{layer}.")]
+        items = [(n, trace[n].numpy()) for n in trace.names(tn.layer(stack, layer) + ".")]
         items += [(f"tokens.{w}", np.array(trace.tokens(w), dtype=str)) for w in ("source", "target") if trace.tokens(w)]
         items.append(("meta", np.array(json.dumps({**trace.meta, "layer": layer, "stack": stack}, default=str))))
         for name, arr in items:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import List
 
+from core import trace_names as tn
 from core.net.positional import rope_angles
 from viz.figures import to_numpy as _np
 from viz.select import axis_tokens
@@ -14,13 +15,15 @@ from viz.step import Step, feature_labels as _feature_labels, kv_head, mask_kind
 
 
 def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> List[Step]:
-    p = f"{stack}.{layer}.{kind}"
+    def nm(step):  # this attention's trace name of `step`
+        return tn.attn(stack, layer, kind, step)
+
     q_toks, k_toks = axis_tokens(trace, stack, kind)
-    w_all = trace[f"{p}.weights"]
+    w_all = trace[nm("weights")]
     n_heads = w_all.shape[0]
-    n_kv = trace[f"{p}.k"].shape[0]
+    n_kv = trace[nm("k")].shape[0]
     kv = kv_head(head, n_heads, n_kv)
-    d_k = trace[f"{p}.q"].shape[-1]
+    d_k = trace[nm("q")].shape[-1]
     cross = kind == "cross_attn"
     nq, nk = ("n_q", "n_k") if cross else ("n", "n")
     kv_in = r"Z_{\text{enc}}" if cross else f_in
@@ -42,21 +45,21 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                         explain=explain, dims=dims, axes=("token", "feature"), row_labels=list(rows_lab),
                         col_labels=_feature_labels(m.shape[1])))
 
-    rope = f"{p}.q_pre_rope" in trace
+    rope = nm("q_pre_rope") in trace
     hat = r"\hat " if rope else ""
     src_q = "this layer's tokens" if not cross else "the decoder's tokens"
     src_kv = "the encoder's output (source tokens)" if cross else "the same tokens"
     if rope:
-        qkv(f"{p}.q_pre_rope", head, "qhat", f"Queries before rotation Q̂ (head {head})", r"\hat Q^{(h)}", "q",
+        qkv(nm("q_pre_rope"), head, "qhat", f"Queries before rotation Q̂ (head {head})", r"\hat Q^{(h)}", "q",
             f_in, q_toks, f"Queries from {src_q}, before RoPE adds their position.", (nq, "d_k"))
-        qkv(f"{p}.k_pre_rope", kv, "khat", f"Keys before rotation K̂ (kv head {kv})", r"\hat K^{(h)}", "k", kv_in,
+        qkv(nm("k_pre_rope"), kv, "khat", f"Keys before rotation K̂ (kv head {kv})", r"\hat K^{(h)}", "k", kv_in,
             k_toks, f"Keys from {src_kv}, before RoPE.{gqa}", (nk, "d_k"))
     else:
-        qkv(f"{p}.q", head, "q", f"Queries Q (head {head})", r"Q^{(h)}", "q", f_in, q_toks,
+        qkv(nm("q"), head, "q", f"Queries Q (head {head})", r"Q^{(h)}", "q", f_in, q_toks,
             f"One query vector per token of {src_q}: what each token is looking for.", (nq, "d_k"))
-        qkv(f"{p}.k", kv, "k", f"Keys K ({kv_who})", r"K^{(h)}", "k", kv_in, k_toks,
+        qkv(nm("k"), kv, "k", f"Keys K ({kv_who})", r"K^{(h)}", "k", kv_in, k_toks,
             f"One key vector per token of {src_kv}: what each token offers to be found by.{gqa}", (nk, "d_k"))
-    qkv(f"{p}.v", kv, "v", f"Values V ({kv_who})", r"V^{(h)}", "v", kv_in, k_toks,
+    qkv(nm("v"), kv, "v", f"Values V ({kv_who})", r"V^{(h)}", "v", kv_in, k_toks,
         f"One value vector per token of {src_kv}: what each token passes on when attended to.{gqa}", (nk, "d_k"))
     if rope:
         n_pos = len(q_toks)
@@ -71,8 +74,8 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                         dims=("n", r"d_k/2"), axes=("position", "pair j"), row_labels=list(q_toks),
                         col_labels=_feature_labels(ang.shape[1]), style="angle", value_name="angle (rad)"))
         rot = (r"\begin{bmatrix} \cos\phi_{i,j} & -\sin\phi_{i,j} \\ \sin\phi_{i,j} & \cos\phi_{i,j}\end{bmatrix}")
-        for key, name, idx, sym, lab, who in [("q", f"{p}.q", head, "q", q_toks, f"head {head}"),
-                                              ("k", f"{p}.k", kv, "k", k_toks, f"kv head {kv}")]:
+        for key, name, idx, sym, lab, who in [("q", nm("q"), head, "q", q_toks, f"head {head}"),
+                                              ("k", nm("k"), kv, "k", k_toks, f"kv head {kv}")]:
             m = _np(trace[name][idx])
             out.append(Step(key=key, group=g_qkv, title=f"{'Queries' if key == 'q' else 'Keys'} after rotation "
                             f"{sym.upper()} ({who})", matrix=m, name=name,
@@ -91,23 +94,23 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                         explain=explain, dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks),
                         col_labels=list(k_toks), style=style, value_name=value_name))
 
-    add_map(f"{p}.scores", "scores", "Scores QKᵀ",
+    add_map(nm("scores"), "scores", "Scores QKᵀ",
        r"S = Q K^{T},\quad S_{ij} = q_i^{T} k_j",
        r"S^{T} = K^{T} Q,\quad (S^{T})_{ji} = k_j^{T} q_i",
        "How well each query matches each key: one dot product per (query, key) pair.")
     scale = getattr(cfg, "attn_scale", None)
     if scale is None:
-        add_map(f"{p}.scaled", "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
+        add_map(nm("scaled"), "scaled", f"Scaled: ÷ √d_k = ÷ {sq:.3g}",
            rf"\frac{{Q K^{{T}}}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
            rf"\frac{{K^{{T}} Q}}{{\sqrt{{d_k}}}},\quad \sqrt{{d_k}} = \sqrt{{{d_k}}} = {sq:.4g}",
            r"Dividing by $\sqrt{d_k}$ keeps the scores' spread independent of $d_k$ (their variance would be $d_k$), "
            "so softmax does not saturate (seed 004).")
     else:
-        add_map(f"{p}.scaled", "scaled", f"Scaled: × {scale:.4g} (not ÷ √d_k)",
+        add_map(nm("scaled"), "scaled", f"Scaled: × {scale:.4g} (not ÷ √d_k)",
            rf"{scale:.4g} \cdot Q K^{{T}}", rf"{scale:.4g} \cdot K^{{T}} Q",
            "This model does not divide by √d_k" + (" (T5: the scale is folded into the initialisation of W_q), "
                                                   "so the scaled scores are the scores." if scale == 1.0 else "."))
-    bias_name = f"{p}.position_bias"
+    bias_name = nm("position_bias")
     has_bias = bias_name in trace
     if has_bias:
         direction = ("keys before and after the query have their own buckets (encoder)" if stack == "encoder"
@@ -119,7 +122,7 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
            "distance j − i, added to the scores. Near distances get a bucket each, far ones share logarithmically "
            f"wider buckets; {direction}. The same bias serves every layer of the {stack}.",
            value_name="bias")
-    mask = _np(trace[f"{p}.mask"])
+    mask = _np(trace[nm("mask")])
     mk = mask_kind(mask)
     mask_text = {
         "none": "No mask here: every query may look at every key, so M = 0 everywhere.",
@@ -132,38 +135,38 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
     m_rows = (r"M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}" if mk.startswith("causal")
               else r"M_{ij} = \begin{cases} 0 & \text{key } j \text{ allowed} \\ -\infty & \text{otherwise} \end{cases}")
     m_cols = m_rows.replace("M_{ij}", r"(M^{T})_{ji}")
-    out.append(Step(key="mask", group=g_att, title="Mask M (additive: 0 or -∞)", matrix=mask, name=f"{p}.mask",
+    out.append(Step(key="mask", group=g_att, title="Mask M (additive: 0 or -∞)", matrix=mask, name=nm("mask"),
                     latex_rows=m_rows, latex_cols=m_cols, explain=mask_text, dims=(nq, nk), axes=("query", "key"),
                     row_labels=list(q_toks), col_labels=list(k_toks), style="mask", value_name="mask"))
     if has_bias:
-        add_map(f"{p}.masked", "masked", "Masked: scaled + position bias + M",
+        add_map(nm("masked"), "masked", "Masked: scaled + position bias + M",
            r"Q K^{T} + \mathrm{PB} + M", r"K^{T} Q + \mathrm{PB}^{T} + M^{T}",
            r"The position bias shifts every score by an amount that depends only on the distance; adding $M$ "
            r"sets forbidden scores to $-\infty$.")
     else:
-        add_map(f"{p}.masked", "masked", "Masked: scaled + M",
+        add_map(nm("masked"), "masked", "Masked: scaled + M",
            r"\frac{Q K^{T}}{\sqrt{d_k}} + M",
            r"\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}",
            r"Adding $M$ leaves allowed scores unchanged and sets forbidden ones to $-\infty$. (Seed 003 eq. 18 "
            r"adds $B$ before scaling: the same, since $-\infty/\sqrt{d_k} = -\infty$.)")
-    add_map(f"{p}.weights", "weights", f"Attention weights A = softmax (head {head})",
+    add_map(nm("weights"), "weights", f"Attention weights A = softmax (head {head})",
        r"A = \operatorname{softmax}_{\text{row}}\!\Big(\frac{Q K^{T}}{\sqrt{d_k}} + M\Big),\quad "
        r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
        r"A^{T} = \operatorname{softmax}_{\text{col}}\!\Big(\frac{K^{T} Q}{\sqrt{d_k}} + M^{T}\Big),\quad "
        r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
        r"Softmax over the keys turns each query's scores into weights $\alpha_{ij} \ge 0$ that sum to 1 "
        "(each row; each column in column notation).", style="attention", value_name="weight")
-    m = _np(trace[f"{p}.heads"][head])
-    out.append(Step(key="heads", group=g_out, title=f"Head output AV (head {head})", matrix=m, name=f"{p}.heads",
+    m = _np(trace[nm("heads")][head])
+    out.append(Step(key="heads", group=g_out, title=f"Head output AV (head {head})", matrix=m, name=nm("heads"),
                     latex_rows=r"\text{head}_h = A V \in \mathbb{R}^{" + nq + r" \times d_k},\quad y^{(i)} = \sum_j \alpha_{ij} v_j",
                     latex_cols=r"Z_h = V A^{T} \in \mathbb{R}^{d_k \times " + nq + r"},\quad z_i = \sum_j \alpha_{ij} v_j",
                     explain="Each query's output is the weighted average of the value vectors $v_j$, with its row "
                             "of $A$ as the weights.",
                     dims=(nq, "d_k"), axes=("token", "feature"), row_labels=list(q_toks),
                     col_labels=_feature_labels(m.shape[1])))
-    m = _np(trace[f"{p}.out"])
+    m = _np(trace[nm("out")])
     bo = r" + b^{O}" if cfg.bias else ""
-    out.append(Step(key="attn-out", group=g_out, title="Multi-head output: Concat(heads) Wᴼ", matrix=m, name=f"{p}.out",
+    out.append(Step(key="attn-out", group=g_out, title="Multi-head output: Concat(heads) Wᴼ", matrix=m, name=nm("out"),
                     latex_rows=rf"\operatorname{{MultiHead}}({f_in}) = \\ \operatorname{{Concat}}(\text{{head}}_1, "
                                rf"\dots, \text{{head}}_{{{n_heads}}})\, W^{{O}}{bo},\quad W^{{O}} \in \mathbb{{R}}^{{H d_k \times d}}",
                     latex_cols=rf"\operatorname{{MultiHead}}({f_in}) = W^{{O\,T}} \begin{{bmatrix}} Z_1 \\ \vdots \\ "

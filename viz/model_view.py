@@ -19,8 +19,10 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 import torch
 
+from core import trace_names as tn
 from core.tokens.tokenizer import WordTokenizer
 from core.tokens.words import Groups, merge_attention, word_groups, word_labels
+from viz.cache import per_trace
 from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
 from viz.reduce import blocks, reduce_to, tick_indices
 from viz.select import SPECIAL_TOKENS, View, attention_matrix, drop_special
@@ -83,7 +85,7 @@ def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Option
     q_side, k_side = view_sides(stack, kind)
     q_groups, _ = side_groups(trace, q_side, text)
     k_groups, _ = side_groups(trace, k_side, text)
-    return [merge_attention(trace[f"{stack}.{i}.{kind}.weights"], q_groups, k_groups) for i in layers]
+    return [merge_attention(trace[tn.attn(stack, i, kind, "weights")], q_groups, k_groups) for i in layers]
 
 
 # ------------------------------------------------------------------ long inputs
@@ -163,16 +165,18 @@ def pool_maps(weights_by_layer: Iterable, max_side: int = MAX_GRID_SIDE):
 def pooled_layers(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None,
                   words: bool = False, max_side: int = MAX_GRID_SIDE):
     """pool_maps over the chosen layers of a trace, computed layer by layer (never all L x H
-    full maps at once) and kept in trace.memo, so redrawing the model view does no model work."""
+    full maps at once) and kept with the trace (viz.cache.per_trace), so redrawing the model view does
+    no model work."""
     key = ("pooled", stack, kind, tuple(layers), words, max_side, text if words else None)
-    if key not in trace.memo:
-        got = (d[f"{kind}.weights"] for d in trace.each_layer(stack, [f"{kind}.weights"], layers))
+    memo = per_trace(trace)
+    if key not in memo:
+        got = (d[tn.local(kind, "weights")] for d in trace.each_layer(stack, [tn.local(kind, "weights")], layers))
         if words:
             q_side, k_side = view_sides(stack, kind)
             q_groups, k_groups = side_groups(trace, q_side, text)[0], side_groups(trace, k_side, text)[0]
             got = (merge_attention(w, q_groups, k_groups) for w in got)
-        trace.memo[key] = pool_maps(got, max_side)
-    return trace.memo[key]
+        memo[key] = pool_maps(got, max_side)
+    return memo[key]
 
 
 def grid_figure(weights_by_layer: Iterable, first_layer: int, *,

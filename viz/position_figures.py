@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 import core
+from core import trace_names as tn
 from viz.checks import Check, _tol, max_abs_diff
 from viz.figures import DIVERGING, matrix_heatmap, to_numpy
 from viz.reduce import tick_indices
@@ -226,8 +227,8 @@ def money_note() -> str:
 # ------------------------------------------------------------------ the model's own positions
 def embed_stack(trace) -> Optional[str]:
     """'encoder' when the trace has encoder embeddings, else 'decoder' (decoder-only models)."""
-    for stack in ("encoder", "decoder"):
-        if f"embed.{stack}.sum" in trace:
+    for stack in tn.STACKS:
+        if tn.embed(stack, "sum") in trace:
             return stack
     return None
 
@@ -239,10 +240,10 @@ def model_positions(trace) -> dict:
         raise ValueError("this trace has no embeddings")
     cfg = trace.meta.get("config", {})
     tokens = trace.tokens("source" if stack == "encoder" else "target")
-    tok = trace[f"embed.{stack}.tokens"].double().numpy()
-    pos_name = f"embed.{stack}.positions"
+    tok = trace[tn.embed(stack, "tokens")].double().numpy()
+    pos_name = tn.embed(stack, "positions")
     P = trace[pos_name].double().numpy() if pos_name in trace else None
-    X = trace[f"embed.{stack}.sum"].double().numpy()
+    X = trace[tn.embed(stack, "sum")].double().numpy()
     info = {
         "stack": stack,
         "tokens": tokens,
@@ -252,7 +253,7 @@ def model_positions(trace) -> dict:
         "scheme": cfg.get("positional", "sinusoidal" if P is not None else "none"),
         "embed_scale": bool(cfg.get("embed_scale", False)),
         "embed_norm": bool(cfg.get("embed_norm", False)),
-        "types": f"embed.{stack}.types" in trace,
+        "types": tn.embed(stack, "types") in trace,
         "sinusoid_layout": cfg.get("sinusoid_layout", "interleaved"),
         "d": X.shape[1],
     }
@@ -292,7 +293,7 @@ def position_checks(trace, info: dict) -> list:
     what = ("the sinusoid formula, computed again in float64 numpy" if info["scheme"] == "sinusoidal"
             else "the rows of the checkpoint's position table")
     checks = [Check(f"the recorded P equals {what}", max_abs_diff(P, own), _tol(own))]
-    x = info["tokens_emb"] + own + (trace[f"embed.{stack}.types"].double().numpy() if info["types"] else 0.0)
+    x = info["tokens_emb"] + own + (trace[tn.embed(stack, "types")].double().numpy() if info["types"] else 0.0)
     label = "the recorded layer-0 input X equals X′ + P"
     if info["embed_norm"]:
         emb = _embedding(trace, stack)
@@ -323,7 +324,7 @@ def position_bias(trace) -> Optional[dict]:
     of the first stack (H x n x n, shared by its layers) and, per head, its value by the
     distance j - i (the bias depends on nothing else, so each diagonal is constant)."""
     stack = embed_stack(trace)
-    name = f"{stack}.0.self_attn.position_bias" if stack else None
+    name = tn.self_attn(stack, 0, "position_bias") if stack else None
     if name is None or name not in trace:
         return None
     B = trace[name].double().numpy()  # H x n_q x n_k

@@ -13,6 +13,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from core import trace_names as tn
 from viz.decoder_maps import has_cross_attention
 
 PREFIX_TOL = 1e-4  # max |Δ| allowed between a pass's rows and the decoder run on their prefix alone
@@ -66,8 +67,8 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
     if ids_rows is not None and ids_alone is not None and list(ids_rows[:n]) != list(ids_alone):
         raise ValueError("the two decoder inputs differ: the rows are different computations")
     view = rows.prefix(n)
-    names = ["self_attn.weights"] + (["cross_attn.weights"] if has_cross_attention(alone) else [])
-    labels = {"self_attn.weights": "self-attention weights", "cross_attn.weights": "cross-attention weights"}
+    names = [tn.local(k, "weights") for k in (tn.ATTNS if has_cross_attention(alone) else (tn.SELF,))]
+    labels = {tn.local(tn.SELF, "weights"): "self-attention weights", tn.local(tn.CROSS, "weights"): "cross-attention weights"}
     diffs: Dict[str, float] = {}
     worst, where = -1.0, ""
     n_layers, n_heads = alone.layers("decoder"), 0
@@ -81,12 +82,12 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
             diffs[labels[s]] = max(diffs.get(labels[s], 0.0), d)
             if d > worst:
                 worst, where = d, _where(f"{labels[s]}, layer {i}", at, ("head", "row", "key"), got[s], ref[s])
-    for label, name, axes in (("top-k next-token probabilities", "topk.probs", ("row", "rank")),
-                              ("next-token distribution", "last.probs", ("token id",))):
+    for label, name, axes in (("top-k next-token probabilities", tn.TOPK_PROBS, ("row", "rank")),
+                              ("next-token distribution", tn.LAST_PROBS, ("token id",))):
         if name in view and name in alone:
             d, at = _max_diff(view[name], alone[name])
             diffs[label] = d
             if d > worst:
-                worst, where = d, _where(label + (f", row {n - 1}" if name == "last.probs" else ""), at, axes,
+                worst, where = d, _where(label + (f", row {n - 1}" if name == tn.LAST_PROBS else ""), at, axes,
                                          view[name], alone[name])
     return PrefixCheck(n, diffs, max(worst, 0.0), where, n_layers, n_heads, tol)

@@ -20,6 +20,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from core import trace_names as tn
+
 try:  # exact GELU needs erf; scipy is installed with the project's dependencies
     from scipy.special import erf as _erf
 except ImportError:  # pragma: no cover
@@ -205,12 +207,11 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
     abl = getattr(runner, "ablate", None)
     memory = None
     if stack == "decoder" and cfg.kind == "encoder-decoder":
-        name = "encoder.final_norm" if "encoder.final_norm" in trace else f"encoder.{trace.layers('encoder') - 1}.out"
-        memory = _a(trace[name])
+        memory = _a(trace[tn.stack_output(trace, "encoder")])
     rope_ = cfg.positional == "rope"
     bias = None
     if cfg.positional == "relative":
-        name = f"{stack}.{i}.self_attn.position_bias"
+        name = tn.self_attn(stack, i, "position_bias")
         if name not in trace:
             raise NoReference("the trace does not hold T5's position bias for this layer")
         bias = _a(trace[name])
@@ -223,7 +224,7 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
     for j, sub in enumerate(layer.sublayers(), start=1):
         normed = norm(layer.norms[j - 1], cfg, x) if layer.pre else None
         y = normed if layer.pre else x
-        if sub == "ffn":
+        if sub == tn.FFN:
             res = ffn(layer.ffn, cfg, y)
         else:
             mod = getattr(layer, sub)
@@ -232,7 +233,7 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             res = attention(mod, cfg, y, kv, masks[sub], rope_ and sub == "self_attn",
                             bias if sub == "self_attn" else None, keep=(heads[sub],) if sub in heads else (),
                             off=off, ablation=getattr(abl, "mode", "zero"))
-        out.update({f"{sub}.{k}": v for k, v in res.items()})
+        out.update({tn.local(sub, k): v for k, v in res.items()})
         if layer.pre:
             out[f"norm{j}"] = normed
             x = x + res["out"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from core import trace_names as tn
+
 SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<pad>", "<start>", "<end>", "<s>", "</s>", "<|endoftext|>",
                   "<|im_start|>", "<|im_end|>"}
 
@@ -23,7 +25,7 @@ class View:
 
     @property
     def name(self) -> str:
-        return f"{self.stack}.{self.layer}.{self.kind}.weights"
+        return tn.attn(self.stack, self.layer, self.kind, "weights")
 
     def label(self) -> str:
         head = "mean of heads" if self.head is None else f"head {self.head}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from core import trace_names as tn
 from viz.figures import to_numpy as _np
 from viz.head_steps import attention_steps
 from viz.select import axis_tokens
@@ -42,21 +43,18 @@ def _norm_explain(cfg, what: str) -> str:
 
 
 def layer_input_name(trace, stack: str, layer: int) -> str:
-    return f"embed.{stack}.sum" if layer == 0 else f"{stack}.{layer - 1}.out"
+    return tn.stored_input(stack, layer)
 
 
 def memory_name(trace) -> Optional[str]:
     """The encoder output that cross-attention reads its keys and values from."""
-    if "encoder.final_norm" in trace:
-        return "encoder.final_norm"
-    n = trace.layers("encoder")
-    return f"encoder.{n - 1}.out" if n else None
+    return tn.stack_output(trace, "encoder") if trace.layers("encoder") else None
 
 
 def sublayers(trace, stack: str, layer: int) -> List[str]:
     """The sub-layers of a layer, in order: 'self_attn', ['cross_attn'], 'ffn'."""
-    subs = [k for k in ("self_attn", "cross_attn") if f"{stack}.{layer}.{k}.weights" in trace]
-    return subs + ["ffn"]
+    subs = [k for k in tn.ATTNS if tn.attn(stack, layer, k, "weights") in trace]
+    return subs + [tn.FFN]
 
 
 def _sub_symbols(n_subs: int) -> List[str]:
@@ -97,7 +95,6 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
 
     # ---- embeddings -------------------------------------------------------------
     g_emb = "Input: token embeddings and positions"
-    e = f"embed.{stack}"
     scale_note = (rf" ($E_{{t_i}}$, the row of token id $t_i$), multiplied by $\sqrt{{d}}$ = {math.sqrt(d):.2f} "
                   "as in Vaswani et al." if cfg.embed_scale else "")
     x_rows = r"X = \begin{bmatrix} x^{(1)T} \\ \vdots \\ x^{(n)T} \end{bmatrix} \in \mathbb{R}^{n \times d}"
@@ -105,17 +102,17 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     if cfg.embed_scale:
         x_rows += r",\quad x^{(i)} = \sqrt{d}\; E_{t_i}"
         x_cols += r",\quad x_i = \sqrt{d}\; E_{t_i}"
-    tok_feat(f"{e}.tokens", "x", g_emb, "Token embeddings X", x_rows, x_cols,
+    tok_feat(tn.embed(stack, "tokens"), "x", g_emb, "Token embeddings X", x_rows, x_cols,
              f"Each token's learned embedding vector{scale_note}: one row of X per token (one column in "
              "column notation).")
     if cfg.positional == "sinusoidal":
-        tok_feat(f"{e}.positions", "p", g_emb, "Positional encoding P (sinusoidal)",
+        tok_feat(tn.embed(stack, "positions"), "p", g_emb, "Positional encoding P (sinusoidal)",
                  r"P_{i,2j} = \sin\!\Big(\frac{i}{10000^{2j/d}}\Big),\quad P_{i,2j+1} = \cos\!\Big(\frac{i}{10000^{2j/d}}\Big)",
                  r"P_{2j,i} = \sin\!\Big(\frac{i}{10000^{2j/d}}\Big),\quad P_{2j+1,i} = \cos\!\Big(\frac{i}{10000^{2j/d}}\Big)",
                  "Position $i$ gets a fixed vector of sines and cosines (radians) whose frequencies fall with the "
                  "feature index $j$; computed, not learned.")
     elif cfg.positional == "learned":
-        tok_feat(f"{e}.positions", "p", g_emb, "Positional embedding P (learned)",
+        tok_feat(tn.embed(stack, "positions"), "p", g_emb, "Positional embedding P (learned)",
                  r"P = \begin{bmatrix} p^{(0)T} \\ \vdots \\ p^{(n-1)T} \end{bmatrix},\ p^{(i)} = E^{\text{pos}}_i",
                  r"P = [p_0, \dots, p_{n-1}],\ p_i = E^{\text{pos}}_i",
                  f"Position $i$ looks up its own learned vector in a table of {cfg.max_len} positions.")
@@ -125,20 +122,20 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
         add(key="p", group=g_emb, title="No positional vector P", matrix=None,
             latex_rows=r"P = 0", latex_cols=r"P = 0",
             explain=f"{cfg.positional!r} positions: nothing is added to X; {what}.")
-    if f"{e}.types" in trace:
-        tok_feat(f"{e}.types", "t", g_emb, "Token-type (segment) embedding T",
+    if tn.embed(stack, "types") in trace:
+        tok_feat(tn.embed(stack, "types"), "t", g_emb, "Token-type (segment) embedding T",
                  r"T = E^{\text{type}}_{\text{segment}_i}", r"T = [E^{\text{type}}_{\text{segment}_i}]_i",
                  "BERT adds a learned vector for the segment (sentence A or B) of each token; here all are A.")
-    if f"{e}.presum_norm" in trace:
-        plus = " + T" if f"{e}.types" in trace else ""
-        tok_feat(f"{e}.presum_norm", "xpt", g_emb, f"Sum X + P{plus}", rf"X + P{plus}", rf"X + P{plus}",
+    if tn.embed(stack, "presum_norm") in trace:
+        plus = " + T" if tn.embed(stack, "types") in trace else ""
+        tok_feat(tn.embed(stack, "presum_norm"), "xpt", g_emb, f"Sum X + P{plus}", rf"X + P{plus}", rf"X + P{plus}",
                  "Embeddings and positions add element by element (same shape).")
-        tok_feat(f"{e}.sum", "sum", g_emb, "Embedding LayerNorm", rf"\operatorname{{LayerNorm}}(X + P{plus})",
+        tok_feat(tn.embed(stack, "sum"), "sum", g_emb, "Embedding LayerNorm", rf"\operatorname{{LayerNorm}}(X + P{plus})",
                  rf"\operatorname{{LayerNorm}}(X + P{plus})",
                  "BERT normalises the summed embeddings before the first layer.")
     else:
         p_txt = "" if cfg.positional in ("rope", "none") else " + P"
-        tok_feat(f"{e}.sum", "sum", g_emb, f"Input to layer 0: X{p_txt}", rf"X \leftarrow X{p_txt}",
+        tok_feat(tn.embed(stack, "sum"), "sum", g_emb, f"Input to layer 0: X{p_txt}", rf"X \leftarrow X{p_txt}",
                  rf"X \leftarrow X{p_txt}",
                  "What the first layer receives" + (": embeddings plus positions, element by element." if p_txt
                                                     else ": the token embeddings unchanged."))
@@ -161,7 +158,6 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     # ---- the sub-layers ---------------------------------------------------------------
     subs = sublayers(trace, stack, layer)
     syms = _sub_symbols(len(subs))
-    p = f"{stack}.{layer}"
     norm_word = "RMSNorm" if cfg.norm == "rmsnorm" else "LayerNorm"
     for j, sub in enumerate(subs, start=1):
         x_sym, y_sym = syms[j - 1], syms[j]
@@ -172,7 +168,7 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
         g_head, g_tail = ((sub_group + " · projections Q, K, V", sub_group + " · heads → output, add & norm")
                           if sub == kind else (sub_group, sub_group))
         if pre:
-            tok_feat(f"{p}.norm{j}", f"norm{j}", g_head, f"{norm_word} before the sub-layer (pre-norm)",
+            tok_feat(tn.norm(stack, layer, j), f"norm{j}", g_head, f"{norm_word} before the sub-layer (pre-norm)",
                      rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, ROWS),
                      rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, COLS),
                      "Pre-norm: this model normalises first and adds the sub-layer's result to the un-normalised "
@@ -182,39 +178,39 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
             f_latex_rows = rf"\operatorname{{MultiHead}}({f_in})"
         elif is_attn:
             q_t, k_t = axis_tokens(trace, stack, sub)
-            tok_feat(f"{p}.{sub}.out", f"{sub}-out", sub_group, f"{KIND_TEXT[sub].capitalize()} output",
+            tok_feat(tn.sublayer(stack, layer, sub, "out"), f"{sub}-out", sub_group, f"{KIND_TEXT[sub].capitalize()} output",
                      rf"\operatorname{{MultiHead}}({f_in}) \in \mathbb{{R}}^{{n \times d}}",
                      rf"\operatorname{{MultiHead}}({f_in}) \in \mathbb{{R}}^{{d \times n}}",
                      f"All heads of this layer's {KIND_TEXT[sub]}, combined by W^O. Choose it in the attention "
                      "selector to see its steps.")
             f_latex_rows = rf"\operatorname{{MultiHead}}({f_in})"
         else:
-            steps.extend(_ffn_steps(trace, cfg, p, sub_group, f_in, toks))
+            steps.extend(_ffn_steps(trace, cfg, stack, layer, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{FFN}}({f_in})"
         res_rows = rf"{x_sym} + {f_latex_rows}"
         if pre:
-            tok_feat(f"{p}.residual{j}", f"residual{j}", g_tail, "Residual: add the sub-layer's result",
+            tok_feat(tn.residual(stack, layer, j), f"residual{j}", g_tail, "Residual: add the sub-layer's result",
                      rf"{y_sym} = {res_rows}", rf"{y_sym} = {res_rows}",
                      "The residual connection: the sub-layer's output is added to its (un-normalised) input.")
         else:
-            tok_feat(f"{p}.residual{j}", f"residual{j}", g_tail, "Residual: add the sub-layer's input",
+            tok_feat(tn.residual(stack, layer, j), f"residual{j}", g_tail, "Residual: add the sub-layer's input",
                      res_rows, res_rows,
                      "The residual connection: the sub-layer's output is added to its input, token by token.")
             gam = f"\\gamma_{j}, \\beta_{j}" if cfg.norm == "layernorm" else f"g_{j}"
-            tok_feat(f"{p}.norm{j}", f"norm{j}", g_tail, f"Add & norm: {norm_word}",
+            tok_feat(tn.norm(stack, layer, j), f"norm{j}", g_tail, f"Add & norm: {norm_word}",
                      rf"{y_sym} = \operatorname{{{norm_word}}}\big({res_rows};\, {gam}\big),\quad " + _norm_formula(cfg, ROWS),
                      rf"{y_sym} = \operatorname{{{norm_word}}}\big({res_rows};\, {gam}\big),\quad " + _norm_formula(cfg, COLS),
                      "Post-norm (seeds 001/003): normalise after the residual add. " + _norm_explain(cfg, "the sum"))
     out_next = (f"the input of layer {layer + 1}" if layer + 1 < trace.layers(stack)
                 else ("followed by the final norm" if cfg.final_norm else "the stack's output")
                 + (" and the projection to the vocabulary" if stack == "decoder" else ""))
-    tok_feat(f"{p}.out", "out", g_tail, f"Layer {layer} output",
+    tok_feat(tn.out(stack, layer), "out", g_tail, f"Layer {layer} output",
              rf"{syms[-1]} \in \mathbb{{R}}^{{n \times d}}", rf"{syms[-1]} \in \mathbb{{R}}^{{d \times n}}",
              f"Same shape as the layer's input: {out_next}.")
     return steps
 
 
-def _ffn_steps(trace, cfg, p, group, f_in, toks) -> List[Step]:
+def _ffn_steps(trace, cfg, stack, layer, group, f_in, toks) -> List[Step]:
     out = []
     b1 = " + b_1" if cfg.bias else ""
     b2 = " + b_2" if cfg.bias else ""
@@ -230,9 +226,9 @@ def _ffn_steps(trace, cfg, p, group, f_in, toks) -> List[Step]:
         hc = rf"H = \operatorname{{SiLU}}(W_1^{{T}} {f_in}) \odot (W_3^{{T}} {f_in})"
         ex = "SwiGLU, each token separately: a SiLU-activated linear map gates a second linear map, element by element."
     for name, key, title, lr, lc, explain, dims in [
-        (f"{p}.ffn.hidden", "ffn-hidden", "FFN hidden layer", hr + r",\quad H \in \mathbb{R}^{n \times m}",
+        (tn.ffn(stack, layer, "hidden"), "ffn-hidden", "FFN hidden layer", hr + r",\quad H \in \mathbb{R}^{n \times m}",
          hc + r",\quad H \in \mathbb{R}^{m \times n}", ex + f" $m$ = {cfg.d_ff}.", ("n", "m")),
-        (f"{p}.ffn.out", "ffn-out", "FFN output", rf"\operatorname{{FFN}}({f_in}) = H W_2{b2}",
+        (tn.ffn(stack, layer, "out"), "ffn-out", "FFN output", rf"\operatorname{{FFN}}({f_in}) = H W_2{b2}",
          rf"\operatorname{{FFN}}({f_in}) = W_2^{{T}} H{b2}",
          r"Back from $m$ to $d$ features, each token separately ($W_2 \in \mathbb{R}^{m \times d}$).", ("n", "d")),
     ]:

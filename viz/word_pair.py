@@ -31,6 +31,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from core import trace_names as tn
 from core.tokens.words import merge_attention, word_groups, word_labels
 from viz.figures import safe_label, to_numpy
 from viz.reduce import thinned
@@ -168,7 +169,7 @@ def context_label(words: Sequence[Word], word: Word, width: int = 2) -> str:
 def depth_names(trace, stack: Optional[str] = None) -> List[str]:
     """embed.{stack}.sum, then {stack}.{i}.out for every layer."""
     stack = stack or stack_of(trace)
-    return [f"embed.{stack}.sum"] + [f"{stack}.{i}.out" for i in range(trace.layers(stack))]
+    return [tn.embed(stack, "sum")] + [tn.out(stack, i) for i in range(trace.layers(stack))]
 
 
 def depth_labels(n_layers: int) -> List[str]:
@@ -214,7 +215,7 @@ def cosine_table(trace_a, word_a: Word, trace_b, word_b: Word,
 
 def token_embedding_cosine(trace_a, word_a: Word, trace_b, word_b: Word) -> Optional[float]:
     """The cosine of the token embeddings alone (embed.{stack}.tokens, no positions)."""
-    name = f"embed.{stack_of(trace_a)}.tokens"
+    name = tn.embed(stack_of(trace_a), "tokens")
     if name not in trace_a or name not in trace_b:
         return None
     return cosine(word_vector(trace_a, name, word_a.positions), word_vector(trace_b, name, word_b.positions))
@@ -258,7 +259,7 @@ def attention_from(trace, word: Word, layer: int, head: Optional[int], words: Op
     Rows of a word's pieces are averaged; with `words` (the sentence's words) key pieces
     are summed into their word, so the weights still sum to 1."""
     stack = stack or stack_of(trace)
-    w = trace[f"{stack}.{layer}.self_attn.weights"]  # (H, n_q, n_k)
+    w = trace[tn.self_attn(stack, layer, "weights")]  # (H, n_q, n_k)
     m = w.mean(0) if head is None else w[head]  # (n_q, n_k)
     row = m[list(word.positions)].double().mean(0)  # (n_k,)
     if words is None:

@@ -18,13 +18,15 @@ from typing import Union
 
 import numpy as np
 
+from .. import trace_names as tn
+
 FLOW_SCALE = 10**6  # integer capacity units per unit of attention (scipy's max-flow takes integers)
 
 Heads = Union[str, int]
 
 
 def _layer_map(trace, stack: str, layer: int, heads: Heads) -> np.ndarray:
-    w = trace[f"{stack}.{layer}.self_attn.weights"].double()  # H x n x n, read once and dropped
+    w = trace[tn.self_attn(stack, layer, "weights")].double()  # H x n x n, read once and dropped
     if heads == "mean":
         return w.mean(0).numpy()
     if heads == "max":

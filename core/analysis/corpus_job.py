@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ..errors import InputError
+from .. import trace_names as tn
 from ..net.recorder import Recorder
 
 COLUMNS = ["sentence_id", "position", "token", "layer", "head", "q", "k"]
@@ -141,7 +142,7 @@ def vectors_for_batch(model, batch, layers: Sequence[int], stack: Optional[str] 
     for i, (_, ids, _) in enumerate(batch):
         x[i, : len(ids)] = torch.tensor(ids)
     is_pad = torch.arange(n)[None, :] >= lens[:, None]  # (B, n)
-    names = {f"{stack}.{l}.self_attn.{w}" for l in layers for w in ("q", "k")}
+    names = {tn.self_attn(stack, l, w) for l in layers for w in ("q", "k")}
     rec = Recorder(names=names, whole_batch=True)
     x, is_pad_dev = x.to(model.device), is_pad.to(model.device)
     if stack == "encoder":
@@ -150,8 +151,8 @@ def vectors_for_batch(model, batch, layers: Sequence[int], stack: Optional[str] 
         model.net.decode(x, rec=rec)  # causal: a real token never sees the padding after it
     group = cfg.n_heads // cfg.n_kv_heads
     got = _recorded(rec)
-    q = torch.stack([got[f"{stack}.{l}.self_attn.q"] for l in layers], 1)  # (B, L, H, n, d_k)
-    k = torch.stack([got[f"{stack}.{l}.self_attn.k"] for l in layers], 1)  # (B, L, Hkv, n, d_k)
+    q = torch.stack([got[tn.self_attn(stack, l, "q")] for l in layers], 1)  # (B, L, H, n, d_k)
+    k = torch.stack([got[tn.self_attn(stack, l, "k")] for l in layers], 1)  # (B, L, Hkv, n, d_k)
     k = k.repeat_interleave(group, dim=2)  # (B, L, H, n, d_k): the kv head each query head reads
     q, k = q.float().cpu().numpy(), k.float().cpu().numpy()
     n_l, n_h, d_k = q.shape[1], q.shape[2], q.shape[-1]

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from ..net.recorder import Recorder
+from .. import trace_names as tn
 
 SCORES = ("previous_token", "first_token", "self", "induction", "duplicate_token")
 DEFAULT_SENTENCE = "The quick brown fox jumps over the lazy dog because the dog was lazy and the fox was quick."
@@ -148,7 +149,7 @@ def _repeat_weights(model, seqs: dict) -> dict:
     names = []
     for stack in seqs:
         n_layers = cfg.n_layers if stack == "encoder" or cfg.kind == "decoder" else cfg.n_decoder_layers
-        names += [f"{stack}.{i}.self_attn.weights" for i in range(n_layers)]
+        names += [tn.self_attn(stack, i, "weights") for i in range(n_layers)]
     rec = Recorder(names=names)
 
     def ids(stack):
@@ -192,7 +193,7 @@ def head_scores(model, text: Optional[str] = None, r: int = REPEAT_LENGTH, seed:
             continue
         start = seqs[stack][1]
         for i in range(trace.layers(stack)):
-            name = f"{stack}.{i}.self_attn.weights"
+            name = tn.self_attn(stack, i, "weights")
             scores = map_scores(trace[name])
             scores.update(repeat_scores(rep[name], start, r))
             for h in range(len(scores["self"])):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..api import AttentionModel
 from ..device import pick_device
+from .. import trace_names as tn
 from .checkpoint import Checkpoint, CheckpointError, check_shape
 from ..net.config import ModelConfig
 
@@ -127,7 +128,7 @@ class HFModel(AttentionModel):
             toks = tr.tokens("source")
             if mask_str in toks:
                 ids = [self.tokenizer.mask_id if t == mask_str else -1 for t in toks]
-                hidden = tr[f"encoder.{self.config.n_layers - 1}.out"]
+                hidden = tr[tn.out("encoder", self.config.n_layers - 1)]
                 tr.meta["fill_mask"] = self._fills(torch.as_tensor(hidden, dtype=torch.float32), ids, 5)
         return tr
 

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import trace_names as tn
 from .hooks import HookFn
 
 ATTENTION_KINDS = ("self_attn", "cross_attn")
@@ -58,7 +59,7 @@ class Ablation:
         for (s, l, kind), heads in self.sites.items():
             if s != stack or (layer is not None and l != layer):
                 continue
-            name = f"{kind}.heads" if layer is not None else f"{s}.{l}.{kind}.heads"
+            name = tn.local(kind, "heads") if layer is not None else tn.attn(s, l, kind, "heads")
             out[name] = _switch_off(heads, self.mode)
         return out
 

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from .. import trace_names as tn
 from .head_ablation import Ablation
 from .hooks import attach
 from .attention import causal_mask, combine_masks, padding_mask, sliding_window_mask
@@ -99,16 +100,16 @@ class Transformer(nn.Module):
         """src (B, n) ids, src_pad (B, n) bool (True = padding). Returns memory (B, n, d)."""
         n = src.shape[1]
         rec = attach(rec, ablate.hooks("encoder") if ablate else {})
-        x = self.src_embed(src, scoped(rec, "embed.encoder"), token_types=token_types)
+        x = self.src_embed(src, scoped(rec, tn.embed_scope("encoder")), token_types=token_types)
         masks = self.encoder_masks(src_pad, n, x.dtype)
         angles = self._angles(n, device=src.device)
         bias = self.position_bias("encoder", n)
         for i, layer in enumerate(self.encoder):
-            x = layer(x, **masks, rec=scoped(rec, f"encoder.{i}"), angles=angles, position_bias=bias)
+            x = layer(x, **masks, rec=scoped(rec, tn.layer("encoder", i)), angles=angles, position_bias=bias)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
             if rec:
-                rec("encoder.final_norm", x)
+                rec(tn.final_norm("encoder"), x)
         return x
 
     def decode(self, tgt, memory=None, src_pad=None, tgt_pad=None, rec: Rec = None,
@@ -120,20 +121,20 @@ class Transformer(nn.Module):
         t = tgt.shape[1]
         rec = attach(rec, ablate.hooks("decoder") if ablate else {})
         n_past = 0 if cache is None else cache.get("n", 0)
-        x = self.tgt_embed(tgt, scoped(rec, "embed.decoder"), offset=n_past)
+        x = self.tgt_embed(tgt, scoped(rec, tn.embed_scope("decoder")), offset=n_past)
         masks = self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past)
         angles = self._angles(n_past + t, device=tgt.device)
         bias = self.position_bias("decoder", n_past + t)
         for i, layer in enumerate(self.decoder):
             c = None if cache is None else cache.setdefault(i, {})
-            x = layer(x, memory=memory, **masks, rec=scoped(rec, f"decoder.{i}"), angles=angles,
+            x = layer(x, memory=memory, **masks, rec=scoped(rec, tn.layer("decoder", i)), angles=angles,
                       cache=c, position_bias=bias)
         if cache is not None:
             cache["n"] = n_past + t
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
             if rec:
-                rec("decoder.final_norm", x)
+                rec(tn.final_norm("decoder"), x)
         return x
 
     def run_layer(self, stack: str, i: int, x, rec: Rec, memory=None, src_pad=None,
@@ -165,8 +166,8 @@ class Transformer(nn.Module):
             hidden = hidden * self.cfg.logit_scale
         logits = self.out_proj(hidden)  # (B, t, V)
         if rec:
-            rec("logits", logits)
-            rec("probs", torch.softmax(logits, dim=-1))
+            rec(tn.LOGITS, logits)
+            rec(tn.PROBS, torch.softmax(logits, dim=-1))
         return logits
 
     def forward(self, src=None, tgt=None, src_pad=None, tgt_pad=None, rec: Rec = None, token_types=None,

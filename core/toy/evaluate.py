@@ -16,6 +16,7 @@ from typing import Dict, Optional
 import torch
 
 from ..loaders.catalog import TOY_DIR
+from .. import trace_names as tn
 from ..net.recorder import Recorder
 from . import toy_task
 from .toy_steps import (
@@ -39,7 +40,7 @@ def evaluate_toy(model, n: int = 1000, batch: int = 200, seed: int = 12345) -> D
     cfg = model.config
     exact = 0
     n_layers = cfg.n_decoder_layers
-    names = [f"decoder.{i}.cross_attn.weights" for i in range(n_layers)]
+    names = [tn.cross_attn("decoder", i, "weights") for i in range(n_layers)]
     hits = torch.zeros(n_layers + 1, cfg.n_heads + 1)  # last column: head average; last row unused
     known_total = 0
     for i in range(0, len(triples), batch):
@@ -60,7 +61,7 @@ def evaluate_toy(model, n: int = 1000, batch: int = 200, seed: int = 12345) -> D
     acc = hits / max(known_total, 1)
     guided = cfg.extra.get("guided_alignment") or {}
     if guided:
-        layer = int(guided["name"].split(".")[1])
+        layer = tn.parse(guided["name"]).layer
         head = int(guided["head"])
         scored = f"decoder.{layer}.cross_attn head {head} (trained with guided alignment)"
     else:

@@ -6,6 +6,7 @@ Scores and maps come from core.analysis; figures from viz.score_maps.
 import streamlit as st
 
 from core import analysis
+from core import trace_names as tn
 from viz import score_maps as hv
 from viz.model_view import view_sides
 from viz.ui import charts, models, url_state, urlflags, widgets
@@ -146,7 +147,7 @@ st.caption("Rollout multiplies the layers' head-averaged maps A~ (the residual c
            "as a graph with capacities A~ and takes the maximum flow from each input token (Abnar & Zuidema 2020).")
 rolled = _rollout(model_name, text, stack, residual, trace)
 last = trace.layers(stack) - 1
-raw = trace[f"{stack}.{last}.self_attn.weights"].float().mean(0)[query].numpy()
+raw = trace[tn.self_attn(stack, last, "weights")].float().mean(0)[query].numpy()
 flowed = None
 if n <= FLOW_MAX_TOKENS:
     with st.spinner("Computing attention flow…"):

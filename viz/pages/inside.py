@@ -9,6 +9,7 @@ checks from viz.checks, figures from viz.step_figures.
 
 import streamlit as st
 
+from core import trace_names as tn
 from viz.checks import layer_checks
 from viz.citations import cite_text
 from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
@@ -96,7 +97,7 @@ else:
             r"one row per query, so for $V \operatorname{softmax}(\cdot)$ to average the values over the keys the "
             r"matrix must be read as $K^T Q/\sqrt{p}$, normalised column by column: that is what is drawn (the same "
             "numbers as the row view, transposed).")
-n_kv = trace[f"{stack}.{layer}.{kind}.k"].shape[0]
+n_kv = trace[tn.attn(stack, layer, kind, "k")].shape[0]
 if n_kv != n_heads:
     g = kv_head(head, n_heads, n_kv)
     st.caption(f"Grouped-query attention: {n_heads} query heads, {n_kv} key/value heads; query head {head} reads "
@@ -145,7 +146,7 @@ def show_step(i: int, step: Step) -> None:
             charts.chart(step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
                          width="stretch")
     if step.key == "weights":
-        full = trace[f"{stack}.{layer}.{kind}.weights"][head]
+        full = trace[tn.attn(stack, layer, kind, "weights")][head]
         dl.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
                  key="inside-dl")
         st.caption("The CSV has one row per query (the row form), whatever the notation.")

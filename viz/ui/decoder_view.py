@@ -16,6 +16,7 @@ from typing import List, Optional
 import numpy as np
 import streamlit as st
 
+from core import trace_names as tn
 from viz import decoder_maps as dv
 from viz import decoder_steps
 from viz.ui import charts, models
@@ -40,7 +41,7 @@ class StepView:
 
 def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     row = dv.newest_row(tr)
-    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr["next.probs"]).tolist(),
+    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr[tn.NEXT_PROBS]).tolist(),
                  tr.meta["chosen"])
     n_gen = len(v.q_tokens) - prefix_len
     st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_gen} generated "
@@ -52,7 +53,7 @@ def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0)
 def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     q_tokens = full.tokens("target")
     row = dv.step_row(step, prefix_len)
-    probs_row = full["probs"][row]
+    probs_row = full[tn.PROBS][row]
     ids, p = dv.top_k(probs_row, 10)
     next_tokens = model.alternative_strings(ids)
     # the teacher's next token: the next decoder input, or <end> after the last one (an
@@ -81,9 +82,9 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     v = _inference(steps[step - 1], step, prefix_len, decoder_only, cut) if full is None else \
         _teacher(model, full, step, prefix_len, decoder_only, cut)
     tr, row, q_tokens = v.tr, v.row, v.q_tokens
-    mask = dv.head_matrix(tr, f"decoder.{layer}.self_attn.mask", head)
-    masked = dv.head_matrix(tr, f"decoder.{layer}.self_attn.masked", head)
-    weights = dv.head_matrix(tr, f"decoder.{layer}.self_attn.weights", head)
+    mask = dv.head_matrix(tr, tn.self_attn("decoder", layer, "mask"), head)
+    masked = dv.head_matrix(tr, tn.self_attn("decoder", layer, "masked"), head)
+    weights = dv.head_matrix(tr, tn.self_attn("decoder", layer, "weights"), head)
     n = len(q_tokens)
     where = f"layer {layer} · head {head}"
     shown_tokens, shown_row = q_tokens, row
@@ -131,7 +132,7 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
                     "self-attention.")
             return
         src = tr.tokens("source")
-        cross = dv.head_matrix(tr, f"decoder.{layer}.cross_attn.weights", head)
+        cross = dv.head_matrix(tr, tn.cross_attn("decoder", layer, "weights"), head)
         charts.chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
                                                fit=(run_tokens, src), title=f"Cross-attention over the source · {where}"),
                      key="decoder-cross", width="stretch")
@@ -203,11 +204,11 @@ def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_l
     if v.dec_ids is None:
         return
     dec_ids = v.dec_ids
-    argmax_all = model.alternative_strings(dv.to_numpy(full["probs"]).argmax(-1).tolist())
+    argmax_all = model.alternative_strings(dv.to_numpy(full[tn.PROBS]).argmax(-1).tolist())
     start_row = prefix_len - 1
     next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else v.ends_with for i in range(len(dec_ids))]
     frame, ce = dv.teacher_forcing_rows(
-        full["probs"][start_row:], v.q_tokens[start_row:],
+        full[tn.PROBS][start_row:], v.q_tokens[start_row:],
         [model.target_strings([j])[0] if j is not None else None for j in next_ids[start_row:]],
         next_ids[start_row:], argmax_all[start_row:])
     frame.index = frame.index + start_row

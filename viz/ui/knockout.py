@@ -9,6 +9,7 @@ from typing import List, Tuple
 
 import streamlit as st
 
+from core import trace_names as tn
 from viz import head_knockout as va
 from viz.ui import charts, models, url_state
 
@@ -79,8 +80,8 @@ def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head],
             c = st.columns([3, 2])
             with c[0]:
                 st.caption("Next token after the prompt: top 10 before and after")
-                st.dataframe(va.next_token_table(base.tokens("next"), base["next.probs"].float().numpy(),
-                                                 ablated.tokens("next"), ablated["next.probs"].float().numpy()),
+                st.dataframe(va.next_token_table(base.tokens("next"), base[tn.NEXT_PROBS].float().numpy(),
+                                                 ablated.tokens("next"), ablated[tn.NEXT_PROBS].float().numpy()),
                              hide_index=True, key="explore-changed-next",
                              column_config={"p before": st.column_config.NumberColumn(format="%.4f"),
                                             "p after": st.column_config.NumberColumn(format="%.4f")})
@@ -104,7 +105,7 @@ def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head],
                        "where the new translation looks.")
         else:
             last = base.layers("encoder") - 1
-            name = f"encoder.{last}.out"
+            name = tn.out("encoder", last)
             cos = va.token_cosines(base[name].float().numpy(), ablated[name].float().numpy())
             charts.chart(va.cosine_figure(cos, base.tokens("source"),
                                              title=f"Each token's layer-{last} vector: cosine before vs after"),

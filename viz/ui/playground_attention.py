@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from core import trace_names as tn
 from viz import by_hand as vg
 from viz.checks import scaled_check
 from viz.figures import DIVERGING, attention_heatmap, matrix_heatmap
@@ -105,15 +106,15 @@ def parameter_free(trace, keys: dict) -> None:
     st.latex(r"Y = \mathrm{softmax}(X X^{\mathsf T})\,X,\qquad a_{nm} = "
              r"\frac{\exp(x_n^{\mathsf T}x_m)}{\sum_{m'}\exp(x_n^{\mathsf T}x_{m'})}")
     if _need_trace(trace):
-        stack = "encoder" if "embed.encoder.sum" in trace else "decoder"
+        stack = "encoder" if tn.embed("encoder", "sum") in trace else "decoder"
         toks = trace.tokens("source" if stack == "encoder" else "target")
         c = st.columns([2, 1])
         which = c[0].radio("Rows of X", CHOICES["pf_x"][1], horizontal=True, key=keys["pf_x"],
-                           format_func=lambda v: {"sum": f"embed.{stack}.sum (X′ + P: the input to layer 0)",
-                                                  "tokens": f"embed.{stack}.tokens (token embeddings only)"}[v])
+                           format_func=lambda v: {"sum": f"{tn.embed(stack, 'sum')} (X′ + P: the input to layer 0)",
+                                                  "tokens": f"{tn.embed(stack, 'tokens')} (token embeddings only)"}[v])
         div = c[1].toggle("Divide by √D", key=keys["pf_scale"],
                           help="Not in Bishop ch. 12; shows how a temperature softens the diagonal.")
-        X = trace[f"embed.{stack}.{which}"].double().numpy()
+        X = trace[tn.embed(stack, which)].double().numpy()
         D = X.shape[1]
         pf = vg.parameter_free_attention(X, scale=1 / math.sqrt(D) if div else 1.0)
         stats = vg.diagonal_stats(X, pf["scores"], pf["weights"])

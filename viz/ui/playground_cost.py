@@ -11,6 +11,7 @@ import math
 
 import streamlit as st
 
+from core import trace_names as tn
 import core
 from core.toy import toy_task
 from core.errors import InputError
@@ -103,7 +104,7 @@ def hyper_parameters(state: url_state.PageState, keys: dict, text: str) -> bool:
                 rtrace = rnd.trace(clean)
                 rstack = rtrace.stacks()[0]
                 rtoks = rtrace.tokens("source" if rstack == "encoder" else "target")
-                charts.chart(attention_heatmap(rtrace[f"{rstack}.0.self_attn.weights"][0], rtoks, rtoks,
+                charts.chart(attention_heatmap(rtrace[tn.self_attn(rstack, 0, "weights")][0], rtoks, rtoks,
                                                title=f"random model: {rstack} layer 0, head 0 "
                                                      f"({rtrace.meta['timings']['forward_ms']:.1f} ms forward)"),
                              key="playground-random-attn", width="stretch")

@@ -14,6 +14,7 @@ from typing import Optional
 
 import streamlit as st
 
+from core import trace_names as tn
 from core.toy import toy_steps, toy_task
 from viz import training as tv
 from viz.ui import charts, models, url_state
@@ -39,7 +40,7 @@ def _curve(step: int):
 def _alignment_figure(run_key: str, text: str, layer: int, head: int, title: str, _trace, _cells):
     """One head's cross-attention with the alignment outlined, and its argmax hits, built once per
     (weights, sentence, head): the trace and cells follow from run_key and text."""
-    w = _trace[f"decoder.{layer}.cross_attn.weights"][head]
+    w = _trace[tn.cross_attn("decoder", layer, "weights")][head]
     hits, total = tv.argmax_hits(w, _cells)
     return tv.alignment_map(w, _trace.tokens("target"), _trace.tokens("source"), _cells, title=title), hits, total
 
