@@ -53,7 +53,7 @@ import torch
 LIST_NAMES = {"tokens.source": "source", "tokens.target": "target", "next.tokens": "next"}
 
 MAPS = ("scores", "scaled", "masked", "weights")  # the H x n_q x n_k attention maps
-PER_HEAD = ("q", "k", "v", "q_pre_rope", "k_pre_rope", "heads")  # H x n x d_k
+PER_HEAD = ("q", "k", "v", "q_pre_rope", "k_pre_rope", "q_pre_norm", "k_pre_norm", "heads")  # H x n x d_k
 STEP_NAMES = ("next.ids", "next.probs", "last.probs")  # per step view: the prediction at its last row
 LAYER_CACHE = 2  # recomputed layers kept (each holds its maps: 4 x H x n^2 floats)
 
