@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional
 
-from .gguf_header import MAX_LEN, field
+from .gguf_reader import MAX_LEN, field
 from ..tokens.tokenizer import Encoded, PieceTable, display_pieces
 
 CONTROL = 3  # llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
