@@ -19,7 +19,7 @@ always; gguf_file: CheckpointError) and a prefix naming the file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -106,6 +106,8 @@ def decoder_config(reader, arch: str, need, d: int, h: int, d_head: int, max_len
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+CONTROL = 3  # llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+USER_DEFINED = 4
 PRE_TYPES = ("default", "gpt-2", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2")
 
 
@@ -150,8 +152,6 @@ def byte_bpe(reader, error=ValueError, where: str = "", pre_types=PRE_TYPES):
     the byte-level decoder and the control / user-defined tokens (core/loaders/byte_bpe.py)."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-    from .byte_bpe import finish_byte_tokenizer
-
     model = field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise error(f"{where}only byte-level BPE ('gpt2') GGUF tokenizers are supported, not {model!r}")
@@ -177,3 +177,24 @@ def byte_bpe(reader, error=ValueError, where: str = "", pre_types=PRE_TYPES):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     return tk, finish_byte_tokenizer(tk, reader, tokens, types, pre)
+
+
+def finish_byte_tokenizer(tk, reader, tokens: List[str], types: List[int], pre: str) -> dict:
+    """The end of byte_bpe: the byte-level decoder, the file's control tokens as special tokens
+    and its user-defined ones as added tokens; returns the info every such tokenizer keeps
+    (pre-tokenizer, bos/eos ids, control ids)."""
+    from tokenizers import AddedToken, decoders
+
+    tk.decoder = decoders.ByteLevel()
+    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    if control:
+        tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    if user:
+        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return {
+        "pre": pre,
+        "bos_id": field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_id": field(reader, "tokenizer.ggml.eos_token_id"),
+        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
+    }

@@ -45,12 +45,10 @@ class MultiHeadAttention(nn.Module):
         # Qwen3, Gemma 3) or over the whole projection before the split into heads ("full": OLMo-2)
         self.qk_norm = cfg.qk_norm
         self.q_norm = self.k_norm = None
-        if cfg.qk_norm is not None:
-            from .layers import RMSNorm
-
+        if cfg.qk_norm is not None:  # x / sqrt(mean(x^2) + eps) * g, as layers.RMSNorm
             full = cfg.qk_norm == "full"
-            self.q_norm = RMSNorm(h * dk if full else dk, cfg.norm_eps)
-            self.k_norm = RMSNorm(hkv * dk if full else dk, cfg.norm_eps)
+            self.q_norm = nn.RMSNorm(h * dk if full else dk, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(hkv * dk if full else dk, eps=cfg.norm_eps)
 
     def _project(self, w, norm, x, heads: int, rec=None, name: str = ""):
         """x W (+ b) split into heads (B, heads, n, d_k), QK-norm applied when configured (the
