@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from ..checkpoint import CheckpointError, check_shape
 from ..hf_config import DECODER_MAX_LEN, _act, rope_params, rotary_dim
 from ...net.config import ModelConfig
