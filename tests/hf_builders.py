@@ -56,7 +56,7 @@ def randomize(model, std: float = 0.2, seed: int = 0):
     """Redraw every parameter: norm gains around 1, query/key projections larger (so the
     attention maps are far from uniform), the rest N(0, std^2)."""
     g = torch.Generator().manual_seed(seed)
-    qk = ("query", "key", "q_proj", "k_proj", "q_lin", "k_lin", "c_attn")
+    qk = ("query", "key", "q_proj", "k_proj", "q_lin", "k_lin", "c_attn", "qkv_proj")
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=g)
@@ -76,6 +76,21 @@ def save(model, folder: Path, dtype=None, **kw) -> Path:
         model = model.to(dtype)
     model.save_pretrained(str(folder), safe_serialization=True, **kw)
     return folder
+
+
+# the later decoder families (core/loaders/families): (config class, model class, sizes), odd
+# sizes and their peculiarity switched on: QK-norm with d_k != d / H (qwen3), GQA, partial rotary
+LATER = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(hidden_size=40, num_attention_heads=6, num_key_value_heads=2, head_dim=10, intermediate_size=72)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, intermediate_size=72)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(hidden_size=40, num_attention_heads=4, intermediate_size=72, rotary_pct=0.4)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, intermediate_size=72,
+                  partial_rotary_factor=0.6)),
+}
 
 
 def build(family: str, folder: Path, **over):
@@ -107,6 +122,12 @@ def build(family: str, folder: Path, **over):
     elif family == "gpt2":
         cfg = tf.GPT2Config(vocab_size=v, n_embd=32, n_layer=2, n_head=4, n_positions=64, **over)
         model = tf.GPT2LMHeadModel(cfg)
+    elif family in LATER:
+        conf, cls, args = LATER[family]
+        args = dict(vocab_size=v, num_hidden_layers=2, max_position_embeddings=128, tie_word_embeddings=False,
+                    pad_token_id=None, **args)
+        args.update(over)
+        model = getattr(tf, cls)(getattr(tf, conf)(**args))
     else:
         cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
                "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[family]

@@ -249,3 +249,52 @@ def test_a_failed_check_in_a_closed_group_shows(monkeypatch):
     assert_no_exception(at)
     errors = [e.value for e in at.error]
     assert any("failed in “5." in e or "failed in “4." in e for e in errors), errors
+
+
+@pytest.fixture(scope="module")
+def later_families(tmp_path_factory):
+    """A models folder holding one tiny checkpoint of each later decoder family."""
+    from hf_builders import build
+
+    root = tmp_path_factory.mktemp("later-models")
+    for family in ("qwen3", "olmo2", "gpt_neox", "phi3"):
+        hf, folder = build(family, root / f"tiny-{family}")
+        hf.save_pretrained(str(folder))
+    return root
+
+
+@pytest.mark.parametrize("family,present,absent,said", [
+    ("qwen3", ("inside-qknorm-fig", "inside-qknorm-after-fig", "inside-norm1-fig"), ("inside-post_norm1-fig",),
+     "QK-norm (per head)"),
+    ("olmo2", ("inside-qknorm-fig", "inside-post_norm1-fig", "inside-post_norm2-fig"), ("inside-norm1-fig",),
+     "none before it"),
+    ("gpt_neox", ("inside-norm1-fig", "inside-norm2-fig", "inside-angles-fig"), ("inside-qknorm-fig",),
+     "parallel block"),
+    ("phi3", ("inside-angles-fig", "inside-norm2-fig"), ("inside-qknorm-fig",), "partial rotary (6 of 10"),
+])
+def test_later_families_show_their_own_steps(later_families, monkeypatch, family, present, absent, said):
+    """Each later family opens on Inside with every group drawn, its checks holding, and its own
+    steps: QK-norm's before/after scores, norms after the sub-layers (and none before them for
+    OLMo-2), the parallel block's second norm of the layer input."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import APP
+
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(later_families))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.switch_page("viz/pages/inside.py")
+    for k, v in dict(model=f"tiny-{family}", text=TEXT, layer="1", head="1").items():
+        at.query_params[k] = v
+    for g in range(1, 12):
+        at.session_state[f"inside.group-{g}.open"] = True
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    ids = " ".join(c.proto.id for c in at.get("plotly_chart"))
+    for key in present:
+        assert key in ids, key
+    for key in absent:
+        assert key not in ids, key
+    captions = " ".join(c.value for c in at.caption)
+    assert said in captions
+    assert "✗" not in captions and "each row of A sums to 1" in captions

@@ -34,7 +34,7 @@ def test_layer_npz_holds_that_layer_only(trace):
 
 
 SEQ2SEQ = ("marian", "bart", "t5")  # tiny checkpoints of the families the app reads from disk
-HF = ("bert", "gpt2", "llama", "mistral", "qwen2")
+HF = ("bert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gpt_neox", "phi3")
 
 
 def _model(name, tmp_path):

@@ -34,6 +34,16 @@ CASES = {
     "llama-rope-linear": ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}),
     "mistral-window4": ("mistral", {"sliding_window": 4}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    # later families (core/loaders/families): QK-norm per head, d_k != d / H, GQA
+    "qwen3": ("qwen3", {}),
+    # norms after the sub-layers only, QK-norm over the whole projection
+    "olmo2": ("olmo2", {}),
+    # parallel block, partial rotary (4 of 10 features), fused per-head qkv, biases
+    "gpt_neox-parallel": ("gpt_neox", {}),
+    "gpt_neox-sequential-tied": ("gpt_neox", {"use_parallel_residual": False, "tie_word_embeddings": True}),
+    # fused qkv and gate_up, partial rotary (6 of 10), GQA; a window shorter than the sentence
+    "phi3": ("phi3", {}),
+    "phi3-window4-tied": ("phi3", {"sliding_window": 4, "tie_word_embeddings": True, "partial_rotary_factor": 1.0}),
 }
 
 
@@ -197,7 +207,8 @@ def test_unknown_family_names_the_supported_ones(tmp_path):
         load(folder)
     msg = str(err.value)
     assert "mamba" in msg
-    for fam in ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2"):
+    for fam in ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi3", "qwen3",
+                "olmo2"):
         assert fam in msg
 
 
@@ -243,3 +254,76 @@ def test_seq2seq_families_go_to_hf_seq2seq(tmp_path, monkeypatch):
     from core.loaders.hf import supported_families
 
     assert {"marian", "bart", "t5"} <= set(supported_families())
+
+
+def _traced(tmp_path, family, **over):
+    hf, folder = build(family, tmp_path / family, **over)
+    hf.save_pretrained(str(folder))
+    m = load(folder)
+    return hf, m, m.trace(SENTENCES[0])
+
+
+@pytest.mark.parametrize("family,dims", [("qwen3", "head"), ("olmo2", "full")])
+def test_qk_norm_is_recorded_before_and_after(tmp_path, family, dims):
+    """q_pre_norm / k_pre_norm are the raw projections (split into heads); q_pre_rope is their
+    RMSNorm, over each head's d_k features (qwen3) or the whole projection (olmo2)."""
+    hf, m, tr = _traced(tmp_path, family)
+    cfg = m.config
+    x = tr["decoder.1.norm1"] if "decoder.1.norm1" in tr else tr.layer_input("decoder", 1)
+    attn = hf.model.layers[1].self_attn
+    with torch.no_grad():
+        raw_q = attn.q_proj(x).view(-1, cfg.n_heads, cfg.d_head).transpose(0, 1)
+        raw_k = attn.k_proj(x).view(-1, cfg.n_kv_heads, cfg.d_head).transpose(0, 1)
+    assert torch.allclose(tr["decoder.1.self_attn.q_pre_norm"], raw_q, atol=1e-5)
+    assert torch.allclose(tr["decoder.1.self_attn.k_pre_norm"], raw_k, atol=1e-5)
+    with torch.no_grad():
+        if dims == "head":
+            want = attn.q_norm(raw_q)
+        else:
+            want = attn.q_norm(raw_q.transpose(0, 1).reshape(x.shape[0], -1)).view(-1, cfg.n_heads, cfg.d_head).transpose(0, 1)
+    assert torch.allclose(tr["decoder.1.self_attn.q_pre_rope"], want, atol=1e-5)
+    assert not torch.allclose(want, raw_q, atol=1e-2)  # the norm did something
+
+
+def test_olmo2_has_post_norms_and_no_pre_norms(tmp_path):
+    _, m, tr = _traced(tmp_path, "olmo2")
+    names = tr.names("decoder.0.")
+    assert "decoder.0.post_norm1" in names and "decoder.0.post_norm2" in names
+    assert "decoder.0.norm1" not in names and "decoder.0.norm2" not in names
+    x = tr.layer_input("decoder", 0)
+    assert torch.allclose(tr["decoder.0.residual1"], x + tr["decoder.0.post_norm1"], atol=1e-6)
+    assert torch.allclose(tr["decoder.0.residual2"], tr["decoder.0.residual1"] + tr["decoder.0.post_norm2"], atol=1e-6)
+
+
+def test_gpt_neox_parallel_block_reads_the_layer_input_twice(tmp_path):
+    hf, m, tr = _traced(tmp_path, "gpt_neox")
+    assert m.config.parallel_block and m.config.rotary_dim == 4
+    x = tr.layer_input("decoder", 1)
+    ln2 = hf.gpt_neox.layers[1].post_attention_layernorm
+    with torch.no_grad():
+        assert torch.allclose(tr["decoder.1.norm2"], ln2(x), atol=1e-5)  # of x, not of residual1
+    assert torch.allclose(tr["decoder.1.residual1"], x + tr["decoder.1.self_attn.out"], atol=1e-5)
+    assert torch.allclose(tr["decoder.1.residual2"], x + tr["decoder.1.self_attn.out"] + tr["decoder.1.ffn.out"],
+                          atol=1e-5)
+    # partial rotary: the features past rotary_dim are not rotated
+    assert torch.equal(tr["decoder.1.self_attn.q"][..., 4:], tr["decoder.1.self_attn.q_pre_rope"][..., 4:])
+    assert not torch.allclose(tr["decoder.1.self_attn.q"][:, 1:, :4], tr["decoder.1.self_attn.q_pre_rope"][:, 1:, :4])
+
+
+@pytest.mark.parametrize("family,over,match", [
+    ("phi3", {"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [2.0] * 3,
+                                  "rope_theta": 10000.0}}, "longrope"),
+    ("phi3", {"rope_parameters": None, "rope_scaling": {"type": "su", "short_factor": [1.0] * 3,
+                                                        "long_factor": [2.0] * 3}}, "'su'"),
+    ("qwen3", {"use_sliding_window": True}, "use_sliding_window"),
+    ("gpt_neox", {"attention_bias": False}, "attention_bias"),
+    ("olmo2", {"attention_bias": True}, "attention_bias"),
+])
+def test_later_family_settings_not_computed_are_refused(tmp_path, family, over, match):
+    from core.loaders import families
+
+    hf, folder = build(family, tmp_path / family)
+    hf.save_pretrained(str(folder))
+    hf_cfg = {**json.loads((folder / "config.json").read_text()), **over}
+    with pytest.raises(CheckpointError, match=match):
+        families.module(family).config(hf_cfg)

@@ -24,6 +24,10 @@ HF = {
     "llama-gqa-llama3": ("llama", {"rope_parameters": LLAMA3}),
     "mistral-window4": ("mistral", {"sliding_window": 4}),
     "qwen2": ("qwen2", {}),
+    "qwen3-qknorm": ("qwen3", {}),
+    "olmo2-postnorm-qknorm": ("olmo2", {}),
+    "gpt_neox-parallel-partial-rotary": ("gpt_neox", {}),
+    "phi3-partial-rotary-window4": ("phi3", {"sliding_window": 4}),
 }
 SEQ2SEQ = ("marian", "bart", "t5")
 
@@ -51,14 +55,25 @@ def _assert_hold_then_catch(model, target=None):
         assert not _failing(checks), (where, _failing(checks))
         assert {"q", "k", "v", "scores", "scaled", "mask", "masked", "weights", "out"} <= set(checks), where
     stack = trace.stacks()[0]
-    w_k = model.net.layers(stack)[0].self_attn.w_k
-    handle = w_k.register_forward_hook(lambda mod, inp, out: out * 1.02)  # the core's K is 2 % off
-    try:
-        bad = model.trace(TEXT, target=target) if target else model.trace(TEXT)
-        checks = layer_checks(bad, stack, "self_attn", 0, 1)
-    finally:
-        handle.remove()
-    failed = {k for k, cs in checks.items() for c in cs if not c.ok}
+    attn = model.net.layers(stack)[0].self_attn
+
+    def faulty(module):
+        handle = module.register_forward_hook(lambda mod, inp, out: out * 1.02)  # the core's K is 2 % off
+        try:
+            bad = model.trace(TEXT, target=target) if target else model.trace(TEXT)
+            checks = layer_checks(bad, stack, "self_attn", 0, 1)
+        finally:
+            handle.remove()
+        return checks, {k for k, cs in checks.items() for c in cs if not c.ok}
+
+    if attn.k_norm is not None:
+        # QK-norm's RMSNorm undoes a scale on W_k's output: the fault shows in the projection
+        # before the norm, and a fault in the norm itself shows in K and everything after it
+        checks, failed = faulty(attn.w_k)
+        assert "qknorm" in failed and "q" not in failed, _failing(checks)
+        checks, failed = faulty(attn.k_norm)
+    else:
+        checks, failed = faulty(attn.w_k)
     assert {"k", "scores", "scaled", "masked"} <= failed, _failing(checks)
     assert "q" not in failed and "v" not in failed  # the fault is where it is, not everywhere
     assert any("✗ FAILED" in c.text() for c in checks["k"])

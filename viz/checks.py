@@ -103,8 +103,10 @@ def _reference(trace, stack: str, layer: int, kind: str, head: int):
 
 def _inputs(trace, stack: str, layer: int, kind: str, pre: bool) -> str:
     j = sublayers(trace, stack, layer).index(kind) + 1
-    src = "the layer's stored input" if j == 1 else f"the stream after sub-layer {j - 1}"
-    x = f"Norm{j}({src})" if pre else src
+    cfg = trace.runner.model.config
+    first = j == 1 or getattr(cfg, "parallel_block", False)  # the parallel block: every sub-layer reads x
+    src = "the layer's stored input" if first else f"the stream after sub-layer {j - 1}"
+    x = f"Norm{j}({src})" if pre and getattr(cfg, "pre_sublayer_norm", True) else src
     return x
 
 
@@ -161,6 +163,11 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
                      _tol(recorded, rtol))
 
     b = " + b" if cfg.qkv_bias else ""
+    if nm("q_pre_norm") in trace:  # QK-norm: the projections before their RMSNorm
+        over = "each head's d_k features" if cfg.qk_norm == "head" else "the whole projection"
+        checks["qknorm"] = [cmp(f"X W_q{b} before QK-norm, X = {src}", ref[tn.local(kind, "q_pre_norm")][head], nm("q_pre_norm")),
+                            cmp(f"X W_k{b} before QK-norm", ref[tn.local(kind, "k_pre_norm")][kv], nm("k_pre_norm"), kv)]
+        b = f"{b}, RMSNorm over {over}"
     if rope:
         checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[tn.local(kind, "q_pre_rope")][head], nm("q_pre_rope"))]
         checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[tn.local(kind, "k_pre_rope")][kv], nm("k_pre_rope"), kv)]
@@ -212,8 +219,11 @@ def residual_checks(trace, stack: str, layer: int, kind: str = "self_attn", refe
             else:
                 cmp(f"Concat(heads) Wᴼ of the {sub.replace('_attn', '-attention')}",
                     "attn-out" if sub == kind else f"{sub}-out", tn.local(sub, "out"))
+            if tn.post_norm(stack, layer, j) in trace:
+                cmp(f"the norm on sub-layer {j}'s output", f"post_norm{j}", f"post_norm{j}")
             cmp(f"residual {j} (input + sub-layer output)", f"residual{j}", f"residual{j}")
-            cmp(f"norm {j}", f"norm{j}", f"norm{j}")
+            if tn.norm(stack, layer, j) in trace:
+                cmp(f"norm {j}", f"norm{j}", f"norm{j}")
         if trace.is_stored(tn.out(stack, layer)):
             out.setdefault("out", []).append(Check(
                 f"the layer's output ({NUMPY}) equals the output the fused forward pass stored",

@@ -46,6 +46,8 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                         col_labels=_feature_labels(m.shape[1])))
 
     rope = nm("q_pre_rope") in trace
+    if nm("q_pre_norm") in trace:
+        out.extend(_qk_norm_steps(trace, cfg, stack, layer, kind, head, kv, g_qkv, f_in, q_toks, k_toks, nq, nk))
     hat = r"\hat " if rope else ""
     src_q = "this layer's tokens" if not cross else "the decoder's tokens"
     src_kv = "the encoder's output (source tokens)" if cross else "the same tokens"
@@ -63,12 +65,15 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
         f"One value vector per token of {src_kv}: what each token passes on when attended to.{gqa}", (nk, "d_k"))
     if rope:
         n_pos = len(q_toks)
-        ang = rope_angles(n_pos, d_k, cfg.rope_theta).numpy()
+        r = getattr(cfg, "rotary_dim", None) or d_k  # partial rotary: the first r features only
+        ang = rope_angles(n_pos, r, cfg.rope_theta, scaling=cfg.rope_scaling).numpy()
         pairs = ("(2j, 2j+1): neighbouring features" if cfg.rope_layout == "interleaved"
-                 else f"(j, j+{d_k // 2}): the two halves of the head")
+                 else f"(j, j+{r // 2}): the two halves of the " + ("head" if r == d_k else f"first {r} features"))
+        if r < d_k:
+            pairs += f"; features {r}–{d_k - 1} are not rotated (partial rotary, {r} of {d_k})"
         out.append(Step(key="angles", group=g_qkv, title="RoPE rotation angles", matrix=ang, name=None,
-                        latex_rows=rf"\phi_{{i,j}} = i\,\Theta^{{-2j/d_k}},\quad \Theta = {cfg.rope_theta:g}",
-                        latex_cols=rf"\phi_{{j,i}} = i\,\Theta^{{-2j/d_k}},\quad \Theta = {cfg.rope_theta:g}",
+                        latex_rows=rf"\phi_{{i,j}} = i\,\Theta^{{-2j/{'d_k' if r == d_k else r}}},\quad \Theta = {cfg.rope_theta:g}",
+                        latex_cols=rf"\phi_{{j,i}} = i\,\Theta^{{-2j/{'d_k' if r == d_k else r}}},\quad \Theta = {cfg.rope_theta:g}",
                         explain=f"Feature pair j of the query/key at position i is rotated by φ (radians); pairs are "
                                 f"{pairs}. Low pairs turn fast, high pairs slowly.",
                         dims=("n", r"d_k/2"), axes=("position", "pair j"), row_labels=list(q_toks),
@@ -176,4 +181,56 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                             r"$\sum_h W_{h,c}^T\,\cdot$).",
                     dims=(nq, "d"), axes=("token", "feature"), row_labels=list(q_toks),
                     col_labels=_feature_labels(m.shape[1])))
+    return out
+
+
+def _qk_norm_steps(trace, cfg, stack, layer, kind, head, kv, group, f_in, q_toks, k_toks, nq, nk) -> List[Step]:
+    """QK-norm (Qwen3, Gemma 3: RMSNorm over each head's d_k features; OLMo-2: over the whole
+    H d_k projection): the raw projections, and the scores QKᵀ/√d_k that the un-normed and the
+    normed q, k give (both without RoPE, which keeps every vector's length), so the effect of
+    the norm on the score range is seen on this sentence."""
+    import numpy as np
+
+    def nm(step):
+        return tn.attn(stack, layer, kind, step)
+
+    q_raw, k_raw = _np(trace[nm("q_pre_norm")][head]), _np(trace[nm("k_pre_norm")][kv])
+    q_name, k_name = ("q_pre_rope", "k_pre_rope") if nm("q_pre_rope") in trace else ("q", "k")  # normed, before RoPE
+    q_n, k_n = _np(trace[nm(q_name)][head]), _np(trace[nm(k_name)][kv])
+    d_k = q_raw.shape[-1]
+    mask = _np(trace[nm("mask")])
+    allowed = np.isfinite(mask)
+    before_s = (q_raw.astype(np.float64) @ k_raw.T.astype(np.float64)) / math.sqrt(d_k)
+    after_s = (q_n.astype(np.float64) @ k_n.T.astype(np.float64)) / math.sqrt(d_k)
+
+    def span(s):
+        v = s[allowed] if allowed.any() else s.ravel()
+        return float(v.min()), float(v.max())
+
+    (b0, b1), (a0, a1) = span(before_s), span(after_s)
+    over = ("each head's d_k features (per head)" if cfg.qk_norm == "head"
+            else f"the whole projection of all heads ({trace[nm('q_pre_norm')].shape[0]} × {d_k} features) before it is "
+                 "split into heads")
+    norm_tex = (r"\operatorname{RMSNorm}_{d_k}" if cfg.qk_norm == "head" else r"\operatorname{RMSNorm}_{H d_k}")
+    out = [Step(key="qknorm", group=group, title=f"QK-norm: scores before the norm (head {head})", matrix=before_s,
+                name=None,
+                latex_rows=rf"\tfrac{{1}}{{\sqrt{{d_k}}}} (X W_q)(X W_k)^{{T}},\quad X = {f_in}",
+                latex_cols=rf"\tfrac{{1}}{{\sqrt{{d_k}}}} (W_k^{{T}} X)^{{T}} (W_q^{{T}} X),\quad X = {f_in}",
+                explain=(f"This model normalises queries and keys (RMSNorm over {over}, ε = {cfg.norm_eps:g}, learned "
+                         "gains) before RoPE. Here the scores the raw projections `q_pre_norm`, `k_pre_norm` would "
+                         f"give (no RoPE): from {b0:.3g} to {b1:.3g} over the allowed cells, a range of {b1 - b0:.3g}."),
+                dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks), col_labels=list(k_toks),
+                value_name="score"),
+           Step(key="qknorm-after", group=group, title=f"QK-norm: scores after the norm (head {head})", matrix=after_s,
+                name=None,
+                latex_rows=rf"\hat Q = {norm_tex}(X W_q),\ \hat K = {norm_tex}(X W_k),\quad "
+                           r"\tfrac{1}{\sqrt{d_k}} \hat Q \hat K^{T}",
+                latex_cols=rf"\hat Q = {norm_tex}(W_q^{{T}} X),\ \hat K = {norm_tex}(W_k^{{T}} X),\quad "
+                           r"\tfrac{1}{\sqrt{d_k}} \hat K^{T} \hat Q",
+                explain=(f"The same scores from the normed q and k (still without RoPE): from {a0:.3g} to {a1:.3g}, a "
+                         f"range of {a1 - a0:.3g} ({(a1 - a0) / max(b1 - b0, 1e-12):.2g} × the range before). Each "
+                         "normed vector has a root-mean-square set by the learned gains, so no query or key can grow "
+                         "large enough to saturate the softmax on its own."),
+                dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks), col_labels=list(k_toks),
+                value_name="score")]
     return out

@@ -3,8 +3,9 @@ the checkpoint's own weight tensors: the other side of the Inside page's checks 
 
 Nothing here calls the core's forward code. The weights are read from the model's modules as
 plain arrays (W_q, W_k, W_v, W_o and their biases, the norms' gains and shifts, the FFN's
-matrices); the norms, RoPE, the masks (look-ahead, padding, sliding window), the scale,
-softmax, head ablation and the FFN are written out here again. T5's relative position bias is
+matrices); the norms, RoPE (partial rotary included), QK-norm, the masks (look-ahead, padding,
+sliding window), the scale, softmax, head ablation, the FFN and the block's arrangement (pre-
+or post-norm, norms after the sub-layers, the parallel block) are written out here again. T5's relative position bias is
 read from the trace as an input of the attention (its buckets are a model input, not the
 formula being checked).
 
@@ -89,6 +90,9 @@ def rope_inv_freq(d_k: int, theta: float, scaling: Optional[dict] = None) -> np.
 def rope(x: np.ndarray, n_pos: int, cfg) -> np.ndarray:
     """Rotate the feature pairs of x (..., n, d_k) at positions 0..n-1 (the layout of cfg)."""
     d_k = x.shape[-1]
+    r = getattr(cfg, "rotary_dim", None) or d_k
+    if r < d_k:  # partial rotary: the first r features rotate, the rest pass unchanged
+        return np.concatenate([rope(x[..., :r], n_pos, cfg), x[..., r:]], axis=-1)
     ang = np.arange(n_pos, dtype=np.float64)[:, None] * rope_inv_freq(d_k, cfg.rope_theta, cfg.rope_scaling)[None]
     cos, sin = np.cos(ang), np.sin(ang)
     if cfg.rope_layout == "half":
@@ -156,8 +160,19 @@ def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_ro
     d_k = mod.w_q.weight.shape[0] // h
     n_q, n_k = x_q.shape[0], x_kv.shape[0]
     out: Dict[str, np.ndarray] = {}
-    q = linear(mod.w_q, x_q).reshape(n_q, h, d_k).transpose(1, 0, 2)
-    k = linear(mod.w_k, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
+    q_lin, k_lin = linear(mod.w_q, x_q), linear(mod.w_k, x_kv)
+    qk_norm = getattr(cfg, "qk_norm", None)
+    if qk_norm is not None:  # RMSNorm of q and k before RoPE: per head ("head") or over H*d_k ("full")
+        out["q_pre_norm"] = q_lin.reshape(n_q, h, d_k).transpose(1, 0, 2)
+        out["k_pre_norm"] = k_lin.reshape(n_k, hkv, d_k).transpose(1, 0, 2)
+        if qk_norm == "head":
+            q_lin = rms_norm(q_lin.reshape(n_q, h, d_k), _a(mod.q_norm.weight), float(mod.q_norm.eps))
+            k_lin = rms_norm(k_lin.reshape(n_k, hkv, d_k), _a(mod.k_norm.weight), float(mod.k_norm.eps))
+        else:
+            q_lin = rms_norm(q_lin, _a(mod.q_norm.weight), float(mod.q_norm.eps))
+            k_lin = rms_norm(k_lin, _a(mod.k_norm.weight), float(mod.k_norm.eps))
+    q = q_lin.reshape(n_q, h, d_k).transpose(1, 0, 2)
+    k = k_lin.reshape(n_k, hkv, d_k).transpose(1, 0, 2)
     v = linear(mod.w_v, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
     if use_rope:
         out["q_pre_rope"], out["k_pre_rope"] = q, k
@@ -221,9 +236,14 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
     if memory is not None:
         masks["cross_attn"] = mask(n, memory.shape[0], key_pad=pad)
     out: Dict[str, object] = {}
+    pre_norms = layer.pre and getattr(cfg, "pre_sublayer_norm", True)
+    post_norms = layer.pre and getattr(cfg, "post_sublayer_norm", False)
+    parallel = getattr(cfg, "parallel_block", False)
+    x_in = x  # the parallel block: every sub-layer reads the layer's input
     for j, sub in enumerate(layer.sublayers(), start=1):
-        normed = norm(layer.norms[j - 1], cfg, x) if layer.pre else None
-        y = normed if layer.pre else x
+        src = x_in if parallel else x
+        normed = norm(layer.norms[j - 1], cfg, src) if pre_norms else None
+        y = normed if pre_norms else src
         if sub == tn.FFN:
             res = ffn(layer.ffn, cfg, y)
         else:
@@ -235,8 +255,13 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
                             off=off, ablation=getattr(abl, "mode", "zero"))
         out.update({tn.local(sub, k): v for k, v in res.items()})
         if layer.pre:
-            out[f"norm{j}"] = normed
-            x = x + res["out"]
+            f = res["out"]
+            if pre_norms:
+                out[f"norm{j}"] = normed
+            if post_norms:  # a norm on the sub-layer's output before the residual add
+                f = norm(layer.post_norms[j - 1], cfg, f)
+                out[f"post_norm{j}"] = f
+            x = x + f
             out[f"residual{j}"] = x
         else:
             r = x + res["out"]

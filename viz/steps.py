@@ -159,20 +159,26 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     subs = sublayers(trace, stack, layer)
     syms = _sub_symbols(len(subs))
     norm_word = "RMSNorm" if cfg.norm == "rmsnorm" else "LayerNorm"
+    pre_norms = pre and getattr(cfg, "pre_sublayer_norm", True)  # OLMo-2: norms after the sub-layers only
+    post_norms = pre and getattr(cfg, "post_sublayer_norm", False)
+    parallel = getattr(cfg, "parallel_block", False)  # GPT-NeoX: every sub-layer reads the layer input X
     for j, sub in enumerate(subs, start=1):
         x_sym, y_sym = syms[j - 1], syms[j]
+        read_sym = syms[0] if parallel else x_sym  # the stream the sub-layer reads
         is_attn = sub != "ffn"
         sub_group = (f"Sub-layer {j}: {KIND_TEXT.get(sub, 'feed-forward network')}"
              + (f" (head {head} in detail)" if sub == kind else "") + (" (summary)" if is_attn and sub != kind else ""))
-        f_in = rf"\tilde{{{x_sym}}}" if pre else x_sym  # what the sub-layer function reads
+        f_in = (rf"\tilde{{{read_sym}}}_{{{j}}}" if parallel else rf"\tilde{{{x_sym}}}") if pre_norms else read_sym
         g_head, g_tail = ((sub_group + " · projections Q, K, V", sub_group + " · heads → output, add & norm")
                           if sub == kind else (sub_group, sub_group))
-        if pre:
+        if pre_norms:
+            par = (f" Parallel block: this sub-layer reads the layer's input {read_sym} (normed with its own "
+                   "gains), not the stream after the attention." if parallel and j > 1 else "")
             tok_feat(tn.norm(stack, layer, j), f"norm{j}", g_head, f"{norm_word} before the sub-layer (pre-norm)",
-                     rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, ROWS),
-                     rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, COLS),
+                     rf"{f_in} = {_norm_latex(cfg, read_sym)},\quad " + _norm_formula(cfg, ROWS),
+                     rf"{f_in} = {_norm_latex(cfg, read_sym)},\quad " + _norm_formula(cfg, COLS),
                      "Pre-norm: this model normalises first and adds the sub-layer's result to the un-normalised "
-                     "stream. " + _norm_explain(cfg, x_sym))
+                     "stream. " + _norm_explain(cfg, read_sym) + par)
         if sub == kind:
             steps.extend(attention_steps(trace, cfg, stack, kind, layer, head, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{MultiHead}}({f_in})"
@@ -187,11 +193,22 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
         else:
             steps.extend(_ffn_steps(trace, cfg, stack, layer, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{FFN}}({f_in})"
+        if post_norms:
+            tok_feat(tn.post_norm(stack, layer, j), f"post_norm{j}", g_tail, f"{norm_word} of the sub-layer's output",
+                     rf"{_norm_latex(cfg, f_latex_rows)},\quad " + _norm_formula(cfg, ROWS),
+                     rf"{_norm_latex(cfg, f_latex_rows)},\quad " + _norm_formula(cfg, COLS),
+                     "A norm on the sub-layer's result before it is added to the stream (its own gains; the stream "
+                     "itself is never normalised inside the layer)" + ("" if pre_norms else
+                                                                      ", and none before the sub-layer: OLMo-2's order")
+                     + ". " + _norm_explain(cfg, "the sub-layer's output"))
+            f_latex_rows = _norm_latex(cfg, f_latex_rows)
         res_rows = rf"{x_sym} + {f_latex_rows}"
         if pre:
             tok_feat(tn.residual(stack, layer, j), f"residual{j}", g_tail, "Residual: add the sub-layer's result",
                      rf"{y_sym} = {res_rows}", rf"{y_sym} = {res_rows}",
-                     "The residual connection: the sub-layer's output is added to its (un-normalised) input.")
+                     "The residual connection: the sub-layer's output is added to its (un-normalised) input."
+                     + (f" Parallel block: {y_sym} = {syms[0]} + attention + FFN, both computed from {syms[0]}."
+                        if parallel and j == len(subs) else ""))
         else:
             tok_feat(tn.residual(stack, layer, j), f"residual{j}", g_tail, "Residual: add the sub-layer's input",
                      res_rows, res_rows,

@@ -1,8 +1,7 @@
 """Byte-level BPE (GPT-2's scheme) as GGUF files carry it: the byte <-> character table of
-its pieces, the end of every tokenizer rebuilt from a GGUF vocabulary (byte-level decoder,
-control and user-defined tokens), and ByteBPETokenizer, our tokenizer interface over it.
-core/loaders/smollm2.py and core/loaders/gguf_file.py rebuild the `tokenizers` object; core/loaders/hf_tokenizer.py
-uses the byte table for tokenizer.json files.
+its pieces and ByteBPETokenizer, our tokenizer interface over it. core/loaders/gguf_reader.py
+rebuilds the `tokenizers` object from a GGUF vocabulary (for smollm2 and gguf_file alike);
+core/loaders/hf_tokenizer.py uses the byte table for tokenizer.json files.
 """
 
 from __future__ import annotations
@@ -10,11 +9,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional
 
-from .gguf_header import MAX_LEN, field
+from .gguf_reader import MAX_LEN
 from ..tokens.tokenizer import Encoded, PieceTable, display_pieces
-
-CONTROL = 3  # llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
-USER_DEFINED = 4
 
 
 def _bytes_to_unicode() -> Dict[int, str]:
@@ -31,28 +27,6 @@ def _bytes_to_unicode() -> Dict[int, str]:
 
 
 BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}
-
-
-def finish_byte_tokenizer(tk, reader, tokens: List[str], types: List[int], pre: str) -> dict:
-    """The end of every GGUF byte-level BPE tokenizer (core/loaders/smollm2.py's, core/loaders/gguf_file.py's): the
-    byte-level decoder, the file's control tokens as special tokens and its user-defined
-    ones as added tokens; returns the info every such tokenizer keeps (pre-tokenizer,
-    bos/eos ids, control ids)."""
-    from tokenizers import AddedToken, decoders
-
-    tk.decoder = decoders.ByteLevel()
-    control = [t for t, ty in zip(tokens, types) if ty == CONTROL]
-    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-    if control:
-        tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
-    if user:
-        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    return {
-        "pre": pre,
-        "bos_id": field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_id": field(reader, "tokenizer.ggml.eos_token_id"),
-        "control_ids": [i for i, ty in enumerate(types) if ty == CONTROL],
-    }
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

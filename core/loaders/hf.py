@@ -1,10 +1,11 @@
 """Hugging Face checkpoint folders (config.json + *.safetensors + tokenizer.json) in our core.
 
     model = core.load_model("/path/to/my-bert")           # a folder
-    model = core.load_model("/path/to/model.gguf")        # llama / qwen2 GGUF (core/loaders/gguf_file.py)
+    model = core.load_model("/path/to/model.gguf")        # llama / qwen2 / qwen3 / phi3 GGUF (core/loaders/gguf_file.py)
 
 load_path sends a .gguf file to core/loaders/gguf_file.py and a folder to load_folder, which reads
-config.json's model_type: bert, roberta, distilbert, gpt2, llama, mistral and qwen2 here;
+config.json's model_type: bert, roberta, distilbert, gpt2, llama, mistral and qwen2 here, and
+the families of core/loaders/families (qwen3, olmo2, gpt_neox, phi3);
 marian, bart and t5 in core/loaders/hf_seq2seq.py (loaded from here when that module is present).
 Anything else gets a CheckpointError naming the supported families. The pieces:
 
@@ -43,7 +44,7 @@ def supported_families() -> tuple:
 def unsupported(family: str) -> CheckpointError:
     return CheckpointError(
         f"model_type {family!r} is not supported; supported families: {', '.join(supported_families())} "
-        "(folders with config.json and *.safetensors) and GGUF files of the llama and qwen2 architectures"
+        "(folders with config.json and *.safetensors) and GGUF files of the llama, qwen2, qwen3 and phi3 architectures"
     )
 
 

@@ -102,15 +102,16 @@ def config_gpt2(hf: dict) -> ModelConfig:
     )
 
 
-def rope_params(hf: dict) -> Tuple[float, Optional[dict]]:
+def rope_params(hf: dict, partial: bool = False) -> Tuple[float, Optional[dict]]:
     """(theta, ModelConfig.rope_scaling) from rope_theta / rope_scaling (transformers 4) or
-    rope_parameters (transformers 5)."""
+    rope_parameters (transformers 5). partial: the family reads partial rotary itself
+    (rotary_dim); otherwise a partial_rotary_factor is refused."""
     params = dict(hf.get("rope_parameters") or {})
     scaling = hf.get("rope_scaling") or {}
     merged = {**scaling, **params}
     theta = float(merged.get("rope_theta", hf.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default"))
-    if merged.get("partial_rotary_factor", 1.0) != 1.0:
+    if not partial and merged.get("partial_rotary_factor", 1.0) != 1.0:
         raise CheckpointError("partial rotary embeddings (partial_rotary_factor) are not supported")
     if kind in (None, "default"):
         return theta, None
@@ -122,7 +123,21 @@ def rope_params(hf: dict) -> Tuple[float, Optional[dict]]:
     raise CheckpointError(f"rope scaling type {kind!r} is not supported (only linear and llama3)")
 
 
-def config_llama(hf: dict) -> ModelConfig:
+def rotary_dim(hf: dict, d_head: int, default: float = 1.0) -> Optional[int]:
+    """ModelConfig.rotary_dim from partial_rotary_factor (rope_parameters, rope_scaling or the
+    top level) or GPT-NeoX's rotary_pct: None when every feature of a head is rotated."""
+    merged = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    factor = merged.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", default)))
+    r = int(d_head * float(factor))
+    if r >= d_head:
+        return None
+    if r < 2 or r % 2:
+        raise CheckpointError(f"partial rotary over {r} of {d_head} features is not supported (it must be even and >= 2)")
+    return r
+
+
+def config_llama(hf: dict, partial: bool = False) -> ModelConfig:
+    """partial: the caller reads partial rotary (rotary_dim) itself (Phi-3)."""
     family = hf.get("model_type")
     _no(hf, "attention_bias", "attention biases")
     _no(hf, "mlp_bias", "FFN biases")
@@ -132,7 +147,7 @@ def config_llama(hf: dict) -> ModelConfig:
     if act not in ("silu", "swish"):
         raise CheckpointError(f"hidden_act {act!r} is not supported for {family}")
     h = hf["num_attention_heads"]
-    theta, scaling = rope_params(hf)
+    theta, scaling = rope_params(hf, partial)
     window = hf.get("sliding_window") if family == "mistral" else None
     return ModelConfig(
         kind="decoder",

@@ -26,7 +26,7 @@ class LocalModel:
         """encoder / decoder / encoder-decoder by family ("?" when unknown)."""
         if self.family in ("bert", "roberta", "distilbert"):
             return "encoder"
-        if self.family in ("gpt2", "llama", "mistral", "qwen2"):
+        if self.family in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi3", "qwen3", "olmo2"):
             return "decoder"
         return "encoder-decoder" if self.family in SEQ2SEQ else "?"
 

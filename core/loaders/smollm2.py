@@ -10,7 +10,8 @@ Nothing is downloaded.
 Loading
     The GGUF file is read with the `gguf` package (GGUFReader); every tensor is dequantised
     to float32 (gguf.quants.dequantize: Q4_1 blocks and the Q8_0 embedding) and the
-    ModelConfig is built from the file's metadata (llama.* keys; core/loaders/gguf_header.py). The
+    ModelConfig is built from the file's metadata (llama.* keys), all through the one GGUF reader
+    of core/loaders/gguf_reader.py, which core/loaders/gguf_file.py uses too. The
     first load then writes a converted copy -- model.safetensors, config.json,
     tokenizer.json -- to $ATTENTION_LAB_CACHE/smollm2/<key>/ (default ~/.cache/attention-lab;
     the key, the atomic write and the removal of stale entries: core/loaders/smollm2_files.py).
@@ -66,14 +67,14 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
 from ..api import AttentionModel
-from .byte_bpe import ByteBPETokenizer, finish_byte_tokenizer
+from .byte_bpe import ByteBPETokenizer
 from ..net.config import ModelConfig
-from .gguf_header import LAYER_MAP, MAX_LEN, decoder_config, field, gguf_shape
+from .gguf_reader import LAYER_MAP, MAX_LEN, byte_bpe, decoder_config, field, gguf_shape, open_gguf, read_tensors
 from ..net.model import Transformer
 from .catalog import MODELS
 from .smollm2_files import NAME, PACKAGE, TIED, cache_dir, complete, gguf_path, read_cache, write_cache
@@ -88,7 +89,7 @@ EXAMPLES = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
 ]
 
-# (GGUF name, our name), ".weight" follows; the layers' names are core/loaders/gguf_header.py's LAYER_MAP.
+# (GGUF name, our name), ".weight" follows; the layers' names are core/loaders/gguf_reader.py's LAYER_MAP.
 TOP_MAP = [
     ("token_embd", "tgt_embed.tok"),
     ("output_norm", "decoder_norm"),
@@ -118,47 +119,15 @@ def config_from_gguf(reader, max_len: int = MAX_LEN) -> ModelConfig:
 
 def weights_from_gguf(reader, n_layers: int) -> Dict[str, torch.Tensor]:
     """Dequantise every tensor to float32 and rename it (rows exactly as in the file)."""
-    import numpy as np
-    from gguf.quants import dequantize
-
     table = {a + ".weight": b + ".weight" for a, b in TOP_MAP}
     for i in range(n_layers):
         table.update({a.format(i=i) + ".weight": b.format(i=i) + ".weight" for a, b in LAYER_MAP})
-    out: Dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        if t.name not in table:
-            raise ValueError(f"unmapped GGUF tensor {t.name!r}")
-        arr = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, order="C", copy=True)
-        out[table[t.name]] = torch.from_numpy(arr)  # a copy: F32 tensors would view the file's memmap
-    missing = sorted(set(table.values()) - set(out))
-    if missing:
-        raise ValueError(f"the GGUF file lacks tensors for: {missing[:5]}")
-    return out
+    return read_tensors(reader, table, ValueError)
 
 
 def tokenizer_from_gguf(reader):
     """(tokenizers.Tokenizer, info dict) rebuilt from the GGUF's tokenizer.ggml.* fields."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    model = field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"expected a byte-level BPE ('gpt2') tokenizer, got {model!r}")
-    tokens: List[str] = field(reader, "tokenizer.ggml.tokens")
-    types: List[int] = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ")) for m in field(reader, "tokenizer.ggml.merges")]
-    bad = [m for m in merges if len(m) != 2]
-    if bad:
-        raise ValueError(f"malformed merges: {bad[:3]}")
-    pre = field(reader, "tokenizer.ggml.pre", "default")
-    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":  # llama.cpp: "\p{N}" first, then GPT-2's regex
-        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in ("default", "gpt-2", "gpt2"):
-        tk.pre_tokenizer = byte_level
-    else:
-        raise ValueError(f"unsupported pre-tokenizer type {pre!r}")
-    info = finish_byte_tokenizer(tk, reader, tokens, types, pre)
+    tk, info = byte_bpe(reader, ValueError, pre_types=("smollm", "default", "gpt-2", "gpt2"))
     info.update({
         "pad_id": field(reader, "tokenizer.ggml.padding_token_id"),
         "unk_id": field(reader, "tokenizer.ggml.unknown_token_id"),
@@ -178,9 +147,7 @@ def chat_prompt(user: str, system: Optional[str] = None, add_generation_prompt: 
 # ------------------------------------------------------------------------------ conversion + cache
 def convert(path: Path, max_len: int = MAX_LEN):
     """(ModelConfig, our state dict, tokenizers.Tokenizer, tokenizer info) from a GGUF file."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
     cfg = config_from_gguf(reader, max_len=max_len)
     state = weights_from_gguf(reader, cfg.n_layers)
     tk, info = tokenizer_from_gguf(reader)

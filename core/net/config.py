@@ -29,6 +29,18 @@ Fields for checkpoint families (core/loaders/hf_seq2seq.py); their defaults chan
                      (BART and Marian: their final_logits_bias, with tied weights).
     logit_scale      the decoder's last hidden state is multiplied by this before the output
                      projection (T5 with tied embeddings: d^-0.5).
+Fields for later decoder families (core/loaders/families/); their defaults change nothing:
+    qk_norm          None, "head" (an RMSNorm over each head's d_k features of q and of k:
+                     Qwen3, Gemma 3) or "full" (an RMSNorm over the whole H*d_k projection
+                     before it is split into heads: OLMo-2); applied before RoPE
+    pre_sublayer_norm / post_sublayer_norm   (norm_placement "pre") whether a sub-layer's
+                     input is normed (norms{j}) and whether its output is normed before the
+                     residual add (post_norms{j}): x + post(f(pre(x))). Gemma 2/3: both;
+                     OLMo-2: post only; Llama and the rest: pre only
+    parallel_block   attention and FFN read the same layer input (GPT-NeoX / Pythia):
+                     x + attn(norm1(x)) + ffn(norm2(x)); residual1 = x + attn, residual2 the sum
+    rotary_dim       RoPE rotates the first rotary_dim features of each head, the rest pass
+                     unchanged (GPT-NeoX rotary_pct, Phi-3 partial_rotary_factor); None: all d_k
 """
 
 
@@ -76,6 +88,11 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # decoder self-attention window (Mistral)
     qkv_bias: Optional[bool] = None  # default: bias
     out_bias: Optional[bool] = None  # default: bias and not tie_embeddings
+    qk_norm: Optional[str] = None  # None | head | full (see the module docstring)
+    pre_sublayer_norm: bool = True  # norm_placement "pre": a norm before each sub-layer
+    post_sublayer_norm: bool = False  # a norm on each sub-layer's output, before the residual add
+    parallel_block: bool = False  # x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX)
+    rotary_dim: Optional[int] = None  # RoPE on the first rotary_dim features of a head; None: all
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -97,6 +114,15 @@ class ModelConfig:
             raise ValueError("sliding_window must be positive")
         if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3"):
             raise ValueError(f"rope_scaling type must be 'linear' or 'llama3', not {self.rope_scaling.get('type')!r}")
+        if self.qk_norm not in (None, "head", "full"):
+            raise ValueError(f"qk_norm must be None, 'head' or 'full', not {self.qk_norm!r}")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
+            raise ValueError(f"rotary_dim must be even and in 1..d_head ({self.d_head}), not {self.rotary_dim}")
+        if self.norm_placement == "post" and (self.post_sublayer_norm or not self.pre_sublayer_norm
+                                              or self.parallel_block):
+            raise ValueError("pre_sublayer_norm / post_sublayer_norm / parallel_block need norm_placement 'pre'")
+        if self.parallel_block and not self.pre_sublayer_norm:
+            raise ValueError("parallel_block needs pre_sublayer_norm")
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
         for name, value, allowed in [

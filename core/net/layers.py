@@ -6,6 +6,13 @@ Post-norm block (seed 001 / 003, and torch.nn.Transformer's default):
     z = LayerNorm(u + W_2^T ReLU(W_1^T u))
 Pre-norm (Llama, many later models):
     u = x + MultiHead(Norm(x));  z = u + FFN(Norm(u))
+Norms after the sub-layers (ModelConfig.post_sublayer_norm; Gemma 2/3 with the pre norms,
+OLMo-2 without them):
+    u = x + PostNorm(MultiHead(Norm(x)));  z = u + PostNorm(FFN(Norm(u)))
+Parallel block (ModelConfig.parallel_block; GPT-NeoX / Pythia): both sub-layers read x,
+    z = x + MultiHead(Norm_1(x)) + FFN(Norm_2(x))
+    recorded: residual1 = x + MultiHead(...), norm2 = Norm_2(x) (of x, not of residual1),
+    residual2 = z.
 
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
@@ -89,7 +96,14 @@ class Layer(nn.Module):
         self.self_attn = MultiHeadAttention(cfg)
         self.cross_attn = MultiHeadAttention(cfg) if cross else None
         self.ffn = FeedForward(cfg)
-        self.norms = nn.ModuleList(make_norm(cfg) for _ in range(3 if cross else 2))
+        n_sub = 3 if cross else 2
+        # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
+        # when a pre-norm block has only norms after the sub-layers (OLMo-2)
+        has_norms = self.pre is False or cfg.pre_sublayer_norm
+        self.norms = nn.ModuleList(make_norm(cfg) for _ in range(n_sub if has_norms else 0))
+        self.post_norms = (nn.ModuleList(make_norm(cfg) for _ in range(n_sub))
+                           if self.pre and cfg.post_sublayer_norm else None)
+        self.parallel = cfg.parallel_block
 
     def sublayers(self) -> List[str]:
         return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
@@ -103,15 +117,21 @@ class Layer(nn.Module):
                 inner = ["ffn.hidden", "ffn.out"]
             else:
                 pre_rope = ["q_pre_rope", "k_pre_rope"] if self.rope and sub == "self_attn" else []
+                if getattr(self, sub).qk_norm is not None:
+                    pre_rope = ["q_pre_norm", "k_pre_norm"] + pre_rope
                 names_ = attn if not (self.relative and sub == "self_attn") else attn[:4] + ["position_bias"] + attn[4:]
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
-            names += ([f"norm{j}"] + inner + [f"residual{j}"]) if self.pre else (inner + [f"residual{j}", f"norm{j}"])
+            if self.pre:
+                names += ([f"norm{j}"] if len(self.norms) else []) + inner
+                names += ([f"post_norm{j}"] if self.post_norms is not None else []) + [f"residual{j}"]
+            else:
+                names += inner + [f"residual{j}", f"norm{j}"]
         return names + ["out"]
 
     def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run."""
-        y = self.norms[0](x) if self.pre else x
+        y = self.norms[0](x) if self.pre and len(self.norms) else x
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
@@ -132,18 +152,26 @@ class Layer(nn.Module):
                         is_causal=self_causal and kind == "self_attn", cache=c,
                         position_bias=position_bias if kind == "self_attn" else None)
 
-        for j, (sub, norm) in enumerate(zip(self.sublayers(), self.norms), start=1):
+        x_in = x  # the parallel block's sub-layers all read the layer's input
+        for j, sub in enumerate(self.sublayers(), start=1):
             fn = (lambda y: self.ffn(y, scoped(rec, "ffn"))) if sub == "ffn" else (lambda y, s=sub: attend(s, y))
-            if self.pre:  # u = x + f(Norm(x))
-                normed = norm(x)
-                if rec:
-                    rec(f"norm{j}", normed)
-                x = x + fn(normed)
+            if self.pre:  # u = x + [PostNorm](f([Norm](x)))
+                y = x_in if self.parallel else x
+                if len(self.norms):
+                    y = self.norms[j - 1](y)
+                    if rec:
+                        rec(f"norm{j}", y)
+                f = fn(y)
+                if self.post_norms is not None:
+                    f = self.post_norms[j - 1](f)
+                    if rec:
+                        rec(f"post_norm{j}", f)
+                x = x + f
                 if rec:
                     rec(f"residual{j}", x)
             else:  # u = Norm(x + f(x))
                 res = x + fn(x)
-                x = norm(res)
+                x = self.norms[j - 1](res)
                 if rec:
                     rec(f"residual{j}", res)
                     rec(f"norm{j}", x)

@@ -58,7 +58,7 @@ class Transformer(nn.Module):
     def _angles(self, n: int, offset: int = 0, device=None):
         if self.cfg.positional != "rope":
             return None
-        a = rope_angles(n, self.cfg.d_head, self.cfg.rope_theta, offset, self.cfg.rope_scaling)
+        a = rope_angles(n, self.cfg.rotary_dim or self.cfg.d_head, self.cfg.rope_theta, offset, self.cfg.rope_scaling)
         return a.to(device=device, dtype=torch.float32)
 
     def layers(self, stack: str) -> nn.ModuleList:

@@ -2,7 +2,8 @@
 cache of greedy decoding and T5's position bias, around the one attention
 function of core/net/attention.py.
 
-Recorded names (under "{stack}.{i}.{attn}"): q_pre_rope and k_pre_rope (RoPE), q, k, v,
+Recorded names (under "{stack}.{i}.{attn}"): q_pre_norm and k_pre_norm (QK-norm: the
+projections before their norm, H x n x d_k), q_pre_rope and k_pre_rope (RoPE), q, k, v,
 mask, position_bias (T5), scores, scaled, masked, weights (core/net/attention.py), heads, out.
 Under a recorder made with maps=False the fused kernel runs and q, k, v, mask,
 position_bias and the n_q x n_k steps are not recorded.
@@ -40,14 +41,35 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
+        # QK-norm: an RMSNorm on q and k before RoPE, over each head's d_k features ("head":
+        # Qwen3, Gemma 3) or over the whole projection before the split into heads ("full": OLMo-2)
+        self.qk_norm = cfg.qk_norm
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm is not None:  # x / sqrt(mean(x^2) + eps) * g, as layers.RMSNorm
+            full = cfg.qk_norm == "full"
+            self.q_norm = nn.RMSNorm(h * dk if full else dk, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(hkv * dk if full else dk, eps=cfg.norm_eps)
+
+    def _project(self, w, norm, x, heads: int, rec=None, name: str = ""):
+        """x W (+ b) split into heads (B, heads, n, d_k), QK-norm applied when configured (the
+        value before it recorded as {name}_pre_norm on the explicit path)."""
+        b, n, _ = x.shape
+        y = w(x)  # (B, n, heads*d_k)
+        if norm is None:
+            return y.view(b, n, heads, self.dk).transpose(1, 2)
+        split = y.view(b, n, heads, self.dk)
+        if records_maps(rec):
+            rec(f"{name}_pre_norm", split.transpose(1, 2))
+        out = norm(y).view(b, n, heads, self.dk) if self.qk_norm == "full" else norm(split)
+        return out.transpose(1, 2)  # (B, heads, n, d_k)
 
     def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
         """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes
         them, without values, heads or W_o: what the model view needs of each layer."""
         b, n_q, _ = x_q.shape
         n_k = x_kv.shape[1]
-        q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
-        k = self.w_k(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_k, d_k)
+        q = self._project(self.w_q, self.q_norm, x_q, self.h)  # (B, H, n_q, d_k)
+        k = self._project(self.w_k, self.k_norm, x_kv, self.hkv)  # (B, Hkv, n_k, d_k)
         if angles is not None:
             q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
             k = apply_rope(k, angles[:n_k], self.rope_layout)
@@ -67,12 +89,12 @@ class MultiHeadAttention(nn.Module):
         or computed once (cross-attention, flagged by cache["static"]). position_bias: T5's
         relative position bias (1, H, n_q, n_k), added to the scores with the mask."""
         b, n_q, _ = x_q.shape
-        q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
+        q = self._project(self.w_q, self.q_norm, x_q, self.h, rec, "q")  # (B, H, n_q, d_k)
         if cache is not None and cache.get("static") and "k" in cache:
             k, v = cache["k"], cache["v"]
         else:
             n_new = x_kv.shape[1]
-            k = self.w_k(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
+            k = self._project(self.w_k, self.k_norm, x_kv, self.hkv, rec, "k")  # (B, Hkv, n_new, d_k)
             v = self.w_v(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
         n_k = k.shape[2] + (cache["k"].shape[2] if cache is not None and "k" in cache and not cache.get("static") else 0)
         if angles is not None:  # RoPE: self-attention only; angles cover positions 0..n_k-1

@@ -108,7 +108,12 @@ def rope_angles(n: int, d_k: int, theta: float = 10000.0, offset: int = 0, scali
 
 
 def apply_rope(x: torch.Tensor, angles: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """Rotate feature pairs of x (..., n, d_k) by angles (n, d_k/2)."""
+    """Rotate feature pairs of x (..., n, d_k) by angles (n, r/2). Partial rotary (r < d_k,
+    GPT-NeoX, Phi-3): only the first r features are rotated (their pairs in `layout` among
+    those r), the other d_k - r pass unchanged."""
+    r = 2 * angles.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], angles, layout), x[..., r:]], dim=-1)
     cos = torch.cos(angles).to(x.dtype)
     sin = torch.sin(angles).to(x.dtype)
     if layout == "half":

@@ -85,6 +85,15 @@ st.caption("Sizes, in the notes' symbols: " + " · ".join(f"${r.symbol}$ = {r.va
                                                           for r in sym.itertuples()))
 place = ("post-norm (Chapter 9 and Transformers handout: Norm after each residual add)" if cfg.norm_placement == "post"
          else "pre-norm (Norm before each sub-layer, residual added after; the order shown below)")
+if cfg.norm_placement == "pre" and cfg.post_sublayer_norm:
+    place = ("norms after the sub-layers (each sub-layer's output normed before the residual add"
+             + ("; and before it" if cfg.pre_sublayer_norm else "; none before it") + "; the order shown below)")
+if cfg.parallel_block:
+    place = "parallel block (attention and FFN both read the layer's input, X + attention + FFN; shown below)"
+extras = ([f"QK-norm ({'per head' if cfg.qk_norm == 'head' else 'whole projection'})"] if cfg.qk_norm else []) + (
+    [f"partial rotary ({cfg.rotary_dim} of {cfg.d_head} features)"] if cfg.rotary_dim else [])
+if extras:
+    place += "; " + "; ".join(extras)
 st.caption(f"{model_name}: {place}; {cfg.norm}; FFN activation {cfg.activation}; positions {cfg.positional}.")
 if notation == ROWS:
     st.info(r"Tokens as rows, as in Bishop ch. 12, Chapter 9, Transformers handout and Missaoui: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "

@@ -25,7 +25,12 @@ from types import ModuleType
 from typing import Dict, Optional
 
 # model_type -> module name under core.loaders.families
-MODULES: Dict[str, str] = {}
+MODULES: Dict[str, str] = {
+    "qwen3": "qwen3",
+    "olmo2": "olmo2",
+    "gpt_neox": "gpt_neox",
+    "phi3": "phi3",
+}
 
 
 def module(model_type: str) -> Optional[ModuleType]:
