@@ -28,6 +28,7 @@ import torch
 import core
 import core.net.attention
 import core.net.layers
+import core.net.model
 import core.net.multihead
 import core.trace
 from conftest import assert_no_exception
@@ -275,6 +276,22 @@ def _says_how_much_and_where(at) -> None:
 add(Fault("teacher-forced rows = the prefix run alone", "decoder", _decoder_params,
           "the step's rows of the teacher-forced pass vs the decoder run on that prefix alone (its own forward pass)",
           shifted_step_rows, fails="max |Δ| =", holds="max |Δ| =", verify=_says_how_much_and_where))
+
+
+# ------------------------------------------------------------------ the patching page
+def patched_runs_start_a_layer_late(mp):
+    """Transformer.run_from (where every patched run starts) skips the layer it is asked to start
+    at: the patched runs lose a layer, the clean and corrupted runs do not."""
+    orig = core.net.model.Transformer.run_from
+    mp.setattr(core.net.model.Transformer, "run_from",
+               lambda self, stack, i, x, *a, **kw: orig(self, stack, i + 1, x, *a, **kw))
+
+
+add(Fault("patching the whole stream at layer 0 restores 1", "patching",
+          {"model": "toy-translate", "text": "the small dog sees the cat", "corrupt": "the small cat sees the dog"},
+          "the patched run's metric (the grid's batched runs, from layer 0) vs the clean run's own metric",
+          patched_runs_start_a_layer_late, fails="patching the whole residual stream entering layer 0",
+          holds="patching the whole residual stream entering layer 0"))
 
 
 # ------------------------------------------------------------------ running a page

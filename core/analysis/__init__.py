@@ -12,10 +12,11 @@ trace that computes attention on access never holds every layer's maps at once.
 
 The analyses, by job: head_scoring.py (what heads do), attention_flow.py (rollout and flow),
 corpus_job.py (a corpus traced in batches, per-head vectors), joint.py (AttentionViz's joint
-query-key projection).
+query-key projection), patching.py (activation patching: which activations the output needs).
 """
 
 from .attention_flow import FLOW_SCALE, Heads, flow, mix_residual, rollout
+from .patching import patch
 from .head_scoring import (
     DEFAULT_SENTENCE,
     REPEAT_LENGTH,
@@ -40,6 +41,7 @@ __all__ = [
     "map_scores",
     "mix_residual",
     "ordinary_ids",
+    "patch",
     "repeat_scores",
     "repeated_sequence",
     "repeated_text",

@@ -152,6 +152,28 @@ class Transformer(nn.Module):
         return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
                                      position_bias=self.position_bias(stack, n))
 
+    def run_from(self, stack: str, i: int, x, rec: Rec = None, memory=None, src_pad=None,
+                 cache: Optional[dict] = None, n_past: int = 0):
+        """The rest of a pass from the residual stream x (B, t, d) entering layer i of `stack`:
+        layers i.. and the stack's final norm (the caller projects). Activation patching
+        starts its patched runs here, from a stored stream (the layers below are unchanged).
+        Decoders: x holds t positions after n_past earlier ones whose keys and values `cache`
+        holds, per layer, as decode's cache does."""
+        t = x.shape[1]
+        if stack == "encoder":
+            masks = self.encoder_masks(src_pad, t, x.dtype)
+        else:
+            masks = self.decoder_masks(t, src_pad if memory is not None else None, None, x.device, x.dtype, n_past)
+        angles = self._angles(n_past + t, device=x.device)
+        bias = self.position_bias(stack, n_past + t)
+        layers = self.layers(stack)
+        for j in range(i, len(layers)):
+            c = None if cache is None else cache.setdefault(j, {})
+            x = layers[j](x, memory=memory, **masks, rec=scoped(rec, f"{stack}.{j}"), angles=angles, cache=c,
+                          position_bias=bias)
+        norm = self.final_norm(stack)
+        return x if norm is None else norm(x)
+
     def layer_weights(self, stack: str, i: int, x, src_pad=None):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
         run_layer's masks and positions (ablation acts after the weights: nothing to do)."""

@@ -1,0 +1,242 @@
+"""Patching: which activations the output needs (activation patching, core.analysis.patch).
+
+A clean and a corrupted prompt of the same token count, two answer tokens, and what to patch;
+the page runs the grid (a progress bar while it runs) and draws `restored` as a layer x position
+or layer x head map (viz.patching_maps), with the sanity check that patching the whole residual
+stream at layer 0 where the prompts differ restores 1, and the table as CSV. A click on a cell
+opens that layer (and head) in Explore.
+"""
+
+from collections import OrderedDict
+
+import streamlit as st
+
+import core.analysis as ca
+from core.analysis import patching as cp
+from viz import patching_maps as pm
+from viz.checks import Check
+from viz.ui import charts, models, url_state, urlflags, widgets
+
+OPEN_KEY = "patching._open"  # a clicked cell: the Explore URL to open on the next run
+MAX_TOKENS = 128  # a grid is layers x tokens patched runs: longer prompts are refused with a message
+CHECK_TOL = 1e-4  # |restored - 1| allowed for the layer-0 check (float32 through every layer)
+WHATS = list(cp.WHATS)
+
+pending = st.session_state.pop(OPEN_KEY, None)
+if pending:
+    st.switch_page("viz/pages/explore.py", query_params=pending)
+
+st.title("Which activations the output needs")
+st.caption("Activation patching (Meng et al. 2022; Wang et al. 2022): run the corrupted prompt, put back one activation "
+           "from the clean run, and see how much of the clean run's preference for the answer over the wrong token "
+           "comes back. restored = (m − m_corrupt) / (m_clean − m_corrupt), m = logit[answer] − logit[wrong] at the "
+           "last position: 1 = that activation alone carries the difference, 0 = it carries none of it.")
+state = url_state.PageState("patching", fields=("model", "text", "corrupt", "answer", "wrong", "what"))
+allowed = [n for n in models.model_names() if models.model_kind(n) in ("decoder", "encoder-decoder")]
+model_name, model, text_col = widgets.model_header(
+    state, allowed=allowed, needs="patching measures a next-token logit, so it takes decoders and encoder-decoders")
+if model is None:
+    st.stop()
+
+decoder = model.kind == "decoder"
+default_clean = pm.IOI_CLEAN if decoder else (model.examples[0] if model.examples else "the small dog sees the cat")
+default_corrupt = pm.IOI_CORRUPT if decoder else "the small cat sees the dog"
+text_key = state.seeded_key("text", default_clean)
+corrupt_key = state.seeded_key("corrupt", pm.default_corrupt(st.session_state[text_key])
+                               if st.session_state[text_key] != default_clean else default_corrupt)
+state.keep_text(corrupt_key)
+answer_key = state.seeded_key("answer", pm.IOI_ANSWER if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
+wrong_key = state.seeded_key("wrong", pm.IOI_WRONG if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
+what_key = urlflags.option(state, "what", "resid_pre", WHATS)
+
+
+def _use_ioi() -> None:
+    st.session_state.update({text_key: pm.IOI_CLEAN, corrupt_key: pm.IOI_CORRUPT, answer_key: pm.IOI_ANSWER,
+                             wrong_key: pm.IOI_WRONG})
+
+
+with text_col:
+    c = st.columns(2)
+    text = widgets.text_box("Clean prompt", text_key, where=c[0],
+                            help="The run whose activations are put back." if decoder else
+                            "The clean source sentence (the encoder's positions are patched).")
+    corrupt = widgets.text_box("Corrupted prompt", corrupt_key, where=c[1],
+                               help="Same number of tokens as the clean one; usually one word changed.")
+
+ex = st.columns([1, 3])
+if decoder:
+    ex[0].button("Indirect object: Mary / John", key="patching-ioi", on_click=_use_ioi, width="stretch",
+                 help=f"clean: {pm.IOI_CLEAN!r} → ' Mary'; corrupt: {pm.IOI_CORRUPT!r} → ' John' "
+                      "(Wang et al. 2022's indirect-object identification).")
+with ex[1].expander("Swap one word of the clean prompt"):
+    ws = pm.words(text)
+    if ws:
+        s = st.columns([2, 2, 1])
+        idx = s[0].selectbox("Word", list(range(len(ws))), format_func=lambda i: f"{i + 1}: {ws[i]}",
+                             key="patching.swap_word")
+        new = s[1].text_input("Replace with", key="patching.swap_new", placeholder="another word")
+
+        def _swap() -> None:
+            if new.strip() and idx is not None and idx < len(ws):
+                st.session_state[corrupt_key] = pm.swap_word(text, idx, new.strip())
+
+        s[2].button("Make corrupted", key="patching-swap", on_click=_swap, disabled=not new.strip())
+    else:
+        st.caption("Type a clean prompt first.")
+
+c = st.columns([1, 1, 2])
+answer = c[0].text_input("Answer token", key=answer_key, placeholder="the model's own choice",
+                         help="One token, as the tokenizer writes it (a leading space often belongs to it: ' Mary'); "
+                              "empty: the model's top prediction on the clean prompt.")
+wrong = c[1].text_input("Wrong token", key=wrong_key, placeholder="the corrupted run's choice",
+                        help="One token; empty: the model's top prediction on the corrupted prompt (or its second "
+                             "choice on the clean one, where both agree).")
+what = c[2].radio("Patch", WHATS, key=what_key, horizontal=True, format_func=lambda w: w,
+                  help="; ".join(f"{k}: {v}" for k, v in pm.WHAT_LABELS.items()))
+url = dict(model=model_name, text=text, corrupt=corrupt, answer=answer or None, wrong=wrong or None,
+           what=urlflags.changed(what, "resid_pre"))
+state.show_messages()
+
+# ------------------------------------------------------------------ the pair
+try:
+    pair = cp.prepare(model, text, corrupt)
+except ValueError as exc:
+    st.warning(str(exc))
+    state.end_here(**url)
+if len(pair.clean_ids) > MAX_TOKENS:
+    st.warning(f"The clean prompt has {len(pair.clean_ids)} tokens: the grid is one patched run per layer and token, "
+               f"so the page patches prompts of up to {MAX_TOKENS} tokens. Shorten it.")
+    state.end_here(**url)
+if not pair.same_length:
+    st.error(f"Clean and corrupted prompts must have the same number of tokens: the clean one has "
+             f"{len(pair.clean_ids)}, the corrupted one {len(pair.corrupt_ids)}. Change words for words that the "
+             "tokenizer splits the same way (see both tokenisations below).")
+    widgets.token_chips(pair.tokens, title=f"clean: {len(pair.tokens)} tokens")
+    widgets.token_chips(pair.corrupt_tokens, title=f"corrupted: {len(pair.corrupt_tokens)} tokens")
+    state.end_here(**url)
+try:
+    pair.check()
+except ValueError as exc:
+    st.info(f"{str(exc)[0].upper()}{str(exc)[1:]}. Type a corrupted prompt, or swap one word above.")
+    state.end_here(**url)
+
+with st.expander(f"{len(pair.tokens)} tokens each; they differ at position"
+                 f"{'s' if len(pair.differ) > 1 else ''} {', '.join(map(str, pair.differ))}"):
+    widgets.token_chips(pair.tokens, title="clean")
+    widgets.token_chips(pair.corrupt_tokens, title="corrupted")
+
+
+# ------------------------------------------------------------------ answer and wrong tokens
+def _default_tokens():
+    """(answer id, wrong id, why) when the fields are empty."""
+    if not decoder:
+        return pair.clean_next, pair.corrupt_next, (
+            f"the two greedy translations share {' '.join(pair.decoder_tokens)} and then differ: the clean one writes "
+            f"{model.alternative_strings([pair.clean_next])[0]!r}, the corrupted one "
+            f"{model.alternative_strings([pair.corrupt_next])[0]!r}")
+    a = models.get_trace(model_name, text, notes=False)
+    b = models.get_trace(model_name, corrupt, notes=False)
+    if a is None or b is None:
+        return None, None, ""
+    ids_a, ids_b = a["next.ids"].tolist(), b["next.ids"].tolist()
+    w = ids_b[0] if ids_b[0] != ids_a[0] else ids_a[1]
+    return ids_a[0], w, "the model's top prediction on the clean prompt against " + (
+        "its top prediction on the corrupted one" if ids_b[0] != ids_a[0] else "its second choice there")
+
+
+auto_a, auto_w, why = _default_tokens()
+try:
+    answer_id = cp.token_id(model, answer) if answer else auto_a
+    wrong_id = cp.token_id(model, wrong) if wrong else auto_w
+except ValueError as exc:
+    st.error(f"{exc}.")
+    state.end_here(**url)
+if answer_id is None:
+    state.end_here(**url)
+if not answer or not wrong:
+    st.caption(f"Measuring {model.alternative_strings([answer_id])[0]!r} against "
+               f"{model.alternative_strings([wrong_id])[0]!r}" + (f": {why}." if why and not answer and not wrong else "."))
+elif not decoder:
+    st.caption(f"Measured at the decoder position after {' '.join(pair.decoder_tokens)}: the first where the two "
+               "greedy translations differ.")
+state.publish(**url)
+
+
+# ------------------------------------------------------------------ the grid (kept per session)
+def _grid(what_: str):
+    """The patching table and the layer-0 check, computed with a progress bar, kept for the
+    session's last few views (a cell click or a switch back costs nothing)."""
+    key = (model_name, text, corrupt, answer_id, wrong_id, what_)
+    store = st.session_state.setdefault("patching._results", OrderedDict())
+    if key in store:
+        store.move_to_end(key)
+        return store[key]
+    bar = st.progress(0.0, text=f"Patching every {'head' if what_ == 'head' else 'layer and position'}…")
+    try:
+        df = ca.patch(model, text, corrupt, answer_id, wrong_id, what=what_,
+                      progress=lambda f: bar.progress(min(1.0, f), text=f"Patching… {f:.0%}"))
+        chk = cp.restore_check(model, text, corrupt, answer_id, wrong_id)
+    finally:
+        bar.empty()
+    store[key] = (df, chk)
+    while len(store) > 8:
+        store.popitem(last=False)
+    return df, chk
+
+
+try:
+    df, chk = _grid(what)
+except ValueError as exc:
+    st.error(f"{exc}.")
+    state.end_here(**url)
+
+m_clean, m_corrupt = df.attrs["clean_metric"], df.attrs["corrupt_metric"]
+k = st.columns(3)
+k[0].metric("m on the clean prompt", f"{m_clean:.3f}")
+k[1].metric("m on the corrupted prompt", f"{m_corrupt:.3f}")
+k[2].metric("patched runs", f"{df.attrs['runs']:,}", help="Cells whose clean and corrupted values are equal (in a "
+            "decoder: every position before the first difference) restore 0 without a run.")
+if abs(m_clean - m_corrupt) < 1e-6:
+    st.warning("The clean and corrupted prompts give the same m, so there is nothing to restore: choose answer and "
+               "wrong tokens that the two prompts tell apart.")
+
+# the sanity check: two values computed apart (the patched run through the grid's batched runs,
+# and the clean run's own metric), compared with a stated tolerance; it can fail
+check = Check(f"patching the whole residual stream entering layer 0 at the position"
+              f"{'s' if len(pair.differ) > 1 else ''} where the prompts differ "
+              f"({', '.join(map(str, pair.differ))}) restores {chk['restored']:.6f} (the patched run's m "
+              f"{chk['patched_metric']:.5f}, the clean run's {chk['clean_metric']:.5f}): it must be 1, since the "
+              "patched input is then the clean input",
+              abs(chk["restored"] - 1.0), CHECK_TOL)
+if abs(m_clean - m_corrupt) >= 1e-6:
+    (st.success if check.ok else st.error)(check.text())
+
+stack = df.attrs["stack"]
+where = "decoder" if decoder else "encoder"
+title = f"restored · {pm.WHAT_LABELS[what]} · {where}"
+tokens = pair.tokens
+
+
+def _open() -> None:
+    sel = st.session_state.get("patching-map")
+    pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
+    picked = pm.cell_pick(pts[0]) if pts else None
+    if picked is not None:
+        layer, head, _ = picked
+        st.session_state[OPEN_KEY] = pm.explore_params(model_name, text, stack, layer, head)
+
+
+st.caption("Rows are layers, columns " + ("heads (each patched at every position)" if what == "head" else
+           "positions, labelled with the clean prompt's tokens") + ". Red restores the clean preference, blue pushes "
+           "towards the corrupted one. Click a cell to open that layer" + (" and head" if what == "head" else "")
+           + " in Explore on the clean prompt.")
+charts.chart(pm.restored_heatmap(df, None if what == "head" else tokens, title=title), key="patching-map",
+             on_select=_open, selection_mode="points", width="stretch", name=f"patching-{model_name}-{what}")
+top = pm.top_cells(df, 5)
+st.caption("Most restoring: " + " · ".join(
+    f"L{r.layer} H{r.head}: {r.restored:.3f}" if what == "head" else f"L{r.layer} {tokens[r.position]!r} ({r.position}): "
+    f"{r.restored:.3f}" for r in top.itertuples()))
+st.download_button("Download the table (CSV)", df.to_csv(index=False).encode(), file_name=f"patching-{model_name}-{what}.csv",
+                   mime="text/csv", key="patching-csv", icon=":material/download:")
+with st.expander("The table"):
+    st.dataframe(df, hide_index=True, width="stretch")
