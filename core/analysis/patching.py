@@ -42,10 +42,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import pandas as pd
 import torch
 
+from .. import trace_names as tn
 from ..net.hooks import Hooks
 
 WHATS = ("resid_pre", "attn_out", "mlp_out", "head")
-POINT = {"resid_pre": "in", "attn_out": "self_attn.out", "mlp_out": "ffn.out", "head": "self_attn.heads"}
+POINT = {"resid_pre": tn.IN, "attn_out": tn.local(tn.SELF, "out"), "mlp_out": tn.local(tn.FFN, "out"),
+         "head": tn.local(tn.SELF, "heads")}
 BATCH_TOKENS = 8192  # positions run at once in one batch of patched runs (batch items x positions)
 
 Token = Union[str, int]
@@ -206,7 +208,7 @@ class PatchRuns:
                 return t
             return fn
 
-        hooks = Hooks({f"{self.stack}.{i}.{p}": keep((i, p)) for i in range(self.n_layers) for p in points})
+        hooks = Hooks({tn.at(self.stack, i, p): keep((i, p)) for i in range(self.n_layers) for p in points})
         if self.stack == "decoder":
             hidden = self.net.decode(self._ids(ids), rec=hooks, cache=cache)
         else:
@@ -254,7 +256,7 @@ class PatchRuns:
                 t[items_t, rows_t] = values
                 return t
 
-        return {f"{self.stack}.{i}.{POINT[self.what]}": put}
+        return {tn.at(self.stack, i, POINT[self.what]): put}
 
     def _prefix_cache(self, i: int, batch: int) -> Optional[dict]:
         """The corrupted run's keys and values of the positions before `start`, for layers i..,

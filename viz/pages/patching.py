@@ -7,15 +7,13 @@ stream at layer 0 where the prompts differ restores 1, and the table as CSV. A c
 opens that layer (and head) in Explore.
 """
 
-from collections import OrderedDict
 
 import streamlit as st
 
-import core.analysis as ca
 from core.analysis import patching as cp
 from viz import patching_maps as pm
 from viz.checks import Check
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, patching_run, url_state, urlflags, widgets
 
 OPEN_KEY = "patching._open"  # a clicked cell: the Explore URL to open on the next run
 MAX_TOKENS = 128  # a grid is layers x tokens patched runs: longer prompts are refused with a message
@@ -127,24 +125,7 @@ with st.expander(f"{len(pair.tokens)} tokens each; they differ at position"
 
 
 # ------------------------------------------------------------------ answer and wrong tokens
-def _default_tokens():
-    """(answer id, wrong id, why) when the fields are empty."""
-    if not decoder:
-        return pair.clean_next, pair.corrupt_next, (
-            f"the two greedy translations share {' '.join(pair.decoder_tokens)} and then differ: the clean one writes "
-            f"{model.alternative_strings([pair.clean_next])[0]!r}, the corrupted one "
-            f"{model.alternative_strings([pair.corrupt_next])[0]!r}")
-    a = models.get_trace(model_name, text, notes=False)
-    b = models.get_trace(model_name, corrupt, notes=False)
-    if a is None or b is None:
-        return None, None, ""
-    ids_a, ids_b = a["next.ids"].tolist(), b["next.ids"].tolist()
-    w = ids_b[0] if ids_b[0] != ids_a[0] else ids_a[1]
-    return ids_a[0], w, "the model's top prediction on the clean prompt against " + (
-        "its top prediction on the corrupted one" if ids_b[0] != ids_a[0] else "its second choice there")
-
-
-auto_a, auto_w, why = _default_tokens()
+auto_a, auto_w, why = patching_run.default_tokens(model, model_name, pair, text, corrupt)
 try:
     answer_id = cp.token_id(model, answer) if answer else auto_a
     wrong_id = cp.token_id(model, wrong) if wrong else auto_w
@@ -163,29 +144,8 @@ state.publish(**url)
 
 
 # ------------------------------------------------------------------ the grid (kept per session)
-def _grid(what_: str):
-    """The patching table and the layer-0 check, computed with a progress bar, kept for the
-    session's last few views (a cell click or a switch back costs nothing)."""
-    key = (model_name, text, corrupt, answer_id, wrong_id, what_)
-    store = st.session_state.setdefault("patching._results", OrderedDict())
-    if key in store:
-        store.move_to_end(key)
-        return store[key]
-    bar = st.progress(0.0, text=f"Patching every {'head' if what_ == 'head' else 'layer and position'}…")
-    try:
-        df = ca.patch(model, text, corrupt, answer_id, wrong_id, what=what_,
-                      progress=lambda f: bar.progress(min(1.0, f), text=f"Patching… {f:.0%}"))
-        chk = cp.restore_check(model, text, corrupt, answer_id, wrong_id)
-    finally:
-        bar.empty()
-    store[key] = (df, chk)
-    while len(store) > 8:
-        store.popitem(last=False)
-    return df, chk
-
-
 try:
-    df, chk = _grid(what)
+    df, chk = patching_run.grid(model, model_name, text, corrupt, answer_id, wrong_id, what)
 except ValueError as exc:
     st.error(f"{exc}.")
     state.end_here(**url)
