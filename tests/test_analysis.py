@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import core
+from core import trace_names as tn
 from core import analysis as an
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
@@ -72,13 +73,13 @@ def test_head_scores_equal_direct_computation(smollm2, capsys):
     trace = smollm2.trace(TEXT)
     ids, start = an.repeated_sequence(smollm2, r, seed=3)["decoder"]
     assert ids[start:start + r] == ids[start - r:start] and len(ids) == start + r
-    rec = core.Recorder(names=[f"decoder.{i}.self_attn.weights" for i in range(cfg.n_layers)])
+    rec = core.Recorder(names=[tn.self_attn("decoder", i, "weights") for i in range(cfg.n_layers)])
     with torch.inference_mode():
         smollm2.net(None, torch.tensor([ids]), rec=rec)
     worst = 0.0
     for layer in range(cfg.n_layers):
-        plain = _direct_scores(trace[f"decoder.{layer}.self_attn.weights"])
-        rep = _direct_scores(rec.tensors[f"decoder.{layer}.self_attn.weights"], start, r)
+        plain = _direct_scores(trace[tn.self_attn("decoder", layer, "weights")])
+        rep = _direct_scores(rec.tensors[tn.self_attn("decoder", layer, "weights")], start, r)
         for h in range(cfg.n_heads):
             row = table[(table.layer == layer) & (table["head"] == h)].iloc[0]
             for s, v in {**plain[h], **rep[h]}.items():

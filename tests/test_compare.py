@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import core
+from core import trace_names as tn
 from core.trace import Trace
 from viz import word_pair as cmp
 
@@ -20,7 +21,7 @@ def _available(name):
 
 def independent_cosines(ta, ia, tb, ib, stack):
     """Cosine per depth straight from the trace tensors (no viz code), pieces averaged."""
-    names = [f"embed.{stack}.sum"] + [f"{stack}.{i}.out" for i in range(ta.layers(stack))]
+    names = [tn.embed(stack, "sum")] + [tn.out(stack, i) for i in range(ta.layers(stack))]
     return [F.cosine_similarity(ta[n][ia].mean(0), tb[n][ib].mean(0), dim=0).item() for n in names]
 
 

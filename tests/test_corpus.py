@@ -7,6 +7,7 @@ import pytest
 
 import core
 import core.analysis.corpus_job as cc
+from core import trace_names as tn
 from core.net.config import ModelConfig
 from core.corpus_data import load as load_bundled
 
@@ -40,8 +41,8 @@ def _check_against_traces(model, sentences, layers, batch_size):
         n = len(tokens)
         assert len(rows) == n * len(layers) * cfg.n_heads  # padding is never a row
         for l in layers:
-            q = trace[f"{stack}.{l}.self_attn.q"].numpy()  # H x n x d_k
-            k = trace[f"{stack}.{l}.self_attn.k"].numpy()  # H_kv x n x d_k
+            q = trace[tn.self_attn(stack, l, "q")].numpy()  # H x n x d_k
+            k = trace[tn.self_attn(stack, l, "k")].numpy()  # H_kv x n x d_k
             for h in range(cfg.n_heads):
                 r = rows[(rows.layer == l) & (rows["head"] == h)].sort_values("position")
                 assert list(r.position) == list(range(n))

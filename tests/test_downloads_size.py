@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import core
+from core import trace_names as tn
 from viz import downloads as vd
 
 
@@ -75,7 +76,7 @@ def test_sizes_come_from_shapes_without_computing_a_layer(name, tmp_path):
         runner.layer, runner.logits = real
     for stack in tr.stacks():
         for layer in {0, tr.layers(stack) - 1}:
-            computed = sum(tr[n].numel() * tr[n].element_size() for n in tr.names(f"{stack}.{layer}."))
+            computed = sum(tr[n].numel() * tr[n].element_size() for n in tr.names(tn.layer(stack, layer) + "."))
             assert sizes[f"layer:{stack}"] == computed, (stack, layer)
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import core
+from core import trace_names as tn
 from core import cli
 from core.__main__ import main as core_main
 from core.frames import attention_names, frame, frames, select_names
@@ -77,7 +78,7 @@ def test_frame_rejects_other_names(trace):
 
 
 def test_select_names_wildcards(trace):
-    assert select_names(trace, ["decoder.*.cross_attn.weights"]) == [f"decoder.{i}.cross_attn.weights" for i in range(3)]
+    assert select_names(trace, ["decoder.*.cross_attn.weights"]) == [tn.cross_attn("decoder", i, "weights") for i in range(3)]
     assert attention_names(trace) == [n for n in trace.names() if n.endswith(".weights")]
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import core
+from core import trace_names as tn
 from viz.checks import head_checks, residual_checks, row_sum_error
 from viz.figures import to_numpy
 from viz.reduce import block_means
@@ -170,7 +171,7 @@ def test_checks_hold_on_real_traces(seq2seq, view):
     for head in range(model.config.n_heads):
         checks = head_checks(trace, stack, kind, 1, head)
         assert all(c.ok for cs in checks.values() for c in cs), [c.text() for cs in checks.values() for c in cs]
-        w = trace[f"{stack}.1.{kind}.weights"][head]
+        w = trace[tn.attn(stack, 1, kind, "weights")][head]
         assert row_sum_error(w) < 1e-5
     res = residual_checks(trace, "decoder", 1)
     assert {"residual1", "residual2", "residual3", "norm1", "norm2", "norm3", "attn-out", "cross_attn-out", "ffn-hidden",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import core
+from core import trace_names as tn
 from core.net import cost
 from viz import by_hand as vg
 
@@ -142,9 +143,9 @@ def test_head_qk_reproduces_the_trace():
     for stack, layer, head in [("encoder", 0, 0), ("encoder", 2, 3), ("decoder", 1, 2)]:
         q, k, mask = vg.head_qk(tr, stack, layer, head)
         sv = vg.symmetric_vs_learned(q, k, mask)
-        recorded = tr[f"{stack}.{layer}.self_attn.scaled"][head].double().numpy()
+        recorded = tr[tn.self_attn(stack, layer, "scaled")][head].double().numpy()
         assert np.allclose(sv["learned_scores"], recorded, atol=1e-4)
-        assert np.allclose(sv["learned_weights"], tr[f"{stack}.{layer}.self_attn.weights"][head].double().numpy(),
+        assert np.allclose(sv["learned_weights"], tr[tn.self_attn(stack, layer, "weights")][head].double().numpy(),
                            atol=1e-5)
         assert float(sv["sym_asymmetry"]) < 1e-12 < float(sv["learned_asymmetry"])
 

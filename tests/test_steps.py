@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import core
+from core import trace_names as tn
 from core.toy import toy_task
 
 TOL = 1e-5
@@ -84,7 +85,7 @@ def test_each_step_equals_its_prefix_run_alone(model, runs):
                         assert torch.allclose(got, ref, atol=TOL, rtol=0), (text, s.meta["step"], name,
                                                                             float((got - ref).abs().max()))
                 # beyond the prefix, the teacher-forced rows put exactly zero weight (masked)
-                assert torch.all(full[f"decoder.{i}.self_attn.weights"][:, :n, n:] == 0)
+                assert torch.all(full[tn.self_attn("decoder", i, "weights")][:, :n, n:] == 0)
             # logits reach |20|: float32 keeps ~7 digits, so compare relative to their scale
             scale = float(alone["logits"].abs().max())
             for got in (s["logits"], full["logits"][:n]):
@@ -108,14 +109,14 @@ def test_masked_weights_exactly_zero_above_diagonal(runs):
             n = len(s.tokens("target"))
             above = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
             for i in range(s.layers("decoder")):
-                mask = s[f"decoder.{i}.self_attn.mask"]
+                mask = s[tn.self_attn("decoder", i, "mask")]
                 assert mask.shape == (n, n)
                 assert torch.all(torch.isneginf(mask[above]))
                 assert torch.all(mask[~above] == 0)
-                masked = s[f"decoder.{i}.self_attn.masked"]
+                masked = s[tn.self_attn("decoder", i, "masked")]
                 assert torch.all(torch.isneginf(masked[:, above]))
                 assert torch.all(torch.isfinite(masked[:, ~above]))
-                w = s[f"decoder.{i}.self_attn.weights"]
+                w = s[tn.self_attn("decoder", i, "weights")]
                 assert torch.all(w[:, above] == 0), (text, s.meta["step"], i)  # exactly 0, not just small
                 assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5)
 

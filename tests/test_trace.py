@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import core
+from core import trace_names as tn
 from core import ModelConfig, Recorder
 from core.trace import MAPS, Trace, nbytes_of
 from viz.cache import ByteLRU
@@ -71,12 +72,12 @@ def test_the_stored_stream_equals_the_rerun_layers_and_reruns_are_identical(labe
     tr = model.trace(TEXT, **kw)
     for stack in tr.stacks():
         for i in range(tr.layers(stack)):
-            stored = tr[f"{stack}.{i}.out"]
-            rerun = tr.recomputed(f"{stack}.{i}.out")  # explicit path vs the fused one stored
+            stored = tr[tn.out(stack, i)]
+            rerun = tr.recomputed(tn.out(stack, i))  # explicit path vs the fused one stored
             assert torch.allclose(rerun, stored, atol=1e-5, rtol=0), (stack, i)
             for kind in tr.attention_kinds(stack):
-                p = f"{stack}.{i}.{kind}"
-                assert torch.allclose(tr.recomputed(p + ".heads"), tr[p + ".heads"], atol=1e-5, rtol=0)
+                heads = tn.attn(stack, i, kind, "heads")
+                assert torch.allclose(tr.recomputed(heads), tr[heads], atol=1e-5, rtol=0)
     again = model.trace(TEXT, **kw)
     for name in tr.names():
         if name.endswith(MAPS) or name.endswith((".q", ".k", ".v", ".out")):
@@ -96,7 +97,7 @@ def test_a_trace_stores_only_what_grows_with_n_times_d():
         for i in range(n_layers):
             for kind in kinds:
                 for s in PER_ATTN:
-                    name = f"{stack}.{i}.{kind}.{s}"
+                    name = tn.attn(stack, i, kind, s)
                     assert name in tr and isinstance(tr[name], torch.Tensor), name
     assert tr.names("decoder.0.self_attn.") == [f"decoder.0.self_attn.{s}" for s in PER_ATTN]
     assert tr["probs"].shape == (n_tgt, model.config.tgt_vocab_size)
@@ -115,7 +116,7 @@ def test_the_layer_cache_is_small_and_moving_between_heads_does_no_model_work():
         tr["encoder.1.self_attn.scores"][h]
     assert calls == [("encoder", 1)]
     for i in range(3):
-        tr[f"decoder.{i}.self_attn.weights"]
+        tr[tn.self_attn("decoder", i, "weights")]
     assert len(tr._cache) <= core.trace.LAYER_CACHE
     assert tr.nbytes() == nbytes_of([tr])  # the cache counts nothing
 
@@ -126,7 +127,7 @@ def test_each_layer_walks_the_stack_without_filling_the_cache():
     maps = [d["self_attn.weights"] for d in tr.each_layer("encoder")]
     assert len(maps) == 3 and not tr._cache
     for i, w in enumerate(maps):
-        assert torch.equal(w, tr[f"encoder.{i}.self_attn.weights"])
+        assert torch.equal(w, tr[tn.self_attn("encoder", i, "weights")])
 
 
 def test_save_load_and_pickle_keep_every_name(tmp_path):
@@ -315,7 +316,7 @@ def test_the_weights_alone_are_bit_for_bit_the_full_rerun(label, model, kw):
     assert not tr._cache  # nothing was run through the full re-run
     for stack, maps in alone.items():
         for i, w in enumerate(maps):
-            assert torch.equal(w, tr[f"{stack}.{i}.self_attn.weights"]), (stack, i)
+            assert torch.equal(w, tr[tn.self_attn(stack, i, "weights")]), (stack, i)
 
 
 def test_counting_heads_computes_no_map(toy, monkeypatch):
