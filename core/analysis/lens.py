@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 DEFAULT_POSITIONS = 32  # positions computed by default at longer inputs: the last ones
-CHUNK = 256  # positions whose logits exist at once
+CHUNK = 128  # positions whose logits exist at once (float64: 128 x 49,152 x 8 bytes = 48 MiB a tensor)
 
 Token = Union[str, int]
 
@@ -157,12 +157,12 @@ def lens(trace, kind: str = "logit", k: int = 5, target: Optional[Token] = None,
     cols = {c: [] for c in COLUMNS}
     for c0 in range(0, len(pos), CHUNK):
         idx = torch.tensor(pos[c0: c0 + CHUNK])
-        final = torch.log_softmax(out_head(trace[final_name][idx].to(dev, dtype)).float(), dim=-1)
+        final = torch.log_softmax(out_head(trace[final_name][idx].to(dev, dtype)).double(), dim=-1)
         p_final = final.exp()
         tgt = final.argmax(-1) if fixed is None else torch.full((len(idx),), fixed, device=final.device)
         tgt_str = strings(tgt.tolist())
         for layer in range(n_layers + 1):
-            logp = torch.log_softmax(head(trace[stream_name(stack, layer)][idx].to(dev, dtype)).float(), dim=-1)
+            logp = torch.log_softmax(head(trace[stream_name(stack, layer)][idx].to(dev, dtype)).double(), dim=-1)
             p = logp.exp()
             entropy = -(p * logp).sum(-1)
             kl = (p_final * (final - logp)).sum(-1).clamp_min(0.0)
