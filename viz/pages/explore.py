@@ -70,6 +70,7 @@ elif model.kind == "decoder" and trace.tokens("next"):
 
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
+c[2].page_link("viz/pages/lens.py", label="logit lens", query_params={"model": model_name, "text": text})
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
