@@ -277,6 +277,16 @@ add(Fault("teacher-forced rows = the prefix run alone", "decoder", _decoder_para
           shifted_step_rows, fails="max |Δ| =", holds="max |Δ| =", verify=_says_how_much_and_where))
 
 
+# ------------------------------------------------------------------ the Lens page
+LENS = {"model": "smollm2", "text": "When Mary and John went to the store, John gave a drink to", "target": " Mary",
+        "baseline": " John"}
+add(Fault("contributions add up to the model's own logit", "lens", LENS,
+          "the sum of direct logit attribution's rows (heads through the checkpoint's W_o, MLPs run again) vs the "
+          "model's own logit difference from the pass's final hidden state",
+          projection(MHA, "w_o"), fails="Contributions do not add up to the model's own logit",
+          holds="Contributions add up to the model's own logit"))
+
+
 # ------------------------------------------------------------------ running a page
 def _clear_caches():
     from viz.ui import models
