@@ -66,7 +66,7 @@ def lens_grid(df: pd.DataFrame, colour: str = "target", title: str = "") -> go.F
     n_l = len(layers)
     fig.update_xaxes(tickvals=list(range(len(positions))),
                      ticktext=[f"{safe_label(t)} ({p})" for t, p in zip(tokens, positions)],
-                     side="top", tickangle=-60, title="input token (position)", showgrid=False)
+                     side="top", tickangle=-60, showgrid=False)
     step = 1 if n_l <= 16 else 2
     last = layers[-1]
     fig.update_yaxes(tickvals=list(range(0, n_l, step)) + ([n_l - 1] if (n_l - 1) % step else []),

@@ -33,7 +33,8 @@ import pandas as pd
 import torch
 
 DEFAULT_POSITIONS = 32  # positions computed by default at longer inputs: the last ones
-CHUNK = 128  # positions whose logits exist at once (float64: 128 x 49,152 x 8 bytes = 48 MiB a tensor)
+CHUNK = 128  # positions whose output distribution is held at once (float64: 128 x 49,152 x 8 bytes = 48 MiB)
+ROWS = 256  # (layer, position) rows whose logits one matmul computes (float32: 256 x 49,152 x 4 = 48 MiB)
 
 Token = Union[str, int]
 
@@ -155,34 +156,43 @@ def lens(trace, kind: str = "logit", k: int = 5, target: Optional[Token] = None,
     dev, dtype = model.device, next(model.net.parameters()).dtype
     strings = model.alternative_strings
     cols = {c: [] for c in COLUMNS}
+    dot = lambda a, b: torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]  # row-wise a . b, no m x V temporary
     for c0 in range(0, len(pos), CHUNK):
         idx = torch.tensor(pos[c0: c0 + CHUNK])
         final = torch.log_softmax(out_head(trace[final_name][idx].to(dev, dtype)).double(), dim=-1)
         p_final = final.exp()
-        tgt = final.argmax(-1) if fixed is None else torch.full((len(idx),), fixed, device=final.device)
+        neg_h_final = dot(p_final, final)  # KL(f || l) = sum p_f log p_f - sum p_f log p_l
+        del final
+        tgt = p_final.argmax(-1) if fixed is None else torch.full((len(idx),), fixed, device=p_final.device)
         tgt_str = strings(tgt.tolist())
-        for layer in range(n_layers + 1):
-            logp = torch.log_softmax(head(trace[stream_name(stack, layer)][idx].to(dev, dtype)).double(), dim=-1)
-            p = logp.exp()
-            entropy = -(p * logp).sum(-1)
-            kl = (p_final * (final - logp)).sum(-1).clamp_min(0.0)
-            top = torch.topk(logp, k)
-            t_prob = p.gather(1, tgt[:, None])[:, 0]
-            top_ids = top.indices.cpu().tolist()
-            top_p = top.values.exp().cpu().tolist()
-            for r, q in enumerate(idx.tolist()):
-                cols["layer"].append(layer)
-                cols["position"].append(q)
-                cols["token"].append(tokens[q] if q < len(tokens) else "")
-                cols["top_ids"].append(top_ids[r])
-                cols["top_tokens"].append(strings(top_ids[r]))
-                cols["top_probs"].append(top_p[r])
-                cols["target"].append(tgt_str[r])
-            cols["target_id"] += tgt.tolist()
-            cols["target_prob"] += t_prob.cpu().tolist()
-            cols["entropy"] += entropy.cpu().tolist()
-            cols["kl"] += kl.cpu().tolist()
-            del logp, p
+        per_block = max(1, ROWS // len(idx))  # layers whose logits one matmul computes
+        for l0 in range(0, n_layers + 1, per_block):
+            block = list(range(l0, min(n_layers + 1, l0 + per_block)))
+            x = torch.cat([trace[stream_name(stack, layer)][idx] for layer in block]).to(dev, dtype)
+            logits = head(x).view(len(block), len(idx), -1)
+            del x
+            for j, layer in enumerate(block):
+                logp = torch.log_softmax(logits[j].double(), dim=-1)
+                top = torch.topk(logits[j], k)
+                top_ids = top.indices.cpu().tolist()
+                top_p = logp.gather(1, top.indices).exp().cpu().tolist()
+                t_prob = logp.gather(1, tgt[:, None])[:, 0].exp()
+                kl = (neg_h_final - dot(p_final, logp)).clamp_min(0.0)
+                entropy = -dot(logp.exp(), logp)
+                for r, q in enumerate(idx.tolist()):
+                    cols["layer"].append(layer)
+                    cols["position"].append(q)
+                    cols["token"].append(tokens[q] if q < len(tokens) else "")
+                    cols["top_ids"].append(top_ids[r])
+                    cols["top_tokens"].append(strings(top_ids[r]))
+                    cols["top_probs"].append(top_p[r])
+                    cols["target"].append(tgt_str[r])
+                cols["target_id"] += tgt.tolist()
+                cols["target_prob"] += t_prob.cpu().tolist()
+                cols["entropy"] += entropy.cpu().tolist()
+                cols["kl"] += kl.cpu().tolist()
+                del logp
+            del logits
     df = pd.DataFrame(cols, columns=COLUMNS).sort_values(["layer", "position"], kind="stable").reset_index(drop=True)
     df.attrs.update(stack=stack, n_layers=n_layers, positions=pos, k=k)
     return df
