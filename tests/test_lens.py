@@ -313,3 +313,30 @@ def test_logit_attribution_follows_an_ablated_pass(smollm2):
     df = ca.logit_attribution(tr, " Mary", baseline=" John")
     assert df[(df.kind == "head") & (df.layer == 23) & (df["head"] == 3)].contribution.iloc[0] == 0.0
     assert abs(df.contribution.sum() - df.attrs["model_logit"]) < TOL * max(1.0, abs(df.attrs["model_logit"]))
+
+
+def test_t5_decoder_attribution_adds_up_to_transformers_logit(tmp_path):
+    """A pre-norm encoder-decoder (T5: RMSNorm, logit_scale with tied embeddings, cross-attention
+    heads): the rows, self- and cross-attention heads among them, add up to transformers' logit
+    difference, and the lens reads the decoder stack."""
+    pytest.importorskip("transformers")
+    from core.loaders import hf_seq2seq
+    from test_hf_seq2seq import PAIRS, _build
+
+    theirs = _build("t5", tmp_path)
+    ours = hf_seq2seq.load(tmp_path, device="cpu")
+    src, tgt = PAIRS[0]
+    tr = ours.trace(src, target=tgt)
+    assert ours.config.logit_scale != 1.0
+    p = 3
+    top2 = tr["topk.ids"][p].tolist()[:2]
+    df = ca.logit_attribution(tr, top2[0], baseline=top2[1], position=p)
+    assert set(df[df.kind == "head"].attn) == {"self_attn", "cross_attn"}
+    with torch.no_grad():
+        logits = theirs(input_ids=torch.tensor([ours.tokenizer.encode(src).ids]),
+                        decoder_input_ids=torch.tensor([tr.meta["target_ids"]])).logits[0].double()
+    diff = float(logits[p, top2[0]] - logits[p, top2[1]])
+    assert abs(df.contribution.sum() - diff) <= TOL * max(1.0, abs(diff))
+    lens = ca.lens(tr)
+    assert lens.attrs["stack"] == "decoder" and lens.layer.max() == tr.layers("decoder")
+    assert lens[lens.layer == lens.layer.max()].kl.max() < 1e-6
