@@ -5,7 +5,8 @@
            runs); on a CUDA machine also on the GPU;
 2. long inputs  what a trace stores and costs at the models' own context (bench.trace_bench);
 3. patching  smollm2's resid_pre and head grids against one forward pass per cell (bench.bench_patching);
-4. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens, the
+4. lens    the logit lens and direct logit attribution against one traced pass (bench.bench_lens);
+5. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens, the
            corpus page's 20,000-point scatter (bench.browser_bench; also in --quick).
 Each runs in its own process. --quick: fewer rounds and repetitions, configurations
 glibc/after, lengths 128 and 512 (a few minutes instead of ~15).
@@ -349,6 +350,12 @@ def main(argv=None) -> int:
         results += [Result.from_dict(r) for r in _sub("bench.bench_patching", ["--reps", "1"])["results"]]
     except Exception as exc:
         results.append(Result("patching", "patching benchmark", None, "x", note=str(exc)[-300:]))
+    print("lens ...", flush=True)
+    try:  # bench.bench_lens: the logit lens and direct logit attribution against a traced pass (smollm2)
+        lens = _sub("bench.bench_lens", ["--tokens", "512" if args.quick else "512,2048"])
+        results += [Result.from_dict(r) for r in lens["results"]]
+    except Exception as exc:
+        results.append(Result("lens", "lens benchmark", None, "x", note=str(exc)[-300:]))
 
     print("checkpoint load ...", flush=True)
     results += load_results(args.quick)

@@ -132,6 +132,7 @@ PAGES = {  # page -> (the text box's key or None, the page-specific choice: (kin
     "heads": ("heads.text", ("selectbox", "heads.token", 3)),
     "playground": ("playground.text", None),
     "corpus": (None, ("selectbox", "corpus.layer", 1)),
+    "lens": ("lens.text", ("radio", "lens.color", "entropy")),
     "compare": ("compare.text", ("selectbox", "compare.layer", 1)),
 }
 

@@ -292,6 +292,14 @@ add(Fault("patching the whole stream at layer 0 restores 1", "patching",
           "the patched run's metric (the grid's batched runs, from layer 0) vs the clean run's own metric",
           patched_runs_start_a_layer_late, fails="patching the whole residual stream entering layer 0",
           holds="patching the whole residual stream entering layer 0"))
+# ------------------------------------------------------------------ the Lens page
+LENS = {"model": "smollm2", "text": "When Mary and John went to the store, John gave a drink to", "target": " Mary",
+        "baseline": " John"}
+add(Fault("contributions add up to the model's own logit", "lens", LENS,
+          "the sum of direct logit attribution's rows (heads through the checkpoint's W_o, MLPs run again) vs the "
+          "model's own logit difference from the pass's final hidden state",
+          projection(MHA, "w_o"), fails="Contributions do not add up to the model's own logit",
+          holds="Contributions add up to the model's own logit"))
 
 
 # ------------------------------------------------------------------ running a page

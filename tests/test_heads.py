@@ -112,8 +112,9 @@ def test_page_draws_the_scores_and_keeps_the_url(app_test, toy):
 def test_top_heads_link_to_explore(app_test, toy):
     at = app_test("heads", text=TEXT)
     at.run()
-    links = at.get("page_link")
+    links = [l for l in at.get("page_link") if l.proto.page == "explore"]
     assert len(links) == 10  # induction: each head on the sentence, then on the repeated sequence
+    assert [l.proto.page for l in at.get("page_link")].count("lens") == 1  # and the logit lens of the sentence
     rep = analysis.repeated_text(toy, "encoder")
     top = analysis.top_heads(analysis.head_scores(toy, TEXT).query("stack == 'encoder'"), "induction", 5)
     for link, row in zip(links[1::2], top.itertuples()):
@@ -179,7 +180,8 @@ def test_induction_link_opens_the_repeated_sequence(app_test):
     at = app_test("heads", model="smollm2", text="The cat sat on the mat.")
     at.run()
     assert_no_exception(at)
-    links = [urllib.parse.parse_qs(l.proto.query_string, keep_blank_values=True) for l in at.get("page_link")]
+    links = [urllib.parse.parse_qs(l.proto.query_string, keep_blank_values=True) for l in at.get("page_link")
+             if l.proto.page == "explore"]
     on_repeat = [q for q in links if q["text"] == [rep["text"]]]
     assert len(on_repeat) == 5 and len(links) == 10  # one per top head, beside its link on the sentence
     scores = analysis.head_scores(m, "The cat sat on the mat.")

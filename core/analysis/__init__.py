@@ -12,11 +12,14 @@ trace that computes attention on access never holds every layer's maps at once.
 
 The analyses, by job: head_scoring.py (what heads do), attention_flow.py (rollout and flow),
 corpus_job.py (a corpus traced in batches, per-head vectors), joint.py (AttentionViz's joint
-query-key projection), patching.py (activation patching: which activations the output needs).
+query-key projection), patching.py (activation patching: which activations the output needs),
+lens.py (the logit lens), logit_attribution.py (direct logit attribution).
 """
 
 from .attention_flow import FLOW_SCALE, Heads, flow, mix_residual, rollout
 from .patching import patch
+from .lens import lens
+from .logit_attribution import logit_attribution
 from .head_scoring import (
     DEFAULT_SENTENCE,
     REPEAT_LENGTH,
@@ -38,6 +41,8 @@ __all__ = [
     "SCORES",
     "flow",
     "head_scores",
+    "lens",
+    "logit_attribution",
     "map_scores",
     "mix_residual",
     "ordinary_ids",

@@ -73,6 +73,7 @@ attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(s
 if kind == "self_attn" and stack == {"decoder": "decoder", "encoder-decoder": "encoder"}.get(model.kind):  # patchable heads
     st.page_link("viz/pages/patching.py", label=f"Patch this head (layer {layer}, head {head}): does the output need it?",
                  query_params={"model": model_name, "text": text, "what": "head"}, icon=":material/healing:")
+c[2].page_link("viz/pages/lens.py", label="logit lens", query_params={"model": model_name, "text": text})
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:

@@ -113,6 +113,8 @@ with cols[2]:
                          help=f"Explore this head on the {2 * rep['r']} random tokens (R = {rep['r']}, repeated "
                               "twice) its score was read on: an induction head's stripe sits one below the "
                               "diagonal of the earlier copy.")
+    st.page_link("viz/pages/lens.py", label="logit lens: what the heads add to the output",
+                 query_params={"model": model_name, "text": text})
     if rep is not None and rep["why"]:
         st.caption(f"The repeated sequence cannot be opened as it was scored: {rep['why']}.")
 if model.kind == "decoder":
