@@ -26,6 +26,8 @@ from typing import Dict, Optional
 
 # model_type -> module name under core.loaders.families
 MODULES: Dict[str, str] = {}
+MODULES.update({"bert": "bert", "roberta": "bert", "distilbert": "bert", "gpt2": "gpt2",
+                "llama": "llama", "mistral": "llama", "qwen2": "llama"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
