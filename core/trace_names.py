@@ -79,42 +79,47 @@ def local(kind: str, step: str) -> str:
     return f"{kind}.{step}"
 
 
-def attn(stack: str, i: int, kind: str, step: str) -> str:
-    """{stack}.{i}.{kind}.{step}, kind self_attn or cross_attn."""
-    return f"{stack}.{i}.{kind}.{step}"
-
-
 def sublayer(stack: str, i: int, sub: str, step: str) -> str:
     """{stack}.{i}.{sub}.{step}, sub an attention kind or ffn (a layer's sub-layers in turn)."""
     return f"{stack}.{i}.{sub}.{step}"
 
 
+def attn(stack: str, i: int, kind: str, step: str) -> str:
+    """{stack}.{i}.{kind}.{step}, kind self_attn or cross_attn."""
+    return sublayer(stack, i, kind, step)
+
+
 def self_attn(stack: str, i: int, step: str) -> str:
-    return f"{stack}.{i}.{SELF}.{step}"
+    return sublayer(stack, i, SELF, step)
 
 
 def cross_attn(stack: str, i: int, step: str) -> str:
-    return f"{stack}.{i}.{CROSS}.{step}"
+    return sublayer(stack, i, CROSS, step)
 
 
 def ffn(stack: str, i: int, step: str) -> str:
     """{stack}.{i}.ffn.hidden or .out."""
-    return f"{stack}.{i}.{FFN}.{step}"
+    return sublayer(stack, i, FFN, step)
+
+
+def numbered(stack: str, i: int, what: str, j: int) -> str:
+    """{stack}.{i}.{what}{j}: what is residual, norm or post_norm; j the sub-layer from 1."""
+    return f"{stack}.{i}.{what}{j}"
 
 
 def residual(stack: str, i: int, j: int) -> str:
     """The stream after sub-layer j (1-based) added its result."""
-    return f"{stack}.{i}.residual{j}"
+    return numbered(stack, i, "residual", j)
 
 
 def norm(stack: str, i: int, j: int) -> str:
     """Sub-layer j's norm: its input (pre-norm) or the normed residual (post-norm)."""
-    return f"{stack}.{i}.norm{j}"
+    return numbered(stack, i, "norm", j)
 
 
 def post_norm(stack: str, i: int, j: int) -> str:
     """Sub-layer j's output normed again before it is added (Gemma 2/3, OLMo 2)."""
-    return f"{stack}.{i}.post_norm{j}"
+    return numbered(stack, i, "post_norm", j)
 
 
 def out(stack: str, i: int) -> str:

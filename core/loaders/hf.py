@@ -9,8 +9,9 @@ the families of core/loaders/families (qwen3, olmo2, gpt_neox, phi3);
 marian, bart and t5 in core/loaders/hf_seq2seq.py (loaded from here when that module is present).
 Anything else gets a CheckpointError naming the supported families. The pieces:
 
-    core/loaders/hf_config.py      config.json -> ModelConfig, family by family
-    core/loaders/hf_weights.py     the weight-name tables; the network filled from the checkpoint
+    core/loaders/families/         one module per family: config.json -> ModelConfig, weight table
+    core/loaders/hf_config.py      config reading the families share (activations, RoPE, Llama's config)
+    core/loaders/hf_weights.py     build_net: the network filled from the checkpoint by a family's table
     core/loaders/masked_lm.py      an encoder's masked-LM head; HFModel.fill_mask
     core/loaders/hf_tokenizer.py   tokenizer.json as our tokenizer
     core/loaders/local_models.py   the folders and .gguf files the app lists
@@ -30,7 +31,8 @@ from .hf_tokenizer import HFTokenizer
 from .hf_weights import Progress, build_net
 from .masked_lm import EXAMPLES, HFModel, human_size, local_model  # noqa: F401 (re-exported)
 
-FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2") + families.model_types()
+FAMILIES = tuple(dict.fromkeys(("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
+                               + families.model_types()))  # every one read by a module of core/loaders/families
 SEQ2SEQ = ("marian", "bart", "t5")
 SUPPORTED = FAMILIES + SEQ2SEQ
 

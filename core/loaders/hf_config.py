@@ -1,15 +1,8 @@
-"""config.json -> ModelConfig for the families core/loaders/hf.py reads (model_type):
-
-    bert        encoder, post-norm LayerNorm, learned positions + token types, GELU
-    roberta     as bert, positions start at padding_idx + 1 (ModelConfig.position_offset)
-    distilbert  as bert without token types (q_lin/k_lin/... names)
-    gpt2        decoder, pre-norm LayerNorm, learned positions, gelu_new; Conv1D weights are
-                stored (in, out) and transposed (core/loaders/hf_weights.py); c_attn is split into
-                W_q, W_k, W_v
-    llama       decoder, RMSNorm, RoPE ("half" layout; rope_scaling linear / llama3), SwiGLU, GQA
-    mistral     as llama, plus sliding-window attention (ModelConfig.sliding_window): keys
-                W or more positions back are masked with -inf, visible in the recorded mask
-    qwen2       as llama, with biases on W_q, W_k, W_v (ModelConfig.qkv_bias)
+"""Reading config.json, the pieces every family module shares (core/loaders/families):
+activations, settings refused by name, RoPE's theta and scaling, the decoders' length cap, and
+config_llama, the Llama-style decoder config (RMSNorm, RoPE in the "half" layout, SwiGLU,
+GQA; mistral's sliding window and qwen2's qkv biases included) that llama.py and the families
+built on Llama start from.
 
 A setting the architecture here does not compute (another position scheme, an unknown
 activation, attention biases on llama, ...) is a CheckpointError that names it.
@@ -37,69 +30,6 @@ def _act(name: str) -> str:
 def _no(hf: dict, key: str, what: str) -> None:
     if hf.get(key):
         raise CheckpointError(f"{what} ({key}={hf[key]!r}) is not supported")
-
-
-def config_bert(hf: dict) -> ModelConfig:
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported")
-    roberta = hf.get("model_type") == "roberta"
-    offset = int(hf.get("pad_token_id", 1)) + 1 if roberta else 0
-    return _bert_family(
-        hf, ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"),
-        max_len=hf.get("max_position_embeddings", 512) - offset,
-        position_offset=offset,
-        type_vocab_size=hf.get("type_vocab_size", 2),
-        activation=_act(hf.get("hidden_act", "gelu")),
-        norm_eps=hf.get("layer_norm_eps", 1e-12),
-    )
-
-
-def _bert_family(hf: dict, sizes: Tuple[str, str, str, str], **fields) -> ModelConfig:
-    """What BERT, RoBERTa and DistilBERT share: a post-norm encoder with learned positions, an
-    embedding LayerNorm and biases. sizes: the config.json keys of d, H, m and L, which each
-    family names its own way; `fields` the rest."""
-    d, h, m, n_layers = (hf[k] for k in sizes)
-    return ModelConfig(kind="encoder", d_model=d, n_heads=h, d_ff=m, n_layers=n_layers,
-                       src_vocab_size=hf["vocab_size"], positional="learned", embed_norm=True, norm="layernorm",
-                       norm_placement="post", bias=True, final_norm=False, pad_id=hf.get("pad_token_id") or 0,
-                       **fields)
-
-
-def config_distilbert(hf: dict) -> ModelConfig:
-    return _bert_family(
-        hf, ("dim", "n_heads", "hidden_dim", "n_layers"),
-        max_len=hf.get("max_position_embeddings", 512),
-        # positional="learned" for sinusoidal_pos_embds too: the table is stored in the checkpoint
-        activation=_act(hf.get("activation", "gelu")),
-        norm_eps=1e-12,
-    )
-
-
-def config_gpt2(hf: dict) -> ModelConfig:
-    _no(hf, "scale_attn_by_inverse_layer_idx", "scaling attention by the layer index")
-    _no(hf, "reorder_and_upcast_attn", "reordered attention")
-    if hf.get("scale_attn_weights", True) is False:
-        raise CheckpointError("GPT-2 without 1/sqrt(d_k) scaling (scale_attn_weights=false) is not supported")
-    d = hf["n_embd"]
-    return ModelConfig(
-        kind="decoder",
-        d_model=d,
-        n_heads=hf["n_head"],
-        d_ff=hf.get("n_inner") or 4 * d,
-        n_layers=hf["n_layer"],
-        tgt_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("n_positions", 1024), DECODER_MAX_LEN),
-        positional="learned",
-        activation=_act(hf.get("activation_function", "gelu_new")),
-        norm="layernorm",
-        norm_placement="pre",
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        bias=True,
-        final_norm=True,
-        tie_embeddings=hf.get("tie_word_embeddings", True),
-        out_bias=False,
-        pad_id=hf.get("pad_token_id") or 0,
-    )
 
 
 def rope_params(hf: dict, partial: bool = False) -> Tuple[float, Optional[dict]]:
@@ -174,7 +104,3 @@ def config_llama(hf: dict, partial: bool = False) -> ModelConfig:
         sliding_window=int(window) if window else None,
         pad_id=hf.get("pad_token_id") or 0,
     )
-
-
-CONFIGS = {"bert": config_bert, "roberta": config_bert, "distilbert": config_distilbert, "gpt2": config_gpt2,
-           "llama": config_llama, "mistral": config_llama, "qwen2": config_llama}

@@ -1,5 +1,6 @@
-"""The weights of a Hugging Face checkpoint in our Transformer: each family's weight-name
-table, and build_net, which fills the network from the checkpoint's tensors.
+"""The weights of a Hugging Face checkpoint in our Transformer: build_net fills the network
+from the checkpoint's tensors, by the weight table of the model_type's family module
+(core/loaders/families: bert, gpt2, llama, ...; config reading shared in core/loaders/hf_config.py).
 
 Checkpoints saved from a task model (BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM,
 ...) or the bare model both load: the base prefix ("bert.", "model.", "transformer.") is
@@ -17,62 +18,18 @@ GPU by AttentionModel (no half-precision compute, so traces match the CPU's to r
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional
 
 import torch
 
 from .checkpoint import Checkpoint, CheckpointError, check_shape
 from ..net.config import ModelConfig
 from . import families
-from .hf_config import CONFIGS
 from .masked_lm import mlm_names, read_mlm_head
-from .minilm import EMBED_MAP as MINILM_EMBED
-from .minilm import LAYER_MAP as MINILM_LAYER
 from ..net.model import Transformer
 
 Progress = Optional[Callable[[str], None]]
 
-# (checkpoint name under the base prefix, our name); "{i}" is the layer; ".weight"/".bias"
-# are added where present. LAYER_T entries are Conv1D (stored transposed).
-BERT_EMBED, BERT_LAYER = MINILM_EMBED, MINILM_LAYER  # the tables core/loaders/minilm.py uses for all-MiniLM-L6-v2
-DISTIL_EMBED = [("embeddings.word_embeddings", "src_embed.tok"), ("embeddings.position_embeddings", "src_embed.pos"),
-                ("embeddings.LayerNorm", "src_embed.norm")]
-DISTIL_LAYER = [
-    ("transformer.layer.{i}.attention.q_lin", "encoder.{i}.self_attn.w_q"),
-    ("transformer.layer.{i}.attention.k_lin", "encoder.{i}.self_attn.w_k"),
-    ("transformer.layer.{i}.attention.v_lin", "encoder.{i}.self_attn.w_v"),
-    ("transformer.layer.{i}.attention.out_lin", "encoder.{i}.self_attn.w_o"),
-    ("transformer.layer.{i}.sa_layer_norm", "encoder.{i}.norms.0"),
-    ("transformer.layer.{i}.ffn.lin1", "encoder.{i}.ffn.w_1"),
-    ("transformer.layer.{i}.ffn.lin2", "encoder.{i}.ffn.w_2"),
-    ("transformer.layer.{i}.output_layer_norm", "encoder.{i}.norms.1"),
-]
-GPT2_TOP = [("wte", "tgt_embed.tok"), ("wpe", "tgt_embed.pos"), ("ln_f", "decoder_norm")]
-GPT2_LAYER = [("h.{i}.ln_1", "decoder.{i}.norms.0"), ("h.{i}.ln_2", "decoder.{i}.norms.1")]
-GPT2_LAYER_T = [("h.{i}.attn.c_proj", "decoder.{i}.self_attn.w_o"), ("h.{i}.mlp.c_fc", "decoder.{i}.ffn.w_1"),
-                ("h.{i}.mlp.c_proj", "decoder.{i}.ffn.w_2")]
-LLAMA_TOP = [("embed_tokens", "tgt_embed.tok"), ("norm", "decoder_norm")]
-LLAMA_LAYER = [
-    ("layers.{i}.input_layernorm", "decoder.{i}.norms.0"),
-    ("layers.{i}.self_attn.q_proj", "decoder.{i}.self_attn.w_q"),
-    ("layers.{i}.self_attn.k_proj", "decoder.{i}.self_attn.w_k"),
-    ("layers.{i}.self_attn.v_proj", "decoder.{i}.self_attn.w_v"),
-    ("layers.{i}.self_attn.o_proj", "decoder.{i}.self_attn.w_o"),
-    ("layers.{i}.post_attention_layernorm", "decoder.{i}.norms.1"),
-    ("layers.{i}.mlp.gate_proj", "decoder.{i}.ffn.w_1"),
-    ("layers.{i}.mlp.up_proj", "decoder.{i}.ffn.w_3"),
-    ("layers.{i}.mlp.down_proj", "decoder.{i}.ffn.w_2"),
-]
-# (base prefixes to try, the tensor that tells them apart, tables)
-BASES = {
-    "bert": (("bert.", ""), "embeddings.word_embeddings.weight"),
-    "roberta": (("roberta.", ""), "embeddings.word_embeddings.weight"),
-    "distilbert": (("distilbert.", ""), "embeddings.word_embeddings.weight"),
-    "gpt2": (("transformer.", ""), "wte.weight"),
-    "llama": (("model.", ""), "embed_tokens.weight"),
-    "mistral": (("model.", ""), "embed_tokens.weight"),
-    "qwen2": (("model.", ""), "embed_tokens.weight"),
-}
 # tensors that carry no parameter of the forward pass we run (buffers, poolers, NSP heads)
 IGNORED = re.compile(
     r"^(.*embeddings\.position_ids|.*pooler\..*|cls\.seq_relationship\..*|.*\.attn\.(masked_)?bias"
@@ -80,52 +37,28 @@ IGNORED = re.compile(
 )
 
 
-def _base(ckpt: Checkpoint, family: str, mod=None) -> str:
-    prefixes, probe = mod.BASES if mod is not None else BASES[family]
+def _base(ckpt: Checkpoint, family: str, mod) -> str:
+    """The base prefix of the checkpoint's tensor names ("bert.", "model.", ""): a family
+    module's BASES, or its BASES_BY_TYPE entry for this model_type where it reads several."""
+    prefixes, probe = getattr(mod, "BASES_BY_TYPE", {}).get(family, mod.BASES)
     for p in prefixes:
         if p + probe in ckpt:
             return p
     raise CheckpointError(f"this is not a {family} checkpoint: it lacks {prefixes[0] + probe!r}")
 
 
-def weight_table(family: str, cfg: ModelConfig, ckpt: Checkpoint, base: str) -> List[Tuple[str, str, str]]:
-    """(checkpoint name, our name, how) for every tensor: how is "" (as stored) or "T"
-    (Conv1D: transpose). GPT-2's c_attn is handled by the caller (split in three)."""
-    rows: List[Tuple[str, str, str]] = []
-
-    def add(top, layer, how=""):
-        for theirs, ours in top:
-            for s in (".weight", ".bias"):
-                rows.append((base + theirs + s, ours + s, how))
-        for i in range(cfg.n_layers):
-            for theirs, ours in layer:
-                for s in (".weight", ".bias"):
-                    rows.append((base + theirs.format(i=i) + s, ours.format(i=i) + s, how))
-
-    if family in ("bert", "roberta"):
-        add(BERT_EMBED, BERT_LAYER)
-    elif family == "distilbert":
-        add(DISTIL_EMBED, DISTIL_LAYER)
-    elif family == "gpt2":
-        add(GPT2_TOP, GPT2_LAYER)
-        add([], GPT2_LAYER_T, "T")
-    else:
-        add(LLAMA_TOP, LLAMA_LAYER)
-    if cfg.has_decoder and not cfg.tie_embeddings:
-        rows.append(("lm_head.weight", "out_proj.weight", ""))
-    return rows
-
-
 def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None):
     """(our Transformer, MLMHead or None) holding the checkpoint's tensors, as float32."""
-    mod = families.module(family)  # a family with a module of its own (core/loaders/families)
-    cfg = (mod.config if mod is not None else CONFIGS[family])(hf)
+    mod = families.module(family)  # every family is a module of core/loaders/families
+    if mod is None:
+        raise CheckpointError(f"no family module reads model_type {family!r}")
+    cfg = mod.config(hf)
     base = _base(ckpt, family, mod)
     with torch.device("meta"):
         net = Transformer(cfg)
     ours = dict(net.state_dict(keep_vars=True))
     state: Dict[str, torch.Tensor] = {}
-    rows = mod.weight_rows(cfg, base) if mod is not None else weight_table(family, cfg, ckpt, base)
+    rows = mod.weight_rows(cfg, base)
     total = len(rows)
     for k, (theirs, mine, how) in enumerate(rows):
         if mine not in ours:
@@ -141,21 +74,8 @@ def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None
         state[mine] = t
         if progress and k % 64 == 0:
             progress(f"reading tensors ({k}/{total})")
-    if mod is not None and hasattr(mod, "split_fused"):
+    if hasattr(mod, "split_fused"):  # fused tensors (GPT-2's c_attn, ...)
         mod.split_fused(cfg, base, ckpt, state)
-    if family == "gpt2":  # c_attn: x @ W (d x 3d) + b -> W_q, W_k, W_v
-        d = cfg.d_model
-        for i in range(cfg.n_layers):
-            w_name, b_name = f"{base}h.{i}.attn.c_attn.weight", f"{base}h.{i}.attn.c_attn.bias"
-            if w_name not in ckpt:
-                continue
-            w = ckpt.get(w_name)
-            check_shape(w_name, w, [d, 3 * d])
-            b = ckpt.get(b_name) if b_name in ckpt else None
-            for j, part in enumerate(("w_q", "w_k", "w_v")):
-                state[f"decoder.{i}.self_attn.{part}.weight"] = w[:, j * d:(j + 1) * d].t().contiguous()
-                if b is not None:
-                    state[f"decoder.{i}.self_attn.{part}.bias"] = b[j * d:(j + 1) * d].clone()
     tied = {"out_proj.weight"} if cfg.has_decoder and cfg.tie_embeddings else set()
     missing = [n for n in ours if n not in state and n not in tied]
     if missing:

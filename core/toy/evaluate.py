@@ -112,7 +112,7 @@ def evaluate_steps(folder: Path = TOY_DIR, n: int = 1000, log=print, results: Op
     ce, al = losses.get("ce") or [], losses.get("align") or []
     cfg = json.loads((folder / "config.json").read_text())
     guided = cfg["extra"]["guided_alignment"]
-    g_layer, g_head = int(guided["name"].split(".")[1]), int(guided["head"])
+    g_layer, g_head = tn.parse(guided["name"]).layer, int(guided["head"])
     align_weight = float(cfg["extra"].get("training", {}).get("align_weight", 0.5))
     rows = []
     for step in available_steps(folder):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..loaders.catalog import TOY_DIR
+from .. import trace_names as tn
 
 STEPS_DIR = "steps"
 LOSSES = "losses.json"
@@ -108,7 +109,7 @@ def best_unsupervised(per_head: Dict[str, Dict[str, float]], guided_layer: int, 
     """The cross-attention head (not the supervised one) with the highest alignment accuracy."""
     best = None
     for layer_name, row in per_head.items():
-        layer = int(layer_name.split(".")[1])
+        layer = tn.layer_of(layer_name)[1]  # "decoder.{i}.cross_attn"
         for key, acc in row.items():
             if not key.startswith("head"):
                 continue

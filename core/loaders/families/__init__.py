@@ -31,6 +31,8 @@ MODULES: Dict[str, str] = {
     "gpt_neox": "gpt_neox",
     "phi3": "phi3",
 }
+MODULES.update({"bert": "bert", "roberta": "bert", "distilbert": "bert", "gpt2": "gpt2",
+                "llama": "llama", "mistral": "llama", "qwen2": "llama"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
