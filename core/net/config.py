@@ -29,6 +29,24 @@ Fields for checkpoint families (core/loaders/hf_seq2seq.py); their defaults chan
                      (BART and Marian: their final_logits_bias, with tied weights).
     logit_scale      the decoder's last hidden state is multiplied by this before the output
                      projection (T5 with tied embeddings: d^-0.5).
+Fields for Gemma 1-3 and ModernBERT (core/loaders/families); their defaults change nothing:
+    activation       also "geglu" (ModernBERT: exact-GELU gate, gelu(W_1^T u) * W_3^T u).
+    qk_norm          None, "head" (RMSNorm over d_k of each head's q and k, Gemma 3) or "full"
+                     (RMSNorm over the whole projection); applied before RoPE.
+    pre_sublayer_norm / post_sublayer_norm  (pre-norm placement only) norms before and/or after
+                     each sub-layer: x + PostNorm(f(PreNorm(x))) (Gemma 2/3: both).
+    attn_softcap     None, or c: scaled scores become c tanh(scaled / c) before the mask (Gemma 2).
+    final_softcap    None, or c: logits become c tanh(logits / c) (Gemma 2).
+    layer_types      None, or per layer "sliding_attention" | "full_attention" (as transformers
+                     writes it): only the sliding layers get `sliding_window`. In an encoder a
+                     sliding layer's window is symmetric: keys more than sliding_window // 2
+                     positions away either way are masked (ModernBERT's local_attention).
+                     Without layer_types a window applies to every decoder layer (Mistral).
+    rope_theta_local None, or the RoPE base of the sliding layers (Gemma 3, ModernBERT); they
+                     take no rope_scaling.
+    norm_bias        LayerNorm with a shift (False: gain only, ModernBERT).
+    first_attn_norm  False: layer 0 has no norm before its attention (ModernBERT: the
+                     embedding norm serves); its norm1 is the identity.
 """
 
 
@@ -56,7 +74,7 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     norm_placement: str = "post"  # post | pre
-    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu_tanh
+    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu_tanh | geglu
     kind: str = "encoder-decoder"  # encoder | decoder | encoder-decoder
     bias: bool = True  # biases in the attention and FFN projections
     embed_scale: bool = False  # multiply token embeddings by sqrt(d) (Vaswani et al.)
@@ -76,6 +94,15 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # decoder self-attention window (Mistral)
     qkv_bias: Optional[bool] = None  # default: bias
     out_bias: Optional[bool] = None  # default: bias and not tie_embeddings
+    qk_norm: Optional[str] = None  # None | head | full (see the module docstring)
+    pre_sublayer_norm: bool = True
+    post_sublayer_norm: bool = False
+    attn_softcap: Optional[float] = None
+    final_softcap: Optional[float] = None
+    layer_types: Optional[list] = None  # per layer "sliding_attention" | "full_attention"
+    rope_theta_local: Optional[float] = None  # RoPE base of the sliding layers
+    norm_bias: bool = True
+    first_attn_norm: bool = True
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -97,13 +124,27 @@ class ModelConfig:
             raise ValueError("sliding_window must be positive")
         if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3"):
             raise ValueError(f"rope_scaling type must be 'linear' or 'llama3', not {self.rope_scaling.get('type')!r}")
+        if self.layer_types is not None:
+            self.layer_types = list(self.layer_types)
+            bad = [t for t in self.layer_types if t not in ("sliding_attention", "full_attention")]
+            if bad or len(self.layer_types) != self.n_layers:
+                raise ValueError(f"layer_types must list n_layers entries of 'sliding_attention' / 'full_attention'")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("sliding layers need sliding_window")
+        if self.qk_norm not in (None, "head", "full"):
+            raise ValueError(f"qk_norm must be None, 'head' or 'full', not {self.qk_norm!r}")
+        if (self.post_sublayer_norm or not self.pre_sublayer_norm) and self.norm_placement != "pre":
+            raise ValueError("pre_sublayer_norm / post_sublayer_norm go with norm_placement='pre'")
+        for name in ("attn_softcap", "final_softcap"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
         for name, value, allowed in [
             ("positional", self.positional, ("sinusoidal", "learned", "rope", "relative", "none")),
             ("norm", self.norm, ("layernorm", "rmsnorm")),
             ("norm_placement", self.norm_placement, ("post", "pre")),
-            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")),
+            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh", "geglu")),
             ("sinusoid_layout", self.sinusoid_layout, ("interleaved", "half")),
             ("kind", self.kind, ("encoder", "decoder", "encoder-decoder")),
             ("rope_layout", self.rope_layout, ("half", "interleaved")),

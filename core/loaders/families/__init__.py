@@ -8,7 +8,8 @@ A family module defines:
     BASES = (("model.", ""), "embed_tokens.weight")  # base prefixes to try; the tensor that finds them
     def config(hf: dict) -> ModelConfig            # CheckpointError for a setting not supported
     def weight_rows(cfg, base) -> [(theirs, ours, how)]
-        # full tensor names (".weight" / ".bias" included); how: "" as stored, "T" transposed.
+        # full tensor names (".weight" / ".bias" included); how: "" as stored, "T" transposed,
+        # "+1" one added (Gemma's RMSNorm gains are stored as w for a scale of 1 + w).
         # Rows whose parameter our config lacks are skipped if the checkpoint lacks them too.
     def split_fused(cfg, base, ckpt, state) -> None   # optional: fused tensors (qkv, gate_up)
         # read with ckpt.get(name) (marks them used) and written into state[our name]
@@ -26,6 +27,7 @@ from typing import Dict, Optional
 
 # model_type -> module name under core.loaders.families
 MODULES: Dict[str, str] = {}
+MODULES.update({"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:

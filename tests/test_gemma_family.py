@@ -1,0 +1,76 @@
+"""Gemma 1-3 and ModernBERT checkpoints against transformers' eager forward: every attention
+map and the logits (ModernBERT: the last hidden state and the masked-LM logits) within 1e-4,
+with windows shorter than the sentences, soft-capping that bends the scores, QK-norm, local
+and global RoPE bases and random norm gains (tests/gemma_builders.py)."""
+
+import json
+
+import pytest
+import torch
+
+import core
+from core.loaders.checkpoint import CheckpointError
+from gemma_builders import build
+from hf_builders import SENTENCES
+from test_hf_loaders import check_parity
+
+pytest.importorskip("transformers")
+
+CASES = {
+    "gemma": ("gemma", {}),
+    "gemma-untied-gelu": ("gemma", {"tie_word_embeddings": False, "hidden_act": "gelu"}),
+    "gemma2": ("gemma2", {}),
+}
+
+
+def _load(hf, folder):
+    hf.save_pretrained(str(folder))
+    return core.load_model(str(folder), device="cpu")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_family_matches_transformers(tmp_path, case):
+    family, over = CASES[case]
+    hf, folder = build(family, tmp_path / case, **over)
+    ours = _load(hf, folder)
+    assert ours.config.extra["family"] == family
+    check_parity(hf, ours)
+
+
+def test_gemma2_windows_caps_and_extra_norms_are_visible(tmp_path):
+    hf, folder = build("gemma2", tmp_path / "g2")
+    m = _load(hf, folder)
+    cfg = m.config
+    assert (cfg.attn_softcap, cfg.final_softcap, cfg.sliding_window) == (4.0, 3.0, 4)
+    tr = m.trace(SENTENCES[0])
+    assert tr.meta["layer_kinds"] == ["local", "global", "local"]
+    n = len(tr.tokens("target"))
+    assert n > 4
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    local, glob = tr["decoder.0.self_attn.mask"], tr["decoder.1.self_attn.mask"]
+    assert torch.all(torch.isinf(local[(i - j >= 4) | (j > i)])) and torch.all(local[(i - j < 4) & (j <= i)] == 0)
+    assert torch.all(torch.isinf(glob[j > i])) and torch.all(glob[j <= i] == 0)
+    scaled, capped = tr["decoder.1.self_attn.scaled"], tr["decoder.1.self_attn.capped"]
+    assert torch.allclose(capped, 4.0 * torch.tanh(scaled / 4.0))
+    assert float(scaled.abs().max()) > 4.0 and float(capped.abs().max()) < 4.0  # the cap bends something
+    assert torch.equal(tr["decoder.1.self_attn.masked"], capped + glob)
+    assert float(tr["logits"].abs().max()) < 3.0
+    names = tr.names("decoder.0.")
+    order = [n.split(".", 2)[2] for n in names]
+    assert order.index("norm1") < order.index("self_attn.out") < order.index("post_norm1") < order.index("residual1")
+    assert order.index("norm2") < order.index("ffn.out") < order.index("post_norm2") < order.index("residual2")
+    # the norm gains are 1 + the stored w
+    w = hf.model.layers[0].post_attention_layernorm.weight
+    assert torch.allclose(m.net.decoder[0].post_norms[0].weight, 1 + w)
+
+
+def test_unsupported_settings_are_named(tmp_path):
+    hf, folder = build("gemma2", tmp_path / "bad")
+    hf.save_pretrained(str(folder))
+    cfg = json.loads((folder / "config.json").read_text())
+    for key, value, said in [("attention_bias", True, "attention biases"),
+                             ("hidden_activation", "relu", "hidden_activation 'relu'"),
+                             ("use_bidirectional_attention", True, "bidirectional")]:
+        (folder / "config.json").write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(CheckpointError, match=said):
+            core.load_model(str(folder), device="cpu")
