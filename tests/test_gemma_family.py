@@ -20,6 +20,10 @@ CASES = {
     "gemma": ("gemma", {}),
     "gemma-untied-gelu": ("gemma", {"tie_word_embeddings": False, "hidden_act": "gelu"}),
     "gemma2": ("gemma2", {}),
+    "gemma3": ("gemma3_text", {}),
+    # Gemma 3 keeps attn_logit_softcapping in its config but no layer applies it
+    "gemma3-capped-untied": ("gemma3_text", {"attn_logit_softcapping": 4.0, "final_logit_softcapping": 5.0,
+                                             "tie_word_embeddings": False}),
 }
 
 
@@ -74,3 +78,23 @@ def test_unsupported_settings_are_named(tmp_path):
         (folder / "config.json").write_text(json.dumps({**cfg, key: value}))
         with pytest.raises(CheckpointError, match=said):
             core.load_model(str(folder), device="cpu")
+
+
+def test_gemma3_qk_norm_and_local_rope_base(tmp_path):
+    hf, folder = build("gemma3_text", tmp_path / "g3")
+    m = _load(hf, folder)
+    cfg = m.config
+    assert (cfg.qk_norm, cfg.rope_theta, cfg.rope_theta_local, cfg.rope_scaling["factor"]) == ("head", 50000.0, 100.0, 2.0)
+    tr = m.trace(SENTENCES[1])
+    assert tr.meta["layer_kinds"] == ["local", "local", "global", "local"]
+    pre, normed = tr["decoder.0.self_attn.q_pre_norm"], tr["decoder.0.self_attn.q_pre_rope"]
+    gain = m.net.decoder[0].self_attn.q_norm.weight
+    assert torch.allclose(normed, pre * torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * gain, atol=1e-6)
+    assert torch.allclose(gain, 1 + hf.model.layers[0].self_attn.q_norm.weight)
+    # RoPE at position 1 turns the first feature pair by 1 radian in a local layer (base 100, j = 0)
+    # and by 1 / 2 in the global one (linear factor 2)
+    for layer, angle in ((0, 1.0), (2, 0.5)):
+        q0, q1 = tr[f"decoder.{layer}.self_attn.q_pre_rope"][:, 1], tr[f"decoder.{layer}.self_attn.q"][:, 1]
+        half = q0.shape[-1] // 2
+        c, s_ = torch.cos(torch.tensor(angle)), torch.sin(torch.tensor(angle))
+        assert torch.allclose(q1[:, 0], q0[:, 0] * c - q0[:, half] * s_, atol=1e-5)

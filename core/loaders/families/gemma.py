@@ -11,7 +11,9 @@
     gemma3_text  + QK-norm over each head's d_k (qk_norm "head"), before RoPE; local layers
                  with their own RoPE base (rope_local_base_freq / rope_parameters
                  ["sliding_attention"], ModelConfig.rope_theta_local), five local to one
-                 global by default (sliding_window_pattern).
+                 global by default (sliding_window_pattern). Attention soft-capping is gone
+                 (QK-norm replaced it): attn_logit_softcapping in its config.json is ignored,
+                 as transformers' Gemma 3 ignores it; final_logit_softcapping is applied.
 
 Gemma's (1 + w) is applied when loading: the row's how "+1" adds one to every stored norm
 gain (layer norms, the final norm, q_norm / k_norm), so the network's RMSNorm is the usual
@@ -89,6 +91,8 @@ def config(hf: dict) -> ModelConfig:
         theta, scaling = rope_params(hf)
     cap_attn, cap_final = SOFTCAP_DEFAULTS.get(family, (None, None))
     cap_attn = hf["attn_logit_softcapping"] if "attn_logit_softcapping" in hf else cap_attn
+    if family == "gemma3_text":
+        cap_attn = None  # kept in Gemma 3's config, used by no layer
     cap_final = hf["final_logit_softcapping"] if "final_logit_softcapping" in hf else cap_final
     types = _layer_types(hf, family, n_layers)
     window = hf.get("sliding_window") if types and "sliding_attention" in types else None
