@@ -98,3 +98,56 @@ def test_gemma3_qk_norm_and_local_rope_base(tmp_path):
         half = q0.shape[-1] // 2
         c, s_ = torch.cos(torch.tensor(angle)), torch.sin(torch.tensor(angle))
         assert torch.allclose(q1[:, 0], q0[:, 0] * c - q0[:, half] * s_, atol=1e-5)
+
+
+BIASES = {"attention_bias": True, "mlp_bias": True, "norm_bias": True, "classifier_bias": True,
+          "hidden_activation": "gelu_pytorch_tanh", "classifier_activation": "gelu_pytorch_tanh"}
+
+
+@pytest.mark.parametrize("over", [{}, BIASES], ids=["default", "biases-tanh"])
+def test_modernbert_matches_transformers(tmp_path, over):
+    """Every attention map, the last hidden state (after the final norm) and the masked-LM
+    logits against transformers' eager ModernBertForMaskedLM."""
+    hf, folder = build("modernbert", tmp_path / "mb", **over)
+    m = _load(hf, folder)
+    cfg = m.config
+    assert (cfg.kind, cfg.sliding_window, cfg.rope_theta, cfg.rope_theta_local) == ("encoder", 4, 5000.0, 50.0)
+    assert m.mlm_head is not None
+    hf.config._attn_implementation = "eager"
+    for text in SENTENCES:
+        ids = m.encode(text).ids
+        tr = m.trace(text)
+        assert tr.meta["layer_kinds"] == ["global", "local", "global", "local"]
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), output_attentions=True)
+            last = hf.model(torch.tensor([ids])).last_hidden_state[0]
+        for i, a in enumerate(out.attentions):
+            w = tr[f"encoder.{i}.self_attn.weights"]
+            assert torch.allclose(w, a[0], atol=1e-4), (i, float((w - a[0]).abs().max()))
+        h = tr["encoder.final_norm"]
+        assert torch.allclose(h, last, atol=1e-4), float((h - last).abs().max())
+        logits = m.mlm_logits(h)
+        assert torch.allclose(logits, out.logits[0], atol=1e-4), float((logits - out.logits[0]).abs().max())
+        n = len(ids)
+        i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+        local = tr["encoder.1.self_attn.mask"]
+        assert torch.all(torch.isinf(local[(i - j).abs() > 2])) and torch.all(local[(i - j).abs() <= 2] == 0)
+        assert torch.all(tr["encoder.0.self_attn.mask"] == 0)
+        assert torch.all(tr["encoder.1.self_attn.weights"][:, (i - j).abs() > 2] == 0)
+        w = tr["encoder.2.self_attn.weights"]
+        assert float(w.max()) > 2.0 / n  # not a vacuous match
+
+
+def test_modernbert_fill_mask_is_transformers_argmax(tmp_path):
+    hf, folder = build("modernbert", tmp_path / "mbf")
+    m = _load(hf, folder)
+    text = "the small [MASK] sees the cat"
+    enc = m.encode(text)
+    pos = enc.tokens.index("[MASK]")
+    with torch.no_grad():
+        probs = torch.softmax(hf(torch.tensor([enc.ids])).logits[0, pos], -1)
+    fills = m.fill_mask(text, k=3)
+    assert fills[0]["top"][0][0] == m.tokenizer.token_str(int(probs.argmax()))
+    assert abs(fills[0]["top"][0][1] - float(probs.max())) < 1e-5
+    tr = m.trace(text)
+    assert tr.meta["fill_mask"][0]["top"][0][0] == fills[0]["top"][0][0]

@@ -28,6 +28,7 @@ from typing import Dict, Optional
 # model_type -> module name under core.loaders.families
 MODULES: Dict[str, str] = {}
 MODULES.update({"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma"})
+MODULES.update({"modernbert": "modernbert"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
