@@ -156,24 +156,38 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
                      _tol(recorded, rtol))
 
     b = " + b" if cfg.qkv_bias else ""
+    qn = getattr(cfg, "qk_norm", None) is not None and f"{kind}.q_pre_norm" in ref
+    wq, wk = (f"RMSNorm(X W_q{b})", f"RMSNorm(X W_k{b})") if qn else (f"X W_q{b}", f"X W_k{b}")
+    if qn:
+        checks["qprenorm"] = [cmp(f"X W_q{b} before QK-norm, X = {src}", ref[f"{kind}.q_pre_norm"][head],
+                                  f"{p}.q_pre_norm")]
+        checks["kprenorm"] = [cmp(f"X W_k{b} before QK-norm", ref[f"{kind}.k_pre_norm"][kv], f"{p}.k_pre_norm", kv)]
     if rope:
-        checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[f"{kind}.q_pre_rope"][head], f"{p}.q_pre_rope")]
-        checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[f"{kind}.k_pre_rope"][kv], f"{p}.k_pre_rope", kv)]
-    rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {cfg.rope_theta:g})" if rope else ""
-    checks["q"] = [cmp(f"Q = X W_q{b}{rot}, X = {src}", ref[f"{kind}.q"][head], f"{p}.q")]
+        checks["qhat"] = [cmp(f"Q̂ = {wq}, X = {src}", ref[f"{kind}.q_pre_rope"][head], f"{p}.q_pre_rope")]
+        checks["khat"] = [cmp(f"K̂ = {wk}", ref[f"{kind}.k_pre_rope"][kv], f"{p}.k_pre_rope", kv)]
+    kinds = trace.meta.get("layer_kinds")
+    local = bool(kinds) and kinds[layer] == "local" and kind == "self_attn"
+    theta = cfg.rope_theta_local if local and getattr(cfg, "rope_theta_local", None) is not None else cfg.rope_theta
+    rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {theta:g})" if rope else ""
+    checks["q"] = [cmp(f"Q = {wq}{rot}, X = {src}", ref[f"{kind}.q"][head], f"{p}.q")]
     y, of_y = ("X", "") if kind == "self_attn" else ("Y", ", Y = the stored encoder output")
-    checks["k"] = [cmp(f"K = {y} W_k{b}{rot}{of_y}", ref[f"{kind}.k"][kv], f"{p}.k", kv)]
+    checks["k"] = [cmp(f"K = {wk.replace('X', y)}{rot}{of_y}", ref[f"{kind}.k"][kv], f"{p}.k", kv)]
     checks["v"] = [cmp(f"V = {y} W_v{b}{of_y}", ref[f"{kind}.v"][kv], f"{p}.v", kv)]
     checks["scores"] = [cmp("QKᵀ of the recomputed Q and K", maps["scores"], f"{p}.scores")]
     checks["scaled"] = [cmp(f"{scale} × QKᵀ (the model's scale)", maps["scaled"], f"{p}.scaled")]
+    if "capped" in maps:
+        c = float(cfg.attn_softcap)
+        checks["capped"] = [cmp(f"{c:g}·tanh(scaled / {c:g}) (soft-capping)", maps["capped"], f"{p}.capped")]
+    windowed = bool(cfg.sliding_window) and (local if kinds else stack == "decoder")
     what = {"self_attn": ("look-ahead mask" if stack == "decoder" else "padding mask (none without padding)")
-            + (f" with a {cfg.sliding_window}-token sliding window" if stack == "decoder" and cfg.sliding_window else ""),
+            + ((f" with a {cfg.sliding_window}-token sliding window" if stack == "decoder" else
+                f" with a window of ±{cfg.sliding_window // 2} tokens") if windowed else ""),
             "cross_attn": "padding mask of the source (none without padding)"}[kind]
     m = ref[f"{kind}.mask"]
     checks["mask"] = [Check(f"M built in numpy as the {what} equals the recorded `mask` (same -∞ cells)",
                             max_abs_diff(m, trace[f"{p}.mask"]), 0.0)]
     bias = " + T5's position bias (read from the trace)" if f"{p}.position_bias" in trace else ""
-    checks["masked"] = [cmp(f"scaled + M{bias}", maps["masked"], f"{p}.masked")]
+    checks["masked"] = [cmp(f"{'capped' if 'capped' in maps else 'scaled'} + M{bias}", maps["masked"], f"{p}.masked")]
     blocked = np.isneginf(m)
     checks["weights"] += [
         cmp("A = softmax(masked)", maps["weights"], f"{p}.weights"),
@@ -208,8 +222,11 @@ def residual_checks(trace, stack: str, layer: int, kind: str = "self_attn", refe
             else:
                 cmp(f"Concat(heads) Wᴼ of the {sub.replace('_attn', '-attention')}",
                     "attn-out" if sub == kind else f"{sub}-out", f"{sub}.out")
+            if f"post_norm{j}" in ref:
+                cmp(f"the norm after sub-layer {j}", f"post_norm{j}", f"post_norm{j}")
             cmp(f"residual {j} (input + sub-layer output)", f"residual{j}", f"residual{j}")
-            cmp(f"norm {j}", f"norm{j}", f"norm{j}")
+            if f"norm{j}" in ref:
+                cmp(f"norm {j}", f"norm{j}", f"norm{j}")
         if trace.is_stored(f"{p}.out"):
             out.setdefault("out", []).append(Check(
                 f"the layer's output ({NUMPY}) equals the output the fused forward pass stored",

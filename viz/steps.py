@@ -171,7 +171,12 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
         f_in = rf"\tilde{{{x_sym}}}" if pre else x_sym  # what the sub-layer function reads
         g_head, g_tail = ((sub_group + " · projections Q, K, V", sub_group + " · heads → output, add & norm")
                           if sub == kind else (sub_group, sub_group))
-        if pre:
+        if pre and j == 1 and layer == 0 and not getattr(cfg, "first_attn_norm", True):
+            tok_feat(f"{p}.norm{j}", f"norm{j}", g_head, "No norm before layer 0's attention",
+                     rf"{f_in} = {x_sym}", rf"{f_in} = {x_sym}",
+                     "ModernBERT's first layer reads the embedding LayerNorm's output directly (its own attention "
+                     "norm is the identity); every later layer normalises first.")
+        elif pre:
             tok_feat(f"{p}.norm{j}", f"norm{j}", g_head, f"{norm_word} before the sub-layer (pre-norm)",
                      rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, ROWS),
                      rf"{f_in} = {_norm_latex(cfg, x_sym)},\quad " + _norm_formula(cfg, COLS),
@@ -192,6 +197,14 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
             steps.extend(_ffn_steps(trace, cfg, p, sub_group, f_in, toks))
             f_latex_rows = rf"\operatorname{{FFN}}({f_in})"
         res_rows = rf"{x_sym} + {f_latex_rows}"
+        if pre and f"{p}.post_norm{j}" in trace:  # Gemma 2/3: a norm after the sub-layer too
+            post = _norm_latex(cfg, f_latex_rows)
+            tok_feat(f"{p}.post_norm{j}", f"post_norm{j}", g_tail, f"{norm_word} after the sub-layer (post-sub-layer norm)",
+                     rf"{post},\quad " + _norm_formula(cfg, ROWS), rf"{post},\quad " + _norm_formula(cfg, COLS),
+                     "This model normalises the sub-layer's output as well, before adding it to the stream "
+                     "(Gemma 2/3: x + Norm(f(Norm(x)))), so no sub-layer can write a large vector into it. "
+                     + _norm_explain(cfg, "the sub-layer's output"))
+            res_rows = rf"{x_sym} + {post}"
         if pre:
             tok_feat(f"{p}.residual{j}", f"residual{j}", g_tail, "Residual: add the sub-layer's result",
                      rf"{y_sym} = {res_rows}", rf"{y_sym} = {res_rows}",
@@ -243,6 +256,31 @@ def _ffn_steps(trace, cfg, p, group, f_in, toks) -> List[Step]:
                         explain=explain, dims=dims, axes=("token", "feature"), row_labels=list(toks),
                         col_labels=_feature_labels(m.shape[1])))
     return out
+
+
+def block_notes(cfg, trace, stack: str, layer: int) -> str:
+    """One line on what this model's block does beyond the plain pre-/post-norm layer (norms
+    after the sub-layers, soft-capping, QK-norm, the layer's kind): '' when nothing."""
+    notes = []
+    if getattr(cfg, "post_sublayer_norm", False):
+        notes.append("a norm after each sub-layer as well as before it: x + Norm(f(Norm(x)))")
+    if getattr(cfg, "qk_norm", None):
+        notes.append(f"QK-norm ({'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}) "
+                     "before RoPE")
+    if getattr(cfg, "attn_softcap", None):
+        notes.append(f"attention scores soft-capped at ±{cfg.attn_softcap:g}")
+    if getattr(cfg, "final_softcap", None) and stack == "decoder":
+        notes.append(f"logits soft-capped at ±{cfg.final_softcap:g}")
+    kinds = trace.meta.get("layer_kinds")
+    if kinds and layer < len(kinds):
+        n_local = sum(k == "local" for k in kinds)
+        what = (f"local: sliding window of {cfg.sliding_window}" + (" tokens back" if stack == "decoder" else
+                f" (±{cfg.sliding_window // 2} tokens)") if kinds[layer] == "local" else "global: full attention")
+        theta = (cfg.rope_theta_local if kinds[layer] == "local" and getattr(cfg, "rope_theta_local", None)
+                 else cfg.rope_theta)
+        notes.append(f"layer {layer} is {what}, RoPE base {theta:g} ({n_local} local and "
+                     f"{len(kinds) - n_local} global layers)")
+    return "; ".join(notes)
 
 
 def steps_by_key(steps: Sequence[Step]) -> Dict[str, Step]:

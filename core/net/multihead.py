@@ -135,8 +135,9 @@ class MultiHeadAttention(nn.Module):
             if is_causal and mask is None:
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
             mask, is_causal = combine_masks(position_bias[:, :, -n_q:], mask), False
+        capped = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
         heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None, self.scale,
-                                             is_causal=is_causal, softcap=self.softcap)  # (B, H, n_q, d_k)
+                                             is_causal=is_causal, **capped)  # (B, H, n_q, d_k)
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)

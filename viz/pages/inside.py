@@ -15,7 +15,7 @@ from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
-from viz.steps import groups, layer_steps, shapes_table
+from viz.steps import block_notes, groups, layer_steps, shapes_table
 
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
@@ -85,6 +85,8 @@ st.caption("Sizes, in the notes' symbols: " + " · ".join(f"${r.symbol}$ = {r.va
 place = ("post-norm (Chapter 9 and Transformers handout: Norm after each residual add)" if cfg.norm_placement == "post"
          else "pre-norm (Norm before each sub-layer, residual added after; the order shown below)")
 st.caption(f"{model_name}: {place}; {cfg.norm}; FFN activation {cfg.activation}; positions {cfg.positional}.")
+if block_notes(cfg, trace, stack, layer):
+    st.caption(f"This model's block: {block_notes(cfg, trace, stack, layer)} (the steps below follow that order).")
 if notation == ROWS:
     st.info(r"Tokens as rows, as in Bishop ch. 12, Chapter 9, Transformers handout and Missaoui: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "
             r"$A = \operatorname{softmax}(QK^T/\sqrt{d_k} + M)$, $\text{head} = AV$. Switch the notation to see "
