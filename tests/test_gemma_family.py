@@ -151,3 +151,35 @@ def test_modernbert_fill_mask_is_transformers_argmax(tmp_path):
     assert abs(fills[0]["top"][0][1] - float(probs.max())) < 1e-5
     tr = m.trace(text)
     assert tr.meta["fill_mask"][0]["top"][0][0] == fills[0]["top"][0][0]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "modernbert"])
+def test_weights_alone_and_cached_decoding_agree_with_the_full_pass(tmp_path, family):
+    """The model view's weights-only path (per-layer window, RoPE base, cap, QK-norm) equals the
+    recorded maps; greedy decoding with the key/value cache (windows over a growing prefix)
+    picks, at every step, the argmax of a full pass over the whole prefix."""
+    hf, folder = build(family, tmp_path / family)
+    m = _load(hf, folder)
+    tr = m.trace(SENTENCES[1])
+    stack = tr.stacks()[0]
+    for i in range(m.config.n_layers):
+        alone = tr._runner.self_weights(tr, stack, i)
+        assert torch.allclose(alone, tr[f"{stack}.{i}.self_attn.weights"], atol=1e-6), i
+    from viz.checks import layer_checks  # a switched-off head: the numpy layer zeroes it too
+
+    off = m.trace(SENTENCES[1], ablate=[(stack, 0, 1)])
+    checks = layer_checks(off, stack, "self_attn", 0, 1)
+    assert all(c.ok for cs in checks.values() for c in cs), [c.text() for cs in checks.values() for c in cs]
+    assert not torch.allclose(off[f"{stack}.0.out"], tr[f"{stack}.0.out"])
+    if m.kind == "encoder":
+        return
+    ids = m.encode(SENTENCES[0]).ids[:5]
+    cache, seq, new = {}, list(ids), list(ids)
+    with torch.no_grad():
+        for _ in range(8):  # beyond the windows (4 and 3 tokens)
+            step = m.net.project(m.net.decode(torch.tensor([new]), cache=cache)[:, -1])
+            full = m.net.project(m.net.decode(torch.tensor([seq]))[:, -1])
+            assert torch.allclose(step, full, atol=1e-4), float((step - full).abs().max())
+            nxt = int(full.argmax())
+            seq.append(nxt)
+            new = [nxt]
