@@ -23,6 +23,7 @@ import torch.nn.functional as F
 RecordFn = Callable[[str, torch.Tensor], None]  # record(name, tensor); core.net.recorder.Recorder is one
 
 NEG_INF = float("-inf")
+SOFTCAP_ROWS = 1024  # soft-capped attention without a recorder: queries per block (bounds the n_q x n_k buffer)
 
 
 def causal_mask(n: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
@@ -97,6 +98,13 @@ def scaled_dot_product_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
+    if record is None and q.shape[-2] > SOFTCAP_ROWS:  # unrecorded and long: a block of queries at a time
+        outs = []
+        for r in range(0, q.shape[-2], SOFTCAP_ROWS):
+            m = None if mask is None else mask[..., r:r + SOFTCAP_ROWS, :] if mask.shape[-2] > 1 else mask
+            outs.append(scaled_dot_product_attention(q[..., r:r + SOFTCAP_ROWS, :], k, v, m, None, scale,
+                                                     softcap=softcap))
+        return torch.cat(outs, dim=-2)
     scores = q @ k.transpose(-2, -1)  # (..., n_q, n_k)
     scaled = scores * scale
     capped = scaled if softcap is None else torch.tanh(scaled / softcap) * softcap
