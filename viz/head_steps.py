@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import List
 
+import numpy as np
+
 from core.net.positional import rope_angles
 from viz.figures import to_numpy as _np
 from viz.select import axis_tokens
@@ -118,6 +120,7 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
     if capped:
         sc = _np(trace[f"{p}.scaled"][head])
         cm = _np(trace[f"{p}.capped"][head])
+        ok = ~np.isneginf(_np(trace[f"{p}.mask"]))  # the pairs the mask lets through
         out.append(Step(key="capped", group=g_att, title=f"Soft-capped: {cap:g}·tanh(scaled / {cap:g})", matrix=cm,
                         name=f"{p}.capped",
                         latex_rows=rf"\tilde S_{{ij}} = c \tanh\!\Big(\frac{{s_{{ij}}}}{{c}}\Big),\quad c = {cap:g}",
@@ -125,8 +128,8 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                         explain=(f"Gemma 2 squashes every scaled score into (−{cap:g}, {cap:g}) before the mask: "
                                  f"scores near 0 pass almost unchanged (slope 1), large ones flatten towards ±{cap:g}, "
                                  "so no single key can take all the weight. Each point is one (query, key) score of "
-                                 f"head {head} on this sentence ({int((abs(sc) > cap / 2).sum())} of {sc.size} beyond "
-                                 f"±{cap / 2:g}, where the curve visibly bends)."),
+                                 f"head {head} on this sentence ({int((abs(sc[ok]) > cap / 2).sum())} of {int(ok.sum())} beyond "
+                                 f"±{cap / 2:g}, where the curve visibly bends; masked pairs are left out)."),
                         dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks), col_labels=list(k_toks),
                         style="softcap", value_name="score",
                         extra={"scaled": sc, "cap": cap, "mask": _np(trace[f"{p}.mask"])}))
