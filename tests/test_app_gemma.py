@@ -65,3 +65,20 @@ def test_modernbert_fill_ins_show(models_dir, monkeypatch):
     best, p = model.fill_mask("the small [MASK] sees the cat")[0]["top"][0]
     infos = [i.value for i in at.info if "fill-ins" in i.value]
     assert len(infos) == 1 and f"`{best}` {p:.0%}" in infos[0], infos
+
+
+@pytest.mark.parametrize("page", ["inside", "positions", "decoder", "compare", "playground", "heads"])
+@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-modernbert"])
+def test_every_page_takes_them(models_dir, monkeypatch, page, name):
+    if page == "decoder" and name == "tiny-modernbert":
+        pytest.skip("the decoder stepper is for decoders")
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page(f"viz/pages/{page}.py")
+    at.query_params.update(model=name, text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert not [w for w in at.warning if "not valid here" in w.value]  # the model was taken, not replaced
+    captions = " ".join(c.value for c in at.caption)
+    assert "✗" not in captions

@@ -14,6 +14,7 @@ A family module defines:
     def split_fused(cfg, base, ckpt, state) -> None   # optional: fused tensors (qkv, gate_up)
         # read with ckpt.get(name) (marks them used) and written into state[our name]
     IGNORED = re.compile(...)                      # optional: tensors that carry no parameter
+    KIND = "encoder"                               # optional: the picker's kind before loading (default decoder)
 
 core/loaders/hf_weights.build_net fills the network from these and checks that every
 tensor is used and every parameter filled, as for the families read there directly.

@@ -27,6 +27,7 @@ from ..hf_config import DECODER_MAX_LEN, rope_params
 from ...net.config import ModelConfig
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
+KIND = "decoder"  # what the app's picker says before loading
 BASES = (("model.", ""), "embed_tokens.weight")
 
 GEGLU = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "gelu": "geglu"}

@@ -17,6 +17,7 @@ from ..hf_config import DECODER_MAX_LEN, rope_params
 from ...net.config import ModelConfig
 
 MODEL_TYPES = ("modernbert",)
+KIND = "encoder"  # what the app's picker says before loading
 BASES = (("model.", ""), "embeddings.tok_embeddings.weight")
 GEGLU = {"gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh"}
 
