@@ -160,3 +160,22 @@ def test_gemma3_qk_norm_hides_a_scaled_k_and_the_check_before_it_sees_it(tmp_pat
         handle.remove()
     failed = {k for k, cs in bad.items() for c in cs if not c.ok}
     assert "kprenorm" in failed and "k" not in failed and "q" not in failed
+
+
+def test_norms_after_only_full_qk_norm_caps_and_layer_kinds_on_a_random_decoder():
+    """The variants no family here combines, on a random decoder: norms after the sub-layers
+    only (no norm{j}), QK-norm over the whole projection, soft-capping, sliding and global
+    layers with two RoPE bases. The numpy layer agrees on every check of every layer."""
+    cfg = core.ModelConfig(kind="decoder", n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, max_len=64,
+                           positional="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False,
+                           pre_sublayer_norm=False, post_sublayer_norm=True, qk_norm="full", attn_softcap=2.0,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=3,
+                           rope_theta_local=100.0, tgt_vocab_size=0)
+    m = core.load_model("random", device="cpu", config=cfg, seed=1)
+    tr = m.trace(TEXT)
+    names = tr.names("decoder.0.")
+    assert "decoder.0.norm1" not in names and "decoder.0.post_norm1" in names and "decoder.0.self_attn.capped" in names
+    assert tr["decoder.0.self_attn.q_pre_norm"].shape == tr["decoder.0.self_attn.q"].shape
+    for where, checks in _all(tr).items():
+        assert not _failing(checks), (where, _failing(checks))
+        assert {"qprenorm", "kprenorm", "capped", "post_norm1", "post_norm2"} <= set(checks), where
