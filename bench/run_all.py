@@ -60,6 +60,25 @@ def load_results(quick: bool) -> list:
     return rows
 
 
+def gemma_load_results(quick: bool) -> list:
+    """bench.bench_load_gemma: a 1 B-parameter bfloat16 Gemma-3-shaped checkpoint written to disk
+    and loaded in a fresh process (~10 M parameters with --quick); peak memory against 1.3x the
+    float32 weights. The Llama row beside it is load_results'."""
+    try:
+        r = _sub("bench.bench_load_gemma", ["--gemma-only"] + (["--small"] if quick else []), timeout=3600)["rows"][0]
+    except Exception as exc:
+        return [Result("checkpoint load", "Gemma checkpoint load benchmark", None, "s", note=str(exc)[-300:])]
+    size = f"{r['parameters'] / 1e9:.2f} B" if r["parameters"] >= 1e8 else f"{r['parameters'] / 1e6:.0f} M"
+    what = f"Gemma-3-shaped {size}-parameter checkpoint ({r['disk_mb']:.0f} MiB of bfloat16 safetensors)"
+    return [Result("checkpoint load", f"{what}: load in a fresh process", r["load_s"], "s",
+                   note=f"{r['load_warm_s']:.2f} s the second time in the same process; computes in {r['dtype']}"),
+            Result("checkpoint load", f"{what}: peak resident memory / float32 weights", r["peak_ratio"], "x",
+                   r["target_ratio"] if r["parameters"] >= 1e8 else None,  # python + torch dwarf a tiny model
+                   note=f"peak {r['rss_after_load_mb'] / 1024:.2f} GiB (python + torch alone "
+                                           f"{r['rss_import_mb']:.0f} MiB); the float32 weights are "
+                                           f"{r['float32_model_mb'] / 1024:.2f} GiB")]
+
+
 def core_results(runs: dict) -> list:
     """Target rows from the 'after' configuration (CPU), with glibc's malloc defaults in the notes.
 
@@ -359,6 +378,7 @@ def main(argv=None) -> int:
 
     print("checkpoint load ...", flush=True)
     results += load_results(args.quick)
+    results += gemma_load_results(args.quick)
 
     browser = {"results": [], "details": {}}
     if not args.skip_browser:

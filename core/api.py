@@ -119,6 +119,9 @@ class AttentionModel(GreedyDecoding):
             "special": list(enc.special),
             "max_input_tokens": self.max_input_tokens,
         }
+        kinds = self.net.layer_kinds() if hasattr(self.net, "layer_kinds") else None
+        if kinds:  # per-layer attention kind, 'local' (sliding window) or 'global' (Gemma 2/3, ModernBERT)
+            meta["layer_kinds"] = kinds
         meta.update(extra)
         return meta
 

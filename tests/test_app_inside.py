@@ -263,6 +263,18 @@ def later_families(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from gemma_builders import build as build_gemma
+
+    root = tmp_path_factory.mktemp("gemma-models")
+    for family, name in (("gemma2", "tiny-gemma2"), ("gemma3_text", "tiny-gemma3"), ("modernbert", "tiny-modernbert")):
+        hf, folder = build_gemma(family, root / name)
+        hf.save_pretrained(str(folder))
+    return root
+
+
 @pytest.mark.parametrize("family,present,absent,said", [
     ("qwen3", ("inside-qknorm-fig", "inside-qknorm-after-fig", "inside-norm1-fig"), ("inside-post_norm1-fig",),
      "QK-norm (per head)"),
@@ -298,3 +310,40 @@ def test_later_families_show_their_own_steps(later_families, monkeypatch, family
     captions = " ".join(c.value for c in at.caption)
     assert said in captions
     assert "✗" not in captions and "each row of A sums to 1" in captions
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-gemma3", "tiny-modernbert"])
+def test_gemma_and_modernbert_blocks_render_in_order_with_their_checks(app_test, gemma_dir, monkeypatch, name):
+    """Gemma 2's soft-capping curve (the sentence's own scores on c·tanh(x/c)) and the norms after
+    the sub-layers, Gemma 3's QK-norm, ModernBERT's local layer: drawn, in the block's order, every
+    check green."""
+    from conftest import decode_array, figure
+
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(gemma_dir))
+    at = app_test("inside", model=name, text=TEXT, layer="1", head="1")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    captions = " ".join(c.value for c in at.caption)
+    assert "✓" in captions and "✗" not in captions
+    assert "This model's block:" in captions and "layer 1 is" in captions
+    ids = [c.proto.id for c in at.get("plotly_chart")]
+    pos = {k: next(i for i, x in enumerate(ids) if x.endswith(f"inside-{k}-fig")) for k in
+           {"tiny-gemma2": ("norm1", "scaled", "capped", "masked", "attn-out", "post_norm1", "residual1", "norm2",
+                            "ffn-out", "post_norm2", "residual2"),
+            "tiny-gemma3": ("norm1", "qknorm", "qknorm-after", "qhat", "q", "scores", "post_norm1", "residual1"),
+            "tiny-modernbert": ("norm1", "qhat", "scores", "mask", "weights", "residual1", "norm2")}[name]}
+    assert list(pos.values()) == sorted(pos.values()), pos  # drawn in the block's order
+    if name == "tiny-gemma2":
+        assert "soft-capped at ±4" in captions and "norm after each sub-layer" in captions
+        tr = core.load_model(str(gemma_dir / name), device="cpu").trace(TEXT)
+        fig = figure(chart_by_key(at, "inside-capped-fig"))
+        curve, points = fig["data"][1], fig["data"][2]
+        x, y = decode_array(points["x"]).astype(float), decode_array(points["y"]).astype(float)
+        np.testing.assert_allclose(y, 4.0 * np.tanh(x / 4.0), atol=1e-5)  # the points lie on the curve
+        scaled = tr["decoder.1.self_attn.scaled"][1].numpy()
+        allowed = ~np.isneginf(tr["decoder.1.self_attn.mask"].numpy())
+        np.testing.assert_allclose(np.sort(x), np.sort(scaled[allowed]), atol=1e-5)  # this sentence's scores
+        assert "tanh" in curve["name"]
+    if name == "tiny-modernbert":
+        assert "±2 tokens" in captions or "at most 2 positions" in captions

@@ -36,6 +36,7 @@ def test_layer_npz_holds_that_layer_only(trace):
 
 SEQ2SEQ = ("marian", "bart", "t5")  # tiny checkpoints of the families the app reads from disk
 HF = ("bert", "gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "gpt_neox", "phi3")
+GEMMA = ("gemma2", "gemma3_text", "modernbert")  # soft-capping, post norms, QK-norm, local/global layers
 
 
 def _model(name, tmp_path):
@@ -51,12 +52,18 @@ def _model(name, tmp_path):
 
         save(build(name, tmp_path, **({"sliding_window": 4} if name == "mistral" else {}))[0], tmp_path)
         return core.load_model(str(tmp_path), device="cpu")
+    if name in GEMMA:
+        from gemma_builders import build as build_gemma
+        from hf_builders import save
+
+        save(build_gemma(name, tmp_path)[0], tmp_path)
+        return core.load_model(str(tmp_path), device="cpu")
     if not core.MODELS[name].available():
         pytest.skip(f"{name}'s weight package is not installed")
     return core.load_model(name, device="cpu")
 
 
-@pytest.mark.parametrize("name", ["toy-translate", "minilm", "smollm2", *SEQ2SEQ, *HF])
+@pytest.mark.parametrize("name", ["toy-translate", "minilm", "smollm2", *SEQ2SEQ, *HF, *GEMMA])
 def test_sizes_come_from_shapes_without_computing_a_layer(name, tmp_path):
     """Sizing a download computes no layer (a long input's layer is GBs of maps): the sizes
     come from the configuration and token counts, and equal the arrays once computed, for

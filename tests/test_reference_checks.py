@@ -136,3 +136,61 @@ def test_trace_from_a_file_shows_values_without_ticks(toy, tmp_path):
     assert "q" not in checks and "scores" not in checks  # no tick without an independent side
     assert all(c.ok for cs in checks.values() for c in cs)
     assert torch.is_tensor(loaded["encoder.1.self_attn.q"])
+
+
+@pytest.mark.parametrize("family", ["gemma2", "modernbert"])
+def test_gemma2_and_modernbert(tmp_path, family):
+    """Soft-capping, norms after the sub-layers, alternating local/global layers (causal and
+    symmetric windows, two RoPE bases), ModernBERT's layer 0 without an attention norm."""
+    from gemma_builders import build as build_gemma
+
+    hf, folder = build_gemma(family, tmp_path / family)
+    hf.save_pretrained(str(folder))
+    model = core.load_model(str(folder), device="cpu")
+    _assert_hold_then_catch(model)
+    trace = model.trace(TEXT)
+    stack = trace.stacks()[0]
+    checks = _all(trace)
+    if family == "gemma2":
+        assert {"capped", "post_norm1", "post_norm2"} <= set(checks[(stack, "self_attn", 1)])
+    assert any("window" in c.label for c in checks[(stack, "self_attn", 1 if family == "modernbert" else 0)]["mask"])
+
+
+def test_gemma3_qk_norm_hides_a_scaled_k_and_the_check_before_it_sees_it(tmp_path):
+    """With QK-norm a W_k that is 2 % off leaves K itself unchanged (RMSNorm removes a scale):
+    the checks of K stay green and the check of the projection before the norm fails."""
+    from gemma_builders import build as build_gemma
+
+    hf, folder = build_gemma("gemma3_text", tmp_path / "g3")
+    hf.save_pretrained(str(folder))
+    model = core.load_model(str(folder), device="cpu")
+    good = _all(model.trace(TEXT))
+    for where, checks in good.items():
+        assert not _failing(checks), (where, _failing(checks))
+    assert {"qknorm", "qhat", "khat"} <= set(good[("decoder", "self_attn", 0)])
+    handle = model.net.decoder[0].self_attn.w_k.register_forward_hook(lambda mod, inp, out: out * 1.02)
+    try:
+        bad = layer_checks(model.trace(TEXT), "decoder", "self_attn", 0, 1)
+    finally:
+        handle.remove()
+    failed = {k for k, cs in bad.items() for c in cs if not c.ok}
+    assert "qknorm" in failed and "k" not in failed and "q" not in failed
+
+
+def test_norms_after_only_full_qk_norm_caps_and_layer_kinds_on_a_random_decoder():
+    """The variants no family here combines, on a random decoder: norms after the sub-layers
+    only (no norm{j}), QK-norm over the whole projection, soft-capping, sliding and global
+    layers with two RoPE bases. The numpy layer agrees on every check of every layer."""
+    cfg = core.ModelConfig(kind="decoder", n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, max_len=64,
+                           positional="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False,
+                           pre_sublayer_norm=False, post_sublayer_norm=True, qk_norm="full", attn_softcap=2.0,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=3,
+                           rope_theta_local=100.0, tgt_vocab_size=0)
+    m = core.load_model("random", device="cpu", config=cfg, seed=1)
+    tr = m.trace(TEXT)
+    names = tr.names("decoder.0.")
+    assert "decoder.0.norm1" not in names and "decoder.0.post_norm1" in names and "decoder.0.self_attn.capped" in names
+    assert tr["decoder.0.self_attn.q_pre_norm"].shape == tr["decoder.0.self_attn.q"].shape
+    for where, checks in _all(tr).items():
+        assert not _failing(checks), (where, _failing(checks))
+        assert {"qknorm", "capped", "post_norm1", "post_norm2"} <= set(checks), where

@@ -226,19 +226,21 @@ def self_copy_table(X, result: Dict[str, np.ndarray], tokens: Sequence[str]) -> 
                          "|x_n|²": (X * X).sum(1), "cos(y_n, x_n)": cos_yx})
 
 # ================================================================== 3. symmetric vs learned
-def symmetric_vs_learned(q, k, mask=None) -> Dict[str, np.ndarray]:
+def symmetric_vs_learned(q, k, mask=None, scale=None) -> Dict[str, np.ndarray]:
     """Scores and weights of one head with its learned W_k, and with W_k replaced by W_q.
 
     q, k: n x d_k, the head's queries X W_q and keys X W_k. Symmetric (Missaoui): K := Q, so
     the scores Q Q^T / sqrt(d_k) = X U U^T X^T / sqrt(d_k) with U = W_q. Both go through
-    core.scaled_dot_product_attention; mask (n x n, additive) is applied to both."""
+    core.scaled_dot_product_attention; mask (n x n, additive) is applied to both. scale: the
+    model's factor on Q K^T (None: 1/sqrt(d_k); Gemma 2's query_pre_attn_scalar^-1/2)."""
     q = torch.tensor(np.array(q, dtype=np.float64))
     k = torch.tensor(np.array(k, dtype=np.float64))
     m = None if mask is None else torch.tensor(np.array(mask, dtype=np.float64))
     out = {}
     for label, keys in (("sym", q), ("learned", k)):
         steps: Dict[str, torch.Tensor] = {}
-        core.scaled_dot_product_attention(q, keys, keys, mask=m, record=lambda name, t: steps.__setitem__(name, t))
+        core.scaled_dot_product_attention(q, keys, keys, mask=m, record=lambda name, t: steps.__setitem__(name, t),
+                                          scale=scale)
         out[f"{label}_scores"] = steps["scaled"].numpy()
         out[f"{label}_weights"] = steps["weights"].numpy()
     out["sym_asymmetry"] = np.array(asymmetry(out["sym_scores"]))

@@ -171,21 +171,29 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     if rope:
         checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[tn.local(kind, "q_pre_rope")][head], nm("q_pre_rope"))]
         checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[tn.local(kind, "k_pre_rope")][kv], nm("k_pre_rope"), kv)]
-    rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {cfg.rope_theta:g})" if rope else ""
+    kinds = trace.meta.get("layer_kinds")
+    local = bool(kinds) and kinds[layer] == "local" and kind == "self_attn"
+    theta = cfg.rope_theta_local if local and getattr(cfg, "rope_theta_local", None) is not None else cfg.rope_theta
+    rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {theta:g})" if rope else ""
     checks["q"] = [cmp(f"Q = X W_q{b}{rot}, X = {src}", ref[tn.local(kind, "q")][head], nm("q"))]
     y, of_y = ("X", "") if kind == "self_attn" else ("Y", ", Y = the stored encoder output")
     checks["k"] = [cmp(f"K = {y} W_k{b}{rot}{of_y}", ref[tn.local(kind, "k")][kv], nm("k"), kv)]
     checks["v"] = [cmp(f"V = {y} W_v{b}{of_y}", ref[tn.local(kind, "v")][kv], nm("v"), kv)]
     checks["scores"] = [cmp("QKᵀ of the recomputed Q and K", maps["scores"], nm("scores"))]
     checks["scaled"] = [cmp(f"{scale} × QKᵀ (the model's scale)", maps["scaled"], nm("scaled"))]
+    if "capped" in maps:
+        c = float(cfg.attn_softcap)
+        checks["capped"] = [cmp(f"{c:g}·tanh(scaled / {c:g}) (soft-capping)", maps["capped"], nm("capped"))]
+    windowed = bool(cfg.sliding_window) and (local if kinds else stack == "decoder")
     what = {"self_attn": ("look-ahead mask" if stack == "decoder" else "padding mask (none without padding)")
-            + (f" with a {cfg.sliding_window}-token sliding window" if stack == "decoder" and cfg.sliding_window else ""),
+            + ((f" with a {cfg.sliding_window}-token sliding window" if stack == "decoder" else
+                f" with a window of ±{cfg.sliding_window // 2} tokens") if windowed else ""),
             "cross_attn": "padding mask of the source (none without padding)"}[kind]
     m = ref[tn.local(kind, "mask")]
     checks["mask"] = [Check(f"M built in numpy as the {what} equals the recorded `mask` (same -∞ cells)",
                             max_abs_diff(m, trace[nm("mask")]), 0.0)]
     bias = " + T5's position bias (read from the trace)" if nm("position_bias") in trace else ""
-    checks["masked"] = [cmp(f"scaled + M{bias}", maps["masked"], nm("masked"))]
+    checks["masked"] = [cmp(f"{'capped' if 'capped' in maps else 'scaled'} + M{bias}", maps["masked"], nm("masked"))]
     blocked = np.isneginf(m)
     checks["weights"] += [
         cmp("A = softmax(masked)", maps["weights"], nm("weights")),

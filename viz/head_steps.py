@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import List
 
+import numpy as np
+
 from core import trace_names as tn
 from core.net.positional import rope_angles
 from viz.figures import to_numpy as _np
@@ -115,6 +117,24 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
            rf"{scale:.4g} \cdot Q K^{{T}}", rf"{scale:.4g} \cdot K^{{T}} Q",
            "This model does not divide by √d_k" + (" (T5: the scale is folded into the initialisation of W_q), "
                                                   "so the scaled scores are the scores." if scale == 1.0 else "."))
+    cap = getattr(cfg, "attn_softcap", None)
+    capped = cap is not None and nm("capped") in trace
+    if capped:
+        sc = _np(trace[nm("scaled")][head])
+        cm = _np(trace[nm("capped")][head])
+        ok = ~np.isneginf(_np(trace[nm("mask")]))  # the pairs the mask lets through
+        out.append(Step(key="capped", group=g_att, title=f"Soft-capped: {cap:g}·tanh(scaled / {cap:g})", matrix=cm,
+                        name=nm("capped"),
+                        latex_rows=rf"\tilde S_{{ij}} = c \tanh\!\Big(\frac{{s_{{ij}}}}{{c}}\Big),\quad c = {cap:g}",
+                        latex_cols=rf"(\tilde S^{{T}})_{{ji}} = c \tanh\!\Big(\frac{{s_{{ij}}}}{{c}}\Big),\quad c = {cap:g}",
+                        explain=(f"Gemma 2 squashes every scaled score into (−{cap:g}, {cap:g}) before the mask: "
+                                 f"scores near 0 pass almost unchanged (slope 1), large ones flatten towards ±{cap:g}, "
+                                 "so no single key can take all the weight. Each point is one (query, key) score of "
+                                 f"head {head} on this sentence ({int((abs(sc[ok]) > cap / 2).sum())} of {int(ok.sum())} beyond "
+                                 f"±{cap / 2:g}, where the curve visibly bends; masked pairs are left out)."),
+                        dims=(nq, nk), axes=("query", "key"), row_labels=list(q_toks), col_labels=list(k_toks),
+                        style="softcap", value_name="score",
+                        extra={"scaled": sc, "cap": cap, "mask": _np(trace[nm("mask")])}))
     bias_name = nm("position_bias")
     has_bias = bias_name in trace
     if has_bias:
@@ -137,6 +157,17 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
         "causal+padding": "Look-ahead and padding masks together: later tokens and padding are -∞.",
         "custom": "An additive mask: 0 where a query may look, -∞ where it may not.",
     }[mk]
+    kinds = trace.meta.get("layer_kinds")
+    window = getattr(cfg, "sliding_window", None)
+    local = (kinds[layer] == "local") if kinds and stack in ("encoder", "decoder") and not cross else (
+        window is not None and stack == "decoder" and not cross)
+    if local and window:
+        mask_text = (f"Layer {layer} is a local (sliding-window) layer: "
+                     + (f"a token sees itself and the {window - 1} tokens before it; earlier and later keys are -∞."
+                        if stack == "decoder" else
+                        f"a token sees the keys at most {window // 2} positions away on either side; the rest are -∞."))
+    elif kinds and not cross:
+        mask_text = f"Layer {layer} is a global layer (no window). " + mask_text
     m_rows = (r"M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}" if mk.startswith("causal")
               else r"M_{ij} = \begin{cases} 0 & \text{key } j \text{ allowed} \\ -\infty & \text{otherwise} \end{cases}")
     m_cols = m_rows.replace("M_{ij}", r"(M^{T})_{ji}")
@@ -148,6 +179,11 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
            r"Q K^{T} + \mathrm{PB} + M", r"K^{T} Q + \mathrm{PB}^{T} + M^{T}",
            r"The position bias shifts every score by an amount that depends only on the distance; adding $M$ "
            r"sets forbidden scores to $-\infty$.")
+    elif capped:
+        add_map(nm("masked"), "masked", "Masked: capped + M",
+           r"c \tanh\!\Big(\frac{Q K^{T} \cdot \text{scale}}{c}\Big) + M",
+           r"c \tanh\!\Big(\frac{K^{T} Q \cdot \text{scale}}{c}\Big) + M^{T}",
+           r"The mask is added to the capped scores: forbidden ones become $-\infty$.")
     else:
         add_map(nm("masked"), "masked", "Masked: scaled + M",
            r"\frac{Q K^{T}}{\sqrt{d_k}} + M",

@@ -9,6 +9,12 @@ or post-norm, norms after the sub-layers, the parallel block) are written out he
 read from the trace as an input of the attention (its buckets are a model input, not the
 formula being checked).
 
+Also written out here: QK-norm (RMSNorm of each head's q and k, or of the whole projection),
+soft-capping c tanh(scaled / c) before the mask, the norms after the sub-layers (Gemma 2/3),
+per-layer kinds (layer_types: a sliding layer's window, causal or symmetric in an encoder, and
+its own RoPE base), a layer without its attention norm (ModernBERT's layer 0) and exact-GELU
+GeGLU.
+
 `reference_layer(trace, stack, i, heads={kind: h})` returns the layer's names as the core
 records them ('self_attn.q', 'residual1', 'out', ...): per-head tensors for the heads asked
 for (H x n x d_k kept for q, k, v and the maps of those heads only), whole tensors for the rest.
@@ -53,6 +59,8 @@ def rms_norm(x: np.ndarray, gain, eps: float) -> np.ndarray:
 
 
 def norm(module, cfg, x: np.ndarray) -> np.ndarray:
+    if getattr(module, "weight", None) is None:  # an identity (ModernBERT's layer 0 has no attention norm)
+        return x
     gain = _a(module.weight)
     if cfg.norm == "rmsnorm":
         return rms_norm(x, gain, float(module.eps))
@@ -87,13 +95,17 @@ def rope_inv_freq(d_k: int, theta: float, scaling: Optional[dict] = None) -> np.
     raise NoReference(f"RoPE scaling {scaling.get('type')!r} has no reference here")
 
 
-def rope(x: np.ndarray, n_pos: int, cfg) -> np.ndarray:
-    """Rotate the feature pairs of x (..., n, d_k) at positions 0..n-1 (the layout of cfg)."""
+def rope(x: np.ndarray, n_pos: int, cfg, local: bool = False) -> np.ndarray:
+    """Rotate the feature pairs of x (..., n, d_k) at positions 0..n-1 (the layout of cfg); a
+    local layer with its own base (rope_theta_local) takes it, unscaled."""
     d_k = x.shape[-1]
     r = getattr(cfg, "rotary_dim", None) or d_k
     if r < d_k:  # partial rotary: the first r features rotate, the rest pass unchanged
-        return np.concatenate([rope(x[..., :r], n_pos, cfg), x[..., r:]], axis=-1)
-    ang = np.arange(n_pos, dtype=np.float64)[:, None] * rope_inv_freq(d_k, cfg.rope_theta, cfg.rope_scaling)[None]
+        return np.concatenate([rope(x[..., :r], n_pos, cfg, local), x[..., r:]], axis=-1)
+    theta, scaling = cfg.rope_theta, cfg.rope_scaling
+    if local and getattr(cfg, "rope_theta_local", None) is not None:
+        theta, scaling = cfg.rope_theta_local, None
+    ang = np.arange(n_pos, dtype=np.float64)[:, None] * rope_inv_freq(d_k, theta, scaling)[None]
     cos, sin = np.cos(ang), np.sin(ang)
     if cfg.rope_layout == "half":
         h = d_k // 2
@@ -109,14 +121,17 @@ def rope(x: np.ndarray, n_pos: int, cfg) -> np.ndarray:
 def mask(n_q: int, n_k: int, causal: bool = False, window: Optional[int] = None, key_pad=None) -> np.ndarray:
     """Additive n_q x n_k mask: -inf where query i may not see key j (queries are the last n_q
     of n_k positions): keys after the query (causal), `window` or more positions back
-    (sliding window), padding keys."""
+    (sliding window; without causal, an encoder's: more than window // 2 away either way),
+    padding keys."""
     i = np.arange(n_k - n_q, n_k)[:, None]
     j = np.arange(n_k)[None, :]
     blocked = np.zeros((n_q, n_k), dtype=bool)
     if causal:
         blocked |= j > i
-    if window is not None:
+    if window is not None and causal:
         blocked |= i - j >= window
+    elif window is not None:
+        blocked |= np.abs(i - j) > window // 2
     if key_pad is not None:
         blocked |= np.asarray(key_pad, dtype=bool)[None, :]
     return np.where(blocked, -np.inf, 0.0)
@@ -146,49 +161,59 @@ def activation(kind: str, a: np.ndarray, gate: Optional[np.ndarray]) -> np.ndarr
         return silu(a)
     if kind == "geglu_tanh":
         return gelu_tanh(a) * gate
+    if kind == "geglu":
+        return 0.5 * a * (1 + _erf(a / math.sqrt(2))) * gate
     if kind == "swiglu":
         return silu(a) * gate
     raise NoReference(f"activation {kind!r} has no reference here")
 
 
 # ------------------------------------------------------------------ attention and a layer
+def _heads(mod, lin, norm_name: str, x: np.ndarray, n_heads: int, d_k: int, qk_norm, eps: float):
+    """(x W + b as heads x n x d_k after QK-norm, the same before it)."""
+    flat = linear(lin, x)
+    split = lambda y: y.reshape(x.shape[0], n_heads, d_k).transpose(1, 0, 2)  # noqa: E731
+    if qk_norm is None:
+        return split(flat), None
+    gain = _a(getattr(mod, norm_name).weight)
+    if qk_norm == "full":
+        return split(rms_norm(flat, gain, eps)), split(flat)
+    return rms_norm(split(flat), gain, eps), split(flat)
+
+
 def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_rope: bool, bias=None,
-              keep=(), off=(), ablation: str = "zero") -> Dict[str, np.ndarray]:
+              keep=(), off=(), ablation: str = "zero", local: bool = False) -> Dict[str, np.ndarray]:
     """One multi-head attention: q, k, v (H or H_kv x n x d_k), the maps of the heads in `keep`
-    ({head: {scores, scaled, masked, weights}}), every head's output and Concat(heads) W_o."""
+    ({head: {scores, scaled, [capped,] masked, weights}}), every head's output and Concat(heads) W_o."""
     h, hkv = cfg.n_heads, cfg.n_kv_heads
     d_k = mod.w_q.weight.shape[0] // h
     n_q, n_k = x_q.shape[0], x_kv.shape[0]
     out: Dict[str, np.ndarray] = {}
-    q_lin, k_lin = linear(mod.w_q, x_q), linear(mod.w_k, x_kv)
     qk_norm = getattr(cfg, "qk_norm", None)
-    if qk_norm is not None:  # RMSNorm of q and k before RoPE: per head ("head") or over H*d_k ("full")
-        out["q_pre_norm"] = q_lin.reshape(n_q, h, d_k).transpose(1, 0, 2)
-        out["k_pre_norm"] = k_lin.reshape(n_k, hkv, d_k).transpose(1, 0, 2)
-        if qk_norm == "head":
-            q_lin = rms_norm(q_lin.reshape(n_q, h, d_k), _a(mod.q_norm.weight), float(mod.q_norm.eps))
-            k_lin = rms_norm(k_lin.reshape(n_k, hkv, d_k), _a(mod.k_norm.weight), float(mod.k_norm.eps))
-        else:
-            q_lin = rms_norm(q_lin, _a(mod.q_norm.weight), float(mod.q_norm.eps))
-            k_lin = rms_norm(k_lin, _a(mod.k_norm.weight), float(mod.k_norm.eps))
-    q = q_lin.reshape(n_q, h, d_k).transpose(1, 0, 2)
-    k = k_lin.reshape(n_k, hkv, d_k).transpose(1, 0, 2)
+    q, q_pre = _heads(mod, mod.w_q, "q_norm", x_q, h, d_k, qk_norm, float(cfg.norm_eps))
+    k, k_pre = _heads(mod, mod.w_k, "k_norm", x_kv, hkv, d_k, qk_norm, float(cfg.norm_eps))
+    if qk_norm is not None:
+        out["q_pre_norm"], out["k_pre_norm"] = q_pre, k_pre
     v = linear(mod.w_v, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
     if use_rope:
         out["q_pre_rope"], out["k_pre_rope"] = q, k
-        q, k = rope(q, n_q, cfg), rope(k, n_k, cfg)
+        q, k = rope(q, n_q, cfg, local), rope(k, n_k, cfg, local)
     out.update(q=q, k=k, v=v, mask=m)
     scale = 1.0 / math.sqrt(d_k) if cfg.attn_scale is None else float(cfg.attn_scale)
+    cap = getattr(cfg, "attn_softcap", None)
     heads = np.empty((h, n_q, d_k))
     for hd in range(h):  # one head at a time: only the heads asked for keep their n_q x n_k maps
         g = hd // (h // hkv)
         scores = q[hd] @ k[g].T
         scaled = scores * scale
-        masked = scaled + m + (0.0 if bias is None else bias[hd])
+        capped = scaled if cap is None else cap * np.tanh(scaled / cap)
+        masked = capped + m + (0.0 if bias is None else bias[hd])
         weights = softmax(masked)
         heads[hd] = weights @ v[g]
         if hd in keep:
             out[f"maps{hd}"] = {"scores": scores, "scaled": scaled, "masked": masked, "weights": weights}
+            if cap is not None:
+                out[f"maps{hd}"]["capped"] = capped
     out["heads"] = heads
     mixed = heads.copy()
     for hd in off or ():
@@ -231,8 +256,13 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             raise NoReference("the trace does not hold T5's position bias for this layer")
         bias = _a(trace[name])
     decoder = stack == "decoder"
-    masks = {"self_attn": mask(n, n, causal=decoder, window=cfg.sliding_window if decoder else None,
-                               key_pad=None if decoder else pad)}
+    types = getattr(cfg, "layer_types", None)
+    local = bool(types) and types[i] == "sliding_attention"
+    if types:  # per-layer kinds: the sliding layers alone have the window
+        window = cfg.sliding_window if local else None
+    else:  # one window for every decoder layer (Mistral)
+        window = cfg.sliding_window if decoder else None
+    masks = {"self_attn": mask(n, n, causal=decoder, window=window, key_pad=None if decoder else pad)}
     if memory is not None:
         masks["cross_attn"] = mask(n, memory.shape[0], key_pad=pad)
     out: Dict[str, object] = {}
@@ -252,7 +282,7 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             off = (abl.heads(stack, i, sub) if abl else None) or ()
             res = attention(mod, cfg, y, kv, masks[sub], rope_ and sub == "self_attn",
                             bias if sub == "self_attn" else None, keep=(heads[sub],) if sub in heads else (),
-                            off=off, ablation=getattr(abl, "mode", "zero"))
+                            off=off, ablation=getattr(abl, "mode", "zero"), local=local and sub == "self_attn")
         out.update({tn.local(sub, k): v for k, v in res.items()})
         if layer.pre:
             f = res["out"]

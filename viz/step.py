@@ -42,8 +42,9 @@ class Step:
     axes: Tuple[str, str] = ("token", "feature")  # what the row-form axes index
     row_labels: List[str] = field(default_factory=list)
     col_labels: List[str] = field(default_factory=list)
-    style: str = "signed"  # signed | attention | mask | angle
+    style: str = "signed"  # signed | attention | mask | angle | softcap
     value_name: str = "value"
+    extra: dict = field(default_factory=dict)  # what a style needs beside the matrix (softcap: scaled, cap, mask)
 
     def latex(self, notation: str = ROWS) -> str:
         """The formula, centred lines: parts separated by ',\\quad' (or a top-level '\\\\')

@@ -101,6 +101,8 @@ def step_figure(step: Step, notation: str = ROWS, *, max_tokens: int = MAX_TOKEN
     """The heatmap of one step in the chosen notation (column notation = the transpose).
 
     title=None: the step's title, its shape and what was reduced; pass "" for none."""
+    if step.style == "softcap":
+        return softcap_figure(step, title=step.title if title is None else title, height=height)
     z, rl, cl, ra, ca, note = drawn_matrix(step, notation, max_tokens, max_features)
     n_r, n_c = z.shape
     if title is None:
@@ -127,6 +129,41 @@ def step_figure(step: Step, notation: str = ROWS, *, max_tokens: int = MAX_TOKEN
         if clipped:
             fig.update_traces(colorbar=dict(thickness=12, title=dict(text=f"clipped<br>at ±{a:.3g}", side="top")))
     _sparse_ticks(fig, ra, ca, rl, cl, pooled=bool(note) and "blocks" in note)
+    return fig
+
+
+def softcap_figure(step: Step, title: str = "", height: Optional[int] = None, max_points: int = 4000) -> go.Figure:
+    """Soft-capping as the curve it applies: y = c tanh(x / c) over the range of this head's
+    scaled scores, the line y = x it bends away from, and each (query, key) score of the
+    sentence as a point (x = scaled, y = capped; masked pairs left out), from step.matrix
+    (capped) and step.extra["scaled"], ["cap"], ["mask"]."""
+    c = float(step.extra["cap"])
+    x = np.asarray(step.extra["scaled"], dtype=np.float64)
+    y = np.asarray(step.matrix, dtype=np.float64)
+    mask = step.extra.get("mask")
+    keep = np.ones(x.shape, dtype=bool) if mask is None else ~np.isneginf(np.asarray(mask, dtype=np.float64))
+    qi, kj = np.nonzero(keep)
+    if qi.size > max_points:  # a long input: an even sample of the pairs
+        pick = np.linspace(0, qi.size - 1, max_points).astype(int)
+        qi, kj = qi[pick], kj[pick]
+    rl, cl = step.row_labels, step.col_labels
+    top = max(2.0 * c, float(np.abs(x[keep]).max()) if keep.any() else c) * 1.05
+    grid = np.linspace(-top, top, 400)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=grid, y=grid, mode="lines", name="y = x (no cap)",
+                             line=dict(color="#bbbbbb", dash="dot")))
+    fig.add_trace(go.Scatter(x=grid, y=c * np.tanh(grid / c), mode="lines", name=f"y = {c:g}·tanh(x / {c:g})",
+                             line=dict(color="#1f77b4")))
+    text = [f"{safe_label(rl[a]) if a < len(rl) else a} → {safe_label(cl[b]) if b < len(cl) else b}"
+            for a, b in zip(qi, kj)]
+    fig.add_trace(go.Scatter(x=x[qi, kj], y=y[qi, kj], mode="markers", name="this head's scores",
+                             marker=dict(size=6, color="#d62728", opacity=0.7), text=text,
+                             hovertemplate="%{text}<br>scaled %{x:.3f} → capped %{y:.3f}<extra></extra>"))
+    for yy in (c, -c):
+        fig.add_hline(y=yy, line=dict(color="#888888", width=1, dash="dash"))
+    fig.update_layout(title=title or None, height=height or 380, xaxis_title="scaled score",
+                      yaxis_title="capped score", legend=dict(orientation="h", y=-0.2),
+                      margin=dict(l=50, r=20, t=40 if title else 20, b=40))
     return fig
 
 

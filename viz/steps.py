@@ -171,7 +171,12 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
         f_in = (rf"\tilde{{{read_sym}}}_{{{j}}}" if parallel else rf"\tilde{{{x_sym}}}") if pre_norms else read_sym
         g_head, g_tail = ((sub_group + " · projections Q, K, V", sub_group + " · heads → output, add & norm")
                           if sub == kind else (sub_group, sub_group))
-        if pre_norms:
+        if pre and j == 1 and layer == 0 and not getattr(cfg, "first_attn_norm", True):
+            tok_feat(tn.norm(stack, layer, j), f"norm{j}", g_head, "No norm before layer 0's attention",
+                     rf"{f_in} = {x_sym}", rf"{f_in} = {x_sym}",
+                     "ModernBERT's first layer reads the embedding LayerNorm's output directly (its own attention "
+                     "norm is the identity); every later layer normalises first.")
+        elif pre_norms:
             par = (f" Parallel block: this sub-layer reads the layer's input {read_sym} (normed with its own "
                    "gains), not the stream after the attention." if parallel and j > 1 else "")
             tok_feat(tn.norm(stack, layer, j), f"norm{j}", g_head, f"{norm_word} before the sub-layer (pre-norm)",
@@ -256,6 +261,31 @@ def _ffn_steps(trace, cfg, stack, layer, group, f_in, toks) -> List[Step]:
                         explain=explain, dims=dims, axes=("token", "feature"), row_labels=list(toks),
                         col_labels=_feature_labels(m.shape[1])))
     return out
+
+
+def block_notes(cfg, trace, stack: str, layer: int) -> str:
+    """One line on what this model's block does beyond the plain pre-/post-norm layer (norms
+    after the sub-layers, soft-capping, QK-norm, the layer's kind): '' when nothing."""
+    notes = []
+    if getattr(cfg, "post_sublayer_norm", False):
+        notes.append("a norm after each sub-layer as well as before it: x + Norm(f(Norm(x)))")
+    if getattr(cfg, "qk_norm", None):
+        notes.append(f"QK-norm ({'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}) "
+                     "before RoPE")
+    if getattr(cfg, "attn_softcap", None):
+        notes.append(f"attention scores soft-capped at ±{cfg.attn_softcap:g}")
+    if getattr(cfg, "final_softcap", None) and stack == "decoder":
+        notes.append(f"logits soft-capped at ±{cfg.final_softcap:g}")
+    kinds = trace.meta.get("layer_kinds")
+    if kinds and layer < len(kinds):
+        n_local = sum(k == "local" for k in kinds)
+        what = (f"local: sliding window of {cfg.sliding_window}" + (" tokens back" if stack == "decoder" else
+                f" (±{cfg.sliding_window // 2} tokens)") if kinds[layer] == "local" else "global: full attention")
+        theta = (cfg.rope_theta_local if kinds[layer] == "local" and getattr(cfg, "rope_theta_local", None)
+                 else cfg.rope_theta)
+        notes.append(f"layer {layer} is {what}, RoPE base {theta:g} ({n_local} local and "
+                     f"{len(kinds) - n_local} global layers)")
+    return "; ".join(notes)
 
 
 def steps_by_key(steps: Sequence[Step]) -> Dict[str, Step]:

@@ -12,14 +12,19 @@ Small helpers shared by the loaders of every family (core/loaders/hf.py, core/lo
 A folder with only pytorch_model.bin (or *.pt / *.ckpt) gets a CheckpointError telling the
 user to convert it to safetensors: pickle is never loaded here.
 
-Memory: safetensors' safe_open maps the file; `Checkpoint.get(name, dtype)` reads one
-tensor and converts it (bfloat16/float16 -> float32 by default), so the peak is the float32
-model plus one tensor in the stored dtype, not the stored model and its float32 copy at once.
+Memory: each file is memory-mapped; `Checkpoint.get(name, dtype)` converts one tensor
+straight from the mapped bytes (bfloat16/float16 -> float32 by default) and then releases
+the pages it read from the process (madvise DONTNEED: they stay in the page cache, not in the
+process's resident memory), so the peak is the float32 model plus one tensor in the stored
+dtype, not the stored model and its float32 copy at once.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
+import struct
+import warnings
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -88,6 +93,43 @@ def safetensors_files(folder, auto_class: str = "AutoModel") -> List[Path]:
     raise CheckpointError(f"{folder.name}: no *.safetensors weights in the folder")
 
 
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+class _Mapped:
+    """One safetensors file mapped read-only: a tensor is converted from the mapped bytes and
+    the pages it touched are then dropped from the process (they stay in the page cache)."""
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as f:
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        (n,) = struct.unpack("<Q", self.mm[:8])
+        self.header = json.loads(bytes(self.mm[8:8 + n]))
+        self.base = 8 + n
+
+    def tensor(self, name: str, dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+        """The tensor converted to `dtype` (None: a copy as stored); None where this reader does
+        not know its dtype (the caller then uses safetensors' own)."""
+        info = self.header.get(name)
+        stored = _DTYPES.get(info.get("dtype")) if info else None
+        if stored is None:
+            return None
+        begin, end = (self.base + o for o in info["data_offsets"])
+        if end == begin:
+            return torch.empty(info["shape"], dtype=dtype or stored)
+        with memoryview(self.mm)[begin:end] as view, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the mapping is read-only; it is copied before anyone writes
+            raw = torch.frombuffer(view, dtype=stored).reshape(info["shape"])
+            out = raw.to(dtype) if dtype is not None and dtype != stored else raw.clone()
+            del raw
+        if hasattr(self.mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            start = begin - begin % mmap.PAGESIZE
+            self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        return out
+
+
 class Checkpoint:
     """The tensors of one checkpoint folder, by name, read lazily from memory-mapped files.
 
@@ -100,6 +142,7 @@ class Checkpoint:
 
         self.files = list(files)
         self._handles = []
+        self._maps: Dict[int, _Mapped] = {}
         self._where: Dict[str, int] = {}
         for path in self.files:
             try:
@@ -134,8 +177,13 @@ class Checkpoint:
         """One tensor, converted to `dtype` (None: as stored). CheckpointError if absent."""
         if name not in self._where:
             raise CheckpointError(f"the checkpoint lacks the tensor {name!r}")
+        i = self._where[name]
         try:
-            t = self._handles[self._where[name]].get_tensor(name)
+            if i not in self._maps:
+                self._maps[i] = _Mapped(self.files[i])
+            t = self._maps[i].tensor(name, dtype)
+            if t is None:  # a dtype the mapped reader does not know: safetensors' own reader
+                t = self._handles[i].get_tensor(name)
         except Exception as exc:
             raise CheckpointError(f"the tensor {name!r} cannot be read ({exc})") from None
         self.used.add(name)

@@ -2,6 +2,7 @@
 
     model = core.load_model("/path/to/my-bert")           # a folder
     model = core.load_model("/path/to/model.gguf")        # llama / qwen2 / qwen3 / phi3 GGUF (core/loaders/gguf_file.py)
+                                                          # gemma / gemma2 / gemma3 GGUF (core/loaders/gguf_gemma.py)
 
 load_path sends a .gguf file to core/loaders/gguf_file.py and a folder to load_folder, which reads
 config.json's model_type: bert, roberta, distilbert, gpt2, llama, mistral and qwen2 here, and
@@ -103,6 +104,10 @@ def load_path(path, device=None, name: Optional[str] = None, progress: Progress 
     """A folder (config.json + safetensors) or a .gguf file, as an AttentionModel."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
+        from . import gguf_gemma  # gemma / gemma2 / gemma3 files: core/loaders/gguf_gemma.py
+
+        if gguf_gemma.architecture(path) in gguf_gemma.ARCHS:
+            return gguf_gemma.load_gguf(path, device=device, name=name, progress=progress)
         from .gguf_file import load_gguf
 
         return load_gguf(path, device=device, name=name, progress=progress)

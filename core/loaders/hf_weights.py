@@ -70,6 +70,8 @@ def build_net(family: str, hf: dict, ckpt: Checkpoint, progress: Progress = None
         t = ckpt.get(theirs)
         if how == "T":
             t = t.t().contiguous()
+        elif how == "+1":  # Gemma's RMSNorm stores w and scales by (1 + w): our gain is 1 + w
+            t = t + 1.0
         check_shape(theirs, t, ours[mine].shape)
         state[mine] = t
         if progress and k % 64 == 0:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
+from . import families
 from .checkpoint import CheckpointError, open_checkpoint, read_config
 from .hf import SEQ2SEQ, human_size, supported_families, unsupported
 
@@ -26,8 +27,11 @@ class LocalModel:
         """encoder / decoder / encoder-decoder by family ("?" when unknown)."""
         if self.family in ("bert", "roberta", "distilbert"):
             return "encoder"
-        if self.family in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi3", "qwen3", "olmo2"):
+        if self.family in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi3", "qwen3", "olmo2",
+                           "gemma3"):  # gemma3: a GGUF architecture
             return "decoder"
+        if self.family in families.MODULES:  # a family module's KIND (default: decoder)
+            return getattr(families.module(self.family), "KIND", "decoder")
         return "encoder-decoder" if self.family in SEQ2SEQ else "?"
 
     @property

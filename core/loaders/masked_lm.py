@@ -29,17 +29,19 @@ MLM_HEADS = {
     "bert": ("cls.predictions.", "transform.dense", "transform.LayerNorm", "decoder.weight", ("bias", "decoder.bias")),
     "roberta": ("lm_head.", "dense", "layer_norm", "decoder.weight", ("bias", "decoder.bias")),
     "distilbert": ("", "vocab_transform", "vocab_layer_norm", "vocab_projector.weight", ("vocab_projector.bias",)),
+    "modernbert": ("", "head.dense", "head.norm", "decoder.weight", ("decoder.bias",)),
 }
+HEAD_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
 class MLMHead(nn.Module):
     """logits = LayerNorm(act(h W_t^T + b_t)) E^T + b: BERT's / RoBERTa's / DistilBERT's
     masked-LM head on the final hidden states h (n x d); E is usually the token embedding."""
 
-    def __init__(self, d: int, vocab: int, act: str, eps: float):
+    def __init__(self, d: int, vocab: int, act: str, eps: float, dense_bias: bool = True, norm_bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(d, d)
-        self.norm = nn.LayerNorm(d, eps=eps)
+        self.dense = nn.Linear(d, d, bias=dense_bias)  # ModernBERT: no biases by default
+        self.norm = nn.LayerNorm(d, eps=eps, bias=norm_bias)
         self.decoder = nn.Linear(d, vocab)
         self.act = act
 
@@ -59,12 +61,19 @@ def read_mlm_head(family: str, hf: dict, cfg: ModelConfig, ckpt: Checkpoint,
     if prefix + dense + ".weight" not in ckpt:
         return None
     act = "gelu" if family == "roberta" else cfg.activation  # RoBERTa's head always uses exact GELU
-    head = MLMHead(cfg.d_model, cfg.src_vocab_size, act, cfg.norm_eps)
+    if family == "modernbert":  # its own activation (classifier_activation)
+        act = HEAD_ACTS.get(hf.get("classifier_activation", "gelu"))
+        if act is None:
+            raise CheckpointError(f"classifier_activation {hf['classifier_activation']!r} is not supported")
+    has = {part: prefix + part + ".bias" in ckpt for part in (dense, norm)}
+    head = MLMHead(cfg.d_model, cfg.src_vocab_size, act, cfg.norm_eps, has[dense], has[norm])
     with torch.no_grad():
         head.dense.weight.copy_(ckpt.get(prefix + dense + ".weight"))
-        head.dense.bias.copy_(ckpt.get(prefix + dense + ".bias"))
+        if has[dense]:
+            head.dense.bias.copy_(ckpt.get(prefix + dense + ".bias"))
         head.norm.weight.copy_(ckpt.get(prefix + norm + ".weight"))
-        head.norm.bias.copy_(ckpt.get(prefix + norm + ".bias"))
+        if has[norm]:
+            head.norm.bias.copy_(ckpt.get(prefix + norm + ".bias"))
         if prefix + dec_w in ckpt:  # an untied (or explicitly stored) output matrix
             w = ckpt.get(prefix + dec_w)
             check_shape(prefix + dec_w, w, [cfg.src_vocab_size, cfg.d_model])
@@ -72,7 +81,10 @@ def read_mlm_head(family: str, hf: dict, cfg: ModelConfig, ckpt: Checkpoint,
         else:  # tied to the token embedding
             head.decoder.weight = embed
         bias = next((prefix + b for b in dec_b if prefix + b in ckpt), None)
-        if bias is None:
+        if bias is None and hf.get("decoder_bias", True) is False:  # ModernBERT without one: a zero bias
+            head.decoder.bias.zero_()
+            dec_b = ()
+        elif bias is None:
             raise CheckpointError(f"the masked-LM head lacks its output bias ({prefix + dec_b[0]!r})")
         for b in dec_b:  # both names may be stored (tied), both count as used
             if prefix + b in ckpt:
@@ -128,7 +140,9 @@ class HFModel(AttentionModel):
             toks = tr.tokens("source")
             if mask_str in toks:
                 ids = [self.tokenizer.mask_id if t == mask_str else -1 for t in toks]
-                hidden = tr[tn.out("encoder", self.config.n_layers - 1)]
+                last = (tn.final_norm("encoder") if tn.final_norm("encoder") in tr
+                        else tn.out("encoder", self.config.n_layers - 1))
+                hidden = tr[last]
                 tr.meta["fill_mask"] = self._fills(torch.as_tensor(hidden, dtype=torch.float32), ids, 5)
         return tr
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 RecordFn = Callable[[str, torch.Tensor], None]  # record(name, tensor); core.net.recorder.Recorder is one
 
 NEG_INF = float("-inf")
+SOFTCAP_ROWS = 1024  # soft-capped attention without a recorder: queries per block (bounds the n_q x n_k buffer)
 
 
 def causal_mask(n: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
@@ -77,6 +78,7 @@ def scaled_dot_product_attention(
     record: Optional[RecordFn] = None,
     scale: Optional[float] = None,
     is_causal: bool = False,
+    softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """softmax(Q K^T * scale + M) V for q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v).
 
@@ -86,32 +88,47 @@ def scaled_dot_product_attention(
     - explicit (record given): the formula line by line, each step handed to the recorder
       as scores, scaled, masked and weights (seed 003's Q K^T, F, F + B and S).
     scale defaults to 1/sqrt(d_k). mask is additive and broadcasts to (..., n_q, n_k).
+    softcap c (Gemma 2): the scaled scores become capped = c tanh(scaled / c) before the mask;
+    the fused kernel cannot do that, so without a recorder the same formula runs unrecorded.
     """
     d_k = q.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
-    if record is None:
+    if record is None and softcap is None:
         causal = is_causal and mask is None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
+    if record is None and q.shape[-2] > SOFTCAP_ROWS:  # unrecorded and long: a block of queries at a time
+        outs = []
+        for r in range(0, q.shape[-2], SOFTCAP_ROWS):
+            m = None if mask is None else mask[..., r:r + SOFTCAP_ROWS, :] if mask.shape[-2] > 1 else mask
+            outs.append(scaled_dot_product_attention(q[..., r:r + SOFTCAP_ROWS, :], k, v, m, None, scale,
+                                                     softcap=softcap))
+        return torch.cat(outs, dim=-2)
     scores = q @ k.transpose(-2, -1)  # (..., n_q, n_k)
     scaled = scores * scale
-    masked = scaled if mask is None else scaled + mask
+    capped = scaled if softcap is None else torch.tanh(scaled / softcap) * softcap
+    masked = capped if mask is None else capped + mask
     weights = torch.softmax(masked, dim=-1)
-    record("scores", scores)
-    record("scaled", scaled)
-    record("masked", masked)
-    record("weights", weights)
+    if record is not None:
+        record("scores", scores)
+        record("scaled", scaled)
+        if softcap is not None:
+            record("capped", capped)
+        record("masked", masked)
+        record("weights", weights)
     return weights @ v  # (..., n_q, d_v)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                      scale: Optional[float] = None) -> torch.Tensor:
+                      scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
     """softmax(Q K^T * scale + M) alone, for views that need only the weights (the model
     view): the explicit path's operations in the same order, done in place on one n_q x n_k
     buffer, so the weights are bit for bit the explicit path's (tests/test_trace.py)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     w = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., n_q, n_k)
+    if softcap is not None:  # as the explicit path: c tanh(scaled / c)
+        w = torch.tanh(w / softcap) * softcap
     if mask is not None:
         w = w.add_(mask) if torch.broadcast_shapes(w.shape, mask.shape) == w.shape else w + mask
     return torch.softmax(w, dim=-1)

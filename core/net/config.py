@@ -41,6 +41,20 @@ Fields for later decoder families (core/loaders/families/); their defaults chang
                      x + attn(norm1(x)) + ffn(norm2(x)); residual1 = x + attn, residual2 the sum
     rotary_dim       RoPE rotates the first rotary_dim features of each head, the rest pass
                      unchanged (GPT-NeoX rotary_pct, Phi-3 partial_rotary_factor); None: all d_k
+Fields for Gemma 1-3 and ModernBERT:
+    activation       also "geglu" (ModernBERT: exact-GELU gate, gelu(W_1^T u) * W_3^T u).
+    attn_softcap     None, or c: scaled scores become c tanh(scaled / c) before the mask (Gemma 2).
+    final_softcap    None, or c: logits become c tanh(logits / c) (Gemma 2).
+    layer_types      None, or per layer "sliding_attention" | "full_attention" (as transformers
+                     writes it): only the sliding layers get `sliding_window`. In an encoder a
+                     sliding layer's window is symmetric: keys more than sliding_window // 2
+                     positions away either way are masked (ModernBERT's local_attention).
+                     Without layer_types a window applies to every decoder layer (Mistral).
+    rope_theta_local None, or the RoPE base of the sliding layers (Gemma 3, ModernBERT); they
+                     take no rope_scaling.
+    norm_bias        LayerNorm with a shift (False: gain only, ModernBERT).
+    first_attn_norm  False: layer 0 has no norm before its attention (ModernBERT: the
+                     embedding norm serves); its norm1 is the identity.
 """
 
 
@@ -68,7 +82,7 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     norm_placement: str = "post"  # post | pre
-    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu_tanh
+    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu_tanh | geglu
     kind: str = "encoder-decoder"  # encoder | decoder | encoder-decoder
     bias: bool = True  # biases in the attention and FFN projections
     embed_scale: bool = False  # multiply token embeddings by sqrt(d) (Vaswani et al.)
@@ -93,6 +107,12 @@ class ModelConfig:
     post_sublayer_norm: bool = False  # a norm on each sub-layer's output, before the residual add
     parallel_block: bool = False  # x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX)
     rotary_dim: Optional[int] = None  # RoPE on the first rotary_dim features of a head; None: all
+    attn_softcap: Optional[float] = None
+    final_softcap: Optional[float] = None
+    layer_types: Optional[list] = None  # per layer "sliding_attention" | "full_attention"
+    rope_theta_local: Optional[float] = None  # RoPE base of the sliding layers
+    norm_bias: bool = True
+    first_attn_norm: bool = True
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -123,13 +143,23 @@ class ModelConfig:
             raise ValueError("pre_sublayer_norm / post_sublayer_norm / parallel_block need norm_placement 'pre'")
         if self.parallel_block and not self.pre_sublayer_norm:
             raise ValueError("parallel_block needs pre_sublayer_norm")
+        if self.layer_types is not None:
+            self.layer_types = list(self.layer_types)
+            bad = [t for t in self.layer_types if t not in ("sliding_attention", "full_attention")]
+            if bad or len(self.layer_types) != self.n_layers:
+                raise ValueError("layer_types must list n_layers entries of 'sliding_attention' / 'full_attention'")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("sliding layers need sliding_window")
+        for name in ("attn_softcap", "final_softcap"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
         for name, value, allowed in [
             ("positional", self.positional, ("sinusoidal", "learned", "rope", "relative", "none")),
             ("norm", self.norm, ("layernorm", "rmsnorm")),
             ("norm_placement", self.norm_placement, ("post", "pre")),
-            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")),
+            ("activation", self.activation, ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh", "geglu")),
             ("sinusoid_layout", self.sinusoid_layout, ("interleaved", "half")),
             ("kind", self.kind, ("encoder", "decoder", "encoder-decoder")),
             ("rope_layout", self.rope_layout, ("half", "interleaved")),

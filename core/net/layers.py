@@ -29,39 +29,29 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .multihead import MultiHeadAttention
+from .norms import RMSNorm
 from .positional import relative_buckets, sinusoidal_encoding
 from .hooks import point
 from .recorder import Rec, scoped
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * g (Zhang & Sennrich 2019)."""
-
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(cfg.d_model, cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)  # seed 003 eq. (15)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)  # seed 003 eq. (15)
 
 
 class FeedForward(nn.Module):
     """FFN(u) = W_2^T act(W_1^T u + b_1) + b_2; SwiGLU: W_2^T (silu(W_1^T u) * W_3^T u);
-    GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u)."""
+    GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u); "geglu" (ModernBERT) the
+    same with exact GELU."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = cfg.activation
         self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        gated = self.act in ("swiglu", "geglu_tanh")
+        gated = self.act in ("swiglu", "geglu_tanh", "geglu")
         self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
 
     def forward(self, x, rec: Rec = None):
@@ -76,6 +66,8 @@ class FeedForward(nn.Module):
             hidden = F.silu(a)
         elif self.act == "geglu_tanh":
             hidden = F.gelu(a, approximate="tanh") * self.w_3(x)
+        elif self.act == "geglu":
+            hidden = F.gelu(a) * self.w_3(x)
         else:
             hidden = F.silu(a) * self.w_3(x)
         out = self.w_2(hidden)  # (B, n, d)
@@ -86,21 +78,29 @@ class FeedForward(nn.Module):
 
 class Layer(nn.Module):
     """One encoder or decoder layer: self-attention, [cross-attention], FFN, each wrapped
-    in residual + norm. Trace names residual{j}/norm{j} number the sub-layers in order."""
+    in residual + norm. Trace names residual{j}/norm{j} number the sub-layers in order.
 
-    def __init__(self, cfg: ModelConfig, cross: bool):
+    Pre-norm with cfg.post_sublayer_norm (Gemma 2/3): x + PostNorm(f(Norm(x))), the post
+    norm recorded as post_norm{j}; without cfg.pre_sublayer_norm there is no norm{j}.
+    `index` is the layer's place in its stack (ModernBERT's layer 0 has no attention norm)."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool, index: int = 0):
         super().__init__()
         self.pre = cfg.norm_placement == "pre"
         self.rope = cfg.positional == "rope"
         self.relative = cfg.positional == "relative"
+        self.qk_norm = cfg.qk_norm is not None
+        self.softcap = cfg.attn_softcap is not None
         self.self_attn = MultiHeadAttention(cfg)
         self.cross_attn = MultiHeadAttention(cfg) if cross else None
         self.ffn = FeedForward(cfg)
         n_sub = 3 if cross else 2
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)
-        has_norms = self.pre is False or cfg.pre_sublayer_norm
-        self.norms = nn.ModuleList(make_norm(cfg) for _ in range(n_sub if has_norms else 0))
+        self.pre_norm = not self.pre or cfg.pre_sublayer_norm
+        self.norms = nn.ModuleList(make_norm(cfg) for _ in range(n_sub if self.pre_norm else 0))
+        if self.pre_norm and not cfg.first_attn_norm and index == 0:
+            self.norms[0] = nn.Identity()  # ModernBERT: the embedding norm stands for layer 0's
         self.post_norms = (nn.ModuleList(make_norm(cfg) for _ in range(n_sub))
                            if self.pre and cfg.post_sublayer_norm else None)
         self.parallel = cfg.parallel_block
@@ -110,20 +110,21 @@ class Layer(nn.Module):
 
     def recorded_names(self) -> List[str]:
         """What an explicit run of this layer records, in order (names under the layer)."""
-        attn = ["q", "k", "v", "mask", "scores", "scaled", "masked", "weights", "heads", "out"]
+        attn = ["q", "k", "v", "mask", "scores", "scaled"] + (["capped"] if self.softcap else []) + [
+            "masked", "weights", "heads", "out"]
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
                 inner = ["ffn.hidden", "ffn.out"]
             else:
-                pre_rope = ["q_pre_rope", "k_pre_rope"] if self.rope and sub == "self_attn" else []
-                if getattr(self, sub).qk_norm is not None:
-                    pre_rope = ["q_pre_norm", "k_pre_norm"] + pre_rope
-                names_ = attn if not (self.relative and sub == "self_attn") else attn[:4] + ["position_bias"] + attn[4:]
+                own = sub == "self_attn"
+                pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (
+                    ["q_pre_rope", "k_pre_rope"] if self.rope and own else [])
+                names_ = attn if not (self.relative and own) else attn[:4] + ["position_bias"] + attn[4:]
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
             if self.pre:
-                names += ([f"norm{j}"] if len(self.norms) else []) + inner
-                names += ([f"post_norm{j}"] if self.post_norms is not None else []) + [f"residual{j}"]
+                post = [f"post_norm{j}"] if self.post_norms is not None else []
+                names += ([f"norm{j}"] if self.pre_norm else []) + inner + post + [f"residual{j}"]
             else:
                 names += inner + [f"residual{j}", f"norm{j}"]
         return names + ["out"]
@@ -131,7 +132,7 @@ class Layer(nn.Module):
     def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run."""
-        y = self.norms[0](x) if self.pre and len(self.norms) else x
+        y = self.norms[0](x) if self.pre and self.pre_norm else x
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
@@ -209,7 +210,7 @@ class Embedding(nn.Module):
             pe = sinusoidal_encoding(cfg.max_len, cfg.d_model, layout=cfg.sinusoid_layout)
             self.register_buffer("pe", pe, persistent=False)
         self.types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias) if cfg.embed_norm else None
 
     def forward(self, ids, rec: Rec = None, offset: int = 0, token_types=None):
         n = ids.shape[1]

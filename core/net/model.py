@@ -11,6 +11,12 @@ the Trace contract of docs/design.md; a Recorder (core/net/recorder.py) keeps ba
 the hook points of core/net/hooks.py, where any value of the pass can be replaced.
 `run_layer` runs one layer on its stored input: how a trace computes a layer's inside
 when it is looked at (core/trace.py).
+
+Per-layer attention kinds (cfg.layer_types, Gemma 2/3 and ModernBERT): a sliding ("local")
+layer gets the sliding-window mask (decoder: keys sliding_window or more positions back;
+encoder: keys more than sliding_window // 2 away either way) and the RoPE base
+cfg.rope_theta_local where it is set; a "global" one the full mask and cfg.rope_theta.
+`layer_kinds()` lists them (a trace's meta["layer_kinds"]).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         if cfg.has_encoder:
             self.src_embed = Embedding(cfg, cfg.src_vocab_size)
-            self.encoder = nn.ModuleList(Layer(cfg, cross=False) for _ in range(cfg.n_layers))
+            self.encoder = nn.ModuleList(Layer(cfg, cross=False, index=i) for i in range(cfg.n_layers))
             self.encoder_norm = make_norm(cfg) if cfg.final_norm else None
             if cfg.positional == "relative":
                 self.encoder_bias = RelativePositionBias(cfg, bidirectional=True)
@@ -46,7 +52,7 @@ class Transformer(nn.Module):
             cross = cfg.kind == "encoder-decoder"
             n_dec = cfg.n_decoder_layers if cross else cfg.n_layers
             self.tgt_embed = Embedding(cfg, cfg.tgt_vocab_size)
-            self.decoder = nn.ModuleList(Layer(cfg, cross=cross) for _ in range(n_dec))
+            self.decoder = nn.ModuleList(Layer(cfg, cross=cross, index=i) for i in range(n_dec))
             self.decoder_norm = make_norm(cfg) if cfg.final_norm else None
             if cfg.positional == "relative":
                 self.decoder_bias = RelativePositionBias(cfg, bidirectional=False)
@@ -55,11 +61,51 @@ class Transformer(nn.Module):
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
 
-    def _angles(self, n: int, offset: int = 0, device=None):
+    def _angles(self, n: int, offset: int = 0, device=None, layer: Optional[int] = None):
+        """RoPE angles of positions offset..offset+n-1 (None without RoPE); a sliding layer
+        takes cfg.rope_theta_local (unscaled) where the config sets one."""
         if self.cfg.positional != "rope":
             return None
-        a = rope_angles(n, self.cfg.rotary_dim or self.cfg.d_head, self.cfg.rope_theta, offset, self.cfg.rope_scaling)
+        dims = self.cfg.rotary_dim or self.cfg.d_head  # partial rotary: the first rotary_dim features
+        if layer is not None and self.cfg.rope_theta_local is not None and self.layer_kind(layer) == "local":
+            a = rope_angles(n, dims, self.cfg.rope_theta_local, offset, None)
+        else:
+            a = rope_angles(n, dims, self.cfg.rope_theta, offset, self.cfg.rope_scaling)
         return a.to(device=device, dtype=torch.float32)
+
+    def layer_kind(self, i: int) -> Optional[str]:
+        """'local' (sliding window) or 'global' for layer i where cfg.layer_types is set, else None."""
+        types = self.cfg.layer_types
+        if not types:
+            return None
+        return "local" if types[i] == "sliding_attention" else "global"
+
+    def layer_kinds(self) -> Optional[list]:
+        """Every layer's kind ('local' / 'global'), or None when the config has no layer_types."""
+        return [self.layer_kind(i) for i in range(self.cfg.n_layers)] if self.cfg.layer_types else None
+
+    def window(self, stack: str, layer: Optional[int] = None) -> Optional[int]:
+        """The sliding window of a layer of `stack` (None: full attention). Without
+        layer_types a window is every decoder layer's (Mistral); with them the sliding
+        layers' only (layer None: the global layers')."""
+        w = self.cfg.sliding_window
+        if w is None:
+            return None
+        if not self.cfg.layer_types:
+            return w if stack == "decoder" else None
+        return w if layer is not None and self.layer_kind(layer) == "local" else None
+
+    def _per_layer(self, stack: str, make_masks, n_pos: int, offset: int, device):
+        """fn(i) -> (masks, angles) of layer i, built once per distinct (window, RoPE base)."""
+        made = {}
+
+        def get(i):
+            key = (self.window(stack, i), self.layer_kind(i) if self.cfg.rope_theta_local is not None else None)
+            if key not in made:
+                made[key] = (make_masks(i), self._angles(n_pos, offset, device, i))
+            return made[key]
+
+        return get
 
     def layers(self, stack: str) -> nn.ModuleList:
         return self.encoder if stack == "encoder" else self.decoder
@@ -73,18 +119,26 @@ class Transformer(nn.Module):
             return None
         return (self.encoder_bias if stack == "encoder" else self.decoder_bias)(n, n)
 
-    def encoder_masks(self, src_pad, n: int, dtype=torch.float32) -> dict:
-        """The encoder's attention masks: padding columns -inf (B, 1, n, n), or none."""
-        return {"self_mask": None if src_pad is None else padding_mask(src_pad, n, dtype)[:, None]}
+    def encoder_masks(self, src_pad, n: int, dtype=torch.float32, layer: Optional[int] = None, device=None) -> dict:
+        """The encoder's attention masks: padding columns -inf (B, 1, n, n), a sliding layer's
+        symmetric window (keys more than window // 2 away), or none."""
+        mask = None if src_pad is None else padding_mask(src_pad, n, dtype)[:, None]
+        window = self.window("encoder", layer)
+        if window is not None:
+            i = torch.arange(n, device=device)
+            far = (i[:, None] - i[None, :]).abs() > window // 2
+            local = torch.zeros(n, n, dtype=dtype, device=device).masked_fill(far, float("-inf"))[None, None]
+            mask = combine_masks(local, mask)
+        return {"self_mask": mask}
 
     def decoder_masks(self, t: int, src_pad=None, tgt_pad=None, device=None, dtype=torch.float32,
-                      n_past: int = 0) -> dict:
+                      n_past: int = 0, layer: Optional[int] = None) -> dict:
         """The decoder's masks for t new positions after n_past known ones: the look-ahead
         mask (seed 002's M; left to the fused kernel as is_causal when it is all there is),
-        padding, and the cross-attention's padding mask."""
+        layer `layer`'s sliding window, padding, and the cross-attention's padding mask."""
         n_k = n_past + t
         self_mask, causal = None, False
-        window = self.cfg.sliding_window
+        window = self.window("decoder", layer)
         if tgt_pad is not None or n_past or window is not None:
             self_mask = causal_mask(t, device=device, dtype=dtype, n_k=n_k)[None, None]  # (1, 1, t, n_k)
             if window is not None:  # Mistral: keys `window` or more positions back are masked too
@@ -101,10 +155,11 @@ class Transformer(nn.Module):
         n = src.shape[1]
         rec = attach(rec, ablate.hooks("encoder") if ablate else {})
         x = self.src_embed(src, scoped(rec, tn.embed_scope("encoder")), token_types=token_types)
-        masks = self.encoder_masks(src_pad, n, x.dtype)
-        angles = self._angles(n, device=src.device)
+        per_layer = self._per_layer("encoder", lambda i: self.encoder_masks(src_pad, n, x.dtype, i, src.device),
+                                    n, 0, src.device)
         bias = self.position_bias("encoder", n)
         for i, layer in enumerate(self.encoder):
+            masks, angles = per_layer(i)
             x = layer(x, **masks, rec=scoped(rec, tn.layer("encoder", i)), angles=angles, position_bias=bias)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
@@ -122,10 +177,12 @@ class Transformer(nn.Module):
         rec = attach(rec, ablate.hooks("decoder") if ablate else {})
         n_past = 0 if cache is None else cache.get("n", 0)
         x = self.tgt_embed(tgt, scoped(rec, tn.embed_scope("decoder")), offset=n_past)
-        masks = self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past)
-        angles = self._angles(n_past + t, device=tgt.device)
+        per_layer = self._per_layer(
+            "decoder", lambda i: self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past, layer=i),
+            n_past + t, 0, tgt.device)
         bias = self.position_bias("decoder", n_past + t)
         for i, layer in enumerate(self.decoder):
+            masks, angles = per_layer(i)
             c = None if cache is None else cache.setdefault(i, {})
             x = layer(x, memory=memory, **masks, rec=scoped(rec, tn.layer("decoder", i)), angles=angles,
                       cache=c, position_bias=bias)
@@ -144,12 +201,12 @@ class Transformer(nn.Module):
         ablation as encode/decode, so the same layer code gives the same numbers."""
         n = x.shape[1]
         if stack == "encoder":
-            masks = self.encoder_masks(src_pad, n, x.dtype)
+            masks = self.encoder_masks(src_pad, n, x.dtype, i, x.device)
         else:
-            masks = self.decoder_masks(n, src_pad if memory is not None else None, None, x.device, x.dtype)
+            masks = self.decoder_masks(n, src_pad if memory is not None else None, None, x.device, x.dtype, layer=i)
             masks["memory"] = memory
         rec = attach(rec, ablate.hooks(stack, i) if ablate else {})
-        return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
+        return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device, layer=i),
                                      position_bias=self.position_bias(stack, n))
 
     def run_from(self, stack: str, i: int, x, rec: Rec = None, memory=None, src_pad=None,
@@ -161,15 +218,17 @@ class Transformer(nn.Module):
         holds, per layer, as decode's cache does."""
         t = x.shape[1]
         if stack == "encoder":
-            masks = self.encoder_masks(src_pad, t, x.dtype)
+            make = lambda j: self.encoder_masks(src_pad, t, x.dtype, j, x.device)  # noqa: E731
         else:
-            masks = self.decoder_masks(t, src_pad if memory is not None else None, None, x.device, x.dtype, n_past)
-        angles = self._angles(n_past + t, device=x.device)
+            make = lambda j: self.decoder_masks(t, src_pad if memory is not None else None, None,  # noqa: E731
+                                                x.device, x.dtype, n_past, layer=j)
+        per_layer = self._per_layer(stack, make, n_past + t, 0, x.device)  # windows / RoPE bases per layer
         bias = self.position_bias(stack, n_past + t)
         layers = self.layers(stack)
         for j in range(i, len(layers)):
+            masks, angles = per_layer(j)
             c = None if cache is None else cache.setdefault(j, {})
-            x = layers[j](x, memory=memory, **masks, rec=scoped(rec, f"{stack}.{j}"), angles=angles, cache=c,
+            x = layers[j](x, memory=memory, **masks, rec=scoped(rec, tn.layer(stack, j)), angles=angles, cache=c,
                           position_bias=bias)
         norm = self.final_norm(stack)
         return x if norm is None else norm(x)
@@ -178,15 +237,18 @@ class Transformer(nn.Module):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
         run_layer's masks and positions (ablation acts after the weights: nothing to do)."""
         n = x.shape[1]
-        masks = (self.encoder_masks(src_pad, n, x.dtype) if stack == "encoder"
-                 else self.decoder_masks(n, None, None, x.device, x.dtype))
-        return self.layers(stack)[i].self_weights(x, **masks, angles=self._angles(n, device=x.device),
+        masks = (self.encoder_masks(src_pad, n, x.dtype, i, x.device) if stack == "encoder"
+                 else self.decoder_masks(n, None, None, x.device, x.dtype, layer=i))
+        return self.layers(stack)[i].self_weights(x, **masks, angles=self._angles(n, device=x.device, layer=i),
                                                   position_bias=self.position_bias(stack, n))
 
     def project(self, hidden, rec: Rec = None):
         if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings
             hidden = hidden * self.cfg.logit_scale
         logits = self.out_proj(hidden)  # (B, t, V)
+        if self.cfg.final_softcap is not None:  # Gemma 2: c tanh(logits / c)
+            c = self.cfg.final_softcap
+            logits = torch.tanh(logits / c) * c
         if rec:
             rec(tn.LOGITS, logits)
             rec(tn.PROBS, torch.softmax(logits, dim=-1))

@@ -2,11 +2,14 @@
 cache of greedy decoding and T5's position bias, around the one attention
 function of core/net/attention.py.
 
-Recorded names (under "{stack}.{i}.{attn}"): q_pre_norm and k_pre_norm (QK-norm: the
-projections before their norm, H x n x d_k), q_pre_rope and k_pre_rope (RoPE), q, k, v,
-mask, position_bias (T5), scores, scaled, masked, weights (core/net/attention.py), heads, out.
-Under a recorder made with maps=False the fused kernel runs and q, k, v, mask,
-position_bias and the n_q x n_k steps are not recorded.
+Recorded names (under "{stack}.{i}.{attn}"): q_pre_norm and k_pre_norm (QK-norm),
+q_pre_rope and k_pre_rope (RoPE), q, k, v, mask, position_bias (T5), scores, scaled, capped
+(soft-capping), masked, weights (core/net/attention.py), heads, out.
+Under a recorder made with maps=False the fused kernel runs and q_pre_norm, k_pre_norm, q,
+k, v, mask, position_bias and the n_q x n_k steps are not recorded.
+
+QK-norm (cfg.qk_norm): "head" normalises each head's q and k over d_k (Gemma 3), "full" the
+whole projection (before it is split into heads); both before RoPE.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.nn as nn
 
 from .attention import attention_weights, causal_mask, combine_masks, scaled_dot_product_attention
 from .config import ModelConfig
+from .norms import RMSNorm
 from .positional import apply_rope
 from .hooks import point
 from .recorder import Rec, records_maps
@@ -41,35 +45,35 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
-        # QK-norm: an RMSNorm on q and k before RoPE, over each head's d_k features ("head":
-        # Qwen3, Gemma 3) or over the whole projection before the split into heads ("full": OLMo-2)
+        self.softcap = cfg.attn_softcap
         self.qk_norm = cfg.qk_norm
-        self.q_norm = self.k_norm = None
-        if cfg.qk_norm is not None:  # x / sqrt(mean(x^2) + eps) * g, as layers.RMSNorm
+        self.q_norm = self.k_norm = None  # QK-norm's RMSNorms, where the model has them
+        if cfg.qk_norm is not None:
             full = cfg.qk_norm == "full"
-            self.q_norm = nn.RMSNorm(h * dk if full else dk, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(hkv * dk if full else dk, eps=cfg.norm_eps)
+            self.q_norm = RMSNorm(h * dk if full else dk, cfg.norm_eps)
+            self.k_norm = RMSNorm(hkv * dk if full else dk, cfg.norm_eps)
 
-    def _project(self, w, norm, x, heads: int, rec=None, name: str = ""):
-        """x W (+ b) split into heads (B, heads, n, d_k), QK-norm applied when configured (the
-        value before it recorded as {name}_pre_norm on the explicit path)."""
+    def _split(self, lin, norm, x, n_heads: int, rec: Rec = None, name: str = ""):
+        """x W (+ b) as (B, heads, n, d_k), QK-norm applied (`norm` None: none); the value
+        before the norm is recorded as `name` when rec is given."""
         b, n, _ = x.shape
-        y = w(x)  # (B, n, heads*d_k)
-        if norm is None:
-            return y.view(b, n, heads, self.dk).transpose(1, 2)
-        split = y.view(b, n, heads, self.dk)
-        if records_maps(rec):
-            rec(f"{name}_pre_norm", split.transpose(1, 2))
-        out = norm(y).view(b, n, heads, self.dk) if self.qk_norm == "full" else norm(split)
-        return out.transpose(1, 2)  # (B, heads, n, d_k)
+        y = lin(x)
+        heads = y.view(b, n, n_heads, self.dk).transpose(1, 2)
+        if norm is None or self.qk_norm is None:
+            return heads
+        if rec:
+            rec(name, heads)
+        if self.qk_norm == "full":
+            return norm(y).view(b, n, n_heads, self.dk).transpose(1, 2)
+        return norm(heads)
 
     def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
         """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes
         them, without values, heads or W_o: what the model view needs of each layer."""
         b, n_q, _ = x_q.shape
         n_k = x_kv.shape[1]
-        q = self._project(self.w_q, self.q_norm, x_q, self.h)  # (B, H, n_q, d_k)
-        k = self._project(self.w_k, self.k_norm, x_kv, self.hkv)  # (B, Hkv, n_k, d_k)
+        q = self._split(self.w_q, getattr(self, "q_norm", None), x_q, self.h)  # (B, H, n_q, d_k)
+        k = self._split(self.w_k, getattr(self, "k_norm", None), x_kv, self.hkv)  # (B, Hkv, n_k, d_k)
         if angles is not None:
             q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
             k = apply_rope(k, angles[:n_k], self.rope_layout)
@@ -79,7 +83,7 @@ class MultiHeadAttention(nn.Module):
             mask = combine_masks(position_bias[:, :, -n_q:], mask)
         if self.hkv != self.h:
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
-        return attention_weights(q, k, mask, self.scale)
+        return attention_weights(q, k, mask, self.scale, self.softcap)
 
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
                 cache: Optional[dict] = None, position_bias=None):
@@ -89,12 +93,15 @@ class MultiHeadAttention(nn.Module):
         or computed once (cross-attention, flagged by cache["static"]). position_bias: T5's
         relative position bias (1, H, n_q, n_k), added to the scores with the mask."""
         b, n_q, _ = x_q.shape
-        q = self._project(self.w_q, self.q_norm, x_q, self.h, rec, "q")  # (B, H, n_q, d_k)
+        explicit = records_maps(rec)
+        q = self._split(self.w_q, getattr(self, "q_norm", None), x_q, self.h,
+                        rec if explicit else None, "q_pre_norm")  # (B, H, n_q, d_k)
         if cache is not None and cache.get("static") and "k" in cache:
             k, v = cache["k"], cache["v"]
         else:
             n_new = x_kv.shape[1]
-            k = self._project(self.w_k, self.k_norm, x_kv, self.hkv, rec, "k")  # (B, Hkv, n_new, d_k)
+            k = self._split(self.w_k, getattr(self, "k_norm", None), x_kv, self.hkv,
+                            rec if explicit else None, "k_pre_norm")  # (B, Hkv, n_new, d_k)
             v = self.w_v(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
         n_k = k.shape[2] + (cache["k"].shape[2] if cache is not None and "k" in cache and not cache.get("static") else 0)
         if angles is not None:  # RoPE: self-attention only; angles cover positions 0..n_k-1
@@ -112,7 +119,6 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache["k"], k], dim=2)  # (B, Hkv, n_k, d_k)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        explicit = records_maps(rec)
         if explicit:
             rec("q", q)
             rec("k", k)
@@ -130,8 +136,9 @@ class MultiHeadAttention(nn.Module):
             if is_causal and mask is None:
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
             mask, is_causal = combine_masks(position_bias[:, :, -n_q:], mask), False
+        capped = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
         heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None, self.scale,
-                                             is_causal=is_causal)  # (B, H, n_q, d_k)
+                                             is_causal=is_causal, **capped)  # (B, H, n_q, d_k)
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)

@@ -16,7 +16,7 @@ from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
-from viz.steps import groups, layer_steps, shapes_table
+from viz.steps import block_notes, groups, layer_steps, shapes_table
 
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
@@ -95,6 +95,8 @@ extras = ([f"QK-norm ({'per head' if cfg.qk_norm == 'head' else 'whole projectio
 if extras:
     place += "; " + "; ".join(extras)
 st.caption(f"{model_name}: {place}; {cfg.norm}; FFN activation {cfg.activation}; positions {cfg.positional}.")
+if block_notes(cfg, trace, stack, layer):
+    st.caption(f"This model's block: {block_notes(cfg, trace, stack, layer)} (the steps below follow that order).")
 if notation == ROWS:
     st.info(r"Tokens as rows, as in Bishop ch. 12, Chapter 9, Transformers handout and Missaoui: $X \in \mathbb{R}^{n \times d}$, $Q = XW_q$, "
             r"$A = \operatorname{softmax}(QK^T/\sqrt{d_k} + M)$, $\text{head} = AV$. Switch the notation to see "

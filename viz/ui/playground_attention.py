@@ -156,7 +156,7 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
         state.show_messages()
         toks = trace.tokens("source" if sym_stack == "encoder" else "target")
         q, k, mask = vg.head_qk(trace, sym_stack, layer, head)
-        sv = vg.symmetric_vs_learned(q, k, mask)
+        sv = vg.symmetric_vs_learned(q, k, mask, scale=model.config.attn_scale if model is not None else None)
         lim = float(max(np.abs(sv["sym_scores"]).max(), np.abs(sv["learned_scores"]).max(), 1e-6))
         panels = [("sym", "symmetric", "Q Qᵀ / √d_k (symmetric: W_k := W_q)", "{:.2e}"),
                   ("learned", "learned", "Q Kᵀ / √d_k (learned W_k)", "{:.2f}")]

@@ -8,11 +8,13 @@ A family module defines:
     BASES = (("model.", ""), "embed_tokens.weight")  # base prefixes to try; the tensor that finds them
     def config(hf: dict) -> ModelConfig            # CheckpointError for a setting not supported
     def weight_rows(cfg, base) -> [(theirs, ours, how)]
-        # full tensor names (".weight" / ".bias" included); how: "" as stored, "T" transposed.
+        # full tensor names (".weight" / ".bias" included); how: "" as stored, "T" transposed,
+        # "+1" one added (Gemma's RMSNorm gains are stored as w for a scale of 1 + w).
         # Rows whose parameter our config lacks are skipped if the checkpoint lacks them too.
     def split_fused(cfg, base, ckpt, state) -> None   # optional: fused tensors (qkv, gate_up)
         # read with ckpt.get(name) (marks them used) and written into state[our name]
     IGNORED = re.compile(...)                      # optional: tensors that carry no parameter
+    KIND = "encoder"                               # optional: the picker's kind before loading (default decoder)
 
 core/loaders/hf_weights.build_net fills the network from these and checks that every
 tensor is used and every parameter filled, as for the families read there directly.
@@ -33,6 +35,8 @@ MODULES: Dict[str, str] = {
 }
 MODULES.update({"bert": "bert", "roberta": "bert", "distilbert": "bert", "gpt2": "gpt2",
                 "llama": "llama", "mistral": "llama", "qwen2": "llama"})
+MODULES.update({"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma"})
+MODULES.update({"modernbert": "modernbert"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
