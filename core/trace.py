@@ -17,7 +17,7 @@ n x n matrix kept, and STORES only what is O(n d):
     last.probs                      decoders: the whole next-token distribution at the end
     next.ids, next.probs            decoders: the top-k at the last position
 
-Every other name (q, k, v, scores, scaled, mask, masked, weights, the attention's out,
+Every other name (q, k, v, scores, scaled, mask, masked, weights, value_norms, the attention's out,
 residual*, norm*, ffn.*, logits, probs) is COMPUTED WHEN IT IS READ: `trace[name]` runs that
 one layer again on its stored input ({stack}.{i-1}.out, or embed.{stack}.sum for layer 0)
 with recording on, through the same layer code (core.net.model.Transformer.run_layer) and the
@@ -52,7 +52,7 @@ import torch
 # Token lists live beside the tensors; these names reach them like tensors.
 LIST_NAMES = {"tokens.source": "source", "tokens.target": "target", "next.tokens": "next"}
 
-MAPS = ("scores", "scaled", "masked", "weights")  # the H x n_q x n_k attention maps
+MAPS = ("scores", "scaled", "masked", "weights", "value_norms")  # the H x n_q x n_k attention maps
 PER_HEAD = ("q", "k", "v", "q_pre_rope", "k_pre_rope", "heads")  # H x n x d_k
 STEP_NAMES = ("next.ids", "next.probs", "last.probs")  # per step view: the prediction at its last row
 LAYER_CACHE = 2  # recomputed layers kept (each holds its maps: 4 x H x n^2 floats)
@@ -220,9 +220,9 @@ class Trace:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(
                     f"{stack}.{i}.{s}" in base._tensors for s in names):
-                if names == ["self_attn.weights"]:  # the weights alone: the layer up to its softmax
-                    w = base._runner.self_weights(base, stack, i)
-                    cached = {f"{stack}.{i}.self_attn.weights": w}
+                if names in (["self_attn.weights"], ["self_attn.value_norms"]):  # the layer up to its softmax
+                    what = names[0].split(".")[1]
+                    cached = {f"{stack}.{i}.self_attn.{what}": base._runner.self_weights(base, stack, i, what)}
                 else:
                     cached = base._runner.layer(base, stack, i)
             got = {}

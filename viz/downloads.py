@@ -26,7 +26,7 @@ def _nbytes(x) -> int:
 _ATTN_KINDS = ("self_attn", "cross_attn")
 _QUERY_SIDE = ("q", "q_pre_rope", "heads")  # H x n_q x d_head
 _KEY_SIDE = ("k", "k_pre_rope", "v")  # H_kv x n_k x d_head
-_MAPS = ("scores", "scaled", "masked", "weights")  # H x n_q x n_k
+_MAPS = ("scores", "scaled", "masked", "weights", "value_norms")  # H x n_q x n_k
 
 
 def _side_lengths(trace, stack: str, kind: str):
