@@ -46,3 +46,7 @@ __all__ = [
     "rollout",
     "top_heads",
 ]
+
+from .attribution import METHODS as ATTRIBUTION_METHODS, attribute, faithfulness  # noqa: E402
+
+__all__ += ["ATTRIBUTION_METHODS", "attribute", "faithfulness"]
