@@ -73,7 +73,9 @@ def _compare(ours, text, ref, target, contrast=None):
 def gpt2(tmp_path_factory):
     hf, folder = build("gpt2", tmp_path_factory.mktemp("gpt2"))
     save(hf, folder)
-    return hf.float().eval(), core.load_model(str(folder), device="cpu")
+    ours = core.load_model(str(folder), device="cpu")
+    ours.folder = folder
+    return hf.float().eval(), ours
 
 
 def test_gpt2_matches_autograd_by_hand(gpt2):
@@ -152,7 +154,7 @@ def test_faithfulness_numbers_recomputed_from_perturbed_passes(gpt2):
     df = ca.faithfulness(ours, text, methods=["occlusion", "attention"], fractions=fractions, steps=4)
     assert set(df["method"]) == {"occlusion", "attention", "random"}
     assert list(df["difference"]) == sorted(df["difference"], reverse=True)
-    occ = df.attrs["attributions"]["occlusion"]["score"].to_numpy()
+    occ = np.array(df.attrs["scores"]["occlusion"])
     ids = torch.tensor([ours.encode(text).ids])
     n = ids.shape[1]
     bid = df.attrs["baseline_token_id"]
@@ -172,11 +174,41 @@ def test_faithfulness_numbers_recomputed_from_perturbed_passes(gpt2):
     row = df.set_index("method").loc["occlusion"]
     assert row["comprehensiveness"] == pytest.approx(comp, abs=1e-5)
     assert row["sufficiency"] == pytest.approx(suff, abs=1e-5)
-    curves = df.attrs["curves"]
+    curves = A.curves_frame(df)
     occ_curve = curves[curves["method"] == "occlusion"].sort_values("k")
+    assert occ_curve["k"].tolist() == list(range(n + 1)) and occ_curve["fraction"].iloc[-1] == 1.0
     assert occ_curve["prob"].iloc[0] == pytest.approx(full, abs=1e-5)
     assert occ_curve["prob"].iloc[3] == pytest.approx(p(order[:3]), abs=1e-5)
     # the random floor is seeded: the same ranking twice
     again = ca.faithfulness(ours, text, methods=["attention"], fractions=fractions)
     assert again.set_index("method").loc["random", "comprehensiveness"] == pytest.approx(
         df.set_index("method").loc["random", "comprehensiveness"])
+
+
+def test_the_corpus_command_writes_mean_and_spread_per_method(gpt2, tmp_path):
+    """`python -m core faithfulness`: per method the mean and standard deviation over
+    sentences of what core.analysis.faithfulness gives for each sentence alone."""
+    from core.__main__ import main
+
+    _, ours = gpt2
+    sentences = ["the small dog sees the old cat near the", "alice gave the tired cat a book because it",
+                 "one two three four five six"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentences) + "\n\n")
+    out, per = tmp_path / "table.csv", tmp_path / "rows.csv"
+    rc = main(["faithfulness", "--model", str(ours.folder), "--input", str(corpus), "--out", str(out),
+               "--per-sentence", str(per), "--methods", "occlusion,attention", "--fractions", "0.2,0.5",
+               "--steps", "4", "--device", "cpu"])
+    assert rc == 0
+    import pandas as pd
+
+    table = pd.read_csv(out).set_index("method")
+    assert set(table.index) == {"occlusion", "attention", "random"} and (table["sentences"] == 3).all()
+    each = [ca.faithfulness(ours, t, methods=["occlusion", "attention"], fractions=(0.2, 0.5)).set_index("method")
+            for t in sentences]
+    for m in table.index:
+        vals = [e.loc[m, "comprehensiveness"] for e in each]
+        assert table.loc[m, "comprehensiveness_mean"] == pytest.approx(np.mean(vals), abs=1e-6)
+        assert table.loc[m, "comprehensiveness_std"] == pytest.approx(np.std(vals, ddof=1), abs=1e-6)
+    assert len(pd.read_csv(per)) == 9
+    assert main(["faithfulness", "--model", str(ours.folder), "--input", str(tmp_path / "none.txt")]) == 2

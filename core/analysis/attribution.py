@@ -388,8 +388,8 @@ def faithfulness_from_scores(s: Setup, scores: Dict[str, np.ndarray], fractions:
                              seed: int = RANDOM_SEED, progress: Progress = None) -> pd.DataFrame:
     """The faithfulness table of given rankings (method -> per-position scores; "random" is
     added): one row per method, sorted from most to least faithful (comprehensiveness minus
-    sufficiency, highest first). df.attrs["curves"]: the deletion curves (method, k, fraction,
-    prob: p(target) after replacing the top k tokens, k = 0 .. the number of free tokens);
+    sufficiency, highest first). df.attrs["curves"]: the deletion curves (method -> p(target)
+    after replacing the top k tokens, k = 0 .. the number of replaceable tokens);
     df.attrs["p_full"]: p(target | x)."""
     n = s.n
     free = [i for i in range(n) if i not in s.fixed]
@@ -414,20 +414,30 @@ def faithfulness_from_scores(s: Setup, scores: Dict[str, np.ndarray], fractions:
             masks.append(mk)
     p = _probs_of_masks(s, masks, progress)
     p_full = float(p[0])
-    rows, curves = [], []
+    rows, curves = [], {}
     for m in scores:
         comp = [p_full - p[index[(m, "del", _k_of(f, len(free)))]] for f in fractions]
         suff = [p_full - p[index[(m, "keep", _k_of(f, len(free)))]] for f in fractions]
         rows.append({"method": m, "comprehensiveness": float(np.mean(comp)), "sufficiency": float(np.mean(suff))})
-        curves.append({"method": m, "k": 0, "fraction": 0.0, "prob": p_full})
-        for k in range(1, len(free) + 1):
-            curves.append({"method": m, "k": k, "fraction": k / len(free), "prob": float(p[index[(m, "del", k)]])})
+        curves[m] = [p_full] + [float(p[index[(m, "del", k)]]) for k in range(1, len(free) + 1)]
     df = pd.DataFrame(rows)
     df["difference"] = df["comprehensiveness"] - df["sufficiency"]
     df = df.sort_values("difference", ascending=False, kind="stable").reset_index(drop=True)
-    df.attrs.update(curves=pd.DataFrame(curves), p_full=p_full, target_id=s.target_id, n_free=len(free),
-                    fractions=fractions, baseline_token_id=s.baseline_id, seed=seed)
+    # attrs hold plain lists and numbers only (pandas compares attrs when it combines frames)
+    df.attrs.update(curves=curves, p_full=p_full, target_id=s.target_id, n_free=len(free), fractions=fractions,
+                    baseline_token_id=s.baseline_id, seed=seed,
+                    scores={m: [float(v) for v in np.asarray(sc)] for m, sc in scores.items()})
     return df
+
+
+def curves_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """The deletion curves of a faithfulness table as a long frame: method, k (tokens
+    replaced, most important first), fraction (k over the replaceable tokens), prob."""
+    rows = []
+    for m, probs in table.attrs["curves"].items():
+        n = len(probs) - 1
+        rows += [{"method": m, "k": k, "fraction": k / n if n else 0.0, "prob": p} for k, p in enumerate(probs)]
+    return pd.DataFrame(rows, columns=["method", "k", "fraction", "prob"])
 
 
 def faithfulness(model, text: str, methods=None, fractions: Sequence[float] = FRACTIONS, target=None,
@@ -437,7 +447,9 @@ def faithfulness(model, text: str, methods=None, fractions: Sequence[float] = FR
     fractions of p(target | x) - p(target | x with the top fraction of tokens replaced by the
     baseline token's embedding), sufficiency = the mean of p(target | x) - p(target | x with all
     BUT the top fraction replaced) (DeYoung et al. 2020); sorted from most to least faithful.
-    df.attrs["curves"] holds the deletion curves, df.attrs["attributions"] the scores."""
+    df.attrs["curves"]: method -> p(target) after replacing the top k tokens, k = 0, 1, ...
+    (curves_frame makes a long frame of them); df.attrs["scores"]: method -> per-position
+    scores; df.attrs["completeness_error"]: integrated gradients' (when it ran)."""
     methods = _check_methods(methods)
 
     def part(lo, hi):
@@ -447,5 +459,6 @@ def faithfulness(model, text: str, methods=None, fractions: Sequence[float] = FR
                              part(0.0, 0.6))
     df = faithfulness_from_scores(s, {m: a["score"].to_numpy() for m, a in attrs.items()}, fractions, seed,
                                   part(0.6, 1.0))
-    df.attrs["attributions"] = attrs
+    if "integrated_gradients" in attrs:
+        df.attrs["completeness_error"] = attrs["integrated_gradients"].attrs["completeness_error"]
     return df
