@@ -20,6 +20,7 @@ PAGES = [
     st.Page("viz/pages/playground.py", title="Playground", url_path="playground", icon=":material/science:"),
     st.Page("viz/pages/heads.py", title="Heads", url_path="heads", icon=":material/psychology:"),
     st.Page("viz/pages/corpus.py", title="Corpus", url_path="corpus", icon=":material/scatter_plot:"),
+    st.Page("viz/pages/attribution.py", title="Attribution", url_path="attribution", icon=":material/insights:"),
     st.Page("viz/pages/notes.py", title="Lecture notes", url_path="notes", icon=":material/menu_book:"),
 ]
 

@@ -228,6 +228,7 @@ def _path_baseline(s: Setup, fix_first: bool) -> torch.Tensor:
 
 
 def _integrated_gradients(s: Setup, steps: int, fix_first: bool = False):
+    """(per-position scores, f(x), f(b)) with captum's midpoint rule, the steps batched."""
     from captum.attr import IntegratedGradients
 
     if steps < 1:
@@ -237,12 +238,16 @@ def _integrated_gradients(s: Setup, steps: int, fix_first: bool = False):
     with torch.enable_grad():
         attr = ig.attribute(e, baselines=b, n_steps=steps, method="riemann_middle",
                             internal_batch_size=min(steps, s.batch_rows()))
-    scores = attr.sum(-1)[0].double().cpu().numpy()
     with torch.no_grad():
         fx, fb = s.f(torch.cat([e, b])).double().cpu().tolist()
-    err = abs(scores.sum() - (fx - fb)) / abs(fx - fb) if fx != fb else float("inf")
-    return scores, {"completeness_error": float(err), "f_x": fx, "f_baseline": fb, "steps": int(steps),
-                    "fix_first": bool(fix_first)}
+    return attr.sum(-1)[0].double().cpu().numpy(), fx, fb
+
+
+def completeness_error(scores, f_x: float, f_b: float) -> float:
+    """|sum of scores - (f(x) - f(b))| / |f(x) - f(b)|: 0 for a complete attribution."""
+    gap = f_x - f_b
+    total = float(np.sum(scores))
+    return abs(total - gap) / abs(gap) if gap != 0 else (0.0 if total == 0 else float("inf"))
 
 
 def _occlusion(s: Setup) -> np.ndarray:
@@ -317,8 +322,9 @@ def attribute_setup(s: Setup, methods=None, steps: int = 64, fix_first: bool = F
         if m == "grad_x_input":
             out[m] = _frame(s, _grad_x_input(s), m)
         elif m == "integrated_gradients":
-            scores, extra = _integrated_gradients(s, steps, fix_first)
-            out[m] = _frame(s, scores, m, extra)
+            scores, fx, fb = _integrated_gradients(s, steps, fix_first)
+            out[m] = _frame(s, scores, m, {"completeness_error": completeness_error(scores, fx, fb), "f_x": fx,
+                                           "f_baseline": fb, "steps": int(steps), "fix_first": bool(fix_first)})
         elif m == "occlusion":
             out[m] = _frame(s, _occlusion(s), m)
         else:
