@@ -155,6 +155,8 @@ def token_id(model, tok: Union[int, str], what: str = "target") -> int:
     if s in index:
         return int(index[s])
     enc = tk.encode(s)
+    if enc.unknown:
+        raise ValueError(f"the {what} {s!r} is not in {model.name}'s vocabulary")
     ids = [i for i, sp in zip(enc.ids, enc.special) if not sp] if enc.special else list(enc.ids)
     if len(ids) != 1:
         raise ValueError(f"the {what} {s!r} is {len(ids)} tokens for {model.name}; it must be exactly one")

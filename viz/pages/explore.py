@@ -19,7 +19,7 @@ TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "
 
 st.title("Explore attention")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
-                                             "words", "full", "heads", "ablate", "ablation", "step_train"))
+                                             "words", "full", "heads", "ablate", "ablation", "step_train", "norms"))
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -79,6 +79,12 @@ with c[3]:
                           help="Colour by log10(weight): shows the small weights beside an attention sink (a first "
                                "token that takes most of the weight in long prompts of decoder models).")
     hide_special = st.toggle("Hide special tokens", key=flags["hide"])
+    norms_key = urlflags.flag(state, "norms")
+    norms = st.toggle("Weights → what is added (norms)", key=norms_key,
+                      help="Off: the attention weights a_ij. On: ||a_ij v_j W_o^h||, the size of what key j adds to "
+                           "query i through the head (Kobayashi et al. 2020): a large weight on a key whose value is "
+                           "small adds little.")
+    what = "value_norms" if norms else "weights"
     words = False
     if not ex.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
         state.ignored("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
@@ -92,6 +98,7 @@ tab_key = urlflags.tab(state, "tab", TABS)
 state.show_messages()
 url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
 url_view["words"] = urlflags.flag_url(words)
+url_view["norms"] = urlflags.flag_url(norms)
 if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
@@ -101,7 +108,11 @@ if off:
     knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
                           trace, off, ablation)
 
-view = View(stack, kind, layer, None if mean_heads else head)
+view = View(stack, kind, layer, None if mean_heads else head, what)
+if norms:
+    per_map = True  # norms are not in 0..1: each map on its own scale
+    st.caption("Showing **what is added**: ||a_ij v_j W_o^h||, not the weights. Rows no longer sum to 1; the heatmap is "
+               "drawn on its own scale, the model view and head view divide each layer by its largest norm.")
 if words:
     matrix, q_toks, k_toks = ex.word_matrix(trace, view, text, hide_special=hide_special)
     st.caption("Read in words: each word's column is the **sum** over its pieces' columns (how much a query attends "
@@ -169,7 +180,7 @@ with tab_model:
                    "drawn in blocks (keys summed, queries averaged).")
         layers = list(range(lo, hi + 1))
         with st.spinner("Computing the maps layer by layer…"):
-            pooled = ex.pooled_layers(trace, stack, kind, layers, text, words)
+            pooled = ex.pooled_layers(trace, stack, kind, layers, text, words, what=what)
         grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
@@ -190,7 +201,9 @@ with tab_heads:
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
         else:
-            w_all = ex.word_stack(trace, stack, kind, [layer], text)[0] if words else trace[view.name]
+            w_all = ex.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
+            if norms:
+                w_all = w_all / w_all.max().clamp_min(1e-30)
             n_q, n_k = w_all.shape[-2], w_all.shape[-1]
             qs = ks = slice(None)
             where = ""
