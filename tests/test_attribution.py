@@ -169,8 +169,8 @@ def test_faithfulness_numbers_recomputed_from_perturbed_passes(gpt2):
 
     order = list(np.argsort(-occ, kind="stable"))
     full = p([])
-    comp = np.mean([full - p(order[:max(1, round(f * n))]) for f in fractions])
-    suff = np.mean([full - p(order[max(1, round(f * n)):]) for f in fractions])
+    comp = np.mean([full - p(order[:max(1, int(f * n + 0.5))]) for f in fractions])
+    suff = np.mean([full - p(order[max(1, int(f * n + 0.5)):]) for f in fractions])
     row = df.set_index("method").loc["occlusion"]
     assert row["comprehensiveness"] == pytest.approx(comp, abs=1e-5)
     assert row["sufficiency"] == pytest.approx(suff, abs=1e-5)

@@ -63,16 +63,18 @@ def coloured_text(rows: Dict[str, Tuple[Sequence[float], Sequence[str]]], signed
         lo, hi = row_range(z, m in signed)
         name = label(m) + (f" · {notes[m]}" if notes and m in notes else "")
         fig.add_trace(go.Heatmap(
-            z=[z.tolist()], x=list(range(len(z))), y=[name], text=[[str(t) for t in labels]],
+            z=[z.tolist()], x=list(range(len(z))), y=[r], text=[[str(t) for t in labels]],
             texttemplate="%{text}", textfont={"size": 13}, zmin=lo, zmax=hi,
             colorscale=DIVERGING if m in signed else SEQUENTIAL, showscale=False, xgap=2, ygap=6,
             customdata=[[m] * len(z)], meta=m,
-            hovertemplate="%{text}<br>score %{z:.4g}<extra>" + label(m) + "</extra>"))
+            name=name, hovertemplate="%{text}<br>score %{z:.4g}<extra>" + label(m) + "</extra>"))
     fig.update_layout(title=title, height=70 + 58 * len(methods), margin=dict(l=10, r=10, t=50 if title else 10, b=10),
                       plot_bgcolor="white")
     fig.update_xaxes(visible=False, range=[-0.5, width - 0.5])
-    fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=[
-        label(m) + (f" · {notes[m]}" if notes and m in notes else "") for m in methods], automargin=True)
+    # numeric rows named by ticks (plotly.js fails on several one-row heatmaps on a category axis)
+    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(len(methods))), automargin=True,
+                     ticktext=[label(m) + (f" · {notes[m]}" if notes and m in notes else "") for m in methods],
+                     showgrid=False, zeroline=False)
     return fig
 
 

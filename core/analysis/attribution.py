@@ -357,7 +357,7 @@ def attribute(model, text: str, method: str, target=None, baseline=None, steps: 
 
 # --------------------------------------------------------------------------- faithfulness
 def _k_of(fraction: float, n: int) -> int:
-    return min(n, max(1, int(round(fraction * n))))
+    return min(n, max(1, int(math.floor(fraction * n + 0.5))))  # half up (round() would round 2.5 to 2)
 
 
 def ranking(scores: np.ndarray, free: Sequence[int]) -> List[int]:
