@@ -343,6 +343,12 @@ def main(argv=None) -> int:
     except Exception as exc:
         results.append(Result("corpus", "corpus benchmark", None, "s", note=str(exc)[-300:]))
 
+    print("attribution ...", flush=True)
+    try:
+        results += [Result.from_dict(r) for r in _sub("bench.bench_attribution", [])["results"]]
+    except Exception as exc:
+        results.append(Result("attribution", "attribution benchmark", None, "x", note=str(exc)[-300:]))
+
     print("checkpoint load ...", flush=True)
     results += load_results(args.quick)
 
