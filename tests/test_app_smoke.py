@@ -5,7 +5,7 @@ import pytest
 
 from conftest import assert_no_exception
 
-PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads", "corpus"]
+PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads", "corpus", "attribution"]
 LONG = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 
 

@@ -4,6 +4,9 @@ norms), and which of them is faithful on this sentence (comprehensiveness, suffi
 deletion curves). Numbers from core.analysis.attribution; figures from viz.attribution_figures.
 """
 
+import threading
+from collections import OrderedDict
+
 import streamlit as st
 
 from core.analysis import attribution as A
@@ -114,9 +117,32 @@ state.publish(**url)
 state.show_messages()
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
+@st.cache_resource(show_spinner=False)
+def _results():
+    """Computed results shared by every session, last KEEP of them (a plain store: a cached
+    function would record the progress bar's updates and replay them into other sessions)."""
+    return {"lock": threading.Lock(), "items": OrderedDict()}
+
+
+KEEP = 8
+
+
 def _compute(model_name: str, text: str, target: str, contrast: str, baseline: str, steps: int, fix_first: bool,
              position, _model, _progress):
+    store, key = _results(), (model_name, text, target, contrast, baseline, steps, fix_first, position)
+    with store["lock"]:
+        if key in store["items"]:
+            store["items"].move_to_end(key)
+            return store["items"][key]
+    out = _run(text, target, contrast, baseline, steps, fix_first, position, _model, _progress)
+    with store["lock"]:
+        store["items"][key] = out
+        while len(store["items"]) > KEEP:
+            store["items"].popitem(last=False)
+    return out
+
+
+def _run(text, target, contrast, baseline, steps, fix_first, position, _model, _progress):
     s = A.setup(_model, text, target or None, contrast or None, baseline or None, position)
     if s.n > MAX_TOKENS:
         raise InputError(f"the sentence is {s.n} tokens; this page explains up to {MAX_TOKENS} (occlusion and the "
