@@ -8,7 +8,7 @@ grid (30 x 9 heads) against 270 forward passes (targets: <= 0.3x each). Each sep
 what a patching loop without batching does: the corrupted prompt run whole, with one cell's
 hook, and its last position projected. The grid batches a layer's cells and starts at that
 layer; in a decoder it runs only the positions from the first differing token on (module
-docstring of core/analysis/patching.py), so the figure depends on where the prompts first
+docstring of core/analysis/activation_patching.py), so the figure depends on where the prompts first
 differ: the same prompt changed at its first token (nothing before it to reuse) is printed too,
 as information. Medians over --reps (1 on a shared machine: the figures are one run each).
 """
@@ -46,7 +46,7 @@ def separate_passes(model, clean: str, corrupt: str, what: str, answer: int, wro
     L, H = model.config.n_layers, model.config.n_heads
     ids_c = torch.tensor([model.encode(clean).ids])
     ids_x = torch.tensor([model.encode(corrupt).ids])
-    point = ca.patching.POINT[what]
+    point = ca.activation_patching.POINT[what]
     t0 = time.perf_counter()
     with torch.inference_mode():
         kept = {}
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     model = core.load_model("smollm2", device="cpu")
     n = len(model.encode(CLEAN).ids)
     assert n == len(model.encode(CORRUPT).ids) == 20, n
-    a, w = ca.patching.token_id(model, " Mary"), ca.patching.token_id(model, " John")
+    a, w = ca.activation_patching.token_id(model, " Mary"), ca.activation_patching.token_id(model, " John")
     worst = tuple(s.replace("When", word, 1) for s, word in zip((CLEAN, CORRUPT), FIRST_WORD))
     L, H = model.config.n_layers, model.config.n_heads
     rows = []
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
               flush=True)
         rows.append(Result("patching", f"smollm2 {what} grid ({L} x {n if what != 'head' else H} cells) / {n_cells} "
                            f"separate forward passes, {n}-token prompts differing at token "
-                           f"{ca.patching.prepare(model, CLEAN, CORRUPT).differ[0]}", ours / sep, "x", TARGET,
+                           f"{ca.activation_patching.prepare(model, CLEAN, CORRUPT).differ[0]}", ours / sep, "x", TARGET,
                            note=f"grid {ours:.2f} s, separate passes {sep:.2f} s; --reps {args.reps}"))
         rows.append(Result("patching", f"smollm2 {what} grid / {n_cells} separate forward passes, prompts differing "
                            "at their first token (nothing before it to reuse)", first / sep, "x", None,

@@ -6,7 +6,8 @@
 2. long inputs  what a trace stores and costs at the models' own context (bench.trace_bench);
 3. patching  smollm2's resid_pre and head grids against one forward pass per cell (bench.bench_patching);
 4. lens    the logit lens and direct logit attribution against one traced pass (bench.bench_lens);
-5. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens, the
+5. attribution  integrated gradients and the faithfulness table against untraced forward passes (bench.bench_attribution);
+6. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens, the
            corpus page's 20,000-point scatter (bench.browser_bench; also in --quick).
 Each runs in its own process. --quick: fewer rounds and repetitions, configurations
 glibc/after, lengths 128 and 512 (a few minutes instead of ~15).
@@ -375,6 +376,11 @@ def main(argv=None) -> int:
         results += [Result.from_dict(r) for r in lens["results"]]
     except Exception as exc:
         results.append(Result("lens", "lens benchmark", None, "x", note=str(exc)[-300:]))
+    print("attribution ...", flush=True)
+    try:
+        results += [Result.from_dict(r) for r in _sub("bench.bench_attribution", [])["results"]]
+    except Exception as exc:
+        results.append(Result("attribution", "attribution benchmark", None, "x", note=str(exc)[-300:]))
 
     print("checkpoint load ...", flush=True)
     results += load_results(args.quick)

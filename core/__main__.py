@@ -1,4 +1,4 @@
-"""Command line: python -m core models | trace | eval | corpus (the contract of docs/design.md).
+"""Command line: python -m core models | trace | eval | corpus | faithfulness (the contract of docs/design.md).
 
 The installed `attention-lab` command (core/cli.py) is this parser plus `run`.
 """
@@ -111,7 +111,14 @@ def cmd_corpus(args) -> int:
     return 0
 
 
-COMMANDS = {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval, "corpus": cmd_corpus}
+def cmd_faithfulness(args) -> int:
+    from .analysis import faithfulness_job
+
+    return faithfulness_job.main(args)
+
+
+COMMANDS = {"models": cmd_models, "trace": cmd_trace, "eval": cmd_eval, "corpus": cmd_corpus,
+            "faithfulness": cmd_faithfulness}
 
 
 def build_parser(prog: str = "python -m core"):
@@ -151,6 +158,19 @@ def build_parser(prog: str = "python -m core"):
     c.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
     c.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
     c.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray Data: a cluster's address, or none for a local Ray")
+    what = ("which explanation is faithful over a corpus: comprehensiveness and sufficiency of every "
+            "attribution method (mean and spread per method), to CSV")
+    f = sub.add_parser("faithfulness", help=what, description=what)
+    f.add_argument("--model", default="smollm2")
+    f.add_argument("--input", required=True, help="a text file, one sentence a line")
+    f.add_argument("--out", default="faithfulness.csv")
+    f.add_argument("--per-sentence", default=None, metavar="CSV", help="also write one row per sentence and method")
+    f.add_argument("--methods", default=None, help="comma-separated methods (default: all)")
+    f.add_argument("--fractions", default=None, help="comma-separated fractions (default: 0.1,0.2,0.3,0.4,0.5)")
+    f.add_argument("--steps", type=int, default=64, help="integrated gradients' steps")
+    f.add_argument("--device", default=None, choices=["cpu", "cuda", "mps"])
+    f.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run on Ray Data: a cluster's address, or none for a local Ray")
     return ap, sub
 

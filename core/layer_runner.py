@@ -42,12 +42,13 @@ class LayerRunner:
         return {n: t.to("cpu") for n, t in rec.tensors.items()}
 
     @torch.inference_mode()
-    def self_weights(self, trace: Trace, stack: str, i: int) -> torch.Tensor:
-        """Layer i's self-attention weights alone (H x n x n), from its stored input."""
+    def self_weights(self, trace: Trace, stack: str, i: int, what: str = "weights") -> torch.Tensor:
+        """Layer i's self-attention weights alone (H x n x n), from its stored input;
+        what="value_norms": its value norms ||a_ij v_j W_o^h|| alone."""
         net, dev = self.model.net, self.model.device
         x = trace.layer_input(stack, i).to(dev)[None]
         pad = None if self.src_pad is None or stack == "decoder" else self.src_pad.to(dev)
-        return net.layer_weights(stack, i, x, pad)[0].to("cpu")
+        return net.layer_weights(stack, i, x, pad, what)[0].to("cpu")
 
     @torch.inference_mode()
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:

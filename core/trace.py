@@ -17,7 +17,7 @@ n x n matrix kept, and STORES only what is O(n d):
     last.probs                      decoders: the whole next-token distribution at the end
     next.ids, next.probs            decoders: the top-k at the last position
 
-Every other name (q, k, v, scores, scaled, mask, masked, weights, the attention's out,
+Every other name (q, k, v, scores, scaled, mask, masked, weights, value_norms, the attention's out,
 residual*, norm*, ffn.*, logits, probs) is COMPUTED WHEN IT IS READ: `trace[name]` runs that
 one layer again on its stored input ({stack}.{i-1}.out, or embed.{stack}.sum for layer 0)
 with recording on, through the same layer code (core.net.model.Transformer.run_layer) and the
@@ -188,9 +188,10 @@ class Trace:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(
                     tn.at(stack, i, s) in base._tensors for s in names):
-                if names == [tn.local(tn.SELF, "weights")]:  # the weights alone: the layer up to its softmax
-                    w = base._runner.self_weights(base, stack, i)
-                    cached = {tn.self_attn(stack, i, "weights"): w}
+                weights_only = [tn.local(tn.SELF, "weights")], [tn.local(tn.SELF, "value_norms")]
+                if names in weights_only:  # the layer up to its softmax (and the value sizes)
+                    what = tn.parse(tn.at(stack, i, names[0])).step
+                    cached = {tn.self_attn(stack, i, what): base._runner.self_weights(base, stack, i, what)}
                 else:
                     cached = base._runner.layer(base, stack, i)
             got = {}

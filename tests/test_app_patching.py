@@ -25,7 +25,7 @@ def _run(app_test, **params):
 def test_map_draws_what_core_computes(app_test, toy, what):
     at = _run(app_test, model="toy-translate", text=TOY_CLEAN, corrupt=TOY_CORRUPT, what=what)
     assert not at.error
-    pair = ca.patching.prepare(toy, TOY_CLEAN, TOY_CORRUPT)
+    pair = ca.activation_patching.prepare(toy, TOY_CLEAN, TOY_CORRUPT)
     df = ca.patch(toy, TOY_CLEAN, TOY_CORRUPT, pair.clean_next, pair.corrupt_next, what=what)
     z = heatmap_z(chart_by_key(at, "patching-map"))
     np.testing.assert_allclose(z, pm.restored_matrix(df), atol=1e-6)
@@ -45,7 +45,7 @@ def test_smollm2_ioi_is_the_default_view(app_test, smollm2):
 def test_every_control_round_trips_through_the_url(app_test, toy):
     params = dict(model="toy-translate", text="the old man sleeps near the river",
                   corrupt="the old dog sleeps near the river", answer="", wrong="", what="mlp_out")
-    pair = ca.patching.prepare(toy, params["text"], params["corrupt"])
+    pair = ca.activation_patching.prepare(toy, params["text"], params["corrupt"])
     params["answer"], params["wrong"] = toy.alternative_strings([pair.clean_next, pair.corrupt_next])
     at = _run(app_test, **params)
     assert dict(at.query_params) == params

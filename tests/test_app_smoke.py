@@ -5,7 +5,8 @@ import pytest
 
 from conftest import assert_no_exception
 
-PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads", "lens", "patching", "corpus"]
+PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads", "lens", "patching", "attribution",
+         "corpus"]
 LONG = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 
 

@@ -15,7 +15,7 @@ import torch
 
 import core
 import core.analysis as ca
-from core.analysis.lens import token_id
+from core.analysis.logit_lens import token_id
 from hf_builders import SENTENCES, build, save
 
 TOL = 1e-4

@@ -15,7 +15,7 @@ import torch
 
 import core
 import core.analysis as ca
-from core.analysis.patching import PatchRuns, prepare
+from core.analysis.activation_patching import PatchRuns, prepare
 from core.net.hooks import Hooks
 
 DEVICE = "cpu"  # compared with transformers on the CPU
@@ -153,7 +153,7 @@ SMOL_CELLS = {
 }
 
 
-@pytest.mark.parametrize("what", ca.patching.WHATS)
+@pytest.mark.parametrize("what", ca.activation_patching.WHATS)
 def test_smollm2_cells_match_transformers_hooks(smollm2, llama, what, capsys):
     worst, moved, df = _compare(smollm2, llama, IOI_CLEAN, IOI_CORRUPT, " Mary", " John", what, SMOL_CELLS[what])
     with capsys.disabled():
@@ -174,7 +174,7 @@ def test_smollm2_ioi_sanity(smollm2):
     cell = lambda l, p: float(df[(df.layer == l) & (df.position == p)].restored.iloc[0])
     assert abs(cell(0, 9) - 1) < 1e-5
     assert abs(cell(0, 10)) < 1e-5  # same token, same embedding: nothing to restore
-    check = ca.patching.restore_check(smollm2, IOI_CLEAN, IOI_CORRUPT, " Mary", " John")
+    check = ca.activation_patching.restore_check(smollm2, IOI_CLEAN, IOI_CORRUPT, " Mary", " John")
     assert abs(check["restored"] - 1) < 1e-5 and abs(check["patched_metric"] - check["clean_metric"]) < 1e-4
 
 
@@ -195,7 +195,7 @@ def gpt2(tmp_path_factory):
     return core.load_model(str(folder), device="cpu"), patcher
 
 
-@pytest.mark.parametrize("what", ca.patching.WHATS)
+@pytest.mark.parametrize("what", ca.activation_patching.WHATS)
 def test_tiny_gpt2_full_grid_matches_transformers_hooks(gpt2, what):
     model, patcher = gpt2
     worst, moved, df = _compare(model, patcher, GPT_CLEAN, GPT_CORRUPT, " the", " old", what)
@@ -222,7 +222,7 @@ def test_equal_values_restore_zero_when_run(gpt2):
 
 def test_answer_and_wrong_as_ids_equal_strings(gpt2):
     model, _ = gpt2
-    a, w = ca.patching.token_id(model, " the"), ca.patching.token_id(model, " old")
+    a, w = ca.activation_patching.token_id(model, " the"), ca.activation_patching.token_id(model, " old")
     by_str = ca.patch(model, GPT_CLEAN, GPT_CORRUPT, " the", " old", what="head")
     by_id = ca.patch(model, GPT_CLEAN, GPT_CORRUPT, a, w, what="head")
     assert torch.allclose(torch.tensor(by_str.metric.values), torch.tensor(by_id.metric.values), atol=0)
@@ -242,10 +242,10 @@ def test_toy_translate_patches_the_encoder(toy):
     net = toy.net
     ids = lambda s: torch.tensor([toy.encode(s).ids])
     dec = torch.tensor([pair.decoder_input])
-    for what in ca.patching.WHATS:
+    for what in ca.activation_patching.WHATS:
         df = ca.patch(toy, TOY_CLEAN, TOY_CORRUPT, None, pair.corrupt_next, what=what)
         assert df.attrs["answer_id"] == pair.clean_next
-        point = ca.patching.POINT[what]
+        point = ca.activation_patching.POINT[what]
         for r in df.sample(8, random_state=0).itertuples():
             name = f"encoder.{r.layer}.{point}"
             kept = {}
@@ -264,7 +264,7 @@ def test_toy_translate_patches_the_encoder(toy):
             assert abs(ref - r.metric) < TOL, (what, r)
     full = ca.patch(toy, TOY_CLEAN, TOY_CORRUPT, None, pair.corrupt_next)
     assert full.attrs["clean_metric"] > 0 > full.attrs["corrupt_metric"]
-    check = ca.patching.restore_check(toy, TOY_CLEAN, TOY_CORRUPT, None, pair.corrupt_next)
+    check = ca.activation_patching.restore_check(toy, TOY_CLEAN, TOY_CORRUPT, None, pair.corrupt_next)
     assert abs(check["restored"] - 1) < 1e-5
 
 

@@ -15,7 +15,7 @@ from core import ModelConfig, Recorder
 from core.trace import MAPS, Trace, nbytes_of
 from viz.cache import ByteLRU
 
-PER_ATTN = ["q", "k", "v", "mask", "scores", "scaled", "masked", "weights", "heads", "out"]
+PER_ATTN = ["q", "k", "v", "mask", "scores", "scaled", "masked", "weights", "value_norms", "heads", "out"]
 TEXT = "the small dog sees the cat"
 
 

@@ -76,16 +76,17 @@ def word_matrix(trace, view: View, text: Optional[str] = None, hide_special: boo
     merged = merge_attention(m, q_groups, k_groups)
     if hide_special:
         return drop_special(merged, q_labels, k_labels, _special_group(q_groups, trace.tokens(q_side)),
-                            _special_group(k_groups, trace.tokens(k_side)))
+                            _special_group(k_groups, trace.tokens(k_side)), renormalise=view.what == "weights")
     return merged, q_labels, k_labels
 
 
-def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None) -> List[torch.Tensor]:
-    """The H x W_q x W_k word-level weights of the given layers."""
+def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None,
+               what: str = "weights") -> List[torch.Tensor]:
+    """The H x W_q x W_k word-level weights (or value norms: what="value_norms") of the given layers."""
     q_side, k_side = view_sides(stack, kind)
     q_groups, _ = side_groups(trace, q_side, text)
     k_groups, _ = side_groups(trace, k_side, text)
-    return [merge_attention(trace[tn.attn(stack, i, kind, "weights")], q_groups, k_groups) for i in layers]
+    return [merge_attention(trace[tn.attn(stack, i, kind, what)], q_groups, k_groups) for i in layers]
 
 
 # ------------------------------------------------------------------ long inputs
@@ -163,14 +164,18 @@ def pool_maps(weights_by_layer: Iterable, max_side: int = MAX_GRID_SIDE):
 
 
 def pooled_layers(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None,
-                  words: bool = False, max_side: int = MAX_GRID_SIDE):
+                  words: bool = False, max_side: int = MAX_GRID_SIDE, what: str = "weights"):
     """pool_maps over the chosen layers of a trace, computed layer by layer (never all L x H
     full maps at once) and kept with the trace (viz.cache.per_trace), so redrawing the model view does
-    no model work."""
-    key = ("pooled", stack, kind, tuple(layers), words, max_side, text if words else None)
+    no model work. what: "weights" or "value_norms" (then each layer's maps are divided by that
+    layer's largest norm, so the grid's 0..1 colour scale shows them)."""
+    key = ("pooled", stack, kind, tuple(layers), words, max_side, text if words else None) + (
+        (what,) if what != "weights" else ())
     memo = per_trace(trace)
     if key not in memo:
-        got = (d[tn.local(kind, "weights")] for d in trace.each_layer(stack, [tn.local(kind, "weights")], layers))
+        got = (d[tn.local(kind, what)] for d in trace.each_layer(stack, [tn.local(kind, what)], layers))
+        if what != "weights":
+            got = (w / w.max().clamp_min(1e-30) for w in got)
         if words:
             q_side, k_side = view_sides(stack, kind)
             q_groups, k_groups = side_groups(trace, q_side, text)[0], side_groups(trace, k_side, text)[0]

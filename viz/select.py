@@ -16,16 +16,18 @@ SPECIAL_TOKENS = {"[CLS]", "[SEP]", "[PAD]", "<pad>", "<start>", "<end>", "<s>",
 @dataclass
 class View:
     """Which attention map: stack (encoder|decoder), kind (self_attn|cross_attn), layer, head
-    (an int, or None for the average over heads)."""
+    (an int, or None for the average over heads); what: "weights", or "value_norms" (what
+    each key adds, ||a_ij v_j W_o^h||)."""
 
     stack: str
     kind: str
     layer: int
     head: Optional[int]
+    what: str = "weights"
 
     @property
     def name(self) -> str:
-        return tn.attn(self.stack, self.layer, self.kind, "weights")
+        return tn.attn(self.stack, self.layer, self.kind, self.what)
 
     def label(self) -> str:
         head = "mean of heads" if self.head is None else f"head {self.head}"
@@ -58,16 +60,19 @@ def attention_matrix(trace, view: View, hide_special: bool = False):
     q_toks, k_toks = axis_tokens(trace, view.stack, view.kind)
     if hide_special:
         return drop_special(m, q_toks, k_toks, [t in SPECIAL_TOKENS for t in q_toks],
-                            [t in SPECIAL_TOKENS for t in k_toks])
+                            [t in SPECIAL_TOKENS for t in k_toks], renormalise=view.what == "weights")
     return m, q_toks, k_toks
 
 
-def drop_special(m, q_labels, k_labels, q_special, k_special):
+def drop_special(m, q_labels, k_labels, q_special, k_special, renormalise: bool = True):
     """Rows and columns flagged special dropped from an n_q x n_k attention matrix and the rows
-    renormalised to sum to 1; unchanged when that would leave no row or no column."""
+    renormalised to sum to 1 (not for value norms: renormalise=False); unchanged when that would
+    leave no row or no column."""
     qi = [i for i, sp in enumerate(q_special) if not sp]
     ki = [j for j, sp in enumerate(k_special) if not sp]
     if not (qi and ki):
         return m, list(q_labels), list(k_labels)
     m = m[qi][:, ki]
-    return m / m.sum(-1, keepdim=True).clamp_min(1e-12), [q_labels[i] for i in qi], [k_labels[j] for j in ki]
+    if renormalise:
+        m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
+    return m, [q_labels[i] for i in qi], [k_labels[j] for j in ki]

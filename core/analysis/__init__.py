@@ -17,8 +17,8 @@ lens.py (the logit lens), logit_attribution.py (direct logit attribution).
 """
 
 from .attention_flow import FLOW_SCALE, Heads, flow, mix_residual, rollout
-from .patching import patch
-from .lens import lens
+from .activation_patching import patch
+from .logit_lens import lens
 from .logit_attribution import logit_attribution
 from .head_scoring import (
     DEFAULT_SENTENCE,
@@ -53,3 +53,8 @@ __all__ = [
     "rollout",
     "top_heads",
 ]
+
+from .input_attribution import METHODS as ATTRIBUTION_METHODS, attribute  # noqa: E402
+from .faithfulness_scores import faithfulness  # noqa: E402
+
+__all__ += ["ATTRIBUTION_METHODS", "attribute", "faithfulness"]

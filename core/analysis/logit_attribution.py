@@ -35,7 +35,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from .lens import Token, model_of, token_id
+from .logit_lens import Token, model_of, token_id
 from .. import trace_names as tn
 
 KINDS = ("embed", "head", "attn_bias", "mlp", "norm_bias", "out_bias")

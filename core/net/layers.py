@@ -111,7 +111,7 @@ class Layer(nn.Module):
     def recorded_names(self) -> List[str]:
         """What an explicit run of this layer records, in order (names under the layer)."""
         attn = ["q", "k", "v", "mask", "scores", "scaled"] + (["capped"] if self.softcap else []) + [
-            "masked", "weights", "heads", "out"]
+            "masked", "weights", "value_norms", "heads", "out"]
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
@@ -134,6 +134,11 @@ class Layer(nn.Module):
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run."""
         y = self.norms[0](x) if self.pre and self.pre_norm else x
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
+
+    def self_value_norms(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
+        """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights."""
+        y = self.norms[0](x) if self.pre and self.pre_norm else x
+        return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
                 self_causal: bool = False, cache: Optional[dict] = None, position_bias=None):

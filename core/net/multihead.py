@@ -4,7 +4,10 @@ function of core/net/attention.py.
 
 Recorded names (under "{stack}.{i}.{attn}"): q_pre_norm and k_pre_norm (QK-norm),
 q_pre_rope and k_pre_rope (RoPE), q, k, v, mask, position_bias (T5), scores, scaled, capped
-(soft-capping), masked, weights (core/net/attention.py), heads, out.
+(soft-capping), masked, weights (core/net/attention.py), value_norms, heads, out.
+value_norms[h, i, j] = ||a_ij v_j W_o^h|| = a_ij ||v_j W_o^h|| (Kobayashi et al. 2020): the
+size of what key j adds to query i's output through head h (v_j of the kv head h reads under
+grouped-query attention; W_o^h the d_k rows of W_o that take head h's output).
 Under a recorder made with maps=False the fused kernel runs and q_pre_norm, k_pre_norm, q,
 k, v, mask, position_bias and the n_q x n_k steps are not recorded.
 
@@ -85,6 +88,21 @@ class MultiHeadAttention(nn.Module):
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
         return attention_weights(q, k, mask, self.scale, self.softcap)
 
+    def value_sizes(self, v: torch.Tensor) -> torch.Tensor:
+        """||v_j W_o^h|| for v (B, H, n_k, d_k) (already one per query head): (B, H, n_k)."""
+        w_o = self.w_o.weight.view(self.w_o.weight.shape[0], self.h, self.dk)  # (d, H, d_k): W_o^h^T side by side
+        return torch.einsum("bhjk,dhk->bhjd", v, w_o).norm(dim=-1)
+
+    def value_norms(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
+        """||a_ij v_j W_o^h|| alone (B, H, n_q, n_k): the weights (as `weights` computes them)
+        times the size of each key's transformed value; no heads, no W_o on the heads."""
+        w = self.weights(x_q, x_kv, mask, angles, is_causal, position_bias)
+        b, n_k = x_kv.shape[0], x_kv.shape[1]
+        v = self.w_v(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)
+        if self.hkv != self.h:
+            v = v.repeat_interleave(self.h // self.hkv, dim=1)
+        return w.mul_(self.value_sizes(v)[:, :, None, :])
+
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
                 cache: Optional[dict] = None, position_bias=None):
         """mask: additive (broadcast to B, H, n_q, n_k). is_causal: the mask is exactly the
@@ -137,8 +155,17 @@ class MultiHeadAttention(nn.Module):
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
             mask, is_causal = combine_masks(position_bias[:, :, -n_q:], mask), False
         capped = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
-        heads = scaled_dot_product_attention(q, k, v, mask, rec if explicit else None, self.scale,
+        seen = {}
+        record = None
+        if explicit:
+            def record(name, t, batched=True):
+                if name == "weights":
+                    seen["weights"] = t
+                rec(name, t, batched)
+        heads = scaled_dot_product_attention(q, k, v, mask, record, self.scale,
                                              is_causal=is_causal, **capped)  # (B, H, n_q, d_k)
+        if explicit:  # what each key adds, ||a_ij v_j W_o^h|| (computed from the same weights)
+            rec("value_norms", seen["weights"] * self.value_sizes(v)[:, :, None, :])
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)

@@ -11,7 +11,7 @@ import streamlit as st
 from viz import model_view as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import head_knockout as va
-from viz.ui import charts, dl, knockout, models, training_panel, url_state, urlflags, vocab, widgets
+from viz.ui import charts, dl, explore_links, knockout, models, training_panel, url_state, urlflags, vocab, widgets
 from viz.select import View, attention_matrix
 from viz.text import _md_code
 
@@ -19,7 +19,7 @@ TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "
 
 st.title("Explore attention")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
-                                             "words", "full", "heads", "ablate", "ablation", "step_train"))
+                                             "words", "full", "heads", "ablate", "ablation", "step_train", "norms"))
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -70,10 +70,7 @@ elif model.kind == "decoder" and trace.tokens("next"):
 
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
-if kind == "self_attn" and stack == {"decoder": "decoder", "encoder-decoder": "encoder"}.get(model.kind):  # patchable heads
-    st.page_link("viz/pages/patching.py", label=f"Patch this head (layer {layer}, head {head}): does the output need it?",
-                 query_params={"model": model_name, "text": text, "what": "head"}, icon=":material/healing:")
-c[2].page_link("viz/pages/lens.py", label="logit lens", query_params={"model": model_name, "text": text})
+explore_links.head_links(c[2], model, model_name, text, stack, kind, layer, head)
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
@@ -83,6 +80,8 @@ with c[3]:
                           help="Colour by log10(weight): shows the small weights beside an attention sink (a first "
                                "token that takes most of the weight in long prompts of decoder models).")
     hide_special = st.toggle("Hide special tokens", key=flags["hide"])
+    norms = explore_links.norms_toggle(state)
+    what = "value_norms" if norms else "weights"
     words = False
     if not ex.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
         state.ignored("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
@@ -96,6 +95,7 @@ tab_key = urlflags.tab(state, "tab", TABS)
 state.show_messages()
 url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
 url_view["words"] = urlflags.flag_url(words)
+url_view["norms"] = urlflags.flag_url(norms)
 if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
@@ -105,7 +105,8 @@ if off:
     knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
                           trace, off, ablation)
 
-view = View(stack, kind, layer, None if mean_heads else head)
+view = View(stack, kind, layer, None if mean_heads else head, what)
+per_map = explore_links.norms_scale(norms, per_map)
 if words:
     matrix, q_toks, k_toks = ex.word_matrix(trace, view, text, hide_special=hide_special)
     st.caption("Read in words: each word's column is the **sum** over its pieces' columns (how much a query attends "
@@ -173,7 +174,7 @@ with tab_model:
                    "drawn in blocks (keys summed, queries averaged).")
         layers = list(range(lo, hi + 1))
         with st.spinner("Computing the maps layer by layer…"):
-            pooled = ex.pooled_layers(trace, stack, kind, layers, text, words)
+            pooled = ex.pooled_layers(trace, stack, kind, layers, text, words, what=what)
         grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
@@ -194,7 +195,9 @@ with tab_heads:
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
         else:
-            w_all = ex.word_stack(trace, stack, kind, [layer], text)[0] if words else trace[view.name]
+            w_all = ex.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
+            if norms:
+                w_all = w_all / w_all.max().clamp_min(1e-30)
             n_q, n_k = w_all.shape[-2], w_all.shape[-1]
             qs = ks = slice(None)
             where = ""

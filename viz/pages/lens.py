@@ -6,7 +6,7 @@ core.analysis.lens and core.analysis.logit_attribution, the figures from viz.len
 import streamlit as st
 
 import core.analysis as ca
-from core.analysis.lens import token_id
+from core.analysis.logit_lens import token_id
 from viz import lens_figures as lf
 from viz.cache import per_trace
 from viz.text import _md_code

@@ -10,7 +10,7 @@ opens that layer (and head) in Explore.
 
 import streamlit as st
 
-from core.analysis import patching as cp
+from core.analysis import activation_patching as cp
 from viz import patching_maps as pm
 from viz.checks import Check
 from viz.ui import charts, models, patching_run, url_state, urlflags, widgets

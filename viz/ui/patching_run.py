@@ -6,7 +6,7 @@ from collections import OrderedDict
 import streamlit as st
 
 import core.analysis as ca
-from core.analysis import patching as cp
+from core.analysis import activation_patching as cp
 from viz.ui import models
 
 

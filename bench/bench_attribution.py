@@ -1,0 +1,106 @@
+"""Attribution's cost on smollm2, as ratios measured in one run (one rep each):
+
+    python -m bench.bench_attribution [--tokens 20] [--json]
+
+- integrated gradients, 64 steps, on a 20-token prompt / 64 untraced forward passes of that
+  prompt (target <= 2.0x): the steps run batched through the embed hook point;
+- the whole faithfulness table (every method's attribution, the random floor, the deletion
+  curves, sufficiency) for the same prompt / 200 untraced forward passes (target <= 1x);
+- value_norms of one layer alone / that layer's weights alone (target <= 2x), from the trace.
+Untraced forward pass: model.net.decode + the output projection of the last position under
+torch.inference_mode (no recorder, fused attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench.common import PASSAGE, Result  # noqa: E402
+
+TARGETS = {"ig": 2.0, "faithfulness": 1.0, "value_norms": 2.0}
+
+
+def prompt_of(model, n_tokens: int) -> str:
+    words = PASSAGE.split()
+    text = ""
+    for k in range(1, len(words) + 1):
+        cand = " ".join(words[:k])
+        if len(model.encode(cand)) > n_tokens:
+            break
+        text = cand
+    return text
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main(argv=None) -> int:
+    import core
+    from core.analysis import input_attribution as A
+    from core.analysis import faithfulness_scores as F
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--json", action="store_true", help="end with one JSON line of Result rows (bench.run_all)")
+    args = ap.parse_args(argv)
+    core.device.configure_threads()
+    model = core.load_model("smollm2", device="cpu")
+    text = prompt_of(model, args.tokens)
+    ids = torch.tensor([model.encode(text).ids])
+    n = ids.shape[1]
+
+    def forwards(k: int) -> None:
+        with torch.inference_mode():
+            for _ in range(k):
+                model.net.project(model.net.decode(ids)[:, -1])
+
+    forwards(2)  # warm-up
+    ig_s, ig = timed(lambda: A.attribute(model, text, "integrated_gradients", steps=args.steps))
+    fwd64_s, _ = timed(lambda: forwards(args.steps))
+    faith_s, table = timed(lambda: F.faithfulness(model, text, steps=args.steps))
+    fwd200_s, _ = timed(lambda: forwards(200))
+    tr = model.trace(text)
+    layer = model.config.n_layers // 2
+    w_s, _ = timed(lambda: list(tr.each_layer("decoder", ["self_attn.weights"], [layer])))
+    vn_s, _ = timed(lambda: list(tr.each_layer("decoder", ["self_attn.value_norms"], [layer])))
+    w_s = min(w_s, timed(lambda: list(tr.each_layer("decoder", ["self_attn.weights"], [layer])))[0])
+    vn_s = min(vn_s, timed(lambda: list(tr.each_layer("decoder", ["self_attn.value_norms"], [layer])))[0])
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows = [
+        Result("attribution", f"integrated gradients, {args.steps} steps, {n}-token smollm2 prompt / {args.steps} "
+               "untraced forward passes", ig_s / fwd64_s, "x", TARGETS["ig"],
+               note=f"IG {ig_s:.2f} s, forwards {fwd64_s:.2f} s; completeness error "
+                    f"{ig.attrs['completeness_error']:.1%}"),
+        Result("attribution", f"faithfulness table ({len(table)} rankings incl. random), {n} tokens / 200 untraced "
+               "forward passes", faith_s / fwd200_s, "x", TARGETS["faithfulness"],
+               note=f"table {faith_s:.2f} s, forwards {fwd200_s:.2f} s"),
+        Result("attribution", f"value_norms of layer {layer} / its weights alone ({n} tokens)", vn_s / w_s, "x",
+               TARGETS["value_norms"], note=f"value_norms {vn_s * 1000:.1f} ms, weights {w_s * 1000:.1f} ms (best of 2)"),
+    ]
+    print(f"attribution bench (smollm2, {n} tokens, one rep; {os.cpu_count()} CPUs, load average {load:.1f})",
+          file=sys.stderr if args.json else sys.stdout)
+    for r in rows:
+        print(f"  {r.name}: {r.value:.2f}{r.unit} (target <= {r.target}) {r.status}  [{r.note}]",
+              file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps({"results": [r.to_dict() for r in rows]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

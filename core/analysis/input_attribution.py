@@ -1,0 +1,358 @@
+"""Which input tokens the output depends on: input attribution beside attention.
+
+    import core, core.analysis as ca
+    model = core.load_model("smollm2")
+    df = ca.attribute(model, "The capital of France is", "integrated_gradients")   # position, token, score
+    df.attrs["completeness_error"]                                                 # |sum - (f(x) - f(b))| / |f(x) - f(b)|
+
+What is explained is f = logit[target] - logit[baseline] (baseline None: logit[target]) at one
+output position: the next token after the text (decoders), the [MASK] / <mask> token (encoders
+with a masked-LM head), a chosen decoder position (encoder-decoders: the source tokens are
+attributed, `position` is the decoder position whose next token is explained, default 0, the
+first word of the greedy translation). e_i is token i's embedding as the model adds it
+(scaling included); b_i the baseline token's embedding (`baseline_token` None: the tokenizer's
+pad token, else its end-of-sequence token): positions and everything else stay. Embeddings are
+replaced through the hook point `embed.{stack}.tokens` (core/net/hooks.py), so every method
+runs the model's own forward pass (fused attention), batched.
+
+Methods (docs/design.md, "What the output owes to each part"):
+    grad_x_input          sum_d df/de_i * e_i
+    integrated_gradients  (e_i - b_i) . mean_k grad f(b + alpha_k (e - b)), alpha_k = (k + 0.5) / steps
+                          (captum's IntegratedGradients, method="riemann_middle"); fix_first=True
+                          keeps token 0 (the attention sink) at its own embedding on the path
+    occlusion             f(x) - f(x with e_i replaced by b_i) (captum's Occlusion, one row at a time)
+    attention             the last layer's attention, mean of heads, the explained position's row
+    rollout, flow         attention rollout / flow (core/analysis/attention_flow.py), that row
+    value_norm            the last layer's value norms ||a_ij v_j W_o^h|| (Kobayashi et al. 2020), mean of heads
+For encoder-decoders the attention-based rows are those of the last decoder layer's
+cross-attention (rollout and flow: that row times the encoder's rollout / flow).
+
+faithfulness (DeYoung et al. 2020): for each method's ranking, comprehensiveness (the drop of
+p(target) when the top fraction of tokens is replaced by the baseline token's embedding) and
+sufficiency (the drop when all BUT the top fraction is), averaged over fractions, with a seeded
+random ranking as the floor; the deletion curve p(target) after replacing the top k tokens,
+k = 0..n. Every perturbed input of every method runs in a few batched passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import trace_names as tn
+from ..net.hooks import Hooks
+
+GRADIENT_METHODS = ("grad_x_input", "integrated_gradients", "occlusion")
+ATTENTION_METHODS = ("attention", "rollout", "flow", "value_norm")
+METHODS = GRADIENT_METHODS + ATTENTION_METHODS
+SIGNED = set(GRADIENT_METHODS)  # scores that can be negative (a diverging colour scale)
+FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
+BATCH_TOKENS = 4096  # token positions per batched pass (steps, occlusions, perturbations)
+RANDOM_SEED = 0
+
+Progress = Optional[Callable[[float, str], None]]  # progress(fraction done, what is running)
+
+
+# --------------------------------------------------------------------------- the explained output
+@dataclass
+class Setup:
+    """One explained output: the ids, the attributed stack, the embeddings and f."""
+
+    model: object
+    stack: str  # whose token embeddings are attributed: "decoder" (decoders), else "encoder"
+    ids: torch.Tensor  # (1, n) attributed ids
+    tokens: List[str]
+    position: int  # output position whose next token (or mask fill) is explained
+    target_id: int
+    contrast_id: Optional[int]  # f's `baseline` token (logit[target] - logit[contrast])
+    baseline_id: int  # the token whose embedding replaces e_i
+    dec_ids: Optional[torch.Tensor] = None  # encoder-decoders: the decoder input
+    fixed: List[int] = field(default_factory=list)  # positions never perturbed (the [MASK] itself)
+    word_ids: List = field(default_factory=list)
+    special: List[bool] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def n(self) -> int:
+        return self.ids.shape[1]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        emb = self.model.net.src_embed if self.stack == "encoder" else self.model.net.tgt_embed
+        with torch.no_grad():
+            return emb.tok(ids) * emb.scale
+
+    @property
+    def e(self) -> torch.Tensor:
+        return self.embed(self.ids)  # (1, n, d)
+
+    @property
+    def b(self) -> torch.Tensor:
+        return self.embed(torch.full_like(self.ids, self.baseline_id))  # (1, n, d)
+
+    def logits(self, emb: torch.Tensor) -> torch.Tensor:
+        """The explained position's logits (B, V) with the token embeddings replaced by emb (B, n, d)."""
+        net, bsz = self.model.net, emb.shape[0]
+        hooks = Hooks({tn.embed(self.stack, "tokens"): lambda t: emb})
+        if self.model.kind == "decoder":
+            h = net.decode(self.ids.expand(bsz, -1), rec=hooks)[:, self.position]
+            return net.project(h)
+        memory = net.encode(self.ids.expand(bsz, -1), rec=hooks)
+        if self.model.kind == "encoder":
+            return self.model.mlm_head.to(emb.device)(memory[:, self.position])
+        h = net.decode(self.dec_ids.expand(bsz, -1), memory)[:, self.position]
+        return net.project(h)
+
+    def f(self, emb: torch.Tensor) -> torch.Tensor:
+        """f = logit[target] - logit[contrast] (B,)."""
+        lg = self.logits(emb)
+        out = lg[:, self.target_id]
+        return out if self.contrast_id is None else out - lg[:, self.contrast_id]
+
+    def prob(self, emb: torch.Tensor) -> torch.Tensor:
+        """p(target) (B,)."""
+        return torch.softmax(self.logits(emb).float(), dim=-1)[:, self.target_id]
+
+    def batch_rows(self) -> int:
+        return max(1, BATCH_TOKENS // max(1, self.n))
+
+
+def baseline_token_id(model, baseline_token=None) -> int:
+    """The token whose embedding replaces a token's: `baseline_token` (id or string), else the
+    tokenizer's pad token, else its end-of-sequence token."""
+    if baseline_token is not None:
+        return token_id(model, baseline_token, what="baseline token")
+    tk = model.tokenizer
+    vocab = _vocab(model)
+    candidates = [getattr(tk, "pad_id", None), getattr(tk, "info", {}).get("pad_id")]
+    index = getattr(tk, "index", {}) or {}
+    candidates += [index.get(p) for p in ("[PAD]", "<pad>", "<|pad|>", "<|padding|>", "<PAD>")]
+    candidates += [getattr(tk, "eos_id", None), getattr(model, "end_id", None), getattr(tk, "sep_id", None)]
+    for c in candidates:
+        if isinstance(c, (int, np.integer)) and 0 <= int(c) < vocab:
+            return int(c)
+    return int(model.config.pad_id)
+
+
+def _vocab(model) -> int:
+    cfg = model.config
+    return int(cfg.src_vocab_size if model.kind == "encoder" else cfg.tgt_vocab_size)
+
+
+def token_id(model, tok: Union[int, str], what: str = "target") -> int:
+    """A token given as an id or as its text (which must be one token)."""
+    vocab = _vocab(model)
+    if isinstance(tok, (int, np.integer)):
+        if not 0 <= int(tok) < vocab:
+            raise ValueError(f"the {what} id {tok} is outside the vocabulary (0–{vocab - 1})")
+        return int(tok)
+    s = str(tok)
+    tk = model.tokenizer if model.kind != "encoder-decoder" or what == "baseline token" else model.target_tokenizer
+    index = getattr(tk, "index", None) or {}
+    if s in index:
+        return int(index[s])
+    enc = tk.encode(s)
+    if enc.unknown:
+        raise ValueError(f"the {what} {s!r} is not in {model.name}'s vocabulary")
+    ids = [i for i, sp in zip(enc.ids, enc.special) if not sp] if enc.special else list(enc.ids)
+    if len(ids) != 1:
+        raise ValueError(f"the {what} {s!r} is {len(ids)} tokens for {model.name}; it must be exactly one")
+    return int(ids[0])
+
+
+def setup(model, text: str, target=None, baseline=None, baseline_token=None, position: Optional[int] = None) -> Setup:
+    """The explained output of `text` (see the module's docstring); ValueError when the model
+    has no output to explain (an encoder without a masked-LM head) or no [MASK] in the text."""
+    kind = model.kind
+    enc = model.encode(text)
+    dev = model.device
+    ids = torch.tensor([list(enc.ids)], dtype=torch.long, device=dev)
+    tokens, fixed, dec_ids = model.source_strings(enc), [], None
+    if kind == "encoder":
+        if getattr(model, "mlm_head", None) is None:
+            raise ValueError(f"attribution needs an output: {model.name} is an encoder without an output head "
+                             "(no masked-LM head), so there is no prediction to explain. Its attention can still be "
+                             "read and compared on the Compare page.")
+        mask_id = getattr(model.tokenizer, "mask_id", None)
+        where = [i for i, t in enumerate(enc.ids) if mask_id is not None and t == mask_id]
+        if not where:
+            tok = getattr(model.tokenizer, "mask_token", "[MASK]")
+            raise ValueError(f"put a {tok} token in the sentence: {model.name} explains the word it predicts there")
+        position = where[0] if position is None else int(position)
+        fixed = [position]
+    elif kind == "encoder-decoder":
+        tr = model.trace(text)
+        dec = list(tr.meta["target_ids"])
+        position = 0 if position is None else int(position)
+        if not 0 <= position < len(dec):
+            raise ValueError(f"the decoder position {position} is outside 0–{len(dec) - 1}")
+        dec_ids = torch.tensor([dec], dtype=torch.long, device=dev)
+    else:
+        position = ids.shape[1] - 1
+    s = Setup(model, "decoder" if kind == "decoder" else "encoder", ids, tokens, position, 0, None,
+              baseline_token_id(model, baseline_token), dec_ids, fixed, list(enc.word_ids), list(enc.special), text)
+    if target is None:
+        with torch.no_grad():
+            s.target_id = int(s.logits(s.e).argmax(-1)[0])
+    else:
+        s.target_id = token_id(model, target)
+    s.contrast_id = None if baseline is None else token_id(model, baseline, what="baseline")
+    return s
+
+
+def top_targets(model, text: str, k: int = 10, position: Optional[int] = None) -> List[tuple]:
+    """The model's top-k (id, token, probability) at the explained position (the target picker)."""
+    s = setup(model, text, position=position)
+    with torch.no_grad():
+        p = torch.softmax(s.logits(s.e).float(), -1)[0]
+    top = torch.topk(p, min(k, p.shape[-1]))
+    tk = model.target_tokenizer if model.kind == "encoder-decoder" else model.tokenizer
+    return [(int(i), tk.token_str(int(i)), float(v)) for i, v in zip(top.indices, top.values)]
+
+
+# --------------------------------------------------------------------------- the methods
+def _grad_x_input(s: Setup) -> np.ndarray:
+    e = s.e.clone().requires_grad_(True)
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(s.f(e).sum(), e)
+    return (g * s.e).sum(-1)[0].double().cpu().numpy()
+
+
+def _path_baseline(s: Setup, fix_first: bool) -> torch.Tensor:
+    b = s.b.clone()
+    keep = list(s.fixed) + ([0] if fix_first else [])
+    if keep:
+        b[:, keep] = s.e[:, keep]
+    return b
+
+
+def _integrated_gradients(s: Setup, steps: int, fix_first: bool = False):
+    """(per-position scores, f(x), f(b)) with captum's midpoint rule, the steps batched."""
+    from captum.attr import IntegratedGradients
+
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, not {steps}")
+    e, b = s.e, _path_baseline(s, fix_first)
+    ig = IntegratedGradients(lambda emb: s.f(emb))
+    with torch.enable_grad():
+        attr = ig.attribute(e, baselines=b, n_steps=steps, method="riemann_middle",
+                            internal_batch_size=min(steps, s.batch_rows()))
+    with torch.no_grad():
+        fx, fb = s.f(torch.cat([e, b])).double().cpu().tolist()
+    return attr.sum(-1)[0].double().cpu().numpy(), fx, fb
+
+
+def completeness_error(scores, f_x: float, f_b: float) -> float:
+    """|sum of scores - (f(x) - f(b))| / |f(x) - f(b)|: 0 for a complete attribution."""
+    gap = f_x - f_b
+    total = float(np.sum(scores))
+    return abs(total - gap) / abs(gap) if gap != 0 else (0.0 if total == 0 else float("inf"))
+
+
+def _occlusion(s: Setup) -> np.ndarray:
+    from captum.attr import Occlusion
+
+    d = s.e.shape[-1]
+    occ = Occlusion(lambda emb: s.f(emb))
+    with torch.no_grad():
+        attr = occ.attribute(s.e, sliding_window_shapes=(1, d), strides=(1, d), baselines=s.b,
+                             perturbations_per_eval=min(s.n, s.batch_rows()))
+    return attr[0, :, 0].double().cpu().numpy()  # every element of row i holds f(x) - f(x without i)
+
+
+def _trace_rows(s: Setup, trace, methods: Sequence[str]) -> Dict[str, np.ndarray]:
+    """The attention-based scores: rows of the explained position."""
+    from .attention_flow import flow, rollout
+
+    out = {}
+    if s.model.kind == "encoder-decoder":
+        last = trace.layers("decoder") - 1
+        row = trace[tn.cross_attn("decoder", last, "weights")].double().mean(0)[s.position].numpy()
+        for m in methods:
+            if m == "attention":
+                out[m] = row
+            elif m == "rollout":
+                out[m] = row @ rollout(trace, "encoder")[-1]
+            elif m == "flow":
+                n_enc = trace.layers("encoder")
+                out[m] = row @ flow(trace, "encoder", layers=[n_enc - 1])[-1]
+            elif m == "value_norm":
+                out[m] = trace[tn.cross_attn("decoder", last, "value_norms")].double().mean(0)[s.position].numpy()
+        return out
+    stack, last = s.stack, trace.layers(s.stack) - 1
+    for m in methods:
+        if m == "attention":
+            out[m] = trace[tn.self_attn(stack, last, "weights")].double().mean(0)[s.position].numpy()
+        elif m == "rollout":
+            out[m] = rollout(trace, stack)[-1, s.position]
+        elif m == "flow":
+            out[m] = flow(trace, stack, query=s.position, layers=[last])[-1, s.position]
+        elif m == "value_norm":
+            out[m] = trace[tn.self_attn(stack, last, "value_norms")].double().mean(0)[s.position].numpy()
+    return out
+
+
+def _check_methods(methods) -> List[str]:
+    methods = list(METHODS if methods is None else [methods] if isinstance(methods, str) else methods)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown attribution method {bad[0]!r}: one of {', '.join(METHODS)}")
+    return methods
+
+
+def _frame(s: Setup, scores: np.ndarray, method: str, extra: Optional[dict] = None) -> pd.DataFrame:
+    df = pd.DataFrame({"position": np.arange(s.n), "token": s.tokens, "score": np.asarray(scores, dtype=np.float64)})
+    df.attrs.update(method=method, baseline_token_id=s.baseline_id, target_id=s.target_id,
+                    contrast_id=s.contrast_id, position=s.position, model=s.model.name, stack=s.stack,
+                    word_ids=list(s.word_ids), special=list(s.special), fixed=list(s.fixed))
+    df.attrs.update(extra or {})
+    return df
+
+
+def attribute_setup(s: Setup, methods=None, steps: int = 64, fix_first: bool = False, trace=None,
+                    progress: Progress = None) -> Dict[str, pd.DataFrame]:
+    """Every asked-for method on one explained output (one trace shared by the attention-based
+    ones): method -> DataFrame (position, token, score)."""
+    methods = _check_methods(methods)
+    out: Dict[str, pd.DataFrame] = {}
+    for k, m in enumerate(methods):
+        if progress:
+            progress(k / len(methods), m)
+        if m == "grad_x_input":
+            out[m] = _frame(s, _grad_x_input(s), m)
+        elif m == "integrated_gradients":
+            scores, fx, fb = _integrated_gradients(s, steps, fix_first)
+            out[m] = _frame(s, scores, m, {"completeness_error": completeness_error(scores, fx, fb), "f_x": fx,
+                                           "f_baseline": fb, "steps": int(steps), "fix_first": bool(fix_first)})
+        elif m == "occlusion":
+            out[m] = _frame(s, _occlusion(s), m)
+        else:
+            if trace is None:
+                trace = s.model.trace(s.text)
+            out[m] = _frame(s, _trace_rows(s, trace, [m])[m], m)
+    if progress:
+        progress(1.0, "done")
+    return out
+
+
+def attribute_all(model, text: str, methods=None, target=None, baseline=None, steps: int = 64, baseline_token=None,
+                  position: Optional[int] = None, fix_first: bool = False, progress: Progress = None):
+    """(Setup, {method: DataFrame}) for several methods at once (one setup, one trace)."""
+    methods = _check_methods(methods)
+    s = setup(model, text, target, baseline, baseline_token, position)
+    trace = model.trace(text) if any(m in ATTENTION_METHODS for m in methods) else None
+    return s, attribute_setup(s, methods, steps, fix_first, trace, progress)
+
+
+def attribute(model, text: str, method: str, target=None, baseline=None, steps: int = 64, baseline_token=None,
+              position: Optional[int] = None, fix_first: bool = False) -> pd.DataFrame:
+    """Which input tokens f = logit[target] - logit[baseline] depends on (the module's
+    docstring): columns position, token, score; df.attrs["baseline_token_id"], and for
+    integrated gradients df.attrs["completeness_error"] = |sum - (f(x) - f(b))| / |f(x) - f(b)|."""
+    return attribute_all(model, text, [method], target, baseline, steps, baseline_token, position, fix_first)[1][method]
+
+
+# --------------------------------------------------------------------------- faithfulness
