@@ -126,6 +126,21 @@ def test_config_from_gguf_metadata(model):
     assert model.net.num_parameters() == 134_515_008  # every GGUF tensor, the tied one once
 
 
+def test_the_context_is_the_ggufs_own(model):
+    """The limit is the file's llama.context_length (8,192), read from its header: the
+    config, the tokenizer's cut and the app's input limit all say so; no 2,048 cap."""
+    from gguf import GGUFReader
+
+    from core.loaders.gguf_header import field
+
+    ctx = int(field(GGUFReader(str(smollm2_files.gguf_path())), "llama.context_length"))
+    assert ctx == 8192
+    assert model.config.max_len == model.max_input_tokens == model.tokenizer.max_len == ctx
+    enc = model.tokenizer.encode(" ".join(["one two"] * 5000))  # 10,000 tokens
+    assert len(enc) == ctx and enc.truncated == 10_000 - ctx
+    assert smollm2.load(device="cpu", max_len=1000).config.max_len == 1000  # a cap below it, when asked
+
+
 # ------------------------------------------------------------------------------ parity
 @pytest.mark.parametrize("prompt", PROMPTS, ids=lambda p: f"{len(p)}ch")
 def test_parity_with_transformers(model, reference, prompt):

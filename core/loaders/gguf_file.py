@@ -37,7 +37,7 @@ from ..api import AttentionModel
 from .checkpoint import CheckpointError
 from ..net.config import ModelConfig
 from .byte_bpe import ByteBPETokenizer, finish_byte_tokenizer
-from .gguf_header import LAYER_MAP, MAX_LEN, decoder_config, field, gguf_shape
+from .gguf_header import LAYER_MAP, context_length, decoder_config, field, gguf_shape
 
 ARCHS = ("llama", "qwen2")
 TOP_MAP = [("token_embd", "tgt_embed.tok"), ("output_norm", "decoder_norm"), ("output", "out_proj")]
@@ -83,9 +83,9 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise CheckpointError(f"{name}: per-frequency RoPE factors (rope_freqs, Llama 3.1 scaling) are not supported in GGUF files")
     tokens = field(reader, "tokenizer.ggml.tokens") or []
-    ctx = int(field(reader, f"{arch}.context_length", MAX_LEN))
+    ctx = context_length(reader, arch)
     return decoder_config(
-        reader, arch, need, d, h, d_head, min(MAX_LEN, ctx),
+        reader, arch, need, d, h, d_head, ctx,
         tgt_vocab_size=int(field(reader, f"{arch}.vocab_size", len(tokens))),
         rope_scaling=scaling,
         rope_layout="interleaved" if arch == "llama" else "half",

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from ..net.config import ModelConfig
 
-MAX_LEN = 2048  # the longest input of a GGUF decoder here (its trace grows with n^2)
+MAX_LEN = 2048  # the context assumed for a GGUF file whose header lacks {arch}.context_length
+
+
+def context_length(reader, arch: str) -> int:
+    """The model's own context in tokens, as the file's header says ({arch}.context_length)."""
+    return int(field(reader, f"{arch}.context_length", MAX_LEN))
 
 # (GGUF name, our name), ".weight" follows; "{i}" is the layer.
 LAYER_MAP = [

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 from .checkpoint import CheckpointError
 from ..net.config import ModelConfig
 
-DECODER_MAX_LEN = 2048  # longest input of a decoder (its trace grows with n^2)
+DECODER_MAX_LEN = 2048  # a decoder's context when its config names none
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                "relu": "relu", "silu": "swiglu", "swish": "swiglu"}
@@ -88,7 +88,7 @@ def config_gpt2(hf: dict) -> ModelConfig:
         d_ff=hf.get("n_inner") or 4 * d,
         n_layers=hf["n_layer"],
         tgt_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("n_positions", 1024), DECODER_MAX_LEN),
+        max_len=hf.get("n_positions", 1024),
         positional="learned",
         activation=_act(hf.get("activation_function", "gelu_new")),
         norm="layernorm",
@@ -143,7 +143,7 @@ def config_llama(hf: dict) -> ModelConfig:
         d_ff=hf["intermediate_size"],
         n_layers=hf["num_hidden_layers"],
         tgt_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("max_position_embeddings", DECODER_MAX_LEN), DECODER_MAX_LEN),
+        max_len=hf.get("max_position_embeddings", DECODER_MAX_LEN),
         positional="rope",
         rope_theta=theta,
         rope_scaling=scaling,

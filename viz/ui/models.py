@@ -63,10 +63,11 @@ def model_kind(name: str) -> str:
     return local.kind if local is not None else core.MODELS[name].kind if name in core.MODELS else "?"
 
 
-# The app's longest input per model, in tokens: the models' own. A trace stores only the
-# residual stream (O(n d)) and recomputes a layer's maps when they are looked at
-# (core/trace.py), so a 2,048-token smollm2 trace is ~0.3 GB, not L x H x n^2 floats.
-INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 2048}
+# A cap on input tokens below a model's own context (none here: every model reads its whole
+# context, smollm2 its GGUF's 8,192 tokens). A trace stores only the residual stream (O(n d))
+# and recomputes a layer's maps when they are looked at, one head and a tile of rows at a
+# time for long inputs (core/trace.py), so an 8,192-token smollm2 trace is ~1.1 GB.
+INPUT_LIMITS: dict = {}
 
 
 log = logging.getLogger("attention_lab")
