@@ -182,6 +182,8 @@ class Trace:
 
     def _computed(self, name: str) -> torch.Tensor:
         where = layer_of(name)
+        if where is not None and name.endswith(".self_attn.weights"):
+            return self._weights(*where)
         if where is not None:
             return self._layer(*where)[name]
         if name in ("logits", "probs"):
@@ -193,6 +195,41 @@ class Trace:
                         self._cache.popitem(last=False)
                 return self._cache[("head",)][name]
         raise KeyError(f"{name!r} is neither stored nor recomputable in this trace")
+
+    def _weights(self, stack: str, i: int) -> torch.Tensor:
+        """A layer's self-attention weights: from its cached re-run, else computed alone (the
+        layer up to its softmax: no values, heads, W_o or FFN) and kept in the same cache."""
+        name = f"{stack}.{i}.self_attn.weights"
+        with self._lock:
+            for key in ((stack, i), (stack, i, "weights")):
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+                    return self._cache[key][name]
+            if self._runner is None:
+                raise KeyError(f"{name} is not stored in this trace and it has no model to recompute it")
+            w = self._runner.self_weights(self, stack, i)
+            self._cache[(stack, i, "weights")] = {name: w}
+            while len(self._cache) > LAYER_CACHE:
+                self._cache.popitem(last=False)
+            return w
+
+    # one head, pooled maps (long inputs: core/head_maps.py) -------------------------------
+    def head(self, name: str, h: int) -> torch.Tensor:
+        """Head h of the attention map `name` ({stack}.{i}.{attn}.scores|scaled|masked|weights),
+        n_q x n_k, computing that head alone (a tile of query rows at a time): the other heads'
+        maps are never made. From the stored or cached layer when it is there."""
+        from .head_maps import head_map
+
+        return head_map(self, name, h)
+
+    def pooled(self, name: str, size: int = 128, heads: Optional[Iterable[int]] = None) -> torch.Tensor:
+        """len(heads) x ceil(n_q/size) x ceil(n_k/size): the mean of each size x size block of
+        the map `name` (cells masked to -inf count 0 in weights and are left out of score
+        means), computed one head and a tile of query rows at a time (docs/design.md, "Long
+        inputs"; core/head_maps.py). heads: default every head."""
+        from .head_maps import pooled
+
+        return pooled(self, name, size, None if heads is None else list(heads))
 
     def recomputed(self, name: str) -> torch.Tensor:
         """A name inside a layer as the explicit re-run of that layer gives it, even where the
