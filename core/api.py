@@ -130,7 +130,10 @@ class AttentionModel(GreedyDecoding):
         """One pass on the fast path (fused attention), storing only what is O(n d): see
         core/trace.py. Returns the stored tensors (CPU), the forward time in ms, and the
         LayerRunner that recomputes the rest."""
-        rec = Recorder(names=_stored_name, maps=False)
+        n_all = len(src_ids or []) + len(tgt_ids or [])
+        keep_qk = n_all * self.config.n_layers * (self.config.n_heads + (self.config.n_kv_heads or self.config.n_heads)) \
+            * self.config.d_head * 4 <= QK_KEEP_BYTES
+        rec = Recorder(names=_stored_or_qk if keep_qk else _stored_name, maps=False)
         sync = self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize()
@@ -157,7 +160,8 @@ class AttentionModel(GreedyDecoding):
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
         tensors = {n: t.to("cpu") for n, t in rec.tensors.items()}
-        return tensors, ms, LayerRunner(self, pad, ablate)
+        qk = {n: tensors.pop(n) for n in [n for n in tensors if n.endswith(_QK)]}
+        return tensors, ms, LayerRunner(self, pad, ablate, qk=qk)
 
     def _finish(self, tensors, tokens, meta, runner) -> Trace:
         if "next.ids" in tensors:
@@ -286,6 +290,13 @@ class AttentionModel(GreedyDecoding):
 
 
 LOGIT_ROWS = 256  # next-token distributions computed this many positions at a time
+QK_KEEP_BYTES = 32 * 2**20  # a traced pass keeps every self-attention's q and k up to this size
+_QK = (".self_attn.q", ".self_attn.k")
+
+
+def _stored_or_qk(name: str) -> bool:
+    """_stored_name, and the self-attentions' q and k (short inputs: a weights read reuses them)."""
+    return _stored_name(name) or name.endswith(_QK)
 
 
 def _stored_name(name: str) -> bool:

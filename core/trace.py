@@ -368,10 +368,14 @@ def nbytes_of(traces: Iterable[Trace]) -> int:
     """Bytes that some traces keep alive together: each memory block once (decoder steps
     are views of one pass and share all of it)."""
     blocks: Dict[int, list] = {}
+    runners = {}
     for tr in traces:
+        runner = (tr._base or tr)._runner
+        if runner is not None:
+            runners[id(runner)] = int(getattr(runner, "nbytes", 0) or 0)  # q and k kept for reads
         for t in (tr._base or tr)._tensors.values():
             st = t.untyped_storage()
             view = (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
             entry = blocks.setdefault(st.data_ptr() or id(st), [st.nbytes(), {}])
             entry[1][view] = t.numel() * t.element_size()
-    return sum(min(size, sum(views.values())) for size, views in blocks.values())
+    return sum(min(size, sum(views.values())) for size, views in blocks.values()) + sum(runners.values())

@@ -151,14 +151,15 @@ class Transformer(nn.Module):
         return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device),
                                      position_bias=self.position_bias(stack, n))
 
-    def layer_weights(self, stack: str, i: int, x, src_pad=None):
+    def layer_weights(self, stack: str, i: int, x, src_pad=None, qk=None):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
-        run_layer's masks and positions (ablation acts after the weights: nothing to do)."""
+        run_layer's masks and positions (ablation acts after the weights: nothing to do).
+        qk: the layer's (q, k) as a traced pass kept them, instead of projecting x again."""
         n = x.shape[1]
         masks = (self.encoder_masks(src_pad, n, x.dtype) if stack == "encoder"
                  else self.decoder_masks(n, None, None, x.device, x.dtype))
         return self.layers(stack)[i].self_weights(x, **masks, angles=self._angles(n, device=x.device),
-                                                  position_bias=self.position_bias(stack, n))
+                                                  position_bias=self.position_bias(stack, n), qk=qk)
 
     def project(self, hidden, rec: Rec = None):
         if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings

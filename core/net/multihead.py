@@ -4,8 +4,10 @@ function of core/net/attention.py.
 
 Recorded names (under "{stack}.{i}.{attn}"): q_pre_rope and k_pre_rope (RoPE), q, k, v,
 mask, position_bias (T5), scores, scaled, masked, weights (core/net/attention.py), heads, out.
-Under a recorder made with maps=False the fused kernel runs and q, k, v, mask,
-position_bias and the n_q x n_k steps are not recorded.
+Under a recorder made with maps=False the fused kernel runs and v, mask, position_bias and
+the n_q x n_k steps are not recorded; q and k (after RoPE) are handed to it, and a traced pass
+keeps them when they are small (core/api.py), so that reading a layer's weights later costs
+only Q K^T and the softmax.
 """
 
 from __future__ import annotations
@@ -41,13 +43,19 @@ class MultiHeadAttention(nn.Module):
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
 
-    def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
+    def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None, qk=None):
         """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes
-        them, without values, heads or W_o: what the model view needs of each layer."""
-        b, n_q, _ = x_q.shape
-        n_k = x_kv.shape[1]
-        q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
-        k = self.w_k(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_k, d_k)
+        them, without values, heads or W_o: what the model view needs of each layer.
+        qk: the (q, k) a traced pass kept (after RoPE), instead of projecting x again."""
+        if qk is not None:
+            q, k = qk
+            n_q, n_k = q.shape[2], k.shape[2]
+            angles = None
+        else:
+            b, n_q, _ = x_q.shape
+            n_k = x_kv.shape[1]
+            q = self.w_q(x_q).view(b, n_q, self.h, self.dk).transpose(1, 2)  # (B, H, n_q, d_k)
+            k = self.w_k(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_k, d_k)
         if angles is not None:
             q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
             k = apply_rope(k, angles[:n_k], self.rope_layout)
@@ -91,6 +99,9 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         explicit = records_maps(rec)
+        if rec and not explicit:  # the fused path: q and k for a trace that keeps them (core/api.py)
+            rec("q", q)
+            rec("k", k)
         if explicit:
             rec("q", q)
             rec("k", k)
