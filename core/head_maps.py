@@ -42,9 +42,10 @@ import torch.nn.functional as F
 from .net.positional import apply_rope
 
 TILE_ROWS = 128  # query rows computed at once (a tile is TILE_ROWS x n_k floats of one head)
+LONG_LAYER_BYTES = 32 * 2**20  # a layer's H maps above this: views read pooled maps, not full ones
 LOCAL = 64  # "local" mass: keys within this many positions of the query
 MAPS = ("scores", "scaled", "masked", "weights")
-PROFILE = ("distance", "first", "local", "entropy", "previous", "self")
+PROFILE = ("distance", "first", "local", "entropy", "previous", "self", "first_later")
 
 
 def split_name(name: str) -> Tuple[str, int, str, str]:
@@ -53,6 +54,14 @@ def split_name(name: str) -> Tuple[str, int, str, str]:
     if len(parts) != 4 or parts[0] not in ("encoder", "decoder") or not parts[1].isdigit():
         raise KeyError(f"{name!r} is not an attention map name ({{stack}}.{{i}}.{{attn}}.{{map}})")
     return parts[0], int(parts[1]), parts[2], parts[3]
+
+
+def long_layer(trace, stack: str, kind: str = "self_attn") -> bool:
+    """Whether one layer's H maps of (stack, kind) exceed LONG_LAYER_BYTES and tile: views then
+    read pooled maps, profiles and blocks (one head and tile at a time), never whole layers."""
+    side = "source" if stack == "encoder" else "target"
+    n = len(trace.tokens(side)) or len(trace.tokens("source"))
+    return tileable(trace, stack, kind) and trace.n_heads(stack) * n * n * 4 > LONG_LAYER_BYTES
 
 
 def tileable(trace, stack: str, kind: str) -> bool:
@@ -200,7 +209,8 @@ class LayerMaps:
             out = torch.where(counts > 0, sums / counts.clamp_min(1), torch.tensor(float("-inf"), dtype=torch.float64))
         if acc is not None:
             profile.update({k: v / max(1, n) for k, v in acc.items()})
-            profile["previous"] = acc["previous"] / max(1, n - 1) if n > 1 else float("nan")
+            for k in ("previous", "first_later"):
+                profile[k] = acc[k] / max(1, n - 1) if n > 1 else float("nan")
         return out.float()
 
 
@@ -212,6 +222,7 @@ def _profile_tile(acc: dict, w: torch.Tensor, r0: int, r1: int) -> None:
     acc["distance"] += float((w * dist).sum())
     acc["local"] += float(w.masked_fill(dist >= LOCAL, 0.0).sum())
     acc["first"] += float(w[:, 0].sum())
+    acc["first_later"] += float(w[max(0, 1 - r0):, 0].sum())  # queries i >= 1 only
     acc["entropy"] += float(-torch.special.xlogy(w, w).sum() / math.log(2))
     rows = torch.arange(r0, r1)
     acc["self"] += float(w[rows - r0, rows.clamp_max(n_k - 1)].sum())
@@ -311,7 +322,8 @@ def layer_summary(trace, stack: str, i: int, size: int) -> Tuple[torch.Tensor, D
                 _profile_tile(acc, full.float(), 0, full.shape[0])
                 nq = full.shape[0]
                 p = {k: v / max(1, nq) for k, v in acc.items()}
-                p["previous"] = acc["previous"] / max(1, nq - 1) if nq > 1 else float("nan")
+                for k in ("previous", "first_later"):
+                    p[k] = acc[k] / max(1, nq - 1) if nq > 1 else float("nan")
             memo[("pooled", name, int(size), h)] = m
             maps.append(m)
             for k in PROFILE:
@@ -325,3 +337,63 @@ def profiles(trace, stack: str, size: int = 128, layers: Optional[Sequence[int]]
     layers = range(trace.layers(stack)) if layers is None else layers
     rows = [layer_summary(trace, stack, i, size)[1] for i in layers]
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.float64) for k in PROFILE}
+
+
+# ------------------------------------------------------------------ spans and blocks
+def _heads_of(trace, stack: str, heads) -> List[int]:
+    n_heads = trace.n_heads(stack)
+    heads = list(range(n_heads)) if heads is None else [int(h) for h in ([heads] if isinstance(heads, int) else heads)]
+    bad = [h for h in heads if not 0 <= h < n_heads]
+    if bad:
+        raise IndexError(f"heads {bad} out of range: {stack} has heads 0-{n_heads - 1}")
+    return heads
+
+
+def _row_tiles(trace, name: str, h: int, rows: int = TILE_ROWS):
+    """(r0, r1, tile) of head h's weights-like map `name`, from LayerMaps where it tiles, else
+    from the full map of that head (short-context cases)."""
+    stack, i, kind, what = split_name(name)
+    if tileable(trace, stack, kind) and what in MAPS and not trace.is_stored(name) and not _cached(trace, name):
+        for r0, r1, t, _ in layer_maps(trace, stack, i).tiles(h, what, rows):
+            yield r0, r1, t
+        return
+    full = trace[name][h]
+    for r0 in range(0, full.shape[0], rows):
+        yield r0, min(full.shape[0], r0 + rows), full[r0:r0 + rows]
+
+
+def span_mass(trace, name: str, span_of: Sequence[int], heads=None) -> torch.Tensor:
+    """S x S attention mass between spans of tokens (sentences, paragraphs): entry [a, b] is
+    the mean over the queries of span a of the weight summed over the keys of span b (rows
+    sum to 1), averaged over `heads` (an index, a list, or None for every head). span_of[t]
+    is token t's span (0..S-1, non-decreasing). Tile by tile, one head at a time."""
+    stack = split_name(name)[0]
+    heads = _heads_of(trace, stack, heads)
+    ids = torch.as_tensor(list(span_of), dtype=torch.long)
+    s = int(ids.max()) + 1 if len(ids) else 0
+    out = torch.zeros(s, s, dtype=torch.float64)
+    with torch.inference_mode():
+        for h in heads:
+            for r0, r1, t in _row_tiles(trace, name, h):
+                cols = torch.zeros(r1 - r0, s, dtype=torch.float64).index_add_(1, ids[: t.shape[1]], t.double())
+                out.index_add_(0, ids[r0:r1], cols)
+    rows = torch.bincount(ids, minlength=s).double().clamp_min(1)
+    return out / rows[:, None] / max(1, len(heads))
+
+
+def block(trace, name: str, rows: Tuple[int, int], cols: Tuple[int, int], heads=None) -> torch.Tensor:
+    """The full-resolution block rows[0]:rows[1] x cols[0]:cols[1] of the map `name`, for one
+    head or the mean of `heads`: only those query rows are computed (the zoom of an overview)."""
+    stack, i, kind, what = split_name(name)
+    heads = _heads_of(trace, stack, heads)
+    r0, r1 = rows
+    c0, c1 = cols
+    acc = None
+    with torch.inference_mode():
+        for h in heads:
+            if tileable(trace, stack, kind) and what in MAPS and not trace.is_stored(name) and not _cached(trace, name):
+                one = layer_maps(trace, stack, i).tile(h, r0, r1, what)[0][:, c0:c1].double()
+            else:
+                one = trace[name][h][r0:r1, c0:c1].double()
+            acc = one if acc is None else acc + one
+    return (acc / len(heads)).float()

@@ -139,7 +139,8 @@ def test_profiles_match_the_full_maps():
         ref = {"distance": (w * dist).sum(-1).mean(-1), "first": w[:, :, 0].mean(-1),
                "local": (w * (dist < 64)).sum(-1).mean(-1), "entropy": ent,
                "self": torch.diagonal(w, dim1=-2, dim2=-1).mean(-1),
-               "previous": torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).mean(-1)}
+               "previous": torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).mean(-1),
+               "first_later": w[:, 1:, 0].mean(-1)}
         for k, v in ref.items():
             assert torch.allclose(prof[k][layer], v, atol=1e-5, rtol=1e-5), k
 
@@ -177,3 +178,48 @@ def test_one_heads_pooled_map_never_makes_more_than_one_heads_tile():
     with LargestTensor() as seen:
         tr["decoder.0.self_attn.weights"]  # every head at once
     assert seen.largest >= 4 * n * n * 4
+
+
+def test_span_mass_and_blocks_equal_the_full_map():
+    from core.head_maps import block, span_mass
+
+    model = tiny_llama()
+    ids = torch.randint(0, 97, (300,), generator=torch.Generator().manual_seed(4)).tolist()
+    tr = trace_ids(model, ids)
+    name = "decoder.1.self_attn.weights"
+    full = tr.recomputed(name).double()
+    span_of = [0] * 40 + [1] * 100 + [2] * 1 + [3] * 159
+    for heads in (2, [0, 3], None):
+        hs = [heads] if isinstance(heads, int) else list(range(4)) if heads is None else heads
+        w = full[hs].mean(0)
+        fresh(tr)
+        got = span_mass(tr, name, span_of, heads)
+        edges = [0, 40, 140, 141, 300]
+        ref = torch.tensor([[w[edges[a]:edges[a + 1], edges[b]:edges[b + 1]].sum(1).mean() for b in range(4)]
+                            for a in range(4)])
+        assert torch.allclose(got, ref, atol=1e-6)
+        assert torch.allclose(got.sum(1), torch.ones(4, dtype=torch.float64), atol=1e-6)
+        fresh(tr)
+        z = block(tr, name, (130, 260), (5, 200), heads)
+        assert torch.allclose(z.double(), w[130:260, 5:200], atol=1e-6)
+
+
+def test_long_paths_of_rollout_and_head_scores_agree_with_the_full_maps(minilm, monkeypatch):
+    """Rollout in blocks of one token is the rollout; head scores read from the tile profiles
+    (the path past LONG_LAYER_BYTES) equal those read from the full maps."""
+    import numpy as np
+
+    import core.head_maps as hm
+    from core.analysis import attention_flow as af
+    from core.analysis import head_scoring as hs
+
+    tr = minilm.trace("the bank of the river was steep and the water was cold and deep")
+    assert np.abs(af.rollout(tr, "encoder") - af.rollout(tr, "encoder", size=1)).max() < 1e-9
+    blocks = af.rollout(tr, "encoder", size=4)
+    assert blocks.shape[1:] == (4, 4) and np.allclose(blocks.sum(-1), 1)
+    cols = ["previous_token", "first_token", "self"]
+    full = hs.head_scores(minilm, trace=tr)[cols].values
+    monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
+    fresh(tr)
+    tiled = hs.head_scores(minilm, trace=tr)[cols].values
+    assert np.abs(full - tiled).max() < 1e-6

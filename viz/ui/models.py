@@ -162,15 +162,26 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
 
 
 def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None,
-              ablate: Sequence = (), ablation: str = "zero", notes: bool = True):
+              ablate: Sequence = (), ablation: str = "zero", notes: bool = True, progress=None):
     """Trace for (model, text, target, padding, heads switched off), cached across sessions and
     bounded in bytes. Returns None after showing a message when the input cannot be traced.
-    notes=False leaves out the notes about the input (for a second trace of the same text)."""
+    notes=False leaves out the notes about the input (for a second trace of the same text).
+    progress: called when the trace is to be computed (not when it is cached); what it
+    returns, unless None, is model.trace's progress callback (its .bar, if any, is cleared
+    at the end): a long input's time warning and progress bar (viz.ui.longdoc)."""
     off = tuple(sorted(tuple(h) for h in ablate))
     key = ("trace", target or None, pad_to) + ((("ablate", off, ablation),) if off else ())
-    trace = _cached_run(model_name, text, key,
-                        lambda m, t: m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation),
-                        "Running the model…")
+
+    def run(m, t):
+        cb = progress() if progress is not None else None
+        try:
+            return m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation,
+                           **({"progress": cb} if cb is not None else {}))
+        finally:
+            if getattr(cb, "bar", None) is not None:
+                cb.bar.empty()
+
+    trace = _cached_run(model_name, text, key, run, "Running the model…")
     if trace is not None and notes:
         show_trace_notes(trace)
     return trace
