@@ -115,7 +115,7 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
     nb = -(-n // size)
 
     def pick() -> None:
-        sel = st.session_state.get(f"{key}-overview")
+        sel = st.session_state.get(f"{key}-heatmap")
         pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
         got = lm.block_pick(pts[0]) if pts else None
         if got is not None:
@@ -124,7 +124,7 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
     st.info(f"Long input ({n:,} tokens): one head's map is {n:,} × {n:,} cells, so it is drawn as its "
             f"{size} × {size} block means (computed a tile of rows at a time, never the whole layer; keys summed within a "
             "block, so rows still sum to 1). Click a block to open it at full resolution below.")
-    charts.chart(fig, key=f"{key}-overview", on_select=pick, selection_mode="points", width="stretch",
+    charts.chart(fig, key=f"{key}-heatmap", on_select=pick, selection_mode="points", width="stretch",
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix="-overview"))
     qb, kb = st.session_state.get(zoom_key, (0, 0))
@@ -193,6 +193,7 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
             got = lm.span_pick(pts[0]) if pts else None
             if got is not None:
                 st.session_state[sel_key] = got
+                st.session_state[f"{key}.span_from"] = got[0]  # shade the text by the clicked row
 
         cell = st.session_state.get(sel_key)
         cell = cell if cell is not None and max(cell) < s else None
