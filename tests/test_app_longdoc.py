@@ -60,7 +60,7 @@ def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatc
     (a, b), (c, d) = edges[3], edges[1]
     np.testing.assert_allclose(_z(at, "explore-span-zoom"), full[a:b, c:d].numpy(), atol=1e-6)
     # the text shaded by what the chosen sentence gives each sentence: the tooltips carry its row
-    at.selectbox(key="explore.span_from").set_value(3).run()
+    at.selectbox(key=f"explore.span_from.sentences.{len(ranges)}").set_value(3).run()
     page = "".join(h.proto.body for h in at.get("html"))
     got = [float(v) for v in re.findall(r'title="span \d+: ([0-9.]+)"', page)]
     np.testing.assert_allclose(got, ref[3], atol=1e-4)

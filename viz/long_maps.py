@@ -32,7 +32,18 @@ from viz.text import token_text
 SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"'”’)\]]*\s+|\n+")
 PARAGRAPH_END = re.compile(r"\n\s*\n")
 LABEL_CHARS = 36  # characters of a span's text in its label
-MAX_SPANS = 400  # more spans than this are merged in runs, so the map stays drawable
+MAX_SPANS = 200  # more spans than this are merged in runs (the map has a click target per cell)
+
+
+def _click_targets(n_rows: int, n_cols: int, custom, hovertemplate: str) -> go.Scattergl:
+    """One invisible marker at the centre of every cell: plotly heatmaps cannot be selected
+    (Streamlit's on_select returns no points for them; viz/grid.py), so a click picks the
+    nearest marker, which also carries the cell's hover."""
+    ys, xs = np.mgrid[0:n_rows, 0:n_cols]
+    return go.Scattergl(x=xs.ravel(), y=ys.ravel(), mode="markers", showlegend=False, name="cells",
+                        customdata=np.asarray(custom).reshape(n_rows * n_cols, -1), hovertemplate=hovertemplate,
+                        marker=dict(size=6, opacity=0, color="#000000"),
+                        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)))
 
 
 def split_spans(text: str, offsets: Sequence[Sequence[int]], mode: str = "sentences"
@@ -86,11 +97,12 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
     z = np.asarray(mass, dtype=np.float64)
     s = z.shape[0]
     names = [safe_label(label) for label in labels]
-    custom = np.dstack(np.meshgrid(np.array(names, dtype=object), np.array(names, dtype=object)))
-    fig = go.Figure(go.Heatmap(
+    custom = np.dstack([*np.meshgrid(np.array(names, dtype=object), np.array(names, dtype=object)), z.astype(object)])
+    fig = go.Figure([go.Heatmap(
         z=z, x=list(range(s)), y=list(range(s)), zmin=0.0, zmax=float(max(1e-9, z.max())), colorscale=ATTN_SCALE,
-        customdata=custom, colorbar=dict(thickness=12, title=dict(text="mass", side="right")),
-        hovertemplate="from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: %{z:.4f}<extra></extra>"))
+        colorbar=dict(thickness=12, title=dict(text="mass", side="right")), hoverinfo="skip"),
+        _click_targets(s, s, custom, "from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: "
+                                     "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))
     fig.update_layout(
         title=dict(text=title, x=0, font=dict(size=14)), height=int(min(760, max(360, 160 + 14 * s))),
@@ -166,13 +178,14 @@ def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool 
     widths = np.array([min(size, n - b * size) for b in range(nb)], dtype=np.float64)
     z = p * widths[None, :]
     rng = [f"{b * size}–{min(n, (b + 1) * size) - 1}" for b in range(nb)]
-    custom = np.dstack(np.meshgrid(np.array(rng, dtype=object), np.array(rng, dtype=object)))
     zz, zmax, label = (np.log10(np.maximum(z, 1e-5)), 0.0, "log₁₀ weight") if log_scale else (z, 1.0, "weight")
-    fig = go.Figure(go.Heatmap(
+    custom = np.dstack([*np.meshgrid(np.array(rng, dtype=object), np.array(rng, dtype=object)), zz.astype(object)])
+    fig = go.Figure([go.Heatmap(
         z=zz, x=list(range(nb)), y=list(range(nb)), zmin=-5.0 if log_scale else 0.0, zmax=zmax, colorscale=ATTN_SCALE,
-        customdata=custom, colorbar=dict(thickness=12),
-        hovertemplate=("queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
-                       " (keys summed, queries averaged): %{z:.4f}<extra></extra>")))
+        colorbar=dict(thickness=12), hoverinfo="skip"),
+        _click_targets(nb, nb, custom, "queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
+                       " (keys summed, queries averaged): %{customdata[2]:.4f}<br>click to open this block"
+                       "<extra></extra>")])
     every = max(1, -(-nb // 16))
     ticks = list(range(0, nb, every))
     fig.update_layout(

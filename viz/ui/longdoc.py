@@ -186,6 +186,7 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
         heads = None if view.head is None else [view.head]
         mass = _span_mass(trace, view.name, span_of, heads)
         sel_key = f"{key}.span_cell"
+        from_key = f"{key}.span_from.{mode}.{s}"  # a new text or split gets its own picker (default: the last)
 
         def pick() -> None:
             sel = st.session_state.get(f"{key}-spans")
@@ -193,7 +194,7 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
             got = lm.span_pick(pts[0]) if pts else None
             if got is not None:
                 st.session_state[sel_key] = got
-                st.session_state[f"{key}.span_from"] = got[0]  # shade the text by the clicked row
+                st.session_state[from_key] = got[0]  # shade the text by the clicked row
 
         cell = st.session_state.get(sel_key)
         cell = cell if cell is not None and max(cell) < s else None
@@ -211,7 +212,7 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
             charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a}-{b}")
         chosen = st.selectbox(f"Shade the text by the attention each {mode[:-1]} receives from", list(range(s)),
                               index=min(s - 1, cell[0]) if cell else s - 1, format_func=lambda k: labels[k],
-                              key=f"{key}.span_from")
+                              key=from_key)
         st.html(lm.shaded_html(cleaned, ranges, mass[chosen].tolist(), chosen))
     with sec_prof:
         size = 128
