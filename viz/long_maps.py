@@ -105,10 +105,11 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
                                      "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))
     fig.update_layout(
-        title=dict(text=title, x=0, font=dict(size=14)), height=int(min(760, max(360, 160 + 14 * s))),
+        title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)),
+        height=int(min(760, max(360, 160 + 14 * s))),
         xaxis=dict(title="attended span (keys)", side="top", tickvals=list(range(0, s, every)), showgrid=False),
         yaxis=dict(title="querying span", autorange="reversed", tickvals=list(range(0, s, every)), showgrid=False),
-        margin=dict(l=10, r=10, t=90, b=10))
+        margin=dict(l=10, r=10, t=130, b=10))
     if selected is not None:
         a, b = selected
         fig.add_shape(type="rect", x0=b - 0.5, x1=b + 0.5, y0=a - 0.5, y1=a + 0.5, line=dict(color="#d62728", width=3))
@@ -169,7 +170,8 @@ def profile_figure(prof: dict, first_layer: int = 0, title: str = "") -> go.Figu
     return fig
 
 
-def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool = False) -> go.Figure:
+def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool = False,
+                    fixed_scale: bool = True) -> go.Figure:
     """One head's pooled map (block means, nb x nb) drawn with keys summed within each block
     (mean x the block's width), so each drawn row sums to 1 as the token map's rows do; hover
     names each block's token range. Click a block to open it at full resolution."""
@@ -181,7 +183,8 @@ def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool 
     zz, zmax, label = (np.log10(np.maximum(z, 1e-5)), 0.0, "log₁₀ weight") if log_scale else (z, 1.0, "weight")
     custom = np.dstack([*np.meshgrid(np.array(rng, dtype=object), np.array(rng, dtype=object)), zz.astype(object)])
     fig = go.Figure([go.Heatmap(
-        z=zz, x=list(range(nb)), y=list(range(nb)), zmin=-5.0 if log_scale else 0.0, zmax=zmax, colorscale=ATTN_SCALE,
+        z=zz, x=list(range(nb)), y=list(range(nb)), zmin=(-5.0 if log_scale else 0.0) if fixed_scale else None,
+        zmax=zmax if fixed_scale else None, colorscale=ATTN_SCALE,
         colorbar=dict(thickness=12), hoverinfo="skip"),
         _click_targets(nb, nb, custom, "queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
                        " (keys summed, queries averaged): %{customdata[2]:.4f}<br>click to open this block"
@@ -189,12 +192,12 @@ def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool 
     every = max(1, -(-nb // 16))
     ticks = list(range(0, nb, every))
     fig.update_layout(
-        title=dict(text=title, x=0, font=dict(size=14)), height=620,
+        title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)), height=640,
         xaxis=dict(title=f"keys (blocks of {size} tokens)", side="top", tickvals=ticks,
                    ticktext=[str(b * size) for b in ticks], showgrid=False),
         yaxis=dict(title=f"queries (blocks of {size} tokens)", autorange="reversed", tickvals=ticks,
                    ticktext=[str(b * size) for b in ticks], showgrid=False),
-        margin=dict(l=10, r=10, t=90, b=10))
+        margin=dict(l=10, r=10, t=130, b=10))
     return fig
 
 

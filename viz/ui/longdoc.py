@@ -96,13 +96,13 @@ def _heads(view, n_heads: int):
     return list(range(n_heads)) if view.head is None else [view.head]
 
 
-def overview(trace, view, n_heads: int, log_scale: bool = False):
+def overview(trace, view, n_heads: int, log_scale: bool = False, fixed_scale: bool = True):
     """(figure, size, n, pooled nb x nb) of one head's (or the mean of heads') pooled map."""
     n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
     size = block_size(n, OVERVIEW_SIDE)
     p = trace.pooled(view.name, size, heads=_heads(view, n_heads)).mean(0)
     fig = lm.overview_figure(p, size, n, title=f"{view.label()} · overview, blocks of {size} tokens",
-                             log_scale=log_scale)
+                             log_scale=log_scale, fixed_scale=fixed_scale)
     return fig, size, n, p
 
 
@@ -110,7 +110,7 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
                 key: str = "explore") -> None:
     """The overview of the selected map (its pooled block means) and, below, the full-resolution
     block a click on it opens (default: the first block)."""
-    fig, size, n, _ = overview(trace, view, n_heads, log_scale)
+    fig, size, n, _ = overview(trace, view, n_heads, log_scale, fixed_scale=not per_map)
     zoom_key = f"{key}.zoom"
     nb = -(-n // size)
 
@@ -121,9 +121,10 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
         if got is not None:
             st.session_state[zoom_key] = got
 
-    st.info(f"Long input ({n:,} tokens): one head's map is {n:,} × {n:,} cells, so it is drawn as its "
-            f"{size} × {size} block means (computed a tile of rows at a time, never the whole layer; keys summed within a "
-            "block, so rows still sum to 1). Click a block to open it at full resolution below.")
+    st.info(f"Long input ({n:,} tokens): one head's map is {n:,} × {n:,} cells, so it is drawn as {nb} × {nb} "
+            f"blocks of {size} × {size} tokens, each the block's mean weight with the keys summed, so rows still sum "
+            "to 1 (computed a tile of rows of one head at a time, never the whole layer). Click a block to open it at "
+            "full resolution below.")
     charts.chart(fig, key=f"{key}-heatmap", on_select=pick, selection_mode="points", width="stretch",
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix="-overview"))
@@ -132,13 +133,13 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
     (r0, r1), (c0, c1) = lm.zoom_rows((qb, kb), size, n)
     z = block(trace, view.name, (r0, r1), (c0, c1), _heads(view, n_heads))
     title = f"{view.label()} · queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1} (full resolution)"
-    zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=not per_map,
+    zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=False,
                                          log_scale=log_scale), q_toks[r0:r1], k_toks[c0:c1], min_top=90)
     charts.chart(zfig, key=f"{key}-zoom", width="stretch",
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix=f"-q{r0}-k{c0}"))
-    st.caption("The block's real weights (rows are parts of rows of the whole map: they sum to less than 1 "
-               "where the query looks outside the block).")
+    st.caption("The block's real weights, coloured on the block's own scale (its rows are parts of rows of the "
+               "whole map: they sum to less than 1 where the query looks outside the block).")
     dl.offer(trace, z, q_toks[r0:r1], k_toks[c0:c1], model=model_name, stack=view.stack, kind=view.kind,
              layer=view.layer, head=view.head, key=f"{key}-zoom-dl", suffix=f"-q{r0}-k{c0}")
 
@@ -206,7 +207,7 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
             tr = lm.span_token_ranges(span_of)
             (r0, r1), (c0, c1) = tr[a], tr[b]
             z = block(trace, view.name, (r0, r1), (c0, c1), heads)
-            fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1],
+            fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
                                                 title=f"{mode[:-1]} {a} → {mode[:-1]} {b}: tokens {r0}–{r1 - 1} × {c0}–{c1 - 1}"),
                               tokens[r0:r1], tokens[c0:c1], min_top=90)
             charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a}-{b}")
