@@ -135,38 +135,62 @@ class LayerMaps:
             self._k[g] = self._proj(self.attn.w_k, g)
         return self._k[g]
 
-    def mask_rows(self, r0: int, r1: int) -> Optional[torch.Tensor]:
-        """True where query r (r0 <= r < r1) may NOT look at key j: the tile of the layer's mask."""
+    def mask_rows(self, r0: int, r1: int, c0: int = 0, c1: Optional[int] = None) -> Optional[torch.Tensor]:
+        """True where query r (r0 <= r < r1) may NOT look at key j (c0 <= j < c1): the tile of
+        the layer's mask."""
+        c1 = self.n if c1 is None else c1
         if not (self.causal or self.pad is not None):
             return None
         qp = torch.arange(r0, r1, device=self.dev)[:, None]
-        kp = torch.arange(self.n, device=self.dev)[None, :]
+        kp = torch.arange(c0, c1, device=self.dev)[None, :]
         off = None
         if self.causal:
             off = kp > qp
             if self.window is not None:
                 off |= (qp - kp) >= self.window
         if self.pad is not None:
-            off = self.pad[None, :].expand(r1 - r0, -1) if off is None else off | self.pad[None, :]
+            pad = self.pad[None, c0:c1]
+            off = pad.expand(r1 - r0, -1) if off is None else off | pad
         return off
+
+    def key_range(self, r0: int, r1: int) -> Tuple[int, int]:
+        """The keys any of the queries r0..r1-1 may see: all of them, or under the look-ahead mask
+        those before r1 (and within the window): the other cells are masked, weight 0."""
+        if not self.causal:
+            return 0, self.n
+        return (0 if self.window is None else max(0, r0 - self.window + 1)), r1
+
+    @torch.inference_mode()
+    def narrow(self, h: int, r0: int, r1: int, what: str = "weights"):
+        """(rows r0:r1 of head h's map `what` over the keys c0:c1 of key_range, their mask of
+        forbidden cells or None, c0, c1): the cells outside are all masked."""
+        if what not in MAPS:
+            raise KeyError(f"{what!r} is not one of {MAPS}")
+        c0, c1 = self.key_range(r0, r1)
+        t = self.q(h)[r0:r1] @ self.k(h)[c0:c1].T  # (rows, keys): scores
+        off = self.mask_rows(r0, r1, c0, c1)
+        if what != "scores":
+            t.mul_(self.scale)
+            if what != "scaled":
+                if off is not None:
+                    t.masked_fill_(off, float("-inf"))
+                if what == "weights":
+                    t = torch.softmax(t, dim=-1)
+        return t, off, c0, c1
 
     @torch.inference_mode()
     def tile(self, h: int, r0: int, r1: int, what: str = "weights"):
-        """(rows r0:r1 of head h's map `what`, the tile's mask of forbidden cells or None)."""
-        if what not in MAPS:
-            raise KeyError(f"{what!r} is not one of {MAPS}")
-        t = self.q(h)[r0:r1] @ self.k(h).T  # (rows, n_k): scores
-        off = self.mask_rows(r0, r1)
-        if what == "scores":
-            return t, off
-        t.mul_(self.scale)
-        if what == "scaled":
-            return t, off
-        if off is not None:
-            t.masked_fill_(off, float("-inf"))
-        if what == "masked":
-            return t, off
-        return torch.softmax(t, dim=-1), off
+        """(rows r0:r1 of head h's map `what` over every key, the tile's mask of forbidden cells or None)."""
+        if what in ("scores", "scaled") and self.causal:  # finite everywhere, as the explicit path has them
+            c0, c1 = 0, self.n
+            t = self.q(h)[r0:r1] @ self.k(h).T
+            return (t if what == "scores" else t.mul_(self.scale)), self.mask_rows(r0, r1)
+        t, _, c0, c1 = self.narrow(h, r0, r1, what)
+        if (c0, c1) != (0, self.n):
+            full = torch.full((r1 - r0, self.n), float("-inf") if what == "masked" else 0.0, dtype=t.dtype)
+            full[:, c0:c1] = t
+            t = full
+        return t, self.mask_rows(r0, r1)
 
     def tiles(self, h: int, what: str = "weights", rows: int = TILE_ROWS) -> Iterator[Tuple[int, int, torch.Tensor, Optional[torch.Tensor]]]:
         for r0 in range(0, self.n, rows):
@@ -183,7 +207,8 @@ class LayerMaps:
 
     def pooled(self, h: int, what: str = "weights", size: int = 128, profile: Optional[dict] = None) -> torch.Tensor:
         """ceil(n/size) x ceil(n/size) block means of head h's map (see the module docstring).
-        profile: a dict that receives this head's PROFILE figures (weights only)."""
+        profile: a dict that receives this head's PROFILE figures (weights only). Each tile
+        covers only the keys its rows may see (key_range): the rest are masked."""
         n, size = self.n, max(1, int(size))
         nb = -(-n // size)
         rows = size * max(1, TILE_ROWS // size)  # whole blocks of rows per tile
@@ -191,16 +216,23 @@ class LayerMaps:
         counts = torch.zeros(nb, nb, dtype=torch.float64) if what != "weights" else None
         acc = dict.fromkeys(PROFILE, 0.0) if profile is not None else None
         with torch.inference_mode():
-            for r0, r1, t, off in self.tiles(h, what, rows):
+            for r0 in range(0, n, rows):
+                r1 = min(n, r0 + rows)
+                t, off, c0, c1 = self.narrow(h, r0, r1, what)
+                b0 = c0 // size  # c0 is 0, or not a block boundary: pad the tile back to one
+                if c0 % size:
+                    t = F.pad(t, (c0 % size, 0))
+                    off = None if off is None else F.pad(off, (c0 % size, 0), value=True)
+                rb = slice(r0 // size, -(-r1 // size))
                 if what != "weights":
                     allowed = torch.ones_like(t, dtype=torch.bool) if off is None else ~off
                     t = t.masked_fill(~allowed, 0.0)
-                    c = block_sums(allowed.to(torch.float32), size)  # (rows, nb): allowed cells per key block
-                    counts[r0 // size: -(-r1 // size)] += block_sums(c.T, size).T.double()
-                s = block_sums(t, size)  # (rows, nb)
-                sums[r0 // size: -(-r1 // size)] += block_sums(s.T, size).T.double()
+                    c = block_sums(allowed.to(torch.float32), size)  # (rows, key blocks): allowed cells
+                    counts[rb, b0:b0 + c.shape[1]] += block_sums(c.T, size).T.double()
+                s = block_sums(t, size)  # (rows, key blocks)
+                sums[rb, b0:b0 + s.shape[1]] += block_sums(s.T, size).T.double()
                 if acc is not None and what == "weights":
-                    _profile_tile(acc, t, r0, r1)
+                    _profile_tile(acc, t, r0, r1, b0 * size, self.causal)
         if what == "weights":
             rq = torch.full((nb,), float(size), dtype=torch.float64)
             rq[-1] = n - size * (nb - 1)
@@ -214,21 +246,30 @@ class LayerMaps:
         return out.float()
 
 
-def _profile_tile(acc: dict, w: torch.Tensor, r0: int, r1: int) -> None:
-    """Add one weights tile's row sums of the PROFILE figures to acc."""
+def _profile_tile(acc: dict, w: torch.Tensor, r0: int, r1: int, c0: int = 0, causal: bool = False) -> None:
+    """Add one weights tile's row sums of the PROFILE figures to acc: w holds rows r0:r1 over
+    keys c0:c0 + w.shape[1] (every other key has weight 0). causal: no weight after the query."""
     n_k = w.shape[-1]
-    qp = torch.arange(r0, r1)[:, None]
-    dist = (qp - torch.arange(n_k)[None, :]).abs_()
-    acc["distance"] += float((w * dist).sum())
-    acc["local"] += float(w.masked_fill(dist >= LOCAL, 0.0).sum())
-    acc["first"] += float(w[:, 0].sum())
-    acc["first_later"] += float(w[max(0, 1 - r0):, 0].sum())  # queries i >= 1 only
+    qp = torch.arange(r0, r1, dtype=w.dtype)[:, None]
+    kp = torch.arange(c0, c0 + n_k, dtype=w.dtype)
+    if causal:  # every weight at j <= i: sum_j w_ij (i - j) = i sum_j w_ij - sum_j w_ij j
+        acc["distance"] += float((qp[:, 0] * w.sum(1) - w @ kp).sum())
+    else:
+        acc["distance"] += float((w * (qp - kp[None, :]).abs_()).sum())
+    lo, hi = max(c0, r0 - LOCAL + 1), min(c0 + n_k, r1 + (0 if causal else LOCAL - 1))  # the band |i - j| < LOCAL
+    band = w[:, lo - c0:hi - c0]
+    near = (qp - kp[None, lo - c0:hi - c0]).abs_() < LOCAL
+    acc["local"] += float(band.masked_fill(~near, 0.0).sum())
+    if c0 == 0:
+        acc["first"] += float(w[:, 0].sum())
+        acc["first_later"] += float(w[max(0, 1 - r0):, 0].sum())  # queries i >= 1 only
     acc["entropy"] += float(-torch.special.xlogy(w, w).sum() / math.log(2))
     rows = torch.arange(r0, r1)
-    acc["self"] += float(w[rows - r0, rows.clamp_max(n_k - 1)].sum())
-    later = rows[rows >= 1]
-    if len(later):
-        acc["previous"] += float(w[later - r0, later - 1].sum())
+    inside = (rows >= c0) & (rows < c0 + n_k)
+    acc["self"] += float(w[(rows - r0)[inside], (rows - c0)[inside]].sum())
+    prev = (rows >= 1) & (rows - 1 >= c0) & (rows - 1 < c0 + n_k)
+    if prev.any():
+        acc["previous"] += float(w[(rows - r0)[prev], (rows - 1 - c0)[prev]].sum())
 
 
 # ------------------------------------------------------------------ through a trace
@@ -350,16 +391,20 @@ def _heads_of(trace, stack: str, heads) -> List[int]:
 
 
 def _row_tiles(trace, name: str, h: int, rows: int = TILE_ROWS):
-    """(r0, r1, tile) of head h's weights-like map `name`, from LayerMaps where it tiles, else
-    from the full map of that head (short-context cases)."""
+    """(r0, r1, tile, c0) of head h's weights map `name`: rows r0:r1 over the keys c0 onwards
+    that they may see (LayerMaps.narrow), else from the full map of that head (short-context
+    cases, c0 = 0)."""
     stack, i, kind, what = split_name(name)
-    if tileable(trace, stack, kind) and what in MAPS and not trace.is_stored(name) and not _cached(trace, name):
-        for r0, r1, t, _ in layer_maps(trace, stack, i).tiles(h, what, rows):
-            yield r0, r1, t
+    if tileable(trace, stack, kind) and what == "weights" and not trace.is_stored(name) and not _cached(trace, name):
+        lm = layer_maps(trace, stack, i)
+        for r0 in range(0, lm.n, rows):
+            r1 = min(lm.n, r0 + rows)
+            t, _, c0, _ = lm.narrow(h, r0, r1, what)
+            yield r0, r1, t, c0
         return
     full = trace[name][h]
     for r0 in range(0, full.shape[0], rows):
-        yield r0, min(full.shape[0], r0 + rows), full[r0:r0 + rows]
+        yield r0, min(full.shape[0], r0 + rows), full[r0:r0 + rows], 0
 
 
 def span_mass(trace, name: str, span_of: Sequence[int], heads=None) -> torch.Tensor:
@@ -374,8 +419,8 @@ def span_mass(trace, name: str, span_of: Sequence[int], heads=None) -> torch.Ten
     out = torch.zeros(s, s, dtype=torch.float64)
     with torch.inference_mode():
         for h in heads:
-            for r0, r1, t in _row_tiles(trace, name, h):
-                cols = torch.zeros(r1 - r0, s, dtype=torch.float64).index_add_(1, ids[: t.shape[1]], t.double())
+            for r0, r1, t, c0 in _row_tiles(trace, name, h):
+                cols = torch.zeros(r1 - r0, s, dtype=torch.float64).index_add_(1, ids[c0:c0 + t.shape[1]], t.double())
                 out.index_add_(0, ids[r0:r1], cols)
     rows = torch.bincount(ids, minlength=s).double().clamp_min(1)
     return out / rows[:, None] / max(1, len(heads))
