@@ -50,7 +50,8 @@ def split_spans(text: str, offsets: Sequence[Sequence[int]], mode: str = "senten
                 ) -> Tuple[List[int], List[Tuple[int, int]], List[str]]:
     """(span of each token, each span's (first char, end char), each span's label). Spans are
     sentences (ends at . ! ? followed by space, or a line break) or paragraphs (blank lines).
-    Tokens with no characters (special tokens) join the span of the token before them. Runs of
+    A token belongs where its first non-space character lies; tokens with no characters (special
+    tokens) or only spaces join the span of the token before them. Runs of
     spans are merged when there are more than MAX_SPANS; empty spans are dropped."""
     pat = PARAGRAPH_END if mode == "paragraphs" else SENTENCE_END
     starts = [0] + [m.end() for m in pat.finditer(text) if 0 < m.end() < len(text)]
@@ -62,6 +63,8 @@ def split_spans(text: str, offsets: Sequence[Sequence[int]], mode: str = "senten
     prev = 0
     for t, off in enumerate(offsets):
         a, b = (int(off[0]), int(off[1])) if off is not None and len(off) == 2 else (0, 0)
+        piece = text[a:b]
+        a += len(piece) - len(piece.lstrip())  # a token's leading space belongs before the sentence it starts
         s = prev if b <= a else max(0, bisect.bisect_right(starts, a) - 1)
         s = max(s, prev)  # never go back (a token inside a span that started earlier)
         raw.append(s)
