@@ -3,7 +3,8 @@
 1. core    minilm trace / untraced forward against transformers (bench.core_bench), in one
            fresh process per configuration: glibc's malloc defaults and after (= what the app
            runs); on a CUDA machine also on the GPU;
-2. long inputs  what a trace stores and costs at the models' own context (bench.trace_bench);
+2. long inputs  what a trace stores and costs at the models' own context (bench.trace_bench), and
+           smollm2 at 8,000 tokens: pooled maps, memory, minilm's reads (bench.bench_long_context);
 3. patching  smollm2's resid_pre and head grids against one forward pass per cell (bench.bench_patching);
 4. lens    the logit lens and direct logit attribution against one traced pass (bench.bench_lens);
 5. attribution  integrated gradients and the faithfulness table against untraced forward passes (bench.bench_attribution);
@@ -357,6 +358,12 @@ def main(argv=None) -> int:
         mem = {"results": [Result("long inputs", "trace benchmark", None, "", note=str(exc)[-300:]).to_dict()],
                "details": {}}
     results += [Result.from_dict(r) for r in mem["results"]]
+    print("long context (8,000 tokens) ...", flush=True)
+    try:
+        longctx = _sub("bench.bench_long_context", ["--quick"] if args.quick else [], timeout=5400)
+    except Exception as exc:
+        longctx = {"results": [Result("long inputs", "long-context benchmark", None, "", note=str(exc)[-300:]).to_dict()]}
+    results += [Result.from_dict(r) for r in longctx["results"]]
 
     print("corpus ...", flush=True)
     try:

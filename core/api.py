@@ -23,6 +23,7 @@ from .decoding import GreedyDecoding
 from .device import device_name
 from .errors import InputError, cpu_fallback
 from .layer_runner import LayerRunner
+from .net.hooks import Hooks
 from .net.model import Transformer
 from .net.recorder import Recorder
 from .tokens.tokenizer import Encoded
@@ -130,11 +131,17 @@ class AttentionModel(GreedyDecoding):
 
     # ------------------------------------------------------------------ tracing
     @torch.inference_mode()
-    def _run_traced(self, src_ids, tgt_ids, src_pad=None, top_k: int = 10, ablate: Optional[Ablation] = None):
+    def _run_traced(self, src_ids, tgt_ids, src_pad=None, top_k: int = 10, ablate: Optional[Ablation] = None,
+                    progress=None):
         """One pass on the fast path (fused attention), storing only what is O(n d): see
         core/trace.py. Returns the stored tensors (CPU), the forward time in ms, and the
         LayerRunner that recomputes the rest."""
-        rec = Recorder(names=tn.is_stored, maps=False)
+        n_all = len(src_ids or []) + len(tgt_ids or [])
+        keep_qk = n_all * self.config.n_layers * (self.config.n_heads + (self.config.n_kv_heads or self.config.n_heads)) \
+            * self.config.d_head * 4 <= QK_KEEP_BYTES
+        rec = inner = Recorder(names=_stored_or_qk if keep_qk else tn.is_stored, maps=False)
+        if progress is not None:  # progress(done, total) as each layer starts (hook points {stack}.{i}.in)
+            rec = Hooks(_progress_hooks(self.net, progress), inner=inner)
         sync = self.device.type == "cuda"
         if sync:
             torch.cuda.synchronize()
@@ -155,13 +162,16 @@ class AttentionModel(GreedyDecoding):
             rec(tn.TOPK_IDS, torch.cat(ids), batched=False)
             rec(tn.TOPK_PROBS, torch.cat(probs), batched=False)
             rec(tn.LAST_PROBS, p[-1], batched=False)
-            rec(tn.NEXT_IDS, rec.tensors[tn.TOPK_IDS][-1], batched=False)
-            rec(tn.NEXT_PROBS, rec.tensors[tn.TOPK_PROBS][-1], batched=False)
+            rec(tn.NEXT_IDS, inner.tensors[tn.TOPK_IDS][-1], batched=False)
+            rec(tn.NEXT_PROBS, inner.tensors[tn.TOPK_PROBS][-1], batched=False)
         if sync:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
-        tensors = {n: t.to("cpu") for n, t in rec.tensors.items()}
-        return tensors, ms, LayerRunner(self, pad, ablate)
+        if progress is not None:
+            progress(1, 1)
+        tensors = {n: t.to("cpu") for n, t in inner.tensors.items()}
+        qk = {n: tensors.pop(n) for n in [n for n in tensors if n.endswith(_QK)]}
+        return tensors, ms, LayerRunner(self, pad, ablate, qk=qk)
 
     def _finish(self, tensors, tokens, meta, runner) -> Trace:
         if tn.NEXT_IDS in tensors:
@@ -170,7 +180,7 @@ class AttentionModel(GreedyDecoding):
 
     @cpu_fallback
     def trace(self, text: str, target: Optional[str] = None, pad_to: Optional[int] = None, top_k: int = 10,
-              ablate: Sequence = (), ablation: str = "zero") -> Trace:
+              ablate: Sequence = (), ablation: str = "zero", progress=None) -> Trace:
         """Every intermediate of one forward pass on `text` (stored or recomputed on access:
         see core/trace.py).
 
@@ -180,6 +190,8 @@ class AttentionModel(GreedyDecoding):
         switched off, as (stack, layer, head) or (stack, layer, head, "cross_attn"), their
         slice of Concat(heads) zeroed (ablation="zero") or replaced by its mean over
         positions ("mean") before W_o; the greedy translation is that of the ablated model.
+        progress: called progress(done, total) as each layer of the traced pass starts (a
+        long input takes minutes on a CPU) and (1, 1) at its end.
         """
         abl = Ablation(ablate, ablation)
         enc = self.encode(text)
@@ -193,7 +205,7 @@ class AttentionModel(GreedyDecoding):
             src_tokens += [self.tokenizer.token_str(self.config.pad_id)] * extra
         meta_extra: dict = {"ablate": [list(s) for s in _ablated_list(abl)], "ablation": abl.mode} if abl else {}
         if self.kind == "encoder":
-            tensors, ms, runner = self._run_traced(src_ids, None, src_pad, top_k, abl)
+            tensors, ms, runner = self._run_traced(src_ids, None, src_pad, top_k, abl, progress)
             tokens = {"source": src_tokens}
         elif self.kind == "encoder-decoder":
             if target is None:
@@ -206,7 +218,7 @@ class AttentionModel(GreedyDecoding):
                 meta_extra.update(mode="teacher-forcing", target_unknown=list(tenc.unknown),
                                   target_truncated=tenc.truncated + len(tenc.ids) - len(body))
             dec_in = [self.start_id] + body
-            tensors, ms, runner = self._run_traced(src_ids, dec_in, src_pad, top_k, abl)
+            tensors, ms, runner = self._run_traced(src_ids, dec_in, src_pad, top_k, abl, progress)
             tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
             meta_extra["target_ids"] = list(dec_in)
         else:  # decoder-only: the prompt is the decoder's input
@@ -217,7 +229,7 @@ class AttentionModel(GreedyDecoding):
                 dec_in += [i for i, s in zip(tenc.ids, tenc.special) if not s]
                 meta_extra["mode"] = "teacher-forcing"
             dec_in = dec_in[: self.config.max_len]
-            tensors, ms, runner = self._run_traced(None, dec_in, None, top_k, abl)
+            tensors, ms, runner = self._run_traced(None, dec_in, None, top_k, abl, progress)
             tokens = {"source": src_tokens, "target": self.target_strings(dec_in)}
             meta_extra["target_ids"] = list(dec_in)
         meta = self._meta(enc, timings={"forward_ms": ms}, **meta_extra)
@@ -290,6 +302,29 @@ class AttentionModel(GreedyDecoding):
 
 
 LOGIT_ROWS = 256  # next-token distributions computed this many positions at a time
+QK_KEEP_BYTES = 32 * 2**20  # a traced pass keeps every self-attention's q and k up to this size
+_QK = tuple("." + tn.local(tn.SELF, s) for s in ("q", "k"))  # the ends of the self-attentions' q and k
+
+
+def _progress_hooks(net, progress) -> dict:
+    """Hook functions on every layer's input that report progress(layers started, layers) and
+    pass the value on unchanged."""
+    stacks = [s for s in ("encoder", "decoder") if hasattr(net, s)]
+    names = [tn.layer_in(s, i) for s in stacks for i in range(len(net.layers(s)))]
+    total = len(names)
+
+    def tick(k):
+        def fn(t):
+            progress(k, total)
+            return t
+        return fn
+
+    return {name: tick(k) for k, name in enumerate(names)}
+
+
+def _stored_or_qk(name: str) -> bool:
+    """tn.is_stored, and the self-attentions' q and k (short inputs: a weights read reuses them)."""
+    return tn.is_stored(name) or name.endswith(_QK)
 
 
 def _ablated_list(abl: Ablation) -> List[tuple]:

@@ -26,8 +26,18 @@ class LayerRunner:
     its stored input, with the pass's padding and ablation. logits(trace, rows): the
     output projection of the stored final hidden states."""
 
-    def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None):
+    def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None,
+                 qk: Optional[Dict[str, torch.Tensor]] = None):
+        """qk: each self-attention's q and k (after RoPE) as the traced pass computed them, by
+        trace name, kept for short inputs (core/api.py's QK_KEEP_BYTES): a weights read then
+        costs Q K^T and the softmax alone."""
         self.model, self.src_pad, self.ablate = model, src_pad, ablate
+        self.qk = dict(qk or {})
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the q and k kept (counted with the trace: core.trace.nbytes_of)."""
+        return sum(t.numel() * t.element_size() for t in self.qk.values())
 
     @torch.inference_mode()
     def layer(self, trace: Trace, stack: str, i: int) -> Dict[str, torch.Tensor]:
@@ -48,7 +58,11 @@ class LayerRunner:
         net, dev = self.model.net, self.model.device
         x = trace.layer_input(stack, i).to(dev)[None]
         pad = None if self.src_pad is None or stack == "decoder" else self.src_pad.to(dev)
-        return net.layer_weights(stack, i, x, pad, what)[0].to("cpu")
+        qk = None
+        if what == "weights":  # the q and k a traced pass kept (short inputs): Q K^T and the softmax only
+            q, k = (self.qk.get(tn.self_attn(stack, i, s)) for s in ("q", "k"))
+            qk = None if q is None or k is None else (q.to(dev)[None], k.to(dev)[None])
+        return net.layer_weights(stack, i, x, pad, what, qk=qk)[0].to("cpu")
 
     @torch.inference_mode()
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:

@@ -150,6 +150,8 @@ class Trace:
 
     def _computed(self, name: str) -> torch.Tensor:
         where = layer_of(name)
+        if where is not None and name == tn.self_attn(*where, "weights"):
+            return self._weights(*where)
         if where is not None:
             return self._layer(*where)[name]
         if name in tn.OUTPUTS:
@@ -161,6 +163,41 @@ class Trace:
                         self._cache.popitem(last=False)
                 return self._cache[("head",)][name]
         raise KeyError(f"{name!r} is neither stored nor recomputable in this trace")
+
+    def _weights(self, stack: str, i: int) -> torch.Tensor:
+        """A layer's self-attention weights: from its cached re-run, else computed alone (the
+        layer up to its softmax: no values, heads, W_o or FFN) and kept in the same cache."""
+        name = tn.self_attn(stack, i, "weights")
+        with self._lock:
+            for key in ((stack, i), (stack, i, "weights")):
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+                    return self._cache[key][name]
+            if self._runner is None:
+                raise KeyError(f"{name} is not stored in this trace and it has no model to recompute it")
+            w = self._runner.self_weights(self, stack, i)
+            self._cache[(stack, i, "weights")] = {name: w}
+            while len(self._cache) > LAYER_CACHE:
+                self._cache.popitem(last=False)
+            return w
+
+    # one head, pooled maps (long inputs: core/head_maps.py) -------------------------------
+    def head(self, name: str, h: int) -> torch.Tensor:
+        """Head h of the attention map `name` ({stack}.{i}.{attn}.scores|scaled|masked|weights),
+        n_q x n_k, computing that head alone (a tile of query rows at a time): the other heads'
+        maps are never made. From the stored or cached layer when it is there."""
+        from .head_maps import head_map
+
+        return head_map(self, name, h)
+
+    def pooled(self, name: str, size: int = 128, heads: Optional[Iterable[int]] = None) -> torch.Tensor:
+        """len(heads) x ceil(n_q/size) x ceil(n_k/size): the mean of each size x size block of
+        the map `name` (cells masked to -inf count 0 in weights and are left out of score
+        means), computed one head and a tile of query rows at a time (docs/design.md, "Long
+        inputs"; core/head_maps.py). heads: default every head."""
+        from .head_maps import pooled
+
+        return pooled(self, name, size, None if heads is None else list(heads))
 
     def recomputed(self, name: str) -> torch.Tensor:
         """A name inside a layer as the explicit re-run of that layer gives it, even where the
@@ -326,10 +363,14 @@ def nbytes_of(traces: Iterable[Trace]) -> int:
     """Bytes that some traces keep alive together: each memory block once (decoder steps
     are views of one pass and share all of it)."""
     blocks: Dict[int, list] = {}
+    runners = {}
     for tr in traces:
+        runner = (tr._base or tr)._runner
+        if runner is not None:
+            runners[id(runner)] = int(getattr(runner, "nbytes", 0) or 0)  # q and k kept for reads
         for t in (tr._base or tr)._tensors.values():
             st = t.untyped_storage()
             view = (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
             entry = blocks.setdefault(st.data_ptr() or id(st), [st.nbytes(), {}])
             entry[1][view] = t.numel() * t.element_size()
-    return sum(min(size, sum(views.values())) for size, views in blocks.values())
+    return sum(min(size, sum(views.values())) for size, views in blocks.values()) + sum(runners.values())

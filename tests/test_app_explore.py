@@ -228,21 +228,6 @@ def test_example_button_changes_text(app_test):
     assert _ticks(at, "explore-heatmap") == ["show", "me", "the", "money"] != before
 
 
-@pytest.mark.slow
-def test_a_prompt_longer_than_smollm2s_context_is_cut_to_2048_tokens(app_test):
-    """The app's limit is the model's own context: a 2,400-token prompt is cut to 2,048, and
-    the map of the last layer (recomputed from the stored stream) is drawn in blocks."""
-    _need("smollm2")
-    at = app_test("explore", model="smollm2", text=" ".join([TEXT] * 400), layer="29", head="8")
-    at.run(timeout=600)
-    assert_no_exception(at)
-    assert any("cut to the model's maximum of 2048 tokens" in w for w in _warnings(at)), _warnings(at)
-    z = heatmap_z(chart_by_key(at, "explore-heatmap"))
-    assert z.shape == (128, 128)  # 2,048 tokens in blocks of 16
-    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-4)
-    assert np.all(z[0, 1:] == 0)  # causal, block by block
-
-
 def test_an_emptied_sentence_stays_empty_in_the_url(app_test):
     at = app_test("explore", text=TEXT)
     at.run()

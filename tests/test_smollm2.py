@@ -126,6 +126,21 @@ def test_config_from_gguf_metadata(model):
     assert model.net.num_parameters() == 134_515_008  # every GGUF tensor, the tied one once
 
 
+def test_the_context_is_the_ggufs_own(model):
+    """The limit is the file's llama.context_length (8,192), read from its header: the
+    config, the tokenizer's cut and the app's input limit all say so; no 2,048 cap."""
+    from gguf import GGUFReader
+
+    from core.loaders.gguf_reader import field
+
+    ctx = int(field(GGUFReader(str(smollm2_files.gguf_path())), "llama.context_length"))
+    assert ctx == 8192
+    assert model.config.max_len == model.max_input_tokens == model.tokenizer.max_len == ctx
+    enc = model.tokenizer.encode(" ".join(["one two"] * 5000))  # 10,000 tokens
+    assert len(enc) == ctx and enc.truncated == 10_000 - ctx
+    assert smollm2.load(device="cpu", max_len=1000).config.max_len == 1000  # a cap below it, when asked
+
+
 # ------------------------------------------------------------------------------ parity
 @pytest.mark.parametrize("prompt", PROMPTS, ids=lambda p: f"{len(p)}ch")
 def test_parity_with_transformers(model, reference, prompt):
@@ -305,3 +320,66 @@ def test_write_cache_replaces_stale_entries(model, tmp_path):
     assert list(back) == ["tgt_embed.tok.weight"] and torch.equal(back["tgt_embed.tok.weight"], state["tgt_embed.tok.weight"])
     assert cfg.to_dict() == model.config.to_dict() and info["eos_id"] == 2
     assert tk.encode("The capital").ids == model.tokenizer.encode("The capital").ids
+
+
+@pytest.mark.slow
+def test_pooled_maps_at_8000_tokens_match_transformers_tile_by_tile(model, reference):
+    """trace.pooled for two heads of layers 0, 15 and 29 at 8,000 tokens against an
+    independent tile-wise computation: transformers' LlamaForCausalLM (sdpa, so no layer's
+    maps are ever whole) runs the same ids, hooks catch the inputs of those layers, and its
+    own input_layernorm, q_proj / k_proj (un-permuted by its GGUF loader), rotary embedding
+    ("half" layout) and a float64 softmax give 128 query rows at a time, block-averaged."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from bench.common import PASSAGE
+
+    n, size, layers, heads = 8000, 128, (0, 15, 29), (0, 7)
+    ids = model.tokenizer.encode(PASSAGE * 300).ids[:n]
+    assert len(ids) == n
+    tensors, _, runner = model._run_traced(None, ids)
+    trace = model._finish(tensors, {"source": model.target_strings(ids)},
+                          {"model": "smollm2", "config": model.config.to_dict()}, runner)
+    ours = {i: trace.pooled(f"decoder.{i}.self_attn.weights", size=size, heads=heads) for i in layers}
+
+    caught = {}
+    hooks = [reference.model.layers[i].register_forward_pre_hook(
+        lambda mod, args, kwargs, i=i: caught.__setitem__(i, (args[0] if args else kwargs["hidden_states"]).detach()),
+        with_kwargs=True) for i in layers]
+    impl = reference.config._attn_implementation
+    reference.config._attn_implementation = "sdpa"
+    try:
+        with torch.inference_mode():
+            reference.model(torch.tensor([ids]), use_cache=False)
+    finally:
+        reference.config._attn_implementation = impl
+        for h in hooks:
+            h.remove()
+    nb = -(-n // size)
+    worst = 0.0
+    with torch.inference_mode():
+        pos = torch.arange(n)[None]
+        for i in layers:
+            layer = reference.model.layers[i]
+            x = layer.input_layernorm(caught[i])
+            attn = layer.self_attn
+            q = attn.q_proj(x).view(1, n, -1, 64).transpose(1, 2)
+            k = attn.k_proj(x).view(1, n, -1, 64).transpose(1, 2)
+            cos, sin = reference.model.rotary_emb(x, pos)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            q, k = q[0].double(), k[0].double()
+            for j, h in enumerate(heads):
+                g = h // (q.shape[0] // k.shape[0])
+                sums = torch.zeros(nb, nb, dtype=torch.float64)
+                for r0 in range(0, n, size):
+                    r1 = min(n, r0 + size)
+                    s = q[h, r0:r1] @ k[g].T / 8.0
+                    s = s.masked_fill(torch.arange(n)[None, :] > torch.arange(r0, r1)[:, None], float("-inf"))
+                    w = torch.softmax(s, dim=-1)
+                    w = torch.nn.functional.pad(w, (0, nb * size - n)).view(r1 - r0, nb, size).sum(-1)
+                    sums[r0 // size] = w.sum(0)
+                widths = torch.tensor([min(size, n - b * size) for b in range(nb)], dtype=torch.float64)
+                ref = sums / (widths[:, None] * widths[None, :])
+                d = (ours[i][j].double() - ref).abs().max().item()
+                worst = max(worst, d)
+                assert d < 1e-5, f"layer {i} head {h}: pooled map differs by {d:.2e} at {n} tokens"
+    print(f"\npooled at {n} tokens, layers {layers}, heads {heads}: max|ours - transformers tile-wise| {worst:.2e}")

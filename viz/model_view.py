@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import plotly.graph_objects as go
 import torch
 
@@ -24,7 +25,8 @@ from core.tokens.tokenizer import WordTokenizer
 from core.tokens.words import Groups, merge_attention, word_groups, word_labels
 from viz.cache import per_trace
 from viz.grid import map_entropy, tiled_grid_pick, tiled_head_grid
-from viz.reduce import blocks, reduce_to, tick_indices
+from core.head_maps import layer_summary, long_layer
+from viz.reduce import block_size, blocks, reduce_to, tick_indices
 from viz.select import SPECIAL_TOKENS, View, attention_matrix, drop_special
 
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
@@ -164,14 +166,29 @@ def pool_maps(weights_by_layer: Iterable, max_side: int = MAX_GRID_SIDE):
 
 
 def pooled_layers(trace, stack: str, kind: str, layers: Sequence[int], text: Optional[str] = None,
-                  words: bool = False, max_side: int = MAX_GRID_SIDE, what: str = "weights"):
+                  words: bool = False, max_side: int = MAX_GRID_SIDE, what: str = "weights", progress=None):
     """pool_maps over the chosen layers of a trace, computed layer by layer (never all L x H
     full maps at once) and kept with the trace (viz.cache.per_trace), so redrawing the model view does
     no model work. what: "weights" or "value_norms" (then each layer's maps are divided by that
-    layer's largest norm, so the grid's 0..1 colour scale shows them)."""
+    layer's largest norm, so the grid's 0..1 colour scale shows them). A long input
+    (core.head_maps.long_layer) is pooled one head and a tile of rows at a time (trace's
+    layer_summary: block means times each key block's width = keys summed, rows averaged, the
+    same numbers) and never holds even one layer's maps. progress(done, total)."""
     key = ("pooled", stack, kind, tuple(layers), words, max_side, text if words else None) + (
         (what,) if what != "weights" else ())
     memo = per_trace(trace)
+    if key not in memo and not words and what == "weights" and long_layer(trace, stack, kind):
+        n = len(trace.tokens(view_sides(stack, kind)[0]))
+        f = block_size(n, max_side)
+        widths = torch.tensor([len(g) for g in blocks(n, max_side)], dtype=torch.float32)
+        maps, entropy = [], []
+        for k, i in enumerate(layers):
+            if progress is not None:
+                progress(k, len(layers))
+            m, prof = layer_summary(trace, stack, i, f)
+            maps.append(m * widths[None, None, :])
+            entropy.append(np.array(prof["entropy"]))
+        memo[key] = (maps, entropy, (n, n))
     if key not in memo:
         got = (d[tn.local(kind, what)] for d in trace.each_layer(stack, [tn.local(kind, what)], layers))
         if what != "weights":
@@ -219,3 +236,13 @@ def fit_block_ticks(fig: go.Figure, max_ticks: int = 32, top_margin: int = 150) 
     fig.update_layout(margin=dict(t=max(top_margin, fig.layout.margin.t or 0)),
                       title=dict(y=1.0, yanchor="top", pad=dict(t=8)))
     return fig
+
+
+def selected_figure(matrix, q_labels: Sequence[str], k_labels: Sequence[str], label: str, *, fixed_scale: bool = True,
+                    log_scale: bool = False) -> go.Figure:
+    """The selected map under the model view: reduce_map's blocks, 420 px high."""
+    from viz.figures import attention_heatmap, fix_margins
+
+    z, zq, zk, _, _ = reduce_map(matrix, q_labels, k_labels)
+    return fix_margins(attention_heatmap(z, zq, zk, title="selected: " + label, fixed_scale=fixed_scale, height=420,
+                                         log_scale=log_scale), zq, zk, min_top=90)

@@ -7,7 +7,10 @@ import re
 import urllib.parse
 from typing import Tuple
 
-MAX_CHARS = 20_000  # typed text beyond this is cut before tokenizing, with a warning
+# A guard against pathological pastes only, far above any model's context (8,192 tokens are
+# ~40,000 characters of English): the limit that binds is the model's context, in tokens,
+# and the page says how many tokens it read.
+MAX_CHARS = 200_000
 
 
 def clean_text(text: str) -> Tuple[str, list]:
@@ -27,7 +30,7 @@ URL_VALUE_BYTES = 32_000  # per value, percent-encoded; the server refuses (HTTP
 
 
 def url_text(value: str) -> str:
-    """A value as the URL keeps it: its first MAX_CHARS characters (all the models read), and no
+    """A value as the URL keeps it: at most its first MAX_CHARS characters, and no
     more than URL_VALUE_BYTES once percent-encoded, so that a reload or a shared link of a page
     holding pasted text still opens."""
     value = value[:MAX_CHARS]

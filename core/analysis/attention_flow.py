@@ -14,7 +14,7 @@ integers, FLOW_SCALE per unit).
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 
@@ -36,6 +36,20 @@ def _layer_map(trace, stack: str, layer: int, heads: Heads) -> np.ndarray:
     raise ValueError(f"heads must be 'mean', 'max' or a head index below {w.shape[0]}, not {heads!r}")
 
 
+def _pooled_map(trace, stack: str, layer: int, heads: Heads, size: int) -> np.ndarray:
+    """A layer's block map (queries averaged, keys summed within blocks of `size`), rows sum to 1."""
+    name = tn.self_attn(stack, layer, "weights")
+    if heads == "mean":
+        p = trace.pooled(name, size).double().mean(0)
+    elif isinstance(heads, (int, np.integer)):
+        p = trace.pooled(name, size, heads=[int(heads)])[0].double()
+    else:
+        raise ValueError(f"heads must be 'mean' or a head index for a rollout in blocks, not {heads!r}")
+    n = p.shape[-1] and len(trace.tokens("source" if stack == "encoder" else "target"))
+    widths = np.array([min(size, n - b * size) for b in range(p.shape[-1])], dtype=np.float64)
+    return p.numpy() * widths[None, :]
+
+
 def mix_residual(a: np.ndarray, residual: float) -> np.ndarray:
     """A~ = residual * I + (1 - residual) * A, each row renormalised to sum to 1."""
     if not 0.0 <= residual <= 1.0:
@@ -45,15 +59,21 @@ def mix_residual(a: np.ndarray, residual: float) -> np.ndarray:
     return np.divide(m, s, out=np.zeros_like(m), where=s > 0)
 
 
-def rollout(trace, stack: str, residual: float = 0.5, heads: Heads = "mean") -> np.ndarray:
+def rollout(trace, stack: str, residual: float = 0.5, heads: Heads = "mean", size: Optional[int] = None) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020): L x n x n float64, R[l, i, j] = how much of
     token i after layer l comes from input token j, with R_0 = A~_0 and R_l = A~_l R_{l-1}
     (A~ from mix_residual). heads: "mean" (the paper's choice), "max", or one head's index.
-    Every row of every layer sums to 1."""
+    Every row of every layer sums to 1.
+
+    size: rollout between blocks of `size` tokens (L x nb x nb), from each layer's pooled map
+    (trace.pooled: one head and a tile at a time) with keys summed within a block, for long
+    inputs where L x n x n would not fit (L = 30, n = 8,192: 16 GB). An approximation: a
+    block's tokens are taken to pass on what they receive alike. heads "max" is not pooled."""
     out = []
     r = None
     for layer in range(trace.layers(stack)):
-        a = mix_residual(_layer_map(trace, stack, layer, heads), residual)
+        m = _layer_map(trace, stack, layer, heads) if size is None else _pooled_map(trace, stack, layer, heads, size)
+        a = mix_residual(m, residual)
         r = a if r is None else a @ r
         out.append(r)
     return np.stack(out)

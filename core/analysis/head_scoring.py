@@ -1,6 +1,7 @@
 """What heads do: each head of a model scored on standard patterns (core.analysis.head_scores).
 
-Only self-attention maps are read (`{stack}.{i}.self_attn.weights`), one layer at a time."""
+Only self-attention maps are read (`{stack}.{i}.self_attn.weights`), one layer at a time; past
+core.head_maps.LONG_LAYER_BYTES the text's scores come from the tile-by-tile head profiles."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..head_maps import TILE_ROWS, layer_summary, long_layer
 from ..net.recorder import Recorder
 from .. import trace_names as tn
 
@@ -194,7 +196,12 @@ def head_scores(model, text: Optional[str] = None, r: int = REPEAT_LENGTH, seed:
         start = seqs[stack][1]
         for i in range(trace.layers(stack)):
             name = tn.self_attn(stack, i, "weights")
-            scores = map_scores(trace[name])
+            if long_layer(trace, stack):  # from the tiles, one head at a time (core/head_maps.py)
+                prof = layer_summary(trace, stack, i, TILE_ROWS)[1]
+                scores = {"previous_token": np.array(prof["previous"]), "first_token": np.array(prof["first_later"]),
+                          "self": np.array(prof["self"])}
+            else:
+                scores = map_scores(trace[name])
             scores.update(repeat_scores(rep[name], start, r))
             for h in range(len(scores["self"])):
                 rows.append({"stack": stack, "layer": i, "head": h, **{s: float(scores[s][h]) for s in SCORES}})

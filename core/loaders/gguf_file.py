@@ -43,7 +43,7 @@ from ..api import AttentionModel
 from .checkpoint import CheckpointError
 from ..net.config import ModelConfig
 from .byte_bpe import ByteBPETokenizer
-from .gguf_reader import (LAYER_MAP, MAX_LEN, byte_bpe, decoder_config, field, gguf_shape, open_gguf,
+from .gguf_reader import (LAYER_MAP, byte_bpe, context_length, decoder_config, field, gguf_shape, open_gguf,
                           read_tensors)
 
 ARCHS = ("llama", "qwen2", "qwen3", "phi3")
@@ -87,11 +87,11 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     if "rope_freqs.weight" in names:
         raise CheckpointError(f"{name}: per-frequency RoPE factors (rope_freqs, Llama 3.1 scaling) are not supported in GGUF files")
     tokens = field(reader, "tokenizer.ggml.tokens") or []
-    ctx = int(field(reader, f"{arch}.context_length", MAX_LEN))
+    ctx = context_length(reader, arch)
     rot = int(field(reader, f"{arch}.rope.dimension_count", d_head))
     window = field(reader, f"{arch}.attention.sliding_window") if arch == "phi3" else None
     return decoder_config(
-        reader, arch, need, d, h, d_head, min(MAX_LEN, ctx),
+        reader, arch, need, d, h, d_head, ctx,
         tgt_vocab_size=int(field(reader, f"{arch}.vocab_size", len(tokens))),
         rope_scaling=scaling,
         rope_layout="interleaved" if arch == "llama" else "half",

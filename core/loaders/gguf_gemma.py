@@ -107,7 +107,7 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
         d_ff=int(need("feed_forward_length")),
         n_layers=n_layers,
         tgt_vocab_size=int(field(reader, f"{arch}.vocab_size", len(tokens))),
-        max_len=min(MAX_LEN, ctx),
+        max_len=ctx,
         positional="rope",
         rope_theta=float(field(reader, f"{arch}.rope.freq_base", THETA[arch])),
         rope_scaling=scaling,

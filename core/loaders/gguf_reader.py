@@ -25,7 +25,7 @@ import torch
 
 from ..net.config import ModelConfig
 
-MAX_LEN = 2048  # the longest input of a GGUF decoder here (its trace grows with n^2)
+MAX_LEN = 2048  # the context assumed for a GGUF file whose header lacks {arch}.context_length
 
 # (GGUF name, our name), ".weight" follows; "{i}" is the layer.
 LAYER_MAP = [
@@ -56,6 +56,11 @@ def field(reader, key: str, default=None):
     if main == GGUFValueType.STRING:
         return bytes(f.parts[f.data[0]]).decode("utf-8")
     return f.parts[f.data[0]].tolist()[0]
+
+
+def context_length(reader, arch: str) -> int:
+    """The model's own context in tokens, as the file's header says ({arch}.context_length)."""
+    return int(field(reader, f"{arch}.context_length", MAX_LEN))
 
 
 def gguf_shape(reader, arch: str, where: str = "", error=ValueError, partial: bool = False):

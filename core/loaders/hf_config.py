@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 from .checkpoint import CheckpointError
 from ..net.config import ModelConfig
 
-DECODER_MAX_LEN = 2048  # longest input of a decoder (its trace grows with n^2)
+DECODER_MAX_LEN = 2048  # a decoder's context when its config names none
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                "relu": "relu", "silu": "swiglu", "swish": "swiglu"}
@@ -88,7 +88,7 @@ def config_llama(hf: dict, partial: bool = False) -> ModelConfig:
         d_ff=hf["intermediate_size"],
         n_layers=hf["num_hidden_layers"],
         tgt_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("max_position_embeddings", DECODER_MAX_LEN), DECODER_MAX_LEN),
+        max_len=hf.get("max_position_embeddings", DECODER_MAX_LEN),
         positional="rope",
         rope_theta=theta,
         rope_scaling=scaling,

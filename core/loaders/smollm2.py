@@ -58,8 +58,9 @@ Tokenizer
 
 Trace sizes: a traced pass stores only the residual stream at every layer boundary, each
 attention's per-head output and the top-k next tokens (core/trace.py): two 30 x n x 576
-float32 stacks, about 0.3 GB at n = 2,048; a layer's n x n maps are recomputed when read.
-max_len (default 2048) caps the prompt and generation.
+float32 stacks, about 0.3 GB at n = 2,048 and 1.1 GB at n = 8,192; a layer's n x n maps
+are recomputed when read (one head and a tile of rows at a time for long inputs: trace.pooled).
+The context, which caps the prompt and generation, is the file's llama.context_length (8,192).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ import torch
 from ..api import AttentionModel
 from .byte_bpe import ByteBPETokenizer
 from ..net.config import ModelConfig
-from .gguf_reader import LAYER_MAP, MAX_LEN, byte_bpe, decoder_config, field, gguf_shape, open_gguf, read_tensors
+from .gguf_reader import (LAYER_MAP, byte_bpe, context_length, decoder_config, field, gguf_shape,
+                          open_gguf, read_tensors)
 from ..net.model import Transformer
 from .catalog import MODELS
 from .smollm2_files import NAME, PACKAGE, TIED, cache_dir, complete, gguf_path, read_cache, write_cache
@@ -97,7 +99,9 @@ TOP_MAP = [
 
 
 # ------------------------------------------------------------------------------ GGUF
-def config_from_gguf(reader, max_len: int = MAX_LEN) -> ModelConfig:
+def config_from_gguf(reader, max_len: Optional[int] = None) -> ModelConfig:
+    """The ModelConfig the file's header describes; max_len is its context_length (8,192),
+    or a shorter cap when given."""
     arch = field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
@@ -105,11 +109,11 @@ def config_from_gguf(reader, max_len: int = MAX_LEN) -> ModelConfig:
     if field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
         raise ValueError("RoPE scaling is not supported")
     tokens = field(reader, "tokenizer.ggml.tokens") or []
-    ctx = int(field(reader, f"{arch}.context_length", max_len))
+    ctx = context_length(reader, arch)
     if any(t.name == "output.weight" for t in reader.tensors):
         raise ValueError("this GGUF has an untied output.weight; only tied embeddings are supported")
     return decoder_config(
-        reader, arch, need, d, h, d_head, min(max_len, ctx),
+        reader, arch, need, d, h, d_head, ctx if max_len is None else min(int(max_len), ctx),
         tgt_vocab_size=int(field(reader, f"{arch}.vocab_size", len(tokens))),
         rope_layout="interleaved",  # the GGUF rows are kept; see the module docstring
         tie_embeddings=True,
@@ -145,7 +149,7 @@ def chat_prompt(user: str, system: Optional[str] = None, add_generation_prompt: 
 
 
 # ------------------------------------------------------------------------------ conversion + cache
-def convert(path: Path, max_len: int = MAX_LEN):
+def convert(path: Path, max_len: Optional[int] = None):
     """(ModelConfig, our state dict, tokenizers.Tokenizer, tokenizer info) from a GGUF file."""
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, max_len=max_len)
@@ -192,17 +196,19 @@ def load_parts(path: Optional[Path] = None, cache: bool = True, cache_root_dir: 
 
 def load(
     device=None,
-    max_len: int = MAX_LEN,
+    max_len: Optional[int] = None,
     cache: bool = True,
     cache_root_dir: Optional[Path] = None,
     path: Optional[Path] = None,
     max_new_tokens: int = 64,
 ) -> AttentionModel:
-    """SmolLM2-135M-Instruct as an AttentionModel (decoder: the prompt is the decoder's input)."""
+    """SmolLM2-135M-Instruct as an AttentionModel (decoder: the prompt is the decoder's input).
+    Its context is the GGUF's llama.context_length (8,192 tokens); max_len caps it lower."""
     t0 = time.perf_counter()
     path = Path(path) if path is not None else gguf_path()
     cfg, state, tk, info, how, entry = load_parts(path, cache, cache_root_dir)
-    cfg.max_len = min(int(max_len), int(cfg.extra.get("context_length", max_len)))
+    ctx = int(cfg.extra.get("context_length") or cfg.max_len)
+    cfg.max_len = ctx if max_len is None else min(int(max_len), ctx)
     net = build_net(cfg, state)
     tok = ByteBPETokenizer(tk, info, max_len=cfg.max_len)
     return AttentionModel(

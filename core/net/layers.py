@@ -129,11 +129,12 @@ class Layer(nn.Module):
                 names += inner + [f"residual{j}", f"norm{j}"]
         return names + ["out"]
 
-    def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
+    def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, qk=None, **_):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
-        up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run."""
-        y = self.norms[0](x) if self.pre and self.pre_norm else x
-        return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias)
+        up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run. qk: the
+        q and k a traced pass kept (then x is not read)."""
+        y = None if qk is not None else self.norms[0](x) if self.pre and self.pre_norm else x
+        return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
 
     def self_value_norms(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
         """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights."""

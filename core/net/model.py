@@ -233,17 +233,18 @@ class Transformer(nn.Module):
         norm = self.final_norm(stack)
         return x if norm is None else norm(x)
 
-    def layer_weights(self, stack: str, i: int, x, src_pad=None, what: str = "weights"):
+    def layer_weights(self, stack: str, i: int, x, src_pad=None, what: str = "weights", qk=None):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
         run_layer's masks and positions (ablation acts after the weights: nothing to do).
-        what="value_norms": ||a_ij v_j W_o^h|| instead (core/net/multihead.py)."""
+        what="value_norms": ||a_ij v_j W_o^h|| instead (core/net/multihead.py). qk: the
+        layer's (q, k) as a traced pass kept them, instead of projecting x again (weights only)."""
         n = x.shape[1]
         masks = (self.encoder_masks(src_pad, n, x.dtype, i, x.device) if stack == "encoder"
                  else self.decoder_masks(n, None, None, x.device, x.dtype, layer=i))
         layer = self.layers(stack)[i]
         fn = layer.self_value_norms if what == "value_norms" else layer.self_weights
         return fn(x, **masks, angles=self._angles(n, device=x.device, layer=i),
-                  position_bias=self.position_bias(stack, n))
+                  position_bias=self.position_bias(stack, n), qk=qk)
 
     def project(self, hidden, rec: Rec = None):
         if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings

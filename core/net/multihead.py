@@ -8,8 +8,10 @@ q_pre_rope and k_pre_rope (RoPE), q, k, v, mask, position_bias (T5), scores, sca
 value_norms[h, i, j] = ||a_ij v_j W_o^h|| = a_ij ||v_j W_o^h|| (Kobayashi et al. 2020): the
 size of what key j adds to query i's output through head h (v_j of the kv head h reads under
 grouped-query attention; W_o^h the d_k rows of W_o that take head h's output).
-Under a recorder made with maps=False the fused kernel runs and q_pre_norm, k_pre_norm, q,
-k, v, mask, position_bias and the n_q x n_k steps are not recorded.
+Under a recorder made with maps=False the fused kernel runs and q_pre_norm, k_pre_norm, v,
+mask, position_bias and the n_q x n_k steps are not recorded; q and k (after RoPE) are handed
+to it, and a traced pass keeps them when they are small (core/api.py), so that reading a
+layer's weights later costs only Q K^T and the softmax.
 
 QK-norm (cfg.qk_norm): "head" normalises each head's q and k over d_k (Gemma 3), "full" the
 whole projection (before it is split into heads); both before RoPE.
@@ -70,13 +72,19 @@ class MultiHeadAttention(nn.Module):
             return norm(y).view(b, n, n_heads, self.dk).transpose(1, 2)
         return norm(heads)
 
-    def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
+    def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None, qk=None):
         """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes
-        them, without values, heads or W_o: what the model view needs of each layer."""
-        b, n_q, _ = x_q.shape
-        n_k = x_kv.shape[1]
-        q = self._split(self.w_q, getattr(self, "q_norm", None), x_q, self.h)  # (B, H, n_q, d_k)
-        k = self._split(self.w_k, getattr(self, "k_norm", None), x_kv, self.hkv)  # (B, Hkv, n_k, d_k)
+        them, without values, heads or W_o: what the model view needs of each layer.
+        qk: the (q, k) a traced pass kept (after RoPE), instead of projecting x again."""
+        if qk is not None:
+            q, k = qk
+            n_q, n_k = q.shape[2], k.shape[2]
+            angles = None
+        else:
+            b, n_q, _ = x_q.shape
+            n_k = x_kv.shape[1]
+            q = self._split(self.w_q, getattr(self, "q_norm", None), x_q, self.h)  # (B, H, n_q, d_k)
+            k = self._split(self.w_k, getattr(self, "k_norm", None), x_kv, self.hkv)  # (B, Hkv, n_k, d_k)
         if angles is not None:
             q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
             k = apply_rope(k, angles[:n_k], self.rope_layout)
@@ -137,6 +145,10 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache["k"], k], dim=2)  # (B, Hkv, n_k, d_k)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
+        explicit = records_maps(rec)
+        if rec and not explicit:  # the fused path: q and k for a trace that keeps them (core/api.py)
+            rec("q", q)
+            rec("k", k)
         if explicit:
             rec("q", q)
             rec("k", k)

@@ -11,11 +11,12 @@ import streamlit as st
 from viz import model_view as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import head_knockout as va
-from viz.ui import charts, dl, explore_links, knockout, models, training_panel, url_state, urlflags, vocab, widgets
-from viz.select import View, attention_matrix
+from viz.ui import (charts, dl, explore_links, knockout, longdoc, models, training_panel, url_state, urlflags, vocab,
+                   widgets)
+from viz.select import View, attention_matrix, axis_tokens
 from viz.text import _md_code
 
-TAB_MAP, TAB_MODEL, TAB_HEADS = "Heatmap", "Model view (all layers × heads)", "Head view"
+TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × heads)", "Head view", "Long document"
 
 st.title("Explore attention")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
@@ -51,7 +52,7 @@ run_model = training_panel.training_step(state, model_name, model, text, "explor
 ablate_key, ablation_key = knockout.seeded_keys(state, model)
 off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
 url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
-trace = models.get_trace(run_model, text, ablate=off, ablation=ablation)
+trace = models.get_trace(run_model, text, ablate=off, ablation=ablation, progress=longdoc.announce(model, model_name, text))
 if trace is None:
     state.end_here(model=model_name, text=text, **url_ablation)
 
@@ -83,14 +84,15 @@ with c[3]:
     norms = explore_links.norms_toggle(state)
     what = "value_norms" if norms else "weights"
     words = False
+    long_input = longdoc.is_long(trace, stack, kind)  # maps read pooled, in blocks and per head (viz.ui.longdoc)
     if not ex.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
         state.ignored("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
-    if ex.reads_pieces(model):
+    if ex.reads_pieces(model) and not long_input:
         words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
 heads_key = urlflags.heads(state, "heads", n_heads, f"{model_name} has heads 0–{n_heads - 1}")
-TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS}
+TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS, "long": TAB_LONG}
 tab_key = urlflags.tab(state, "tab", TABS)
 state.show_messages()
 url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
@@ -107,7 +109,9 @@ if off:
 
 view = View(stack, kind, layer, None if mean_heads else head, what)
 per_map = explore_links.norms_scale(norms, per_map)
-if words:
+if long_input:  # never the whole map: the heatmap tab draws its overview and a block (viz.ui.longdoc)
+    (matrix, (q_toks, k_toks)) = None, axis_tokens(trace, stack, kind)
+elif words:
     matrix, q_toks, k_toks = ex.word_matrix(trace, view, text, hide_special=hide_special)
     st.caption("Read in words: each word's column is the **sum** over its pieces' columns (how much a query attends "
                "to the whole word) and each word's row is the **mean** over its pieces' rows, so every row still "
@@ -117,9 +121,13 @@ else:
 unit = "words" if words else "tokens"
 map_name = dl.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
 
-tab_map, tab_model, tab_heads = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS], key=tab_key, on_change="rerun")
+tab_map, tab_model, tab_heads, tab_long = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG], key=tab_key,
+                                                  on_change="rerun")
 with tab_map:
-    if tab_map.open is not False:
+    if tab_map.open is not False and long_input:
+        longdoc.heatmap_tab(trace, view, q_toks, k_toks, n_heads, model_name=model_name, per_map=per_map,
+                            log_scale=log_scale)
+    elif tab_map.open is not False:
         full = False
         if max(matrix.shape) > ex.MAX_HEATMAP_SIDE:
             full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key=flags["full"])
@@ -173,8 +181,7 @@ with tab_model:
                    f"the enlarged map is on the Heatmap tab and below. Maps wider than {ex.MAX_GRID_SIDE} cells are "
                    "drawn in blocks (keys summed, queries averaged).")
         layers = list(range(lo, hi + 1))
-        with st.spinner("Computing the maps layer by layer…"):
-            pooled = ex.pooled_layers(trace, stack, kind, layers, text, words, what=what)
+        pooled = longdoc.pooled_layers(trace, stack, kind, layers, text, words, long_input, what)
         grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
@@ -183,10 +190,9 @@ with tab_model:
                      selection_mode="points", width="stretch")
         if not lo <= layer <= hi:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
-        z, zq, zk, _, _ = ex.reduce_map(matrix, q_toks, k_toks)
-        small = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + view.label() + (" · in words" if words else ""),
-                                              fixed_scale=not per_map, height=420, log_scale=log_scale),
-                                      zq, zk, min_top=90)
+        small = (longdoc.overview(trace, view, n_heads, log_scale)[0].update_layout(height=420) if long_input else
+                 ex.selected_figure(matrix, q_toks, k_toks, view.label() + (" · in words" if words else ""),
+                                    fixed_scale=not per_map, log_scale=log_scale))
         charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
 
 with tab_heads:
@@ -195,25 +201,14 @@ with tab_heads:
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
         else:
-            w_all = ex.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
-            if norms:
+            w_all = None if long_input else ex.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
+            if norms and w_all is not None:
                 w_all = w_all / w_all.max().clamp_min(1e-30)
-            n_q, n_k = w_all.shape[-2], w_all.shape[-1]
-            qs = ks = slice(None)
-            where = ""
-            if max(n_q, n_k) > ex.HEAD_VIEW_MAX:  # a window of the input the user moves along it
-                last = max(n_q, n_k) - ex.HEAD_VIEW_MAX
-                if not 0 <= st.session_state.get("explore.hv_start", 0) <= last:
-                    st.session_state["explore.hv_start"] = 0
-                start = st.slider(f"Window of {ex.HEAD_VIEW_MAX} {unit}: first position", 0, last, key="explore.hv_start",
-                                  help=f"A line per pair of {max(n_q, n_k)} {unit} would be unreadable: the head view "
-                                       f"draws {ex.HEAD_VIEW_MAX} at a time. Move the window along the input.")
-                qs, ks = ex.head_view_window(n_q, n_k, start)
-                where = f" · {unit} {qs.start}–{qs.stop - 1}"
-                st.caption(f"Lines among {unit} {qs.start}–{qs.stop - 1} (queries) and {ks.start}–{ks.stop - 1} (keys) "
-                           f"of {max(n_q, n_k)} only, drawn with each head's **real weights, not renormalised**: a "
-                           "query's weight to keys outside the window is not drawn, so its lines can add up to less "
-                           "than 1 (in a long prompt most of it often goes to the first token).")
-            charts.chart(head_view(w_all[:, qs, ks], q_toks[qs], k_toks[ks], heads=chosen,
+            n_q, n_k = (len(q_toks), len(k_toks)) if w_all is None else (w_all.shape[-2], w_all.shape[-1])
+            qs, ks, where = explore_links.head_view_window(n_q, n_k, unit)
+            w = longdoc.head_view_weights(trace, view, n_heads, qs, ks) if w_all is None else w_all[:, qs, ks]
+            charts.chart(head_view(w, q_toks[qs], k_toks[ks], heads=chosen,
                                    title=f"layer {layer}{where}: queries (left) → keys (right)"),
                          key="explore-headview", width="stretch")
+with tab_long:  # spans, head profiles, surprisal (viz.ui.longdoc)
+    _ = tab_long.open is not False and longdoc.long_tab(trace, text, view, n_heads, n_layers, model_name=model_name)

@@ -13,10 +13,13 @@ from core import trace_names as tn
 from viz.checks import layer_checks
 from viz.citations import cite_text
 from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
+from viz.downloads import human, layer_bytes
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
 from viz.steps import block_notes, groups, layer_steps, shapes_table
+
+INSIDE_LAYER_BYTES = 3 * 2**30 // 2  # one layer's every name above this is not computed here (long inputs)
 
 st.title("Inside a head")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
@@ -72,6 +75,11 @@ state.publish(model=model_name, text=text, target=target or None, attn=attn, lay
               notation=notation)
 
 cfg = model.config
+if (need := layer_bytes(trace, stack)) > INSIDE_LAYER_BYTES:  # every step of a layer, every head: sized from shapes
+    st.warning(f"Inside a head computes every step of layer {layer} for all its heads: {human(need)} at this length, "
+               f"more than this page holds ({human(INSIDE_LAYER_BYTES)}). Explore reads long inputs one head and a tile "
+               "of rows at a time (its Long document tab too); or shorten the text.")
+    st.stop()
 try:
     steps = layer_steps(trace, stack, kind, layer, head, cfg)
     checks = layer_checks(trace, stack, kind, layer, head, notation)

@@ -1,9 +1,10 @@
-"""Explore's ways out of a head and its "what is added" switch: links from the selected head to
-the analyses that say what it does (Patching, Lens), and the value-norms view (Kobayashi et al.
-2020) that redraws the same maps from ||a_ij v_j W_o^h||."""
+"""Parts of the Explore page: links from the selected head to the analyses that say what it
+does (Patching, Lens), the value-norms switch (Kobayashi et al. 2020) that redraws the same
+maps from ||a_ij v_j W_o^h||, and the head view's window on a long input."""
 
 import streamlit as st
 
+from viz import model_view as ex
 from viz.ui import urlflags
 
 
@@ -33,3 +34,24 @@ def norms_scale(norms: bool, per_map: bool) -> bool:
     st.caption("Showing **what is added**: ||a_ij v_j W_o^h||, not the weights. Rows no longer sum to 1; the heatmap is "
                "drawn on its own scale, the model view and head view divide each layer by its largest norm.")
     return True
+
+
+def head_view_window(n_q: int, n_k: int, unit: str):
+    """(query slice, key slice, title suffix) of the head view: everything up to
+    viz.model_view.HEAD_VIEW_MAX positions, else a window the user moves along the input."""
+    qs = ks = slice(None)
+    where = ""
+    if max(n_q, n_k) > ex.HEAD_VIEW_MAX:  # a window of the input the user moves along it
+        last = max(n_q, n_k) - ex.HEAD_VIEW_MAX
+        if not 0 <= st.session_state.get("explore.hv_start", 0) <= last:
+            st.session_state["explore.hv_start"] = 0
+        start = st.slider(f"Window of {ex.HEAD_VIEW_MAX} {unit}: first position", 0, last, key="explore.hv_start",
+                          help=f"A line per pair of {max(n_q, n_k)} {unit} would be unreadable: the head view "
+                               f"draws {ex.HEAD_VIEW_MAX} at a time. Move the window along the input.")
+        qs, ks = ex.head_view_window(n_q, n_k, start)
+        where = f" · {unit} {qs.start}–{qs.stop - 1}"
+        st.caption(f"Lines among {unit} {qs.start}–{qs.stop - 1} (queries) and {ks.start}–{ks.stop - 1} (keys) "
+                   f"of {max(n_q, n_k)} only, drawn with each head's **real weights, not renormalised**: a "
+                   "query's weight to keys outside the window is not drawn, so its lines can add up to less "
+                   "than 1 (in a long prompt most of it often goes to the first token).")
+    return qs, ks, where

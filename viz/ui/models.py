@@ -63,10 +63,11 @@ def model_kind(name: str) -> str:
     return local.kind if local is not None else core.MODELS[name].kind if name in core.MODELS else "?"
 
 
-# The app's longest input per model, in tokens: the models' own. A trace stores only the
-# residual stream (O(n d)) and recomputes a layer's maps when they are looked at
-# (core/trace.py), so a 2,048-token smollm2 trace is ~0.3 GB, not L x H x n^2 floats.
-INPUT_LIMITS = {"toy-translate": 64, "minilm": 512, "smollm2": 2048}
+# A cap on input tokens below a model's own context (none here: every model reads its whole
+# context, smollm2 its GGUF's 8,192 tokens). A trace stores only the residual stream (O(n d))
+# and recomputes a layer's maps when they are looked at, one head and a tile of rows at a
+# time for long inputs (core/trace.py), so an 8,192-token smollm2 trace is ~1.1 GB.
+INPUT_LIMITS: dict = {}
 
 
 log = logging.getLogger("attention_lab")
@@ -161,15 +162,26 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
 
 
 def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None,
-              ablate: Sequence = (), ablation: str = "zero", notes: bool = True):
+              ablate: Sequence = (), ablation: str = "zero", notes: bool = True, progress=None):
     """Trace for (model, text, target, padding, heads switched off), cached across sessions and
     bounded in bytes. Returns None after showing a message when the input cannot be traced.
-    notes=False leaves out the notes about the input (for a second trace of the same text)."""
+    notes=False leaves out the notes about the input (for a second trace of the same text).
+    progress: called when the trace is to be computed (not when it is cached); what it
+    returns, unless None, is model.trace's progress callback (its .bar, if any, is cleared
+    at the end): a long input's time warning and progress bar (viz.ui.longdoc)."""
     off = tuple(sorted(tuple(h) for h in ablate))
     key = ("trace", target or None, pad_to) + ((("ablate", off, ablation),) if off else ())
-    trace = _cached_run(model_name, text, key,
-                        lambda m, t: m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation),
-                        "Running the model…")
+
+    def run(m, t):
+        cb = progress() if progress is not None else None
+        try:
+            return m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation,
+                           **({"progress": cb} if cb is not None else {}))
+        finally:
+            if getattr(cb, "bar", None) is not None:
+                cb.bar.empty()
+
+    trace = _cached_run(model_name, text, key, run, "Running the model…")
     if trace is not None and notes:
         show_trace_notes(trace)
     return trace

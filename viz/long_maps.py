@@ -1,0 +1,249 @@
+"""Views made for long documents (Explore's "Long document" tab and its long-input heatmap).
+Pure functions (numpy, torch, plotly; no Streamlit); the numbers come from core.head_maps
+(block means, span mass, head profiles, full-resolution blocks) and core.analysis.surprisal.
+
+- spans: the text cut into sentences (or the user's paragraphs, at blank lines); every token
+  belongs to the span where its first character lies (`split_spans`);
+- the sentence x sentence map of attention mass (`span_figure`), and the text with each
+  sentence shaded by the attention it receives from a chosen sentence (`shaded_html`);
+- head profiles (`profile_figure`): every layer x head's mean attention distance, mass on
+  the first token and mass within the last LOCAL tokens, as heatmaps;
+- the overview of one head's map (`overview_figure`: its pooled map, keys summed within a
+  block so rows still sum to 1) and the full-resolution block a click opens (`zoom_rows`);
+- surprisal (`surprisal_html`): the input's tokens coloured by -log2 p under the model,
+  the entropy of the prediction on hover.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from core.head_maps import LOCAL
+from viz.figures import ATTN_SCALE, safe_label
+from viz.text import token_text
+
+SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"'”’)\]]*\s+|\n+")
+PARAGRAPH_END = re.compile(r"\n\s*\n")
+LABEL_CHARS = 36  # characters of a span's text in its label
+MAX_SPANS = 200  # more spans than this are merged in runs (the map has a click target per cell)
+
+
+def _click_targets(n_rows: int, n_cols: int, custom, hovertemplate: str) -> go.Scattergl:
+    """One invisible marker at the centre of every cell: plotly heatmaps cannot be selected
+    (Streamlit's on_select returns no points for them; viz/grid.py), so a click picks the
+    nearest marker, which also carries the cell's hover."""
+    ys, xs = np.mgrid[0:n_rows, 0:n_cols]
+    return go.Scattergl(x=xs.ravel(), y=ys.ravel(), mode="markers", showlegend=False, name="cells",
+                        customdata=np.asarray(custom).reshape(n_rows * n_cols, -1), hovertemplate=hovertemplate,
+                        marker=dict(size=6, opacity=0, color="#000000"),
+                        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)))
+
+
+def split_spans(text: str, offsets: Sequence[Sequence[int]], mode: str = "sentences"
+                ) -> Tuple[List[int], List[Tuple[int, int]], List[str]]:
+    """(span of each token, each span's (first char, end char), each span's label). Spans are
+    sentences (ends at . ! ? followed by space, or a line break) or paragraphs (blank lines).
+    A token belongs where its first non-space character lies; tokens with no characters (special
+    tokens) or only spaces join the span of the token before them. Runs of
+    spans are merged when there are more than MAX_SPANS; empty spans are dropped."""
+    pat = PARAGRAPH_END if mode == "paragraphs" else SENTENCE_END
+    starts = [0] + [m.end() for m in pat.finditer(text) if 0 < m.end() < len(text)]
+    starts = sorted(set(starts))
+    if len(starts) > MAX_SPANS:
+        step = -(-len(starts) // MAX_SPANS)
+        starts = starts[::step]
+    raw = []
+    prev = 0
+    for t, off in enumerate(offsets):
+        a, b = (int(off[0]), int(off[1])) if off is not None and len(off) == 2 else (0, 0)
+        piece = text[a:b]
+        a += len(piece) - len(piece.lstrip())  # a token's leading space belongs before the sentence it starts
+        s = prev if b <= a else max(0, bisect.bisect_right(starts, a) - 1)
+        s = max(s, prev)  # never go back (a token inside a span that started earlier)
+        raw.append(s)
+        prev = s
+    used = sorted(set(raw))
+    index = {s: k for k, s in enumerate(used)}
+    span_of = [index[s] for s in raw]
+    ends = starts[1:] + [len(text)]
+    ranges = [(starts[s], ends[s]) for s in used]
+    labels = [f"{k}: {_short(text[a:b])}" for k, (a, b) in enumerate(ranges)]
+    return span_of, ranges, labels
+
+
+def _short(s: str) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= LABEL_CHARS else s[: LABEL_CHARS - 1] + "…"
+
+
+def span_token_ranges(span_of: Sequence[int]) -> List[Tuple[int, int]]:
+    """(first token, last token + 1) of each span."""
+    out: List[List[int]] = []
+    for t, s in enumerate(span_of):
+        if s == len(out):
+            out.append([t, t + 1])
+        else:
+            out[s][1] = t + 1
+    return [tuple(r) for r in out]
+
+
+def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Tuple[int, int]] = None) -> go.Figure:
+    """The S x S attention mass between spans (rows: the querying span, columns: the span
+    attended to; rows sum to 1), hover naming both spans."""
+    z = np.asarray(mass, dtype=np.float64)
+    s = z.shape[0]
+    names = [safe_label(label) for label in labels]
+    custom = np.dstack([*np.meshgrid(np.array(names, dtype=object), np.array(names, dtype=object)), z.astype(object)])
+    fig = go.Figure([go.Heatmap(
+        z=z, x=list(range(s)), y=list(range(s)), zmin=0.0, zmax=float(max(1e-9, z.max())), colorscale=ATTN_SCALE,
+        colorbar=dict(thickness=12, title=dict(text="mass", side="right")), hoverinfo="skip"),
+        _click_targets(s, s, custom, "from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: "
+                                     "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>")])
+    every = max(1, -(-s // 40))
+    fig.update_layout(
+        title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)),
+        height=int(min(760, max(360, 160 + 14 * s))),
+        xaxis=dict(title="attended span (keys)", side="top", tickvals=list(range(0, s, every)), showgrid=False),
+        yaxis=dict(title="querying span", autorange="reversed", tickvals=list(range(0, s, every)), showgrid=False),
+        margin=dict(l=10, r=10, t=130, b=10))
+    if selected is not None:
+        a, b = selected
+        fig.add_shape(type="rect", x0=b - 0.5, x1=b + 0.5, y0=a - 0.5, y1=a + 0.5, line=dict(color="#d62728", width=3))
+    return fig
+
+
+def span_pick(point: dict) -> Optional[Tuple[int, int]]:
+    """(querying span, attended span) of a clicked cell of span_figure."""
+    try:
+        return int(point["y"]), int(point["x"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _rgba(value: float, top: float) -> str:
+    a = 0.0 if top <= 0 else float(np.clip(value / top, 0.0, 1.0))
+    return f"rgba(8, 81, 156, {0.85 * a:.3f})"
+
+
+def shaded_html(text: str, ranges: Sequence[Tuple[int, int]], values: Sequence[float], chosen: int,
+                max_chars: int = 60_000) -> str:
+    """The text with each span's background shaded by `values` (the attention it receives from
+    span `chosen`, outlined); escaped, with each span's value in its tooltip."""
+    top = max(values) if len(values) else 0.0
+    parts = []
+    for k, ((a, b), v) in enumerate(zip(ranges, values)):
+        if a >= max_chars:
+            parts.append("<span>…</span>")
+            break
+        body = html.escape(text[a:min(b, max_chars)]).replace("\n", "<br>")
+        dark = top > 0 and v / top > 0.55
+        style = f"background:{_rgba(v, top)};{'color:white;' if dark else ''}border-radius:3px;padding:1px 0"
+        if k == chosen:
+            style += ";outline:2px solid #d62728"
+        parts.append(f'<span title="span {k}: {v:.4f}" style="{style}">{body}</span>')
+    return '<div style="line-height:1.7;font-size:0.95rem">' + "".join(parts) + "</div>"
+
+
+def profile_figure(prof: dict, first_layer: int = 0, title: str = "") -> go.Figure:
+    """Three L x H heatmaps: mean attention distance (tokens), mass on the first token (the
+    sink) and mass within the last LOCAL tokens (local vs global heads)."""
+    panels = [("distance", "mean attention distance (tokens)", "Viridis", None),
+              ("first", "mass on the first token", ATTN_SCALE, 1.0),
+              ("local", f"mass within {LOCAL} tokens", ATTN_SCALE, 1.0)]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.08)
+    for c, (key, label, scale, top) in enumerate(panels, start=1):
+        z = np.asarray(prof[key], dtype=np.float64)
+        n_l, n_h = z.shape
+        fig.add_trace(go.Heatmap(
+            z=z, x=list(range(n_h)), y=list(range(first_layer, first_layer + n_l)), colorscale=scale, zmin=0.0,
+            zmax=top, colorbar=dict(thickness=10, x=0.285 + 0.357 * (c - 1), len=0.9),
+            hovertemplate=f"layer %{{y}} · head %{{x}}<br>{label}: %{{z:.3f}}<extra></extra>"), row=1, col=c)
+        fig.update_xaxes(title_text="head", row=1, col=c)
+        fig.update_yaxes(autorange="reversed", row=1, col=c, title_text="layer" if c == 1 else None)
+    n_l = np.asarray(prof["distance"]).shape[0]
+    fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=int(min(900, 220 + 18 * n_l)),
+                      margin=dict(l=10, r=10, t=90, b=10))
+    return fig
+
+
+def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool = False,
+                    fixed_scale: bool = True) -> go.Figure:
+    """One head's pooled map (block means, nb x nb) drawn with keys summed within each block
+    (mean x the block's width), so each drawn row sums to 1 as the token map's rows do; hover
+    names each block's token range. Click a block to open it at full resolution."""
+    p = np.asarray(pooled, dtype=np.float64)
+    nb = p.shape[-1]
+    widths = np.array([min(size, n - b * size) for b in range(nb)], dtype=np.float64)
+    z = p * widths[None, :]
+    rng = [f"{b * size}–{min(n, (b + 1) * size) - 1}" for b in range(nb)]
+    zz, zmax, label = (np.log10(np.maximum(z, 1e-5)), 0.0, "log₁₀ weight") if log_scale else (z, 1.0, "weight")
+    custom = np.dstack([*np.meshgrid(np.array(rng, dtype=object), np.array(rng, dtype=object)), zz.astype(object)])
+    fig = go.Figure([go.Heatmap(
+        z=zz, x=list(range(nb)), y=list(range(nb)), zmin=(-5.0 if log_scale else 0.0) if fixed_scale else None,
+        zmax=zmax if fixed_scale else None, colorscale=ATTN_SCALE,
+        colorbar=dict(thickness=12), hoverinfo="skip"),
+        _click_targets(nb, nb, custom, "queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
+                       " (keys summed, queries averaged): %{customdata[2]:.4f}<br>click to open this block"
+                       "<extra></extra>")])
+    every = max(1, -(-nb // 16))
+    ticks = list(range(0, nb, every))
+    fig.update_layout(
+        title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)), height=640,
+        xaxis=dict(title=f"keys (blocks of {size} tokens)", side="top", tickvals=ticks,
+                   ticktext=[str(b * size) for b in ticks], showgrid=False),
+        yaxis=dict(title=f"queries (blocks of {size} tokens)", autorange="reversed", tickvals=ticks,
+                   ticktext=[str(b * size) for b in ticks], showgrid=False),
+        margin=dict(l=10, r=10, t=130, b=10))
+    return fig
+
+
+def overview_values(pooled, size: int, n: int) -> np.ndarray:
+    """What overview_figure draws (keys summed within a block): for tests and CSV downloads."""
+    p = np.asarray(pooled, dtype=np.float64)
+    widths = np.array([min(size, n - b * size) for b in range(p.shape[-1])], dtype=np.float64)
+    return p * widths[None, :]
+
+
+def block_pick(point: dict) -> Optional[Tuple[int, int]]:
+    """(query block, key block) of a clicked overview cell."""
+    try:
+        return int(point["y"]), int(point["x"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def zoom_rows(block: Tuple[int, int], size: int, n: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """The token ranges ((query first, end), (key first, end)) of an overview block."""
+    qb, kb = block
+    return (qb * size, min(n, (qb + 1) * size)), (kb * size, min(n, (kb + 1) * size))
+
+
+SURPRISAL_TOP = 16.0  # bits at which the colour saturates
+
+
+def surprisal_html(tokens: Sequence[str], surprisal: Sequence[float], entropy: Sequence[float],
+                   max_tokens: int = 10_000) -> str:
+    """The input's tokens, each shaded by its surprisal (-log2 p, bits; white at 0, dark red
+    at SURPRISAL_TOP and above); hover: surprisal, the entropy of the prediction, the token."""
+    parts = []
+    for t, (tok, s, e) in enumerate(zip(tokens, surprisal, entropy)):
+        if t >= max_tokens:
+            parts.append("<span>…</span>")
+            break
+        shown = html.escape(token_text(tok) if tok.strip() == "" else tok).replace("\n", "↵<br>")
+        if np.isnan(s):
+            tip = f"token {t}: the first token (no prediction)"
+            bg = "transparent"
+        else:
+            a = float(np.clip(s / SURPRISAL_TOP, 0.0, 1.0))
+            tip = f"token {t}: surprisal {s:.2f} bits · entropy {e:.2f} bits"
+            bg = f"rgba(203, 24, 29, {0.9 * a:.3f})"
+        parts.append(f'<span title="{html.escape(tip)}" style="background:{bg};border-radius:2px">{shown}</span>')
+    return '<div style="line-height:1.8;font-size:0.95rem;white-space:pre-wrap">' + "".join(parts) + "</div>"

@@ -1,0 +1,259 @@
+"""Explore's long-document parts (Streamlit): the time warning and progress bar of a long
+trace, the overview + zoom heatmap that replaces a full map past core.head_maps.LONG_LAYER_BYTES,
+and the "Long document" tab (spans, head profiles, surprisal). Figures: viz.long_maps;
+numbers: core.head_maps and core.analysis.surprisal (one head and a tile of rows at a time).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+import streamlit as st
+import torch
+
+from core.analysis.surprisal import surprisal
+from core.analysis.spans import block, span_mass
+from core.head_maps import long_layer, profiles
+from viz import long_maps as lm
+from viz.cache import per_trace
+from viz.figures import attention_heatmap, fix_margins
+from viz.reduce import block_size
+from viz.text import clean_text
+from viz.ui import charts, dl
+
+OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
+WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
+CALIBRATION_TOKENS = 128
+_COST: dict = {}  # model name -> (tokens, seconds) of the longest traced pass measured in this process
+
+
+def is_long(trace, stack: str, kind: str) -> bool:
+    return long_layer(trace, stack, kind)
+
+
+# ------------------------------------------------------------------ before and during a long trace
+def per_token_seconds(model, model_name: str) -> tuple:
+    """(seconds per token, tokens it was measured at): from the longest traced pass of this
+    model measured in this process, else from a 128-token traced pass run now."""
+    if model_name not in _COST:
+        ids = list(range(10, 10 + CALIBRATION_TOKENS))
+        t0 = time.perf_counter()
+        if model.kind == "decoder":
+            model._run_traced(None, ids)
+        elif model.kind == "encoder":
+            model._run_traced(ids[: model.config.max_len], None)
+        else:
+            model._run_traced(ids[: model.config.max_len], ids[:8])
+        _COST[model_name] = (CALIBRATION_TOKENS, time.perf_counter() - t0)
+    n, s = _COST[model_name]
+    return s / n, n
+
+
+def before_trace(model, model_name: str, text: str):
+    """For an input whose traced pass is expected to take more than WARN_SECONDS: a warning
+    with the expected time (tokens x the measured cost per token) and a progress callback
+    drawing a bar; else None. Tokenizes the text (cheap); runs nothing else but, once per
+    model and process, a short calibration pass."""
+    if model is None or not text:
+        return None
+    try:
+        n = min(len(model.tokenizer.encode(clean_text(text)[0]).ids), model.max_input_tokens)
+    except Exception:
+        return None
+    if n < 1000:
+        return None
+    per, at = per_token_seconds(model, model_name)
+    expected = per * n * max(1.0, n / max(at, 1)) ** 0.35  # attention's n^2 share grows with n
+    if expected < WARN_SECONDS:
+        return None
+    st.warning(f"This input is {n:,} tokens long: the traced pass will take about {_human(expected)} on this "
+               f"machine (measured: {per * 1000:.1f} ms per token at {at:,} tokens, more per token at this length). "
+               "The views then read one head and a tile of rows at a time.")
+    bar = st.progress(0.0, text="Running the model…")
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(min(1.0, done / max(1, total)), text=f"Running the model: layer {done + 1} of {total}"
+                     if done < total else "Done")
+        if done >= total and n > _COST.get(model_name, (0, 0))[0]:  # the cost measured at this length
+            _COST[model_name] = (n, time.perf_counter() - t0)
+
+    progress.bar = bar
+    return progress
+
+
+def announce(model, model_name: str, text: str):
+    """What models.get_trace calls before a traced pass it has to compute: before_trace."""
+    return lambda: before_trace(model, model_name, text)
+
+
+def _human(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} minutes"
+
+
+# ------------------------------------------------------------------ overview + zoom of one head's map
+def _heads(view, n_heads: int):
+    return list(range(n_heads)) if view.head is None else [view.head]
+
+
+def overview(trace, view, n_heads: int, log_scale: bool = False, fixed_scale: bool = True):
+    """(figure, size, n, pooled nb x nb) of one head's (or the mean of heads') pooled map."""
+    n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
+    size = block_size(n, OVERVIEW_SIDE)
+    p = trace.pooled(view.name, size, heads=_heads(view, n_heads)).mean(0)
+    fig = lm.overview_figure(p, size, n, title=f"{view.label()} · overview, blocks of {size} tokens",
+                             log_scale=log_scale, fixed_scale=fixed_scale)
+    return fig, size, n, p
+
+
+def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, per_map: bool, log_scale: bool,
+                key: str = "explore") -> None:
+    """The overview of the selected map (its pooled block means) and, below, the full-resolution
+    block a click on it opens (default: the first block)."""
+    fig, size, n, _ = overview(trace, view, n_heads, log_scale, fixed_scale=not per_map)
+    zoom_key = f"{key}.zoom"
+    nb = -(-n // size)
+
+    def pick() -> None:
+        sel = st.session_state.get(f"{key}-heatmap")
+        pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
+        got = lm.block_pick(pts[0]) if pts else None
+        if got is not None:
+            st.session_state[zoom_key] = got
+
+    st.info(f"Long input ({n:,} tokens): one head's map is {n:,} × {n:,} cells, so it is drawn as {nb} × {nb} "
+            f"blocks of {size} × {size} tokens, each the block's mean weight with the keys summed, so rows still sum "
+            "to 1 (computed a tile of rows of one head at a time, never the whole layer). Click a block to open it at "
+            "full resolution below.")
+    charts.chart(fig, key=f"{key}-heatmap", on_select=pick, selection_mode="points", width="stretch",
+                 name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
+                                  head=view.head, suffix="-overview"))
+    qb, kb = st.session_state.get(zoom_key, (0, 0))
+    qb, kb = min(max(0, int(qb)), nb - 1), min(max(0, int(kb)), nb - 1)
+    (r0, r1), (c0, c1) = lm.zoom_rows((qb, kb), size, n)
+    z = block(trace, view.name, (r0, r1), (c0, c1), _heads(view, n_heads))
+    title = f"{view.label()} · queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1} (full resolution)"
+    zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=False,
+                                         log_scale=log_scale), q_toks[r0:r1], k_toks[c0:c1], min_top=90)
+    charts.chart(zfig, key=f"{key}-zoom", width="stretch",
+                 name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
+                                  head=view.head, suffix=f"-q{r0}-k{c0}"))
+    st.caption("The block's real weights, coloured on the block's own scale (its rows are parts of rows of the "
+               "whole map: they sum to less than 1 where the query looks outside the block).")
+    dl.offer(trace, z, q_toks[r0:r1], k_toks[c0:c1], model=model_name, stack=view.stack, kind=view.kind,
+             layer=view.layer, head=view.head, key=f"{key}-zoom-dl", suffix=f"-q{r0}-k{c0}")
+
+
+def pooled_layers(trace, stack: str, kind: str, layers, text: str, words: bool, long_input: bool,
+                  what: str = "weights"):
+    """viz.model_view.pooled_layers, with a progress bar for a long input (one head at a time)."""
+    from viz import model_view as ex
+
+    bar = st.progress(0.0, text="Pooling the maps layer by layer…") if long_input else None
+    with st.spinner("Computing the maps layer by layer…"):
+        pooled = ex.pooled_layers(trace, stack, kind, layers, text, words, what=what, progress=bar and (
+            lambda k, t: bar.progress(k / t, text=f"Pooling the maps one head at a time: layer {k + 1} of {t}")))
+    if bar is not None:
+        bar.empty()
+    return pooled
+
+
+def head_view_weights(trace, view, n_heads: int, qs: slice, ks: slice) -> torch.Tensor:
+    """Every head's weights on a window (H x |qs| x |ks|), each head's rows computed alone."""
+    return torch.stack([block(trace, view.name, (qs.start, qs.stop), (ks.start, ks.stop), [h]) for h in range(n_heads)])
+
+
+# ------------------------------------------------------------------ the Long document tab
+def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore") -> None:
+    """Spans, head profiles and (decoders) surprisal, for any length."""
+    stack, kind = view.stack, view.kind
+    if kind != "self_attn":
+        st.info("The long-document views read self-attention; pick a self-attention map above.")
+        return
+    offsets = trace.meta.get("offsets") or []
+    tokens = trace.tokens("target" if stack == "decoder" else "source")
+    n = len(tokens)
+    cleaned = clean_text(text)[0]
+    sec_spans, sec_prof, sec_surp = st.tabs(["Spans", "Head profiles", "Surprisal"])
+    with sec_spans:
+        mode = st.radio("Spans", ["sentences", "paragraphs"], horizontal=True, key=f"{key}.span_mode",
+                        help="Sentences end at . ! ? or a line break; paragraphs at a blank line.")
+        offs = list(offsets[:n]) + [(0, 0)] * max(0, n - len(offsets))
+        span_of, ranges, labels = lm.split_spans(cleaned, offs, mode)
+        s = len(ranges)
+        which = "the mean of the layer's heads" if view.head is None else f"head {view.head}"
+        st.caption(f"{n:,} tokens in {s} {mode}. Attention mass between them for layer {view.layer}, {which} (the "
+                   "picker above): a row is a querying span, its cells the share of its weight (averaged over its "
+                   "tokens) that goes to each span; rows sum to 1. Click a cell to see those two spans' tokens.")
+        heads = None if view.head is None else [view.head]
+        mass = _span_mass(trace, view.name, span_of, heads)
+        sel_key = f"{key}.span_cell"
+        from_key = f"{key}.span_from.{mode}.{s}"  # a new text or split gets its own picker (default: the last)
+
+        def pick() -> None:
+            sel = st.session_state.get(f"{key}-spans")
+            pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
+            got = lm.span_pick(pts[0]) if pts else None
+            if got is not None:
+                st.session_state[sel_key] = got
+                st.session_state[from_key] = got[0]  # shade the text by the clicked row
+
+        cell = st.session_state.get(sel_key)
+        cell = cell if cell is not None and max(cell) < s else None
+        charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell),
+                     key=f"{key}-spans", on_select=pick, selection_mode="points", width="stretch",
+                     name=f"{model_name}-{stack}-L{view.layer}-{mode}")
+        if cell is not None:
+            a, b = cell
+            tr = lm.span_token_ranges(span_of)
+            (r0, r1), (c0, c1) = tr[a], tr[b]
+            z = block(trace, view.name, (r0, r1), (c0, c1), heads)
+            fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
+                                                title=f"{mode[:-1]} {a} → {mode[:-1]} {b}: tokens {r0}–{r1 - 1} × {c0}–{c1 - 1}"),
+                              tokens[r0:r1], tokens[c0:c1], min_top=90)
+            charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a}-{b}")
+        chosen = st.selectbox(f"Shade the text by the attention each {mode[:-1]} receives from", list(range(s)),
+                              index=min(s - 1, cell[0]) if cell else s - 1, format_func=lambda k: labels[k],
+                              key=from_key)
+        st.html(lm.shaded_html(cleaned, ranges, mass[chosen].tolist(), chosen))
+    with sec_prof:
+        size = 128
+        st.caption(f"Every layer × head on this input: where its attention goes, read one head and {size} query rows "
+                   "at a time. Mean attention distance Σ_j a_ij |i − j| averaged over queries; mass on the first token "
+                   "(the attention sink); mass within the last 64 tokens (local heads near 1, global ones low).")
+        if st.toggle("Compute every head's profile", key=f"{key}.profiles", value=n <= 1024,
+                     help=f"{n_layers} layers × {n_heads} heads: about as long as one traced pass on a long input."):
+            bar = st.progress(0.0, text="Profiling heads…")
+            prof = {}
+            rows = []
+            for i in range(n_layers):
+                bar.progress(i / n_layers, text=f"Profiling heads: layer {i + 1} of {n_layers}")
+                rows.append(profiles(trace, stack, size=size, layers=[i]))
+            bar.empty()
+            for k in rows[0]:
+                prof[k] = torch.cat([r[k] for r in rows]).numpy()
+            charts.chart(lm.profile_figure(prof, title=f"{stack} self-attention: head profiles ({n:,} tokens)"),
+                         key=f"{key}-profiles", width="stretch", name=f"{model_name}-head-profiles")
+    with sec_surp:
+        if trace.meta.get("kind") != "decoder":
+            st.info("Surprisal is what a decoder (a model that predicts the next token) makes of each token: "
+                    "pick a decoder such as smollm2.")
+        else:
+            got = surprisal(trace)
+            s_bits = got["surprisal"]
+            st.caption(f"Each token coloured by its surprisal −log₂ p(token | the tokens before it) under "
+                       f"{model_name} (white 0 bits, dark red {lm.SURPRISAL_TOP:.0f} or more); hover a token for its "
+                       f"surprisal and the entropy of the prediction it was drawn from. Mean "
+                       f"{np.nanmean(s_bits):.2f} bits per token.")
+            st.html(lm.surprisal_html(tokens, s_bits, got["entropy"]))
+
+
+def _span_mass(trace, name: str, span_of, heads) -> np.ndarray:
+    key = ("span_mass", name, tuple(span_of), None if heads is None else tuple(heads))
+    memo = per_trace(trace)
+    if key not in memo:
+        with st.spinner("Summing attention between spans, one head and a tile of rows at a time…"):
+            memo[key] = span_mass(trace, name, span_of, heads).numpy()
+    return memo[key]
