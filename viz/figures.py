@@ -157,6 +157,20 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     return thin_ticks(fig)
 
 
+def fixed_margins_layout(y_labels: Sequence[str], x_labels: Sequence[str], title: bool, min_top: int = 0) -> dict:
+    """A heatmap's layout without plotly's automargin, for matrix_heatmap(layout=...): margins
+    that fit these tick labels (label_margins), the axes not measured, and the figure's title
+    pinned to the top band that label_margins keeps for it (plotly centres it in the top margin
+    otherwise, on the axis title)."""
+    m = label_margins(y_labels, x_labels)
+    fixed = dict(automargin=False, ticklabeloverflow="allow")
+    out = dict(margin=dict(l=m["l"], t=max(min_top, m["t"], 90 if title else 60), r=10, b=10),
+               xaxis=dict(fixed), yaxis=dict(fixed))
+    if title:
+        out["title"] = dict(yref="container", y=1, yanchor="top", pad=dict(t=14))
+    return out
+
+
 def tick_labels(axis) -> list:
     """An axis's tick labels as the tokens read (markup escapes undone)."""
     return [html.unescape(t) for t in (axis.ticktext or [])]

@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, label_margins, matrix_heatmap, safe_label
+from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, fixed_margins_layout, matrix_heatmap, safe_label
 from viz.reduce import block_means, block_size, blocks, tick_indices
 from viz.step import COLS, ROWS, Step
 
@@ -119,10 +119,9 @@ def step_figure(step: Step, notation: str = ROWS, *, max_tokens: int = MAX_TOKEN
     ticks = _sparse_ticks(ra, ca, rl, cl, pooled=bool(note) and "blocks" in note)
     drawn_labels = {ax: [html.unescape(t) for t in ticks[ax]["ticktext"]] if ax in ticks else [str(t) for t in lab]
                     for ax, lab in (("xaxis", cl), ("yaxis", rl))}
-    m = label_margins(drawn_labels["yaxis"], drawn_labels["xaxis"])
-    fixed = dict(automargin=False, ticklabeloverflow="allow")
-    layout = dict(margin=dict(l=m["l"], t=max(m["t"], 90 if title else 60), r=10, b=10),
-                  xaxis={**fixed, **ticks.get("xaxis", {})}, yaxis={**fixed, **ticks.get("yaxis", {})})
+    layout = fixed_margins_layout(drawn_labels["yaxis"], drawn_labels["xaxis"], bool(title))
+    for ax, upd in ticks.items():
+        layout[ax].update(upd)
     kw = dict(title=title, x_title=ca, y_title=ra, value_name=step.value_name, height=height, show_values=small,
               layout=layout)
     if step.style == "attention" and notation == ROWS:
