@@ -104,7 +104,9 @@ def matrix_heatmap(
         hover = f"{y_title or 'row'} %{{y}}<br>{x_title or 'column'} %{{x}}<br>{value_name}: %{{z:.4f}}<extra></extra>"
     heatmap = dict(z=finite, x=x_values if on_axes else list(range(n_x)), y=y_values if on_axes else list(range(n_y)),
                    zmin=zmin, zmax=zmax, colorscale=colorscale, customdata=custom, hovertemplate=hover, text=text,
-                   texttemplate="%{text}" if text is not None else None, colorbar=dict(thickness=12))
+                   texttemplate="%{text}" if text is not None else None,
+                   # its numbers fit the bar's own margin: plotly need not measure each for overflow
+                   colorbar=dict(thickness=12, ticklabeloverflow="allow"))
     if max(n_x, n_y) > 200:
         heatmap["hoverongaps"] = False
     xt, xl = _ticks(x_labels)
