@@ -46,7 +46,7 @@ def test_default_is_the_bank_pair_on_minilm(app_test, minilm):
     text = " ".join(m.value for m in at.markdown)
     assert "same position" in text and "1.000000" in text
     # the table shows the same numbers
-    df = at.dataframe[0].value
+    df = at.table[0].value
     np.testing.assert_allclose(df["cosine"].to_numpy(dtype=float), np.round(expected, 4), atol=1e-4)
     assert df["trace name"].tolist()[:2] == ["embed.encoder.sum", "encoder.0.out"]
 

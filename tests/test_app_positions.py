@@ -7,6 +7,7 @@ import torch
 
 import core
 from conftest import assert_no_exception, chart_by_key, heatmap_z
+from viz import position_figures as vp
 
 LONG_TEXT = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 
@@ -85,12 +86,17 @@ def test_large_matrix_is_strided_not_dropped(app_test):
 def test_money_tables_are_computed(app_test):
     at = app_test("positions")
     at.run()
-    frames = [df.value for df in at.dataframe]
+    frames = [t.value for t in at.table]
     pe_table = next(f for f in frames if f.shape == (4, 4) and abs(f.iloc[1, 0] - np.sin(1.0)) < 1e-9)
     assert np.allclose(pe_table.to_numpy(dtype=float), pe(4, 4), atol=1e-12)
     x = np.array([[0.12, 0.63, 0.29, 0.41], [0.83, 0.34, 0.04, 0.53], [0.39, 0.77, 0.64, 0.09], [0.41, 0.08, 0.51, 0.87]])
     assert any(f.shape == (4, 4) and np.allclose(f.to_numpy(dtype=float), x + pe(4, 4)) for f in frames)
     assert any("sin(1) = 0.8415" in i.value for i in at.info)
+    assert len(frames) == 3  # the degrees table is drawn only while its section is open
+    at.session_state["positions.degrees"] = True
+    at.run()
+    deg = vp.money_tables(4)["pe_degrees"].to_numpy()
+    assert any(t.value.shape == (4, 4) and np.allclose(t.value.to_numpy(dtype=float), deg) for t in at.table)
 
 
 def test_empty_text(app_test):

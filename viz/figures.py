@@ -62,6 +62,7 @@ def matrix_heatmap(
     neg_inf_text: bool = True,
     hover_labels: bool = True,
     hover_from_axes: bool = False,
+    layout: Optional[dict] = None,
 ) -> go.Figure:
     """A labelled heatmap of any 2-D matrix. -inf cells are drawn blank and read '-inf'.
     hover_labels=False: the hover names cells by index only (no per-cell token labels to send).
@@ -71,7 +72,9 @@ def matrix_heatmap(
     A map of more than HOVER_LABEL_CELLS cells (a long input drawn at full resolution) does the
     same with labels made distinct by their position ("bank (12)"), so its hover names the
     tokens too, not only their positions.
-    Positions (ticks, the highlighted row) stay numeric: category i sits at i."""
+    Positions (ticks, the highlighted row) stay numeric: category i sits at i.
+    layout: merged into the figure's layout (each of its dicts key by key) before the one
+    constructor call, e.g. fixed margins and ticks (cheaper than an update afterwards)."""
     z = to_numpy(z)
     n_y, n_x = z.shape
     y_labels = safe_labels(y_labels) if y_labels is not None else [str(i) for i in range(n_y)]
@@ -101,13 +104,15 @@ def matrix_heatmap(
         hover = f"{y_title or 'row'} %{{y}}<br>{x_title or 'column'} %{{x}}<br>{value_name}: %{{z:.4f}}<extra></extra>"
     heatmap = dict(z=finite, x=x_values if on_axes else list(range(n_x)), y=y_values if on_axes else list(range(n_y)),
                    zmin=zmin, zmax=zmax, colorscale=colorscale, customdata=custom, hovertemplate=hover, text=text,
-                   texttemplate="%{text}" if text is not None else None, colorbar=dict(thickness=12))
+                   texttemplate="%{text}" if text is not None else None,
+                   # its numbers fit the bar's own margin: plotly need not measure each for overflow
+                   colorbar=dict(thickness=12, ticklabeloverflow="allow"))
     if max(n_x, n_y) > 200:
         heatmap["hoverongaps"] = False
     xt, xl = _ticks(x_labels)
     yt, yl = _ticks(y_labels)
     axis_type = "category" if on_axes else None
-    layout = dict(
+    extra, layout = layout or {}, dict(
         xaxis=dict(tickvals=xt, ticktext=xl, title=x_title, side="top", tickangle=-45, showgrid=False, type=axis_type),
         yaxis=dict(tickvals=yt, ticktext=yl, title=y_title, autorange="reversed", showgrid=False, type=axis_type),
         title=dict(text=title, x=0, font=dict(size=14)),
@@ -118,6 +123,8 @@ def matrix_heatmap(
     if highlight_row is not None and 0 <= highlight_row < n_y:
         layout["shapes"] = [dict(type="rect", x0=-0.5, x1=n_x - 0.5, y0=highlight_row - 0.5, y1=highlight_row + 0.5,
                                  line=dict(color="#d62728", width=3))]
+    for k, v in extra.items():
+        layout[k] = {**layout[k], **v} if isinstance(v, dict) and isinstance(layout.get(k), dict) else v
     # one constructor call: each plotly update_* call validates its path anew (~1.5 ms each),
     # which was most of the time a decoder step spent building its five figures
     return go.Figure(go.Heatmap(**heatmap), layout=layout)
@@ -150,6 +157,20 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     x_labels = tick_labels(fig.layout.xaxis) if x_labels is None else x_labels
     fig.update_layout(fitted_margins(fig, y_labels, x_labels, min_top))
     return thin_ticks(fig)
+
+
+def fixed_margins_layout(y_labels: Sequence[str], x_labels: Sequence[str], title: bool, min_top: int = 0) -> dict:
+    """A heatmap's layout without plotly's automargin, for matrix_heatmap(layout=...): margins
+    that fit these tick labels (label_margins), the axes not measured, and the figure's title
+    pinned to the top band that label_margins keeps for it (plotly centres it in the top margin
+    otherwise, on the axis title)."""
+    m = label_margins(y_labels, x_labels)
+    fixed = dict(automargin=False, ticklabeloverflow="allow")
+    out = dict(margin=dict(l=m["l"], t=max(min_top, m["t"], 90 if title else 60), r=10, b=10),
+               xaxis=dict(fixed), yaxis=dict(fixed))
+    if title:
+        out["title"] = dict(yref="container", y=1, yanchor="top", pad=dict(t=14))
+    return out
 
 
 def tick_labels(axis) -> list:
@@ -204,6 +225,7 @@ def attention_heatmap(
     height: Optional[int] = None,
     log_scale: bool = False,
     hover_from_axes: bool = False,
+    layout: Optional[dict] = None,
 ) -> go.Figure:
     """Attention weights (n_q x n_k): rows are queries, columns keys; 0-1 colour scale by default.
 
@@ -217,7 +239,7 @@ def attention_heatmap(
         fig = matrix_heatmap(z, query_tokens, key_tokens, title=title, zmin=lo if fixed_scale else None,
                              zmax=0.0 if fixed_scale else None, x_title="key", y_title="query",
                              value_name="log₁₀ weight", highlight_row=highlight_row, height=height, neg_inf_text=False,
-                             hover_from_axes=hover_from_axes)
+                             hover_from_axes=hover_from_axes, layout=layout)
         ticks = list(range(int(lo), 1))
         fig.update_traces(colorbar=dict(thickness=12, tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks],
                                         title=dict(text="weight (log)", side="right")))
@@ -236,6 +258,7 @@ def attention_heatmap(
         show_values=show_values,
         height=height,
         hover_from_axes=hover_from_axes,
+        layout=layout,
     )
 
 

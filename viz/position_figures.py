@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import core
 from core import trace_names as tn
 from viz.checks import Check, _tol, max_abs_diff
-from viz.figures import DIVERGING, matrix_heatmap, to_numpy
+from viz.figures import DIVERGING, fixed_margins_layout, matrix_heatmap, to_numpy
 from viz.reduce import tick_indices
 
 MAX_D = 1024
@@ -99,10 +99,14 @@ def positional_heatmap(P, rows: Optional[Sequence[int]] = None, cols: Optional[S
     rows = list(range(z.shape[0])) if rows is None else list(rows)
     cols = list(range(z.shape[1])) if cols is None else list(cols)
     lim = max(1.0, float(np.nanmax(np.abs(z))) if z.size else 1.0)
-    fig = matrix_heatmap(
+    x_labels = [str(c) for c in cols]
+    ticks = {"xaxis": _ticks(x_labels, 16)}
+    if y_labels is None:
+        ticks["yaxis"] = _ticks([str(r) for r in rows], 16)
+    return matrix_heatmap(
         z,
         y_labels if y_labels is not None else [str(r) for r in rows],
-        [str(c) for c in cols],
+        x_labels,
         title=title,
         zmin=-lim,
         zmax=lim,
@@ -111,18 +115,30 @@ def positional_heatmap(P, rows: Optional[Sequence[int]] = None, cols: Optional[S
         y_title=y_title,
         value_name="PE",
         height=height or int(min(720, max(360, 160 + 4 * len(rows)))),
+        hover_from_axes=True,  # the hover reads a cell's indices from the axes: no two labels per cell to send
+        layout=fixed_layout(ticks, y_labels, title),
     )
-    thin_ticks(fig, "x", [str(c) for c in cols], 16)
-    if y_labels is None:
-        thin_ticks(fig, "y", [str(r) for r in rows], 16)
-    return fig
 
 
-def thin_ticks(fig: go.Figure, axis: str, labels: Sequence[str], max_ticks: int) -> None:
-    """At most max_ticks evenly spaced, unrotated tick labels on a numeric axis."""
+def _ticks(labels: Sequence[str], max_ticks: int) -> dict:
+    """At most max_ticks evenly spaced, unrotated tick labels on a numeric axis (an axis's layout)."""
     idx = tick_indices(len(labels), max_ticks)
-    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
-    update(tickvals=idx, ticktext=[labels[i] for i in idx], tickangle=0)
+    return dict(tickvals=idx, ticktext=[labels[i] for i in idx], tickangle=0)
+
+
+def fixed_layout(ticks: dict, y_labels: Optional[Sequence[str]], title: str) -> dict:
+    """The heatmap's ticks, and margins that fit their labels instead of plotly's automargin, which
+    measures every tick label in the browser and draws the figure again when the margins move
+    (most of the Positions page's drawing time)."""
+    ys = ticks["yaxis"]["ticktext"] if "yaxis" in ticks else list(y_labels or [])
+    layout = fixed_margins_layout(ys, ticks["xaxis"]["ticktext"], bool(title))
+    for ax, upd in ticks.items():
+        layout[ax].update(upd)
+    return layout
+
+
+LINE_MARGIN = dict(l=70, r=10, t=50, b=50)  # room for numeric tick labels and the axis titles
+LINE_AXES = dict(xaxis_automargin=False, yaxis_automargin=False)  # so plotly does not measure them
 
 
 def dimension_curves(P, dims: Sequence[int], *, title: str = "") -> go.Figure:
@@ -139,7 +155,7 @@ def dimension_curves(P, dims: Sequence[int], *, title: str = "") -> go.Figure:
         fig.add_trace(go.Scatter(x=list(range(n)), y=z[:, dim], mode="lines+markers" if n <= 128 else "lines",
                                  marker=dict(size=4),
                                  name=f"dim {dim}: {kind}(i·ω_{j}), period {wavelength:,.1f}"))
-    fig.update_layout(title=dict(text=title, x=0), height=360, margin=dict(l=10, r=10, t=50, b=10),
+    fig.update_layout(title=dict(text=title, x=0), height=360, margin=LINE_MARGIN, **LINE_AXES,
                       xaxis_title="position i", yaxis_title="PE[i, dim]", yaxis_range=[-1.1, 1.1],
                       legend=dict(orientation="h", yanchor="top", y=-0.2))
     return fig
@@ -155,11 +171,10 @@ def pe_dot_matrix(P) -> np.ndarray:
 def dot_heatmap(G: np.ndarray, idx: Sequence[int], d: int, *, title: str = "", height: int = 480) -> go.Figure:
     """Heatmap of PE_i . PE_j for the positions idx (rows and columns of G already selected)."""
     labels = [str(i) for i in idx]
-    fig = matrix_heatmap(G, labels, labels, title=title, zmin=-d / 2, zmax=d / 2, colorscale=DIVERGING,
-                         x_title="position j", y_title="position i", value_name="PE_i·PE_j", height=height)
-    thin_ticks(fig, "x", labels, 16)
-    thin_ticks(fig, "y", labels, 16)
-    return fig
+    ticks = {"xaxis": _ticks(labels, 16), "yaxis": _ticks(labels, 16)}
+    return matrix_heatmap(G, labels, labels, title=title, zmin=-d / 2, zmax=d / 2, colorscale=DIVERGING,
+                          x_title="position j", y_title="position i", value_name="PE_i·PE_j", height=height,
+                          hover_from_axes=True, layout=fixed_layout(ticks, None, title))
 
 
 def dot_by_offset(P, anchors: Sequence[int]) -> Dict[int, Tuple[np.ndarray, np.ndarray]]:
@@ -188,7 +203,7 @@ def offset_figure(curves: Dict[int, Tuple[np.ndarray, np.ndarray]], d: int, *, t
         fig.add_trace(go.Scatter(x=deltas, y=vals, mode="lines", name=f"i = {i}",
                                  line=dict(width=4 if i == min(curves) else 2, dash=None if i == min(curves) else "dot")))
     fig.add_hline(y=d / 2, line_dash="dash", line_color="grey", annotation_text=f"d/2 = {d / 2:g} (δ = 0)")
-    fig.update_layout(title=dict(text=title, x=0), height=480, margin=dict(l=10, r=10, t=50, b=10),
+    fig.update_layout(title=dict(text=title, x=0), height=480, margin=LINE_MARGIN, **LINE_AXES,
                       xaxis_title="offset δ", yaxis_title="PE_i · PE_{i+δ}",
                       legend=dict(orientation="h", yanchor="top", y=-0.18))
     return fig

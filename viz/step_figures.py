@@ -4,12 +4,13 @@ than about MAX_CELLS_DRAWN cells."""
 
 from __future__ import annotations
 
+import html
 from typing import List, Optional, Tuple
 
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, matrix_heatmap, safe_label
+from viz.figures import ATTN_SCALE, DIVERGING, attention_heatmap, fixed_margins_layout, matrix_heatmap, safe_label
 from viz.reduce import block_means, block_size, blocks, tick_indices
 from viz.step import COLS, ROWS, Step
 
@@ -114,9 +115,19 @@ def step_figure(step: Step, notation: str = ROWS, *, max_tokens: int = MAX_TOKEN
             height = int(min(620, max(240, 120 + 22 * n_r)))
         else:  # features down the side (column notation): moderate, whatever d is
             height = int(min(460, max(300, 120 + 3 * n_r)))
-    kw = dict(title=title, x_title=ca, y_title=ra, value_name=step.value_name, height=height, show_values=small)
+    # Margins fitted to the labels drawn instead of plotly's automargin, which measures every
+    # tick label in the browser and draws the figure again when the margins move (on a page of
+    # eight step pictures, most of its drawing time); passed with the ticks to the constructor.
+    ticks = _sparse_ticks(ra, ca, rl, cl, pooled=bool(note) and "blocks" in note)
+    drawn_labels = {ax: [html.unescape(t) for t in ticks[ax]["ticktext"]] if ax in ticks else [str(t) for t in lab]
+                    for ax, lab in (("xaxis", cl), ("yaxis", rl))}
+    layout = fixed_margins_layout(drawn_labels["yaxis"], drawn_labels["xaxis"], bool(title))
+    for ax, upd in ticks.items():
+        layout[ax].update(upd)
+    kw = dict(title=title, x_title=ca, y_title=ra, value_name=step.value_name, height=height, show_values=small,
+              layout=layout)
     if step.style == "attention" and notation == ROWS:
-        fig = attention_heatmap(z, rl, cl, title=title, show_values=small, height=height)
+        fig = attention_heatmap(z, rl, cl, title=title, show_values=small, height=height, layout=layout)
     elif step.style == "attention":
         fig = matrix_heatmap(z, rl, cl, zmin=0.0, zmax=1.0, colorscale=ATTN_SCALE, **kw)
     elif step.style == "mask":
@@ -128,7 +139,6 @@ def step_figure(step: Step, notation: str = ROWS, *, max_tokens: int = MAX_TOKEN
         fig = matrix_heatmap(z, rl, cl, zmin=-a, zmax=a, colorscale=DIVERGING, **kw)
         if clipped:
             fig.update_traces(colorbar=dict(thickness=12, title=dict(text=f"clipped<br>at ±{a:.3g}", side="top")))
-    _sparse_ticks(fig, ra, ca, rl, cl, pooled=bool(note) and "blocks" in note)
     return fig
 
 
@@ -167,12 +177,13 @@ def softcap_figure(step: Step, title: str = "", height: Optional[int] = None, ma
     return fig
 
 
-def _sparse_ticks(fig: go.Figure, row_axis: str, col_axis: str, rl, cl, pooled: bool = False) -> None:
+def _sparse_ticks(row_axis: str, col_axis: str, rl, cl, pooled: bool = False) -> dict:
     """Feature axes: a tick every k features (k = 1, 2, 4, 8, ...), upright. Token axes
     keep every label up to TOKEN_TICKS (the hover names every cell anyway); block-averaged
-    token axes along the top name only the blocks' positions, so labels do not overlap."""
-    for axis, labels, update, vertical in ((col_axis, cl, fig.update_xaxes, False),
-                                           (row_axis, rl, fig.update_yaxes, True)):
+    token axes along the top name only the blocks' positions, so labels do not overlap.
+    Returns the layout update ({"xaxis": {...}, "yaxis": {...}}, an axis left out when unchanged)."""
+    out = {}
+    for axis, labels, name, vertical in ((col_axis, cl, "xaxis", False), (row_axis, rl, "yaxis", True)):
         token = axis in TOKEN_AXES
         if token and pooled and not vertical:
             labels = [lab.split(" ")[0] for lab in labels]  # "12–15 dog…" -> "12–15"
@@ -182,7 +193,7 @@ def _sparse_ticks(fig: go.Figure, row_axis: str, col_axis: str, rl, cl, pooled: 
         if token and n <= most:
             continue
         idx = tick_indices(n, most, doubling=True)
-        update(tickvals=idx, ticktext=[safe_label(labels[i]) if token else labels[i] for i in idx])
+        out[name] = dict(tickvals=idx, ticktext=[safe_label(labels[i]) if token else labels[i] for i in idx])
         if not token:
-            update(tickangle=0)
-
+            out[name]["tickangle"] = 0
+    return out

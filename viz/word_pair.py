@@ -33,7 +33,7 @@ import torch
 
 from core import trace_names as tn
 from core.tokens.words import merge_attention, word_groups, word_labels
-from viz.figures import safe_label, to_numpy
+from viz.figures import CHAR_PX, MAX_LABEL_CHARS, safe_label, to_numpy
 from viz.reduce import thinned
 from viz.select import SPECIAL_TOKENS
 
@@ -286,16 +286,23 @@ def attention_bar(weights, labels: Sequence[str], highlight: Sequence[int] = (),
     n = len(w)
     shown = [safe_label(t) for t in labels]
     colours = [WORD_COLOUR if i in set(highlight) else OTHER_COLOUR for i in range(n)]
-    fig = go.Figure(go.Bar(
+    idx, text = thinned(shown, 48)
+    # Fixed margins that fit the labels (plotly's automargin measures every tick label in the
+    # browser and draws the chart again when the margins move), in one constructor call.
+    longest = min(MAX_LABEL_CHARS, max((len(html.unescape(t)) for t in text), default=1))
+    no_auto = dict(automargin=False, ticklabeloverflow="allow")
+    return go.Figure(go.Bar(
         x=list(range(n)), y=w, marker_color=colours, customdata=shown,
         hovertemplate="key %{customdata} (%{x})<br>weight %{y:.4f}<extra></extra>",
-    ))
-    idx, text = thinned(shown, 48)
-    fig.update_xaxes(tickvals=idx, ticktext=text, tickangle=-45)
-    fig.update_yaxes(title="attention weight", range=[0, y_max if y_max else max(1e-6, float(w.max()) * 1.1)])
-    fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=height,
-                      margin=dict(l=10, r=10, t=50 if title else 20, b=10), bargap=0.15)
-    return fig
+    ), layout=dict(
+        xaxis=dict(tickvals=idx, ticktext=text, tickangle=-45, **no_auto),
+        yaxis=dict(title="attention weight", range=[0, y_max if y_max else max(1e-6, float(w.max()) * 1.1)], **no_auto),
+        title=dict(text=title, x=0, font=dict(size=14)), height=height, bargap=0.15,
+        margin=dict(l=NUMBER_AXIS_PX, r=10, t=50 if title else 20, b=10 + int(CHAR_PX * longest * 0.71 + 9) + 8)))
+
+
+NUMBER_AXIS_PX = 75  # a y axis of numbers like 0.25 with its title
+TITLE_PX = 22  # an axis title's line
 
 
 def cosine_figure(table: pd.DataFrame, word: str, *, mark_layer: Optional[int] = None, title: str = "") -> go.Figure:
@@ -319,13 +326,20 @@ def cosine_figure(table: pd.DataFrame, word: str, *, mark_layer: Optional[int] =
     if mark_layer is not None and 0 <= mark_layer + 1 <= x[-1]:
         fig.add_vline(x=mark_layer + 1, line=dict(color="#555", width=1, dash="dot"),
                       annotation_text=f"layer {mark_layer} (attention above)", annotation_position="bottom right")
-    fig.update_xaxes(tickvals=x, ticktext=table["where"].tolist(),
-                     title="depth (input of layer 0, then each layer's output)")
     lo = float(np.nanmin(table[[c for c in ("cosine", "baseline") if c in table]].to_numpy(dtype=float)))
-    fig.update_yaxes(title="cosine similarity", range=[min(0.0, lo - 0.05), 1.05])
+    # fixed margins, axes not measured by plotly (see attention_bar); the depth labels are
+    # upright while they fit side by side, at -45° beyond
+    where = table["where"].tolist()
+    slanted = len(where) > 12
+    longest = max((len(t) for t in where), default=1)
+    labels_px = int(CHAR_PX * longest * 0.71 + 9) if slanted else 18
+    no_auto = dict(automargin=False, ticklabeloverflow="allow")
     fig.update_layout(title=dict(text=title, x=0, y=0.98, yanchor="top", font=dict(size=14)), height=440,
-                      margin=dict(l=10, r=10, t=90 if title else 50, b=10),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.03, x=0))
+                      margin=dict(l=NUMBER_AXIS_PX, r=10, t=90 if title else 50, b=10 + labels_px + TITLE_PX + 8),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.03, x=0),
+                      xaxis=dict(tickvals=x, ticktext=where, tickangle=-45 if slanted else 0,
+                                 title="depth (input of layer 0, then each layer's output)", **no_auto),
+                      yaxis=dict(title="cosine similarity", range=[min(0.0, lo - 0.05), 1.05], **no_auto))
     return fig
 
 

@@ -153,10 +153,9 @@ def show_step(i: int, step: Step) -> None:
     with left:
         if step.latex(notation):
             st.latex(step.latex(notation))
-        st.caption(cite_text(step.explain))
-        if step.matrix is not None:
-            st.caption(f"shape ${step.shape_latex(notation)}$" + (f" · trace name `{step.name}`" if step.name else "")
-                       + (f" · drawn: {drawn[step.key]}" if drawn.get(step.key) else ""))
+        shape = ("  \n" + f"shape ${step.shape_latex(notation)}$" + (f" · trace name `{step.name}`" if step.name else "")
+                 + (f" · drawn: {drawn[step.key]}" if drawn.get(step.key) else "")) if step.matrix is not None else ""
+        st.caption(cite_text(step.explain) + shape)  # one element: each one mounted costs the browser
         widgets.show_checks(checks.get(step.key, []))
     with right:
         if step.matrix is None:

@@ -5,7 +5,7 @@ user's sentence. Numbers come from core; figures from viz.position_figures."""
 import streamlit as st
 
 from viz import position_figures as vp
-from viz.figures import DIVERGING, matrix_heatmap
+from viz.figures import DIVERGING, fix_margins, matrix_heatmap
 from viz.ui import charts, models, url_state, urlflags, widgets
 
 st.title("Positional encoding")
@@ -85,22 +85,24 @@ st.subheader("4 · “Show me the money” with d = 4, recomputed")
 tables = vp.money_tables(4)
 fmt = "{:.4f}"
 c = st.columns(3)
+# 4 × 4 numbers each: static tables (an interactive data grid per table was a heavy mount)
 c[0].markdown("**x′: the notes' embeddings** (inputs)")
-c[0].dataframe(tables["x"].style.format(fmt), width="stretch")
+c[0].table(tables["x"].style.format(fmt))
 c[1].markdown("**PE (radians), computed here**")
-c[1].dataframe(tables["pe"].style.format(fmt), width="stretch")
+c[1].table(tables["pe"].style.format(fmt))
 c[2].markdown("**x = x′ + PE, computed here**")
-c[2].dataframe(tables["sum"].style.format(fmt), width="stretch")
+c[2].table(tables["sum"].style.format(fmt))
 money = tables["sum"].iloc[3].tolist()
 st.latex(r"x_{\text{money}} = x'_{\text{money}} + \mathrm{PE}_3 = ["
          + ",\\ ".join(f"{v:.4f}" for v in money) + "]")
 st.info(vp.money_note())
 degrees_key = urlflags.flag(state, "degrees")  # the section open or shut is part of the view (URL degrees=1)
-with st.expander("The same formula with the angles read as degrees (how the notes' numbers arise)", key=degrees_key,
-                 on_change="rerun"):
-    st.dataframe(tables["pe_degrees"].style.format(fmt), width="stretch")
-    st.caption("sin and cos of angles under 3° are close to 0 and 1, so in degrees the four positions get "
-               "nearly the same vector. The formula, as in Vaswani et al. (2017), is in radians.")
+degrees = st.expander("The same formula with the angles read as degrees (how the notes' numbers arise)",
+                      key=degrees_key, on_change="rerun")
+if degrees.open:  # drawn only while open: a closed expander's content is mounted all the same
+    degrees.table(tables["pe_degrees"].style.format(fmt))
+    degrees.caption("sin and cos of angles under 3° are close to 0 and 1, so in degrees the four positions get "
+                    "nearly the same vector. The formula, as in Vaswani et al. (2017), is in radians.")
 
 # ------------------------------------------------------------------ 5. a model's positions on your sentence
 st.subheader("5 · Your sentence: the model's own X′, P and X = X′ + P")
@@ -129,10 +131,10 @@ if trace is not None:
                     f"is rotated by the angle i·θ^(−2j/d_k) (θ = {cfg.rope_theta:g}, d_k = {cfg.d_head}), so "
                     "q_i·k_j depends on the offset i − j. The angles for your sentence:")
             ang = vp.rope_angle_matrix(len(toks), cfg.d_head, cfg.rope_theta)
-            charts.chart(matrix_heatmap(ang, labels, [str(j) for j in range(ang.shape[1])],
+            charts.chart(fix_margins(matrix_heatmap(ang, labels, [str(j) for j in range(ang.shape[1])],
                                         title="RoPE rotation angle (radians, mod 2π) per position and feature pair",
                                         zmin=0, zmax=6.2832, colorscale="Twilight", x_title="feature pair j",
-                                        y_title="position: token", value_name="angle"),
+                                        y_title="position: token", value_name="angle")),
                          key="positions-rope", width="stretch")
         elif scheme == "relative" and vp.position_bias(trace) is not None:
             bias = vp.position_bias(trace)
@@ -147,11 +149,11 @@ if trace is not None:
             head_key = url_state.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
             bias_head = st.slider("Head", 0, n_heads - 1, key=head_key)
             state.show_messages()
-            charts.chart(matrix_heatmap(bias["bias"][bias_head], labels, labels,
-                                           title=f"Position bias of head {bias_head} ({bias['stack']}), "
-                                                 f"trace name {bias['name']}",
-                                           colorscale=DIVERGING, x_title="key j", y_title="query i",
-                                           value_name="bias", height=int(min(640, 220 + 18 * len(toks)))),
+            charts.chart(fix_margins(matrix_heatmap(bias["bias"][bias_head], labels, labels,
+                                                    title=f"Position bias of head {bias_head} ({bias['stack']}), "
+                                                          f"trace name {bias['name']}",
+                                                    colorscale=DIVERGING, x_title="key j", y_title="query i",
+                                                    value_name="bias", height=int(min(640, 220 + 18 * len(toks))))),
                             key="positions-bias", width="stretch")
             charts.chart(vp.bias_by_distance_figure(bias, title="Every head's bias against the distance j − i"),
                             key="positions-bias-distance", width="stretch")
@@ -189,9 +191,9 @@ if trace is not None:
                     "are shown without a check.")
         if scheme == "learned":
             Gm = vp.pe_dot_matrix(info["P"])
-            charts.chart(matrix_heatmap(Gm, labels, labels, title="learned positions: P_i · P_j",
-                                        colorscale=DIVERGING, x_title="position j", y_title="position i",
-                                        value_name="P_i·P_j", height=460),
+            charts.chart(fix_margins(matrix_heatmap(Gm, labels, labels, title="learned positions: P_i · P_j",
+                                                    colorscale=DIVERGING, x_title="position j", y_title="position i",
+                                                    value_name="P_i·P_j", height=460)),
                          key="positions-model-dot", width="stretch")
             st.caption("Learned positions are trained freely; compare their dot products with the banded pattern of "
                        "the sinusoidal matrix in section 3.")
