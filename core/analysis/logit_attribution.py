@@ -22,6 +22,12 @@ the stored layer input plus those attention outputs. df.attrs["model_logit"] is 
 own logit (difference), from the pass's final hidden state through the output projection;
 the sum of the rows equals it to float32 rounding, which the Lens page checks.
 
+Parallel blocks (GPT-NeoX): the MLP is run on the layer's input, as the block runs it. Norms
+after the sub-layers (Gemma 2/3, OLMo-2; RMSNorms): their scale frozen at the sub-layer's
+traced output, as the final norm's, each of its terms is multiplied by g / rms(output).
+A final logit soft-cap (Gemma 2: c tanh(logit / c)) gets a ValueError: it bends each logit by
+its own amount after the sum, so the logit (difference) is not a sum of terms.
+
 Post-norm models (toy-translate, BERT, Marian, BART) get a ValueError: each of their layers
 ends with a LayerNorm of the residual sum, which divides the whole stream by its own size
 again at every layer, so the output is not a sum of the heads' and MLPs' outputs and no
@@ -37,6 +43,7 @@ import torch
 
 from .logit_lens import Token, model_of, token_id
 from .. import trace_names as tn
+from ..net.norms import RMSNorm
 
 KINDS = ("embed", "head", "attn_bias", "mlp", "norm_bias", "out_bias")
 COLUMNS = ["kind", "layer", "head", "attn", "contribution"]
@@ -53,6 +60,24 @@ def check_applies(model) -> None:
                          "rescales the whole stream again at every layer, so the output is not a sum of the heads' "
                          "and MLPs' outputs and direct logit attribution does not decompose it (it needs a pre-norm "
                          "model, where the final norm is the only one between the stream and the logits)")
+    if cfg.final_softcap is not None:
+        raise ValueError(f"{model.name} soft-caps its logits (c tanh(logit / c), c = {cfg.final_softcap:g}): the cap "
+                         "bends the sum of the heads' and MLPs' terms after the final norm, and a different amount for "
+                         "each logit, so the logit (difference) is not a sum of their contributions and direct logit "
+                         "attribution does not decompose it (it needs an output that is linear after the final norm)")
+    post = [n for layer in model.net.layers("decoder") if layer.post_norms is not None for n in layer.post_norms]
+    if any(not isinstance(n, RMSNorm) for n in post):
+        raise ValueError(f"{model.name} has LayerNorms after its sub-layers: their centring is not handled, so direct "
+                         "logit attribution does not decompose its output")
+
+
+def _post_scale(layer, j: int):
+    """fn(f) -> the factor the norm after sub-layer j multiplies its output f by, its scale
+    frozen at f (an RMSNorm: g / rms(f)); 1 without such a norm."""
+    if layer.post_norms is None:
+        return lambda f: 1.0
+    norm = layer.post_norms[j]
+    return lambda f: norm.weight / torch.sqrt(f.pow(2).mean() + norm.eps)
 
 
 @torch.inference_mode()
@@ -101,13 +126,18 @@ def logit_attribution(trace, target: Token, baseline: Optional[Token] = None, po
     rows = [("embed", -1, -1, "", contribution(trace[tn.embed(stack)][p]))]
     ablate = getattr(trace.runner, "ablate", None)
     for i, layer in enumerate(net.layers(stack)):
-        resid = trace.layer_input(stack, i)[p].to(dev, dtype)
+        x_in = trace.layer_input(stack, i)[p].to(dev, dtype)
+        resid = x_in
         hooks = ablate.hooks(stack, i) if ablate else {}
-        for kind in layer.sublayers():
+        for j, kind in enumerate(layer.sublayers()):
+            post = _post_scale(layer, j)
             if kind == "ffn":
-                normed = layer.norms[layer.sublayers().index("ffn")](resid[None])
+                y = x_in if layer.parallel else resid  # the parallel block's FFN reads the layer's input
+                normed = layer.norms[j](y[None]) if len(layer.norms) else y[None]
                 mlp = layer.ffn(normed)[0]
+                mlp = mlp * post(mlp)
                 rows.append(("mlp", i, -1, "", contribution(mlp)))
+                resid = resid + mlp
                 continue
             attn = getattr(layer, kind)
             heads = trace[f"{stack}.{i}.{kind}.heads"]  # H x n x d_k, as computed
@@ -117,13 +147,13 @@ def logit_attribution(trace, target: Token, baseline: Optional[Token] = None, po
             h_p = heads[:, p].to(dev, dtype)  # H x d_k
             w_o = attn.w_o.weight  # d x (H d_k)
             per_head = torch.einsum("hk,dhk->hd", h_p, w_o.view(w_o.shape[0], attn.h, attn.dk))  # H x d
-            for h, c in enumerate(contribution(per_head)):
+            out = per_head.sum(0) + (attn.w_o.bias if attn.w_o.bias is not None else 0.0)
+            factor = post(out)  # the norm after the sub-layer, its scale frozen at this output (or 1)
+            for h, c in enumerate(contribution(per_head * factor)):
                 rows.append(("head", i, h, kind, c))
-            out = per_head.sum(0)
             if attn.w_o.bias is not None:
-                rows.append(("attn_bias", i, -1, kind, contribution(attn.w_o.bias)))
-                out = out + attn.w_o.bias
-            resid = resid + out
+                rows.append(("attn_bias", i, -1, kind, contribution(attn.w_o.bias * factor)))
+            resid = resid + out * factor
     if shift is not None:
         rows.append(("norm_bias", -1, -1, "", float(shift.to("cpu", f64) @ u)))
     if net.out_proj.bias is not None:
