@@ -121,3 +121,10 @@ def test_a_long_input_is_announced_with_its_expected_time(app_test, smollm2, mon
     assert f"This input is {n:,} tokens long" in said and "5.0 ms per token" in said, said
     at.run()
     assert "tokens long" not in " ".join(w.value for w in at.warning)
+
+
+def test_span_map_on_a_log_scale_keeps_the_mass_in_its_hover():
+    mass = np.array([[1.0, 0.0], [0.9, 0.1]])
+    fig = lm.span_figure(mass, ["a", "b"], log_scale=True)
+    np.testing.assert_allclose(np.array(fig.data[0].z, dtype=float), np.log10(np.maximum(mass, 1e-5)))
+    np.testing.assert_allclose(np.array(fig.data[1].customdata)[:, 2].astype(float), mass.ravel())

@@ -94,16 +94,20 @@ def span_token_ranges(span_of: Sequence[int]) -> List[Tuple[int, int]]:
     return [tuple(r) for r in out]
 
 
-def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Tuple[int, int]] = None) -> go.Figure:
+def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Tuple[int, int]] = None,
+                log_scale: bool = False) -> go.Figure:
     """The S x S attention mass between spans (rows: the querying span, columns: the span
-    attended to; rows sum to 1), hover naming both spans."""
+    attended to; rows sum to 1), hover naming both spans. log_scale: coloured by log10(mass)
+    from 1e-5 (the first sentence, an attention sink, takes most of many rows)."""
     z = np.asarray(mass, dtype=np.float64)
     s = z.shape[0]
     names = [safe_label(label) for label in labels]
     custom = np.dstack([*np.meshgrid(np.array(names, dtype=object), np.array(names, dtype=object)), z.astype(object)])
+    shown, lo, hi = (np.log10(np.maximum(z, 1e-5)), -5.0, 0.0) if log_scale else (z, 0.0, float(max(1e-9, z.max())))
     fig = go.Figure([go.Heatmap(
-        z=z, x=list(range(s)), y=list(range(s)), zmin=0.0, zmax=float(max(1e-9, z.max())), colorscale=ATTN_SCALE,
-        colorbar=dict(thickness=12, title=dict(text="mass", side="right")), hoverinfo="skip"),
+        z=shown, x=list(range(s)), y=list(range(s)), zmin=lo, zmax=hi, colorscale=ATTN_SCALE,
+        colorbar=dict(thickness=12, title=dict(text="log₁₀ mass" if log_scale else "mass", side="right")),
+        hoverinfo="skip"),
         _click_targets(s, s, custom, "from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: "
                                      "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))

@@ -163,7 +163,8 @@ def head_view_weights(trace, view, n_heads: int, qs: slice, ks: slice) -> torch.
 
 
 # ------------------------------------------------------------------ the Long document tab
-def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore") -> None:
+def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore",
+             log_scale: bool = False) -> None:
     """Spans, head profiles and (decoders) surprisal, for any length."""
     stack, kind = view.stack, view.kind
     if kind != "self_attn":
@@ -199,7 +200,8 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
 
         cell = st.session_state.get(sel_key)
         cell = cell if cell is not None and max(cell) < s else None
-        charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell),
+        charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell,
+                                    log_scale=log_scale),
                      key=f"{key}-spans", on_select=pick, selection_mode="points", width="stretch",
                      name=f"{model_name}-{stack}-L{view.layer}-{mode}")
         if cell is not None:
