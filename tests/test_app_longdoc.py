@@ -5,9 +5,6 @@ lowering core.head_maps.LONG_LAYER_BYTES, so these tests cost seconds; the long 
 themselves are in tests/test_head_maps.py (memory), tests/test_smollm2.py (8,000 tokens) and
 tests/test_browser_longdoc.py."""
 
-import html
-import re
-
 import numpy as np
 import pytest
 import torch
@@ -61,9 +58,9 @@ def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatc
     np.testing.assert_allclose(_z(at, "explore-span-zoom"), full[a:b, c:d].numpy(), atol=1e-6)
     # the text shaded by what the chosen sentence gives each sentence: the tooltips carry its row
     at.selectbox(key=f"explore.span_from.sentences.{len(ranges)}").set_value(3).run()
-    page = "".join(h.proto.body for h in at.get("html"))
-    got = [float(v) for v in re.findall(r'title="span \d+: ([0-9.]+)"', page)]
-    np.testing.assert_allclose(got, ref[3], atol=1e-4)
+    shaded = next(d.value for d in at.dataframe if "mass from the chosen span" in d.value.columns)
+    np.testing.assert_allclose(shaded["mass from the chosen span"].to_numpy(), ref[3], atol=1e-6)
+    assert list(shaded["text"])[3].startswith("Was the current strong?")
     assert "decoder" in " ".join(i.value for i in at.info)  # surprisal asks for a decoder
 
 
@@ -97,12 +94,12 @@ def test_long_heatmap_overview_zoom_and_surprisal_on_a_decoder(app_test, smollm2
     at2 = app_test("explore", model="smollm2", text=text, layer="7", head="2", tab="long")
     at2.run()
     assert_no_exception(at2)
-    page = "".join(h.proto.body for h in at2.get("html"))
-    got = [float(v) for v in re.findall(r"surprisal ([0-9.]+) bits", html.unescape(page))]
+    fig = figure(chart_by_key(at2, "explore-surprisal"))
+    got = np.array(decode_array(fig["data"][0]["z"]), dtype=float).ravel()[:n]
     lp = torch.log_softmax(tr["logits"].double(), -1)
     ids = tr.meta["target_ids"]
-    ref = [-lp[t - 1, ids[t]].item() / np.log(2) for t in range(1, n)]
-    np.testing.assert_allclose(got, ref, atol=5e-3)  # drawn with two decimals
+    ref = [np.nan] + [-lp[t - 1, ids[t]].item() / np.log(2) for t in range(1, n)]
+    np.testing.assert_allclose(got, ref, atol=1e-5)  # the first token has no prediction: NaN
 
 
 def test_a_long_input_is_announced_with_its_expected_time(app_test, smollm2, monkeypatch):
@@ -121,3 +118,10 @@ def test_a_long_input_is_announced_with_its_expected_time(app_test, smollm2, mon
     assert f"This input is {n:,} tokens long" in said and "5.0 ms per token" in said, said
     at.run()
     assert "tokens long" not in " ".join(w.value for w in at.warning)
+
+
+def test_span_map_on_a_log_scale_keeps_the_mass_in_its_hover():
+    mass = np.array([[1.0, 0.0], [0.9, 0.1]])
+    fig = lm.span_figure(mass, ["a", "b"], log_scale=True)
+    np.testing.assert_allclose(np.array(fig.data[0].z, dtype=float), np.log10(np.maximum(mass, 1e-5)))
+    np.testing.assert_allclose(np.array(fig.data[1].customdata)[:, 2].astype(float), mass.ravel())

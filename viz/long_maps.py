@@ -5,19 +5,19 @@ Pure functions (numpy, torch, plotly; no Streamlit); the numbers come from core.
 - spans: the text cut into sentences (or the user's paragraphs, at blank lines); every token
   belongs to the span where its first character lies (`split_spans`);
 - the sentence x sentence map of attention mass (`span_figure`), and the text with each
-  sentence shaded by the attention it receives from a chosen sentence (`shaded_html`);
+  sentence shaded by the attention it receives from a chosen sentence (`shaded_frame`, a
+  table Streamlit draws: no HTML is built from the user's text);
 - head profiles (`profile_figure`): every layer x head's mean attention distance, mass on
   the first token and mass within the last LOCAL tokens, as heatmaps;
 - the overview of one head's map (`overview_figure`: its pooled map, keys summed within a
   block so rows still sum to 1) and the full-resolution block a click opens (`zoom_rows`);
-- surprisal (`surprisal_html`): the input's tokens coloured by -log2 p under the model,
-  the entropy of the prediction on hover.
+- surprisal (`surprisal_figure`): the input's tokens in reading order, coloured by -log2 p
+  under the model, the entropy of the prediction on hover.
 """
 
 from __future__ import annotations
 
 import bisect
-import html
 import re
 from typing import List, Optional, Sequence, Tuple
 
@@ -27,7 +27,6 @@ from plotly.subplots import make_subplots
 
 from core.head_maps import LOCAL
 from viz.figures import ATTN_SCALE, safe_label
-from viz.text import token_text
 
 SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"'”’)\]]*\s+|\n+")
 PARAGRAPH_END = re.compile(r"\n\s*\n")
@@ -94,16 +93,20 @@ def span_token_ranges(span_of: Sequence[int]) -> List[Tuple[int, int]]:
     return [tuple(r) for r in out]
 
 
-def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Tuple[int, int]] = None) -> go.Figure:
+def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Tuple[int, int]] = None,
+                log_scale: bool = False) -> go.Figure:
     """The S x S attention mass between spans (rows: the querying span, columns: the span
-    attended to; rows sum to 1), hover naming both spans."""
+    attended to; rows sum to 1), hover naming both spans. log_scale: coloured by log10(mass)
+    from 1e-5 (the first sentence, an attention sink, takes most of many rows)."""
     z = np.asarray(mass, dtype=np.float64)
     s = z.shape[0]
     names = [safe_label(label) for label in labels]
     custom = np.dstack([*np.meshgrid(np.array(names, dtype=object), np.array(names, dtype=object)), z.astype(object)])
+    shown, lo, hi = (np.log10(np.maximum(z, 1e-5)), -5.0, 0.0) if log_scale else (z, 0.0, float(max(1e-9, z.max())))
     fig = go.Figure([go.Heatmap(
-        z=z, x=list(range(s)), y=list(range(s)), zmin=0.0, zmax=float(max(1e-9, z.max())), colorscale=ATTN_SCALE,
-        colorbar=dict(thickness=12, title=dict(text="mass", side="right")), hoverinfo="skip"),
+        z=shown, x=list(range(s)), y=list(range(s)), zmin=lo, zmax=hi, colorscale=ATTN_SCALE,
+        colorbar=dict(thickness=12, title=dict(text="log₁₀ mass" if log_scale else "mass", side="right")),
+        hoverinfo="skip"),
         _click_targets(s, s, custom, "from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: "
                                      "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))
@@ -127,28 +130,26 @@ def span_pick(point: dict) -> Optional[Tuple[int, int]]:
         return None
 
 
-def _rgba(value: float, top: float) -> str:
-    a = 0.0 if top <= 0 else float(np.clip(value / top, 0.0, 1.0))
-    return f"rgba(8, 81, 156, {0.85 * a:.3f})"
+def shaded_frame(text: str, ranges: Sequence[Tuple[int, int]], values: Sequence[float], chosen: int):
+    """The text as a table, one row per span in reading order, each row's text shaded by `values`
+    (the attention it receives from span `chosen`, whose row is marked): a pandas Styler, which
+    Streamlit draws without any HTML of ours."""
+    import pandas as pd
 
+    vals = np.asarray(values, dtype=np.float64)
+    top = float(vals.max()) if len(vals) else 0.0
+    frame = pd.DataFrame({"span": np.arange(len(ranges)),
+                          "text": [" ".join(text[a:b].split()) for a, b in ranges],
+                          "mass from the chosen span": vals})
 
-def shaded_html(text: str, ranges: Sequence[Tuple[int, int]], values: Sequence[float], chosen: int,
-                max_chars: int = 60_000) -> str:
-    """The text with each span's background shaded by `values` (the attention it receives from
-    span `chosen`, outlined); escaped, with each span's value in its tooltip."""
-    top = max(values) if len(values) else 0.0
-    parts = []
-    for k, ((a, b), v) in enumerate(zip(ranges, values)):
-        if a >= max_chars:
-            parts.append("<span>…</span>")
-            break
-        body = html.escape(text[a:min(b, max_chars)]).replace("\n", "<br>")
-        dark = top > 0 and v / top > 0.55
-        style = f"background:{_rgba(v, top)};{'color:white;' if dark else ''}border-radius:3px;padding:1px 0"
-        if k == chosen:
-            style += ";outline:2px solid #d62728"
-        parts.append(f'<span title="span {k}: {v:.4f}" style="{style}">{body}</span>')
-    return '<div style="line-height:1.7;font-size:0.95rem">' + "".join(parts) + "</div>"
+    def shade(row):
+        v = row["mass from the chosen span"]
+        a = 0.0 if top <= 0 else float(np.clip(v / top, 0.0, 1.0))
+        style = f"background-color: rgba(8, 81, 156, {0.85 * a:.3f}); color: {'white' if a > 0.55 else 'black'}"
+        mark = "font-weight: bold" if row["span"] == chosen else ""
+        return ["", f"{style}; {mark}", mark]
+
+    return frame.style.apply(shade, axis=1).format({"mass from the chosen span": "{:.4f}"})
 
 
 def profile_figure(prof: dict, first_layer: int = 0, title: str = "") -> go.Figure:
@@ -228,22 +229,34 @@ def zoom_rows(block: Tuple[int, int], size: int, n: int) -> Tuple[Tuple[int, int
 SURPRISAL_TOP = 16.0  # bits at which the colour saturates
 
 
-def surprisal_html(tokens: Sequence[str], surprisal: Sequence[float], entropy: Sequence[float],
-                   max_tokens: int = 10_000) -> str:
-    """The input's tokens, each shaded by its surprisal (-log2 p, bits; white at 0, dark red
-    at SURPRISAL_TOP and above); hover: surprisal, the entropy of the prediction, the token."""
-    parts = []
-    for t, (tok, s, e) in enumerate(zip(tokens, surprisal, entropy)):
-        if t >= max_tokens:
-            parts.append("<span>…</span>")
-            break
-        shown = html.escape(token_text(tok) if tok.strip() == "" else tok).replace("\n", "↵<br>")
-        if np.isnan(s):
-            tip = f"token {t}: the first token (no prediction)"
-            bg = "transparent"
-        else:
-            a = float(np.clip(s / SURPRISAL_TOP, 0.0, 1.0))
-            tip = f"token {t}: surprisal {s:.2f} bits · entropy {e:.2f} bits"
-            bg = f"rgba(203, 24, 29, {0.9 * a:.3f})"
-        parts.append(f'<span title="{html.escape(tip)}" style="background:{bg};border-radius:2px">{shown}</span>')
-    return '<div style="line-height:1.8;font-size:0.95rem;white-space:pre-wrap">' + "".join(parts) + "</div>"
+SURPRISAL_ROW = 16  # tokens per row of the surprisal grid
+
+
+def surprisal_figure(tokens: Sequence[str], surprisal: Sequence[float], entropy: Sequence[float], start: int = 0,
+                     count: int = 640, per_row: int = SURPRISAL_ROW, title: str = "") -> go.Figure:
+    """Tokens start .. start + count - 1 in reading order, per_row to a row, each cell coloured by
+    the token's surprisal (-log2 p, bits; white at 0, dark red at SURPRISAL_TOP and above) and
+    labelled with the token; hover: surprisal, the entropy of the prediction, the position."""
+    n = len(tokens)
+    stop = min(n, start + count)
+    rows = -(-(stop - start) // per_row)
+    z = np.full((rows, per_row), np.nan)
+    label = np.full((rows, per_row), "", dtype=object)
+    custom = np.full((rows, per_row, 3), np.nan)
+    for t in range(start, stop):
+        r, c = divmod(t - start, per_row)
+        z[r, c] = surprisal[t]
+        label[r, c] = safe_label(tokens[t])
+        custom[r, c] = (t, surprisal[t], entropy[t])
+    fig = go.Figure(go.Heatmap(
+        z=z, text=label, texttemplate="%{text}", textfont=dict(size=11), customdata=custom, zmin=0.0,
+        zmax=SURPRISAL_TOP, colorscale="Reds", xgap=1, ygap=1, hoverongaps=False,
+        colorbar=dict(thickness=12, title=dict(text="bits", side="right")),
+        hovertemplate="token %{customdata[0]} %{text}<br>surprisal %{customdata[1]:.2f} bits<br>"
+                      "entropy of the prediction %{customdata[2]:.2f} bits<extra></extra>"))
+    fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=int(min(2400, 110 + 26 * rows)),
+                      xaxis=dict(visible=False), yaxis=dict(autorange="reversed", tickvals=list(range(rows)),
+                                                            ticktext=[str(start + r * per_row) for r in range(rows)],
+                                                            title="first token of the row", showgrid=False),
+                      margin=dict(l=10, r=10, t=60, b=10))
+    return fig

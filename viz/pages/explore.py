@@ -211,4 +211,4 @@ with tab_heads:
                                    title=f"layer {layer}{where}: queries (left) → keys (right)"),
                          key="explore-headview", width="stretch")
 with tab_long:  # spans, head profiles, surprisal (viz.ui.longdoc)
-    _ = tab_long.open is not False and longdoc.long_tab(trace, text, view, n_heads, n_layers, model_name=model_name)
+    _ = tab_long.open is not False and longdoc.long_tab(trace, text, view, n_heads, n_layers, model_name=model_name, log_scale=log_scale)

@@ -23,6 +23,7 @@ from viz.reduce import block_size
 from viz.text import clean_text
 from viz.ui import charts, dl
 
+SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
 WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
 CALIBRATION_TOKENS = 128
@@ -166,7 +167,8 @@ def head_view_weights(trace, view, n_heads: int, qs: slice, ks: slice) -> torch.
 
 
 # ------------------------------------------------------------------ the Long document tab
-def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore") -> None:
+def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore",
+             log_scale: bool = False) -> None:
     """Spans, head profiles and (decoders) surprisal, for any length."""
     stack, kind = view.stack, view.kind
     if kind != "self_attn":
@@ -202,7 +204,8 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
 
         cell = st.session_state.get(sel_key)
         cell = cell if cell is not None and max(cell) < s else None
-        charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell),
+        charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell,
+                                    log_scale=log_scale),
                      key=f"{key}-spans", on_select=pick, selection_mode="points", width="stretch",
                      name=f"{model_name}-{stack}-L{view.layer}-{mode}")
         if cell is not None:
@@ -217,7 +220,8 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
         chosen = st.selectbox(f"Shade the text by the attention each {mode[:-1]} receives from", list(range(s)),
                               index=min(s - 1, cell[0]) if cell else s - 1, format_func=lambda k: labels[k],
                               key=from_key)
-        st.html(lm.shaded_html(cleaned, ranges, mass[chosen].tolist(), chosen))
+        st.dataframe(lm.shaded_frame(cleaned, ranges, mass[chosen].tolist(), chosen), hide_index=True,
+                     width="stretch", height=min(600, 40 + 35 * s), key=f"{key}-shaded")
     with sec_prof:
         size = 128
         st.caption(f"Every layer × head on this input: where its attention goes, read one head and {size} query rows "
@@ -247,7 +251,14 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
                        f"{model_name} (white 0 bits, dark red {lm.SURPRISAL_TOP:.0f} or more); hover a token for its "
                        f"surprisal and the entropy of the prediction it was drawn from. Mean "
                        f"{np.nanmean(s_bits):.2f} bits per token.")
-            st.html(lm.surprisal_html(tokens, s_bits, got["entropy"]))
+            start = 0
+            if n > SURPRISAL_WINDOW:
+                start = st.slider("First token shown", 0, n - 1, 0, step=lm.SURPRISAL_ROW, key=f"{key}.surp_from",
+                                  help=f"{SURPRISAL_WINDOW} tokens are drawn at a time; move along the text.")
+            charts.chart(lm.surprisal_figure(tokens, s_bits, got["entropy"], start, SURPRISAL_WINDOW,
+                                             title=f"surprisal under {model_name}, tokens {start}–"
+                                                   f"{min(n, start + SURPRISAL_WINDOW) - 1} of {n:,}"),
+                         key=f"{key}-surprisal", width="stretch", name=f"{model_name}-surprisal")
 
 
 def _span_mass(trace, name: str, span_of, heads) -> np.ndarray:
