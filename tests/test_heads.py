@@ -115,6 +115,7 @@ def test_top_heads_link_to_explore(app_test, toy):
     links = [l for l in at.get("page_link") if l.proto.page == "explore"]
     assert len(links) == 10  # induction: each head on the sentence, then on the repeated sequence
     assert [l.proto.page for l in at.get("page_link")].count("lens") == 1  # and the logit lens of the sentence
+    assert [l.proto.page for l in at.get("page_link")].count("patching") == 1  # and patching its heads
     rep = analysis.repeated_text(toy, "encoder")
     top = analysis.top_heads(analysis.head_scores(toy, TEXT).query("stack == 'encoder'"), "induction", 5)
     for link, row in zip(links[1::2], top.itertuples()):

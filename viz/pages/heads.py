@@ -115,6 +115,9 @@ with cols[2]:
                               "diagonal of the earlier copy.")
     st.page_link("viz/pages/lens.py", label="logit lens: what the heads add to the output",
                  query_params={"model": model_name, "text": text})
+    if model.kind in ("decoder", "encoder-decoder"):  # a model with an output to measure
+        st.page_link("viz/pages/patching.py", label="activation patching: which heads the output needs",
+                     query_params={"model": model_name, "text": text, "what": "head"})
     if rep is not None and rep["why"]:
         st.caption(f"The repeated sequence cannot be opened as it was scored: {rep['why']}.")
 if model.kind == "decoder":
