@@ -43,8 +43,8 @@ from ..api import AttentionModel
 from .checkpoint import CheckpointError
 from ..net.config import ModelConfig
 from .byte_bpe import ByteBPETokenizer
-from .gguf_reader import (LAYER_MAP, byte_bpe, context_length, decoder_config, field, gguf_shape, open_gguf,
-                          read_tensors)
+from .gguf_reader import (LAYER_MAP, byte_bpe, context_length, decoder_config, field, gguf_shape, net_from_state,
+                          open_gguf, read_tensors)
 
 ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 TOP_MAP = [("token_embd", "tgt_embed.tok"), ("output_norm", "decoder_norm"), ("output", "out_proj")]
@@ -159,16 +159,7 @@ def load_gguf(path, device=None, name: Optional[str] = None, progress=None) -> A
     say(f"dequantising {len(reader.tensors)} tensors to float32")
     state = weights_from_gguf(reader, cfg, path.name)
     tk, info = tokenizer_from_gguf(reader, path.name)
-    with torch.device("meta"):
-        from ..net.model import Transformer
-
-        net = Transformer(cfg)
-    net.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_embeddings:
-        net.out_proj.weight = net.tgt_embed.tok.weight
-    meta = [n for n, t in list(net.named_parameters()) + list(net.named_buffers()) if t.is_meta]
-    if meta:
-        raise CheckpointError(f"{path.name}: tensors not filled from the file: {meta[:6]}")
+    net = net_from_state(cfg, state, path.name, CheckpointError)
     n = sum(p.numel() for p in net.parameters())
     tok = ByteBPETokenizer(tk, info, max_len=cfg.max_len)
     say("ready")

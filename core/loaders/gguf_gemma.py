@@ -46,7 +46,7 @@ import torch
 
 from ..api import AttentionModel
 from .checkpoint import CheckpointError
-from .gguf_reader import MAX_LEN, field, gguf_shape
+from .gguf_reader import MAX_LEN, field, gguf_shape, net_from_state
 from ..net.config import ModelConfig
 
 ARCHS = ("gemma", "gemma2", "gemma3")
@@ -245,7 +245,6 @@ def load_gguf(path, device=None, name: Optional[str] = None, progress=None) -> A
     """A gemma / gemma2 / gemma3 GGUF file as an AttentionModel (decoder)."""
     from gguf import GGUFReader
 
-    from ..net.model import Transformer
     from .masked_lm import local_model
 
     path = Path(path)
@@ -260,14 +259,7 @@ def load_gguf(path, device=None, name: Optional[str] = None, progress=None) -> A
     say(f"dequantising {len(reader.tensors)} tensors to float32")
     state = weights_from_gguf(reader, cfg, path.name)
     tok, eos = tokenizer_from_gguf(reader, path.name, cfg.max_len)
-    with torch.device("meta"):
-        net = Transformer(cfg)
-    net.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_embeddings:
-        net.out_proj.weight = net.tgt_embed.tok.weight
-    meta = [n for n, t in list(net.named_parameters()) + list(net.named_buffers()) if t.is_meta]
-    if meta:
-        raise CheckpointError(f"{path.name}: tensors not filled from the file: {meta[:6]}")
+    net = net_from_state(cfg, state, path.name, CheckpointError)
     n = sum(p.numel() for p in net.parameters())
     say("ready")
     family = cfg.extra["family"]

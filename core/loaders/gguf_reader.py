@@ -116,6 +116,22 @@ USER_DEFINED = 4
 PRE_TYPES = ("default", "gpt-2", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2")
 
 
+def net_from_state(cfg: ModelConfig, state: Dict[str, torch.Tensor], where: str, error=ValueError):
+    """Our Transformer holding `state`, built on the meta device (no random init); a tied
+    output projection shares the embedding. Every parameter must be filled from the file."""
+    from ..net.model import Transformer
+
+    with torch.device("meta"):
+        net = Transformer(cfg)
+    net.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        net.out_proj.weight = net.tgt_embed.tok.weight
+    meta = [n for n, t in list(net.named_parameters()) + list(net.named_buffers()) if t.is_meta]
+    if meta:
+        raise error(f"{where}: tensors not filled from the file: {meta[:6]}")
+    return net
+
+
 def open_gguf(path, error=ValueError):
     """gguf's GGUFReader over the file (memory-mapped); `error` naming the file when it is not GGUF."""
     from gguf import GGUFReader
