@@ -8,6 +8,7 @@ folder with save_pretrained (safetensors) and tokenizer.json.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -147,3 +148,37 @@ def hf_eager(model, ids):
     with torch.no_grad():
         out = model(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
     return [a[0] for a in out.attentions], out.hidden_states[-1][0], out.logits[0]
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_llama():
+    """transformers' LlamaForCausalLM (eager attention, float32, tied output) holding smollm2's
+    GGUF weights as transformers' own GGUF reader reads them: the independent reference of the
+    smollm2 parity tests, loaded once per test process. Callers must not change its weights."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local file; never reach for the Hub
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from core.loaders.smollm2_files import gguf_path
+
+    path = gguf_path()
+    folder, name = str(path.parent), path.name
+    if importlib.util.find_spec("accelerate") is not None:
+        ref = LlamaForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,
+                                               attn_implementation="eager")
+    else:
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        cfg = AutoConfig.from_pretrained(folder, gguf_file=name)
+        cfg._attn_implementation = "eager"
+        ref = LlamaForCausalLM(cfg)
+        parsed = load_gguf_checkpoint(os.path.join(folder, name), return_tensors=True, model_to_load=ref)
+        ref.load_state_dict(parsed["tensors"], strict=False)
+        ref.tie_weights()
+    return ref.float().eval()

@@ -5,7 +5,6 @@ gradients (the midpoint rule, the same steps) and occlusion agree within 1e-4 re
 faithfulness table's numbers are recomputed here from p(target) of perturbed inputs."""
 
 import importlib.util
-import os
 
 import numpy as np
 import pytest
@@ -95,22 +94,11 @@ def test_gpt2_matches_autograd_by_hand(gpt2):
 
 
 def _smollm2_reference():
-    from core.loaders import smollm2_files
-
     if importlib.util.find_spec("gguf") is None or not core.MODELS["smollm2"].available():
         pytest.skip("smollm2's GGUF or the gguf package is not installed")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from hf_builders import smollm2_llama
 
-    path = smollm2_files.gguf_path()
-    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    cfg._attn_implementation = "eager"
-    ref = LlamaForCausalLM(cfg)
-    parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=ref)
-    ref.load_state_dict(parsed["tensors"], strict=False)
-    ref.tie_weights()
-    return ref.float().eval()
+    return smollm2_llama()
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ weights, not through this core."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import numpy as np
 import pytest
@@ -34,27 +32,9 @@ def smollm2():
 @pytest.fixture(scope="module")
 def llama(smollm2):
     """transformers' LlamaForCausalLM (eager, float32) from smollm2's GGUF (as tests/test_ablation.py)."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("gguf")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, LlamaForCausalLM
+    from hf_builders import smollm2_llama
 
-    from core.loaders.smollm2_files import gguf_path
-
-    path = gguf_path()
-    folder, name = str(path.parent), path.name
-    if importlib.util.find_spec("accelerate") is not None:
-        ref = LlamaForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,
-                                               attn_implementation="eager")
-    else:
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-        cfg = AutoConfig.from_pretrained(folder, gguf_file=name)
-        cfg._attn_implementation = "eager"
-        ref = LlamaForCausalLM(cfg)
-        parsed = load_gguf_checkpoint(os.path.join(folder, name), return_tensors=True, model_to_load=ref)
-        ref.load_state_dict(parsed["tensors"], strict=False)
-    return ref.float().eval()
+    return smollm2_llama()
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ unbatched hooked pass per cell) and the messages for pairs and models that canno
 
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -118,27 +116,9 @@ def _compare(model, patcher, clean, corrupt, answer, wrong, what, cells=None):
 @pytest.fixture(scope="module")
 def llama(smollm2):
     """transformers' LlamaForCausalLM (eager, float32) from smollm2's GGUF (as tests/test_ablation.py)."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("gguf")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, LlamaForCausalLM
+    from hf_builders import smollm2_llama
 
-    from core.loaders.smollm2_files import gguf_path
-
-    path = gguf_path()
-    folder, name = str(path.parent), path.name
-    if importlib.util.find_spec("accelerate") is not None:
-        ref = LlamaForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,
-                                               attn_implementation="eager")
-    else:
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-        cfg = AutoConfig.from_pretrained(folder, gguf_file=name)
-        cfg._attn_implementation = "eager"
-        ref = LlamaForCausalLM(cfg)
-        parsed = load_gguf_checkpoint(os.path.join(folder, name), return_tensors=True, model_to_load=ref)
-        ref.load_state_dict(parsed["tensors"], strict=False)
-    ref = ref.float().eval()
+    ref = smollm2_llama()
     ls = ref.model.layers
     return HFPatcher(ref, ls, [l.self_attn for l in ls], [l.mlp for l in ls], [l.self_attn.o_proj for l in ls], 64)
 
