@@ -30,24 +30,12 @@ import subprocess
 import sys
 import time
 
-from bench.common import ROOT, Result, alternate, machine_info, median, status_kib, text_of
+from bench.common import (ROOT, Result, alternate, machine_info, median, smol_ids, status_kib, text_of,
+                          trace_from_ids)
 
 MIB, GIB = 2**20, 2**30
 TOKENS = 8000
 LAYER, HEAD = 15, 4
-
-
-def _trace_from_ids(model, ids, toks):
-    tensors, ms, runner = model._run_traced(None, ids) if model.kind == "decoder" else model._run_traced(ids, None)
-    return model._finish(tensors, {"source": toks, "target": toks},
-                         {"model": model.name, "kind": model.kind, "config": model.config.to_dict()}, runner)
-
-
-def _smol_ids(model, n: int):
-    from bench.common import PASSAGE
-
-    ids = model.tokenizer.encode(PASSAGE * (n // 20 + 2)).ids
-    return list(ids[:n])
 
 
 def part_minilm(rounds: int) -> dict:
@@ -67,7 +55,7 @@ def part_minilm(rounds: int) -> dict:
         t_ids = torch.tensor([ids])
 
         def ours():
-            tr = _trace_from_ids(model, ids, toks)
+            tr = trace_from_ids(model, ids, toks)
             return [tr[f"encoder.{i}.self_attn.weights"] for i in range(tr.layers("encoder"))]
 
         fns = {"ours trace + trace[weights]": ours, "hf eager+attn": lambda: eager(t_ids, output_attentions=True)}
@@ -85,19 +73,19 @@ def part_smollm2(rounds: int, n: int = TOKENS) -> dict:
     from viz.model_view import pooled_layers
 
     model = core.load_model("smollm2", device="cpu")
-    ids = _smol_ids(model, n)
+    ids = smol_ids(model, n)
     t_ids = torch.tensor([ids])
     toks = model.target_strings(ids)
     fns = {"untraced forward": lambda: model.net(None, t_ids),
-           "traced pass": lambda: _trace_from_ids(model, ids, toks)}
+           "traced pass": lambda: trace_from_ids(model, ids, toks)}
     with torch.inference_mode():
         t = alternate(fns, rounds, warmup=0)
     fwd, traced = median(t["untraced forward"]["cpu"]), median(t["traced pass"]["cpu"])
-    tr = _trace_from_ids(model, ids, toks)
+    tr = trace_from_ids(model, ids, toks)
     c = time.process_time()
     p = tr.pooled(f"decoder.{LAYER}.self_attn.weights", size=128, heads=[HEAD])
     pooled_s = time.process_time() - c
-    tr = _trace_from_ids(model, ids, toks)
+    tr = trace_from_ids(model, ids, toks)
     c = time.process_time()
     pooled_layers(tr, "decoder", "self_attn", list(range(tr.layers("decoder"))))
     view_s = time.process_time() - c
@@ -119,13 +107,13 @@ def part_memory(n: int = TOKENS) -> dict:
     import core
 
     model = core.load_model("smollm2", device="cpu")
-    ids = _smol_ids(model, n)
+    ids = smol_ids(model, n)
     toks = model.target_strings(ids)
     with torch.inference_mode():
         model.net(None, torch.tensor([ids[:16]]))  # allocator warmed on a short input
     loaded = status_kib("VmRSS")
     _reset_peak()
-    tr = _trace_from_ids(model, ids, toks)
+    tr = trace_from_ids(model, ids, toks)
     peak_pass = status_kib("VmHWM")
     before = status_kib("VmRSS")
     _reset_peak()

@@ -174,3 +174,16 @@ def median(xs) -> float:
 def paired_ratio(a: List[float], b: List[float]) -> float:
     """Median of the per-round ratios a_i / b_i (each pair ran back to back)."""
     return statistics.median(x / y for x, y in zip(a, b)) if a and b else float("nan")
+
+
+def trace_from_ids(model, ids, toks):
+    """A Trace of exactly these token ids (no tokenizer round trip), as model.trace builds one."""
+    tensors, ms, runner = model._run_traced(None, ids) if model.kind == "decoder" else model._run_traced(ids, None)
+    return model._finish(tensors, {"source": toks, "target": toks},
+                         {"model": model.name, "kind": model.kind, "config": model.config.to_dict()}, runner)
+
+
+def smol_ids(model, n: int):
+    """n token ids of English text for smollm2 (the notes' passage, repeated)."""
+    ids = model.tokenizer.encode(PASSAGE * (n // 20 + 2)).ids
+    return list(ids[:n])

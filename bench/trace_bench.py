@@ -30,24 +30,10 @@ import os
 import subprocess
 import sys
 
-from bench.common import ROOT, Result, alternate, machine_info, median, status_kib, text_of
+from bench.common import (ROOT, Result, alternate, machine_info, median, smol_ids, status_kib, text_of,
+                          trace_from_ids)
 
 MIB = 2**20
-
-
-def _trace_from_ids(model, ids, toks):
-    import core
-
-    tensors, ms, runner = model._run_traced(None, ids) if model.kind == "decoder" else model._run_traced(ids, None)
-    return model._finish(tensors, {"source": toks}, {"model": model.name}, runner)
-
-
-def _smol_ids(model, n: int):
-    """n token ids of English text for smollm2 (the notes' passage, repeated)."""
-    from bench.common import PASSAGE
-
-    ids = model.tokenizer.encode(PASSAGE * (n // 20 + 2)).ids
-    return list(ids[:n])
 
 
 def part_minilm(rounds: int) -> dict:
@@ -66,11 +52,11 @@ def part_minilm(rounds: int) -> dict:
         enc = model.tokenizer.encode(text_of(model, n))
         ids, toks = list(enc.ids), list(enc.tokens)
         t_ids = torch.tensor([ids])
-        fns = {"ours trace (ids)": lambda: _trace_from_ids(model, ids, toks),
+        fns = {"ours trace (ids)": lambda: trace_from_ids(model, ids, toks),
                "hf sdpa": lambda: sdpa(t_ids)}
         with torch.inference_mode():
             t = alternate(fns, rounds, warmup=2)
-        tr = _trace_from_ids(model, ids, toks)
+        tr = trace_from_ids(model, ids, toks)
         rows.append({"tokens": n, "cpu_ms": {k: median(v["cpu"]) * 1000 for k, v in t.items()},
                      "wall_ms": {k: median(v["wall"]) * 1000 for k, v in t.items()},
                      "trace_vs_sdpa": median(t["ours trace (ids)"]["cpu"]) / median(t["hf sdpa"]["cpu"]),
@@ -87,21 +73,21 @@ def part_smollm2(rounds: int, n: int = 2048) -> dict:
     from viz.model_view import pooled_layers
 
     model = core.load_model("smollm2", device="cpu")
-    ids = _smol_ids(model, n)
+    ids = smol_ids(model, n)
     t_ids = torch.tensor([ids])
     toks = model.target_strings(ids)
     fns = {"untraced forward": lambda: model.net(None, t_ids),
-           "traced pass": lambda: _trace_from_ids(model, ids, toks)}
+           "traced pass": lambda: trace_from_ids(model, ids, toks)}
     with torch.inference_mode():
         t = alternate(fns, rounds, warmup=1)
     fwd, traced = median(t["untraced forward"]["cpu"]), median(t["traced pass"]["cpu"])
     layer_s, view_s = [], []
     for _ in range(rounds):
-        tr = _trace_from_ids(model, ids, toks)
+        tr = trace_from_ids(model, ids, toks)
         c = time.process_time()
         tr["decoder.15.self_attn.weights"]
         layer_s.append(time.process_time() - c)
-        tr = _trace_from_ids(model, ids, toks)
+        tr = trace_from_ids(model, ids, toks)
         c = time.process_time()
         pooled_layers(tr, "decoder", "self_attn", list(range(tr.layers("decoder"))))
         view_s.append(time.process_time() - c)
@@ -118,14 +104,14 @@ def part_memory(n: int = 2048) -> dict:
     import core
 
     model = core.load_model("smollm2", device="cpu")
-    ids = _smol_ids(model, n)
+    ids = smol_ids(model, n)
     toks = model.target_strings(ids)
     with torch.inference_mode():
         model.net(None, torch.tensor([ids[:16]]))  # allocator warmed on a short input
     loaded = status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM, the peak resident set, to the current one
-    tr = _trace_from_ids(model, ids, toks)
+    tr = trace_from_ids(model, ids, toks)
     peak = status_kib("VmHWM")
     return {"tokens": n, "loaded_rss_mib": loaded / 1024, "peak_above_loaded_mib": (peak - loaded) / 1024,
             "stored_mib": tr.nbytes() / MIB, "threads": torch.get_num_threads()}
