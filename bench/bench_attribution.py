@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from bench.common import PASSAGE, Result  # noqa: E402
 
 TARGETS = {"ig": 2.0, "faithfulness": 1.0, "value_norms": 2.0}
+READS = 25  # alternated reads of one layer's weights and value_norms
 
 
 def prompt_of(model, n_tokens: int) -> str:
@@ -76,10 +77,10 @@ def main(argv=None) -> int:
     fwd200_s, _ = timed(lambda: forwards(200))
     tr = model.trace(text)
     layer = model.config.n_layers // 2
-    w_s, _ = timed(lambda: list(tr.each_layer("decoder", ["self_attn.weights"], [layer])))
-    vn_s, _ = timed(lambda: list(tr.each_layer("decoder", ["self_attn.value_norms"], [layer])))
-    w_s = min(w_s, timed(lambda: list(tr.each_layer("decoder", ["self_attn.weights"], [layer])))[0])
-    vn_s = min(vn_s, timed(lambda: list(tr.each_layer("decoder", ["self_attn.value_norms"], [layer])))[0])
+    w_s = vn_s = float("inf")
+    for _ in range(READS):  # sub-millisecond reads: the best of many, alternated
+        w_s = min(w_s, timed(lambda: list(tr.each_layer("decoder", ["self_attn.weights"], [layer])))[0])
+        vn_s = min(vn_s, timed(lambda: list(tr.each_layer("decoder", ["self_attn.value_norms"], [layer])))[0])
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rows = [
         Result("attribution", f"integrated gradients, {args.steps} steps, {n}-token smollm2 prompt / {args.steps} "
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
                "forward passes", faith_s / fwd200_s, "x", TARGETS["faithfulness"],
                note=f"table {faith_s:.2f} s, forwards {fwd200_s:.2f} s"),
         Result("attribution", f"value_norms of layer {layer} / its weights alone ({n} tokens)", vn_s / w_s, "x",
-               TARGETS["value_norms"], note=f"value_norms {vn_s * 1000:.1f} ms, weights {w_s * 1000:.1f} ms (best of 2)"),
+               TARGETS["value_norms"], note=f"value_norms {vn_s * 1000:.2f} ms, weights {w_s * 1000:.2f} ms (best of {READS}, "
+                                             "alternated)"),
     ]
     print(f"attribution bench (smollm2, {n} tokens, one rep; {os.cpu_count()} CPUs, load average {load:.1f})",
           file=sys.stderr if args.json else sys.stdout)

@@ -137,8 +137,8 @@ class AttentionModel(GreedyDecoding):
         core/trace.py. Returns the stored tensors (CPU), the forward time in ms, and the
         LayerRunner that recomputes the rest."""
         n_all = len(src_ids or []) + len(tgt_ids or [])
-        keep_qk = n_all * self.config.n_layers * (self.config.n_heads + (self.config.n_kv_heads or self.config.n_heads)) \
-            * self.config.d_head * 4 <= QK_KEEP_BYTES
+        kv = self.config.n_kv_heads or self.config.n_heads
+        keep_qk = n_all * self.config.n_layers * (self.config.n_heads + 2 * kv) * self.config.d_head * 4 <= QK_KEEP_BYTES
         rec = inner = Recorder(names=_stored_or_qk if keep_qk else tn.is_stored, maps=False)
         if progress is not None:  # progress(done, total) as each layer starts (hook points {stack}.{i}.in)
             rec = Hooks(_progress_hooks(self.net, progress), inner=inner)
@@ -302,8 +302,8 @@ class AttentionModel(GreedyDecoding):
 
 
 LOGIT_ROWS = 256  # next-token distributions computed this many positions at a time
-QK_KEEP_BYTES = 32 * 2**20  # a traced pass keeps every self-attention's q and k up to this size
-_QK = tuple("." + tn.local(tn.SELF, s) for s in ("q", "k"))  # the ends of the self-attentions' q and k
+QK_KEEP_BYTES = 32 * 2**20  # a traced pass keeps every self-attention's q, k and v up to this size
+_QK = tuple("." + tn.local(tn.SELF, s) for s in ("q", "k", "v"))  # the ends of the self-attentions' q, k, v
 
 
 def _progress_hooks(net, progress) -> dict:
@@ -323,7 +323,7 @@ def _progress_hooks(net, progress) -> dict:
 
 
 def _stored_or_qk(name: str) -> bool:
-    """tn.is_stored, and the self-attentions' q and k (short inputs: a weights read reuses them)."""
+    """tn.is_stored, and the self-attentions' q, k and v (short inputs: a weights or value_norms read reuses them)."""
     return tn.is_stored(name) or name.endswith(_QK)
 
 

@@ -28,9 +28,9 @@ class LayerRunner:
 
     def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None,
                  qk: Optional[Dict[str, torch.Tensor]] = None):
-        """qk: each self-attention's q and k (after RoPE) as the traced pass computed them, by
-        trace name, kept for short inputs (core/api.py's QK_KEEP_BYTES): a weights read then
-        costs Q K^T and the softmax alone."""
+        """qk: each self-attention's q and k (after RoPE) and v as the traced pass computed them,
+        by trace name, kept for short inputs (core/api.py's QK_KEEP_BYTES): a weights read then
+        costs Q K^T and the softmax alone, a value_norms read that and v's sizes."""
         self.model, self.src_pad, self.ablate = model, src_pad, ablate
         self.qk = dict(qk or {})
 
@@ -58,10 +58,9 @@ class LayerRunner:
         net, dev = self.model.net, self.model.device
         x = trace.layer_input(stack, i).to(dev)[None]
         pad = None if self.src_pad is None or stack == "decoder" else self.src_pad.to(dev)
-        qk = None
-        if what == "weights":  # the q and k a traced pass kept (short inputs): Q K^T and the softmax only
-            q, k = (self.qk.get(tn.self_attn(stack, i, s)) for s in ("q", "k"))
-            qk = None if q is None or k is None else (q.to(dev)[None], k.to(dev)[None])
+        # the q, k (and v) a traced pass kept (short inputs): Q K^T and the softmax (and v's sizes) only
+        kept = [self.qk.get(tn.self_attn(stack, i, s)) for s in ("q", "k", "v")[: 3 if what == "value_norms" else 2]]
+        qk = None if any(t is None for t in kept) else tuple(t.to(dev)[None] for t in kept)
         return net.layer_weights(stack, i, x, pad, what, qk=qk)[0].to("cpu")
 
     @torch.inference_mode()

@@ -86,3 +86,24 @@ def test_value_norms_are_weights_times_value_sizes_and_not_the_weights():
     ratio = vn / w.clamp_min(1e-30)
     assert not torch.allclose(ratio, ratio[:, :1, :].expand_as(ratio)[:, :, :1].expand_as(ratio))
     assert torch.allclose(ratio, ratio[:, :1, :].expand_as(ratio), rtol=1e-4)  # a column's size is the same for every query
+
+
+def test_a_short_traces_value_norms_read_reuses_the_kept_q_k_v():
+    """Short inputs keep each self-attention's q, k and v (core/api.py): a value_norms read is then
+    Q K^T, the softmax and v's sizes, with no projection run again (the <= 2x weights target)."""
+    m = core.load_model("toy-translate", device="cpu")
+    tr = m.trace("the small dog sees the cat")
+    expect = tr["encoder.1.self_attn.value_norms"]  # the layer's explicit re-run
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a projection ran again")
+
+    attn = m.net.layers("encoder")[1].self_attn
+    for lin in (attn.w_q, attn.w_k, attn.w_v):
+        lin.forward = refuse
+    try:
+        fast = next(tr.each_layer("encoder", ["self_attn.value_norms"], layers=[1]))["self_attn.value_norms"]
+    finally:
+        for lin in (attn.w_q, attn.w_k, attn.w_v):
+            del lin.forward
+    assert torch.allclose(fast, expect, rtol=1e-5, atol=1e-7)

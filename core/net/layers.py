@@ -136,10 +136,12 @@ class Layer(nn.Module):
         y = None if qk is not None else self.norms[0](x) if self.pre and self.pre_norm else x
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
 
-    def self_value_norms(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, **_):
-        """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights."""
-        y = self.norms[0](x) if self.pre and self.pre_norm else x
-        return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias)
+    def self_value_norms(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None,
+                         qk=None, **_):
+        """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights;
+        qk: the (q, k, v) a traced pass kept."""
+        y = None if qk is not None else self.norms[0](x) if self.pre and self.pre_norm else x
+        return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias, qkv=qk)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
                 self_causal: bool = False, cache: Optional[dict] = None, position_bias=None):

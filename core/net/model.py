@@ -237,7 +237,8 @@ class Transformer(nn.Module):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
         run_layer's masks and positions (ablation acts after the weights: nothing to do).
         what="value_norms": ||a_ij v_j W_o^h|| instead (core/net/multihead.py). qk: the
-        layer's (q, k) as a traced pass kept them, instead of projecting x again (weights only)."""
+        layer's (q, k) as a traced pass kept them, (q, k, v) for value_norms, instead of
+        projecting x again."""
         n = x.shape[1]
         masks = (self.encoder_masks(src_pad, n, x.dtype, i, x.device) if stack == "encoder"
                  else self.decoder_masks(n, None, None, x.device, x.dtype, layer=i))

@@ -8,10 +8,10 @@ q_pre_rope and k_pre_rope (RoPE), q, k, v, mask, position_bias (T5), scores, sca
 value_norms[h, i, j] = ||a_ij v_j W_o^h|| = a_ij ||v_j W_o^h|| (Kobayashi et al. 2020): the
 size of what key j adds to query i's output through head h (v_j of the kv head h reads under
 grouped-query attention; W_o^h the d_k rows of W_o that take head h's output).
-Under a recorder made with maps=False the fused kernel runs and q_pre_norm, k_pre_norm, v,
-mask, position_bias and the n_q x n_k steps are not recorded; q and k (after RoPE) are handed
+Under a recorder made with maps=False the fused kernel runs and q_pre_norm, k_pre_norm,
+mask, position_bias and the n_q x n_k steps are not recorded; q, k (after RoPE) and v are handed
 to it, and a traced pass keeps them when they are small (core/api.py), so that reading a
-layer's weights later costs only Q K^T and the softmax.
+layer's weights later costs only Q K^T and the softmax (value_norms: and v's sizes).
 
 QK-norm (cfg.qk_norm): "head" normalises each head's q and k over d_k (Gemma 3), "full" the
 whole projection (before it is split into heads); both before RoPE.
@@ -96,19 +96,38 @@ class MultiHeadAttention(nn.Module):
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
         return attention_weights(q, k, mask, self.scale, self.softcap)
 
-    def value_sizes(self, v: torch.Tensor) -> torch.Tensor:
-        """||v_j W_o^h|| for v (B, H, n_k, d_k) (already one per query head): (B, H, n_k)."""
-        w_o = self.w_o.weight.view(self.w_o.weight.shape[0], self.h, self.dk)  # (d, H, d_k): W_o^h^T side by side
-        return torch.einsum("bhjk,dhk->bhjd", v, w_o).norm(dim=-1)
+    def _gram(self) -> torch.Tensor:
+        """G_h = W_o^h W_o^h^T (H, d_k, d_k) in float64, so that ||v W_o^h||^2 = v G_h v^T costs
+        d_k^2 a key instead of d_k d; kept until W_o changes (its storage or version)."""
+        w = self.w_o.weight
+        key = (w.data_ptr(), w._version, w.device, w.dtype)
+        kept = self.__dict__.get("_gram_kept")
+        if kept is None or kept[0] != key:
+            w_o = w.detach().double().view(w.shape[0], self.h, self.dk)  # (d, H, d_k): W_o^h^T side by side
+            self.__dict__["_gram_kept"] = kept = (key, torch.einsum("dhk,dhl->hkl", w_o, w_o))
+        return kept[1]
 
-    def value_norms(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None):
+    def value_sizes(self, v: torch.Tensor) -> torch.Tensor:
+        """||v_j W_o^h|| for v (B, H or Hkv, n_k, d_k): (B, H, n_k), in v's dtype. A grouped-query
+        v (one per kv head) is read by each of its H/Hkv query heads' W_o^h."""
+        vd = v.double()
+        if v.shape[1] != self.h:
+            vd = vd.repeat_interleave(self.h // v.shape[1], dim=1)
+        sq = (torch.matmul(vd, self._gram()) * vd).sum(-1)  # v G_h v^T, exact to float64 rounding
+        return sq.clamp_min_(0).sqrt_().to(v.dtype)
+
+    def value_norms(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None,
+                    qkv=None):
         """||a_ij v_j W_o^h|| alone (B, H, n_q, n_k): the weights (as `weights` computes them)
-        times the size of each key's transformed value; no heads, no W_o on the heads."""
-        w = self.weights(x_q, x_kv, mask, angles, is_causal, position_bias)
-        b, n_k = x_kv.shape[0], x_kv.shape[1]
-        v = self.w_v(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)
-        if self.hkv != self.h:
-            v = v.repeat_interleave(self.h // self.hkv, dim=1)
+        times the size of each key's transformed value; no heads, no W_o on the heads.
+        qkv: the (q, k, v) a traced pass kept, instead of projecting x again."""
+        if qkv is not None:
+            w = self.weights(None, None, mask, angles, is_causal, position_bias, qk=qkv[:2])
+            v = qkv[2]
+        else:
+            w = self.weights(x_q, x_kv, mask, angles, is_causal, position_bias)
+            b, n_k = x_kv.shape[0], x_kv.shape[1]
+            v = self.w_v(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)
         return w.mul_(self.value_sizes(v)[:, :, None, :])
 
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
@@ -146,9 +165,10 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         explicit = records_maps(rec)
-        if rec and not explicit:  # the fused path: q and k for a trace that keeps them (core/api.py)
+        if rec and not explicit:  # the fused path: q, k, v for a trace that keeps them (core/api.py)
             rec("q", q)
             rec("k", k)
+            rec("v", v)
         if explicit:
             rec("q", q)
             rec("k", k)
