@@ -201,3 +201,40 @@ def test_the_corpus_command_writes_mean_and_spread_per_method(gpt2, tmp_path):
         assert table.loc[m, "comprehensiveness_std"] == pytest.approx(np.std(vals, ddof=1), abs=1e-6)
     assert len(pd.read_csv(per)) == 9
     assert main(["faithfulness", "--model", str(ours.folder), "--input", str(tmp_path / "none.txt")]) == 2
+
+
+def test_the_corpus_command_on_ray_gives_the_local_rows(gpt2, tmp_path):
+    """`python -m core faithfulness --ray`: Ray Data maps the same per-sentence function over the
+    sentences in worker processes (each loads the model by name); the rows equal the local run's,
+    and a sentence the model cannot read is skipped on both."""
+    ray = pytest.importorskip("ray")
+    import pandas as pd
+    from core.__main__ import main
+    from core.analysis import faithfulness_job as job
+
+    _, ours = gpt2
+    sentences = ["the small dog sees the old cat near the", "alice gave the tired cat a book because it"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentences) + "\n")
+    kw = dict(methods=["occlusion", "grad_x_input"], fractions=(0.2, 0.5), steps=4)
+    local, skipped = job.run(ours, sentences + [" "], **kw)
+    assert [sid for sid, _ in skipped] == [2]  # an empty sentence: an input error, skipped
+    out, per = tmp_path / "table.csv", tmp_path / "rows.csv"
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        _, remote_skipped = job.run_ray(str(ours.folder), sentences + [" "], **kw)
+        rc = main(["faithfulness", "--model", str(ours.folder), "--input", str(corpus), "--out", str(out),
+                   "--per-sentence", str(per), "--methods", "occlusion,grad_x_input", "--fractions", "0.2,0.5",
+                   "--steps", "4", "--ray"])
+    finally:
+        ray.shutdown()
+    assert rc == 0 and [sid for sid, _ in remote_skipped] == [2]
+    remote = pd.read_csv(per).sort_values(["sentence_id", "method"]).reset_index(drop=True)
+    local = local.sort_values(["sentence_id", "method"]).reset_index(drop=True)
+    assert list(remote["sentence_id"].unique()) == [0, 1] and len(remote) == len(local) == 6
+    assert (remote["method"] == local["method"]).all() and (remote["target"] == local["target"]).all()
+    for col in ("comprehensiveness", "sufficiency", "difference"):
+        np.testing.assert_allclose(remote[col].to_numpy(), local[col].to_numpy(), atol=1e-6, rtol=0)
+    table = pd.read_csv(out).set_index("method")
+    assert table.loc["occlusion", "comprehensiveness_mean"] == pytest.approx(
+        local[local.method == "occlusion"]["comprehensiveness"].mean(), abs=1e-6)
