@@ -226,8 +226,10 @@ def attention_heatmap(
     log_scale: bool = False,
     hover_from_axes: bool = False,
     layout: Optional[dict] = None,
+    value_name: str = "weight",
 ) -> go.Figure:
     """Attention weights (n_q x n_k): rows are queries, columns keys; 0-1 colour scale by default.
+    value_name: what a cell is called on hover and on the colour bar ("norm" for value norms).
 
     log_scale: colour by log10(weight), floored at LOG_FLOOR (1e-5), with the colour bar
     labelled in weights. Long prompts of decoder LMs put most weight on the first token (an
@@ -238,11 +240,11 @@ def attention_heatmap(
         z = np.log10(np.maximum(w, LOG_FLOOR))
         fig = matrix_heatmap(z, query_tokens, key_tokens, title=title, zmin=lo if fixed_scale else None,
                              zmax=0.0 if fixed_scale else None, x_title="key", y_title="query",
-                             value_name="log₁₀ weight", highlight_row=highlight_row, height=height, neg_inf_text=False,
+                             value_name=f"log₁₀ {value_name}", highlight_row=highlight_row, height=height, neg_inf_text=False,
                              hover_from_axes=hover_from_axes, layout=layout)
         ticks = list(range(int(lo), 1))
         fig.update_traces(colorbar=dict(thickness=12, tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks],
-                                        title=dict(text="weight (log)", side="right")))
+                                        title=dict(text=f"{value_name} (log)", side="right")))
         return fig
     return matrix_heatmap(
         w,
@@ -253,7 +255,7 @@ def attention_heatmap(
         zmax=1.0 if fixed_scale else None,
         x_title="key",
         y_title="query",
-        value_name="weight",
+        value_name=value_name,
         highlight_row=highlight_row,
         show_values=show_values,
         height=height,

@@ -132,20 +132,20 @@ with tab_map:
         if max(matrix.shape) > ex.MAX_HEATMAP_SIDE:
             full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key=flags["full"])
         z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else ex.reduce_map(matrix, q_toks, k_toks)
-        title = view.label() + (" · in words" if words else "")
+        title = view.label() + (" · in words" if words else "") + (" · what is added (value norms)" if norms else "")
         if fq > 1 or fk > 1:
             title += f" · blocks of {max(fq, fk)}"
             st.info(f"Long input ({matrix.shape[-2]} × {matrix.shape[-1]} {unit}): drawn as blocks of up to "
                     f"{max(fq, fk)} neighbouring {unit} so the page stays responsive — within a block the keys' "
                     "weights are summed and the queries' rows averaged, so each drawn row still sums to 1. Hover a "
                     "cell for its block; the CSV download has every token.")
-        fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map, log_scale=log_scale),
+        fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map, log_scale=log_scale,
+                                            value_name="norm" if norms else "weight"),
                           zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
         charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
-        st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
-                   "Hover a cell for the exact weight.")
+        explore_links.map_caption(norms)
         dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
                  head=view.head, key="explore-dl", suffix="-words" if words else "")
 

@@ -36,6 +36,16 @@ def norms_scale(norms: bool, per_map: bool) -> bool:
     return True
 
 
+def map_caption(norms: bool) -> None:
+    """What the heatmap's cells are: weights that sum to 1 per row, or value norms that do not."""
+    if norms:
+        st.caption("Each cell is ||a_nm v_m W_o^h||: how much key m adds to query n's output through this head. "
+                   "Rows do not sum to 1. Hover a cell for the exact norm.")
+    else:
+        st.caption("Each row is a query and sums to 1: the weights a_nm of y_n = Σ_m a_nm v_m. "
+                   "Hover a cell for the exact weight.")
+
+
 def head_view_window(n_q: int, n_k: int, unit: str):
     """(query slice, key slice, title suffix) of the head view: everything up to
     viz.model_view.HEAD_VIEW_MAX positions, else a window the user moves along the input."""
