@@ -39,10 +39,10 @@ def test_default_view_computes_the_notes_example(app_test):
     assert_no_exception(at)
     w = heatmap_z(chart_by_key(at, "playground-hand-weights"))
     assert np.round(w, 2).tolist() == [[0.62, 0.38], [0.22, 0.78]]
-    frames = [df.value for df in at.dataframe]
+    frames = [df.value for df in at.table]
     softmax = next(f for f in frames if f.shape == (2, 2) and abs(float(f.iloc[0, 0]) - 0.6225) < 1e-4)
     assert softmax.round(4).to_numpy().tolist() == [[0.6225, 0.3775], [0.2227, 0.7773]]
-    assert any("A1 (q1 (help)) = 0.6225 v1 + 0.3775 v2" in c.value for c in at.code)
+    assert any("A1 (q1 (help)) = 0.6225 v1 + 0.3775 v2" in c.value for c in at.text)
     assert at.query_params["model"] == "toy-translate"
     # only the open tab's charts are drawn; each other tab draws its own when opened
     assert not [c for c in at.get("plotly_chart") if "playground-pfree" in c.proto.id]

@@ -76,17 +76,19 @@ def by_hand(keys: dict, base: dict) -> dict:
         ql, kl = vg.row_labels(edited["Q"], "q"), vg.row_labels(edited["K"], "k")
         vl = [label.split(" ")[0] for label in vg.row_labels(edited["V"], "v")]
         d_k = Q.shape[1]
+        # A few numbers each: static tables and plain text, not data grids and a code block (each
+        # grid mounts a canvas; st.code loads the syntax highlighter, ~0.2 s of the first load).
         c = st.columns([1, 1, 1, 1.3])
         c[0].markdown("**Scores Q Kᵀ**")
-        c[0].dataframe(vg.number_frame(res["scores"], ql, kl), width="stretch")
+        c[0].table(vg.number_frame(res["scores"], ql, kl))
         c[1].markdown(f"**Scaled F = Q Kᵀ / √{d_k}**" if scaled else "**Unscaled F = Q Kᵀ**")
-        c[1].dataframe(vg.number_frame(res["scaled"], ql, kl), width="stretch")
+        c[1].table(vg.number_frame(res["scaled"], ql, kl))
         c[2].markdown("**S = softmax(F), row by row**")
-        c[2].dataframe(vg.number_frame(res["weights"], ql, kl), width="stretch")
+        c[2].table(vg.number_frame(res["weights"], ql, kl))
         c[3].markdown("**A = S V**")
-        c[3].dataframe(vg.number_frame(res["output"], ql, [f"A·{j + 1}" for j in range(V.shape[1])]), width="stretch")
+        c[3].table(vg.number_frame(res["output"], ql, [f"A·{j + 1}" for j in range(V.shape[1])]))
         c = st.columns(2)
-        c[0].code("\n".join(vg.weighted_sum_text(res["weights"], ql, vl)), language=None)
+        c[0].text("\n".join(vg.weighted_sum_text(res["weights"], ql, vl)))
         w = res["weights"]
         if w.shape == (2, 2):
             c[0].caption(f"To two decimals the weights are {w[0, 0]:.2f} / {w[0, 1]:.2f} and {w[1, 0]:.2f} / "
