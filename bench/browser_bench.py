@@ -305,7 +305,8 @@ def _rows_8k(r: dict, target_row) -> list:
     return [
         Result("long input", target_row[0], longest, "s", target_row[1],
                note=f"Chromium's 'longtask' entries: map {fmt(r['map_longest_task'])} (from the trace's end), model view "
-                    f"{fmt(r['model_view_longest_task'])}, spans {fmt(r['spans_longest_task'])} (from the click); one run"),
+                    f"{fmt(r['model_view_longest_task'])}, spans {fmt(r['spans_longest_task'])} (from the click); one run; load average "
+                    f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after (2 cores)"),
         Result("long input", pre + "the server's traced pass (the page's progress bar, first layer to done)", r["trace"], "s",
                None, note=f"Enter -> trace done {fmt(r['trace_from_enter'])}; one run"),
         Result("long input", pre + "one head's map (overview of pooled blocks) drawn after the trace is done",

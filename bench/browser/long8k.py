@@ -12,6 +12,7 @@ task ('longtask') during each of the three (the page cannot react to input durin
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def scenario_smollm2_8k(page, base_url: str, text: str, shots: Path | None = Non
     wait_idle(page, 300_000)
     wait_chart(page, "explore-heatmap", 300_000)
     click_tab(page, TAB_MAP, 300_000)
-    out = {}
+    out = {"load_before": list(os.getloadavg())}  # the browser shares the machine's cores: stretched by load
     page.evaluate(PROGRESS_JS)
     press = set_text(page, "Sentence (press Ctrl+Enter)", text)
     t_map = timed(page, press, "explore-heatmap", "/blocks of/.test(window.__title(e))", None, TIMEOUT)
@@ -88,6 +89,7 @@ def scenario_smollm2_8k(page, base_url: str, text: str, shots: Path | None = Non
     out["spans_longest_task"] = LAST.get("longest_task")
     out["spans_breakdown"] = dict(LAST)
     out["n_spans"] = page.evaluate("() => { const e = window.__plot('explore-spans'); return window.__rows(e.data[0].z); }")
+    out["load_after"] = list(os.getloadavg())
     out["exceptions_on_page"] = page.locator('[data-testid="stException"]').count()
     if shots:
         page.screenshot(path=str(shots / "smollm2_8k-spans.png"), full_page=True)
