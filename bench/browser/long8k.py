@@ -37,6 +37,14 @@ PROGRESS_JS = """() => { const p = window.__bench.progress = {start: null, done:
   }, 50); }"""
 
 
+def tasks_since_action(page) -> list:
+    """Chromium's long tasks since the last timed action: [start, duration] in seconds, the start
+    counted from the action (so they can be set against the chart's drawn time and the script's end)."""
+    return page.evaluate("() => { const t0 = window.__bench.t0; return window.__bench.longtasks"
+                         ".filter(x => x[0] + x[1] >= t0).map(x => [+((x[0] - t0) / 1000).toFixed(2), "
+                         "+(x[1] / 1000).toFixed(3)]); }")
+
+
 def smol_document(model, n: int = N_TOKENS) -> str:
     """Text of exactly n smollm2 tokens: the notes' passage as sentences, five to a paragraph."""
     sent = PASSAGE.strip().capitalize() + "."
@@ -71,6 +79,7 @@ def scenario_smollm2_8k(page, base_url: str, text: str, shots: Path | None = Non
     tasks = longtasks_since(page, end if end is not None else (t0 or 0))
     out["map_longest_task"] = max((d for _, d in tasks), default=0.0) / 1000
     out["map_breakdown"] = bd
+    out["map_tasks"] = tasks_since_action(page)
     out["warning"] = prog.get("warning")
     if shots:
         page.screenshot(path=str(shots / "smollm2_8k-map.png"), full_page=True)
@@ -80,6 +89,7 @@ def scenario_smollm2_8k(page, base_url: str, text: str, shots: Path | None = Non
                               "e.data.length === 2 && (e.data[1].customdata || []).length > 0", None, TIMEOUT)
     out["model_view_longest_task"] = LAST.get("longest_task")
     out["model_view_breakdown"] = dict(LAST)
+    out["model_view_tasks"] = tasks_since_action(page)
     if shots:
         page.screenshot(path=str(shots / "smollm2_8k-model-view.png"), full_page=True)
 
@@ -88,6 +98,7 @@ def scenario_smollm2_8k(page, base_url: str, text: str, shots: Path | None = Non
                          TIMEOUT)
     out["spans_longest_task"] = LAST.get("longest_task")
     out["spans_breakdown"] = dict(LAST)
+    out["spans_tasks"] = tasks_since_action(page)
     out["n_spans"] = page.evaluate("() => { const e = window.__plot('explore-spans'); return window.__rows(e.data[0].z); }")
     out["load_after"] = list(os.getloadavg())
     out["exceptions_on_page"] = page.locator('[data-testid="stException"]').count()
