@@ -3,6 +3,7 @@
     python -m bench.browser_bench [--reps 10] [--long-reps 5] [--no-keep-freed-memory] [--json]
                                   [--only SCENARIO ...]   # e.g. --only corpus
                                   [--page PAGE ...]       # first_load: e.g. --page inside
+                                  [--screenshots DIR]     # smollm2_8k: its three views as PNG
 
 Each figure is the median over repetitions, measured in the page from the user's action
 (the keydown of Enter, the pointerdown of a click, as the page's own event timestamps) to
@@ -48,6 +49,11 @@ maps, one more decoder row...). The page is polled every animation frame.
    ratio page / floor (target 2x), which load on the shared machine cancels out of; the note
    has both times, every chart drawn, the script's end and the longest main-thread task.
    Repetitions: a third of --reps (at least one).
+8. smollm2_8k (bench/browser/long8k.py; not in --quick): 8,000 smollm2 tokens (~195 sentences)
+   + Ctrl+Enter on /explore -> the traced pass (timed from its progress bar's first layer to
+   "Done"), one head's map (an overview of pooled blocks), then the model view tab, then the
+   Long document tab's span view; the target is the longest main-thread task during those three
+   views (<= 0.5 s). One run (minutes); --screenshots DIR saves each view.
 
 The scenarios live in bench/browser/ (one module per page, shared helpers in page.py); this
 module runs them and prints the rows.
@@ -68,17 +74,18 @@ from bench.browser.decoder import SLIDER_STEP_AT_JS, scenario_decoder, scenario_
 from bench.browser.firstload import FIRST_LOAD_PAGES, first_load_rows
 from bench.browser.explore import scenario_head, scenario_long, scenario_model_view, scenario_sentence
 from bench.browser.floor import FLOOR_CHARTS, scenario_floor
+from bench.browser.long8k import scenario_smollm2_8k, smol_document
 from bench.browser.page import (HELPERS_JS, INIT_JS, _note, _slider_note, _where, collect, expected_ticks,
                                 minilm_sentences, start_server, toy_sentences, wait_chart, wait_idle)
 from bench.common import ROOT, Result, median, text_of
 
 
 SCENARIOS = ("sentence", "model_view", "head", "decoder", "decoder_browser", "floor", "decoder_long", "toy", "long", "corpus",
-             "first_load")
+             "first_load", "smollm2_8k")
 
 
 def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool = False, app_root=None,
-        only=None, pages=None) -> dict:
+        only=None, pages=None, shots=None) -> dict:
     """Every scenario, or those named in `only` (SCENARIOS), on one warm server and browser."""
     import core
 
@@ -250,6 +257,15 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                                                "to the head change (the page cannot react to input during one)"))
                     details["long"] = lg
 
+            if want("smollm2_8k") and not quick and core.MODELS["smollm2"].available():
+                names = [("smollm2, 8,000 tokens: longest main-thread task once the trace is done, over the map, the "
+                          "model view and the span view (responsive: <= 0.5 s)", 0.5)]
+                # Enter -> one head's map (the trace included), model view tab -> its maps, Long document -> spans
+                r8 = attempt("long input", names, lambda: _smollm2_8k(page, server.url, shots))
+                if r8:
+                    results.extend(_rows_8k(r8, names[0]))
+                    details["smollm2_8k"] = r8
+
             if want("first_load"):
                 first_load_rows(page, server, max(1, reps // 3), warm, results, details, attempt,
                                 pages=[p for p in FIRST_LOAD_PAGES if not pages or p in pages])
@@ -264,6 +280,44 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
     return {"results": [r.to_dict() for r in results], "details": details}
 
 
+def _smollm2_8k(page, url: str, shots) -> dict:
+    """The smollm2_8k scenario on a tall viewport (its screenshots, if asked, go to `shots`)."""
+    import core
+
+    text = smol_document(core.load_model("smollm2", device="cpu"))
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1400, "height": 2400})
+    try:
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+        return scenario_smollm2_8k(page, url, text, Path(shots) if shots else None)
+    finally:
+        page.set_viewport_size(size)
+
+
+def _rows_8k(r: dict, target_row) -> list:
+    """The smollm2_8k rows: the longest task (target) and each time (info)."""
+    def fmt(x):
+        return "-" if x is None else f"{x:.2f} s"
+
+    longest = max(x for x in (r["map_longest_task"], r["model_view_longest_task"], r["spans_longest_task"]) if x is not None)
+    pre = "smollm2, 8,000 tokens: "
+    return [
+        Result("long input", target_row[0], longest, "s", target_row[1],
+               note=f"Chromium's 'longtask' entries: map {fmt(r['map_longest_task'])} (from the trace's end), model view "
+                    f"{fmt(r['model_view_longest_task'])}, spans {fmt(r['spans_longest_task'])} (from the click); one run; load average "
+                    f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after (2 cores)"),
+        Result("long input", pre + "the server's traced pass (the page's progress bar, first layer to done)", r["trace"], "s",
+               None, note=f"Enter -> trace done {fmt(r['trace_from_enter'])}; one run"),
+        Result("long input", pre + "one head's map (overview of pooled blocks) drawn after the trace is done",
+               r["map_after_trace"], "s", None, note=f"Ctrl+Enter -> map {fmt(r['enter_to_map'])}" + _where(r["map_breakdown"])),
+        Result("long input", pre + "model view tab -> its maps drawn", r["model_view"], "s", None,
+               note="one run" + _where(r["model_view_breakdown"])),
+        Result("long input", pre + f"Long document tab -> span view drawn ({r['n_spans']} x {r['n_spans']} sentences)",
+               r["spans"], "s", None, note="one run" + _where(r["spans_breakdown"])),
+    ]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
@@ -275,11 +329,12 @@ def main(argv=None) -> None:
                     help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
     ap.add_argument("--page", action="append", choices=FIRST_LOAD_PAGES, dest="pages",
                     help="first_load: open only this page (repeatable)")
+    ap.add_argument("--screenshots", default=None, metavar="DIR", help="smollm2_8k: save its three views here (PNG)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     reps, long_reps = (3, 1) if args.quick else (args.reps, args.long_reps)
     res = run(reps, long_reps, keep_freed=not args.no_keep_freed_memory, quick=args.quick, app_root=args.app_root,
-              only=args.only, pages=args.pages)
+              only=args.only, pages=args.pages, shots=args.screenshots)
     if args.json:
         print(json.dumps(res, default=str))
         return

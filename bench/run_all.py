@@ -9,7 +9,8 @@
 4. lens    the logit lens and direct logit attribution against one traced pass (bench.bench_lens);
 5. attribution  integrated gradients and the faithfulness table against untraced forward passes (bench.bench_attribution);
 6. browser the app in Chromium: sentence, model view, head, decoder step, 512 tokens, the
-           corpus page's 20,000-point scatter (bench.browser_bench; also in --quick).
+           corpus page's 20,000-point scatter (bench.browser_bench; also in --quick), and in full
+           runs smollm2's 8,000 tokens: trace, map, model view, span view (scenario smollm2_8k).
 Each runs in its own process. --quick: fewer rounds and repetitions, configurations
 glibc/after, lengths 128 and 512 (a few minutes instead of ~15).
 """
@@ -397,7 +398,7 @@ def main(argv=None) -> int:
     if not args.skip_browser:
         print("browser ...", flush=True)
         try:
-            browser = _sub("bench.browser_bench", ["--quick"] if args.quick else [], timeout=5400)
+            browser = _sub("bench.browser_bench", ["--quick"] if args.quick else [], timeout=7200)
         except Exception as exc:
             browser = {"results": [Result("browser", "browser benchmark", None, "s", note=str(exc)[-300:]).to_dict()],
                        "details": {}}

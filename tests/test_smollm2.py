@@ -141,6 +141,26 @@ def test_the_context_is_the_ggufs_own(model):
     assert smollm2.load(device="cpu", max_len=1000).config.max_len == 1000  # a cap below it, when asked
 
 
+def test_a_trace_at_the_full_context_fits_the_apps_trace_cache(model):
+    """A trace at the model's own context must be kept by the app's trace cache: one larger
+    than its budget is served and never kept, so every rerun of a page (a tab, a head) would
+    run the traced pass again (86 s at 8,000 tokens on a 2-core CPU). Past ~970 tokens no map
+    is stored and the stored bytes grow linearly with a small constant: a 1,100-token trace's
+    bytes per token times the context bound them from above."""
+    import core.trace
+    from viz.cache import ByteLRU
+    from viz.ui import models as app_models
+
+    t = model.trace(" ".join(["the river bank was quiet"] * 240))
+    n = len(t.tokens("target"))
+    assert n >= 1100
+    at_context = core.trace.nbytes_of([t]) / n * model.max_input_tokens
+    assert at_context > 2**30  # ~1.1 GiB at 8,192 tokens: the default budget must be set for it
+    cache = ByteLRU(app_models.TRACE_CACHE_BYTES, size_of=lambda b: b)
+    cache.put("full context", int(at_context))
+    assert cache.get("full context") is not None
+
+
 # ------------------------------------------------------------------------------ parity
 @pytest.mark.parametrize("prompt", PROMPTS, ids=lambda p: f"{len(p)}ch")
 def test_parity_with_transformers(model, reference, prompt):

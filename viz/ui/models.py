@@ -21,7 +21,9 @@ from core.errors import InputError
 from viz.cache import ByteLRU
 from viz.text import _md_code, clean_text
 
-TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "1024")) * 2**20
+# A trace larger than the budget is served and never kept (every rerun would trace again):
+# the default keeps one of smollm2's 8,192 tokens (~1.1 GiB stored) beside shorter ones.
+TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "2048")) * 2**20
 
 
 def model_names():
