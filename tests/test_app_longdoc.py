@@ -124,4 +124,6 @@ def test_span_map_on_a_log_scale_keeps_the_mass_in_its_hover():
     mass = np.array([[1.0, 0.0], [0.9, 0.1]])
     fig = lm.span_figure(mass, ["a", "b"], log_scale=True)
     np.testing.assert_allclose(np.array(fig.data[0].z, dtype=float), np.log10(np.maximum(mass, 1e-5)))
-    np.testing.assert_allclose(np.array(fig.data[1].customdata)[:, 2].astype(float), mass.ravel())
+    np.testing.assert_allclose(np.array(fig.data[1].customdata)[:, 2].astype(float), mass[mass > 0])
+    # a cell with no mass (a causal map's upper triangle) gets no click target; the others keep theirs
+    assert list(zip(fig.data[1].y, fig.data[1].x)) == [(0, 0), (1, 0), (1, 1)]

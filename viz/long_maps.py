@@ -34,13 +34,16 @@ LABEL_CHARS = 36  # characters of a span's text in its label
 MAX_SPANS = 200  # more spans than this are merged in runs (the map has a click target per cell)
 
 
-def _click_targets(n_rows: int, n_cols: int, custom, hovertemplate: str) -> go.Scattergl:
+def _click_targets(n_rows: int, n_cols: int, custom, hovertemplate: str, keep=None) -> go.Scattergl:
     """One invisible marker at the centre of every cell: plotly heatmaps cannot be selected
     (Streamlit's on_select returns no points for them; viz/grid.py), so a click picks the
-    nearest marker, which also carries the cell's hover."""
+    nearest marker, which also carries the cell's hover. keep (n_rows x n_cols booleans): only
+    those cells get one (a causal map's upper triangle holds nothing to open: half the markers,
+    which the browser builds and indexes one by one)."""
     ys, xs = np.mgrid[0:n_rows, 0:n_cols]
-    return go.Scattergl(x=xs.ravel(), y=ys.ravel(), mode="markers", showlegend=False, name="cells",
-                        customdata=np.asarray(custom).reshape(n_rows * n_cols, -1), hovertemplate=hovertemplate,
+    on = np.ones((n_rows, n_cols), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+    return go.Scattergl(x=xs[on], y=ys[on], mode="markers", showlegend=False, name="cells",
+                        customdata=np.asarray(custom).reshape(n_rows, n_cols, -1)[on], hovertemplate=hovertemplate,
                         marker=dict(size=6, opacity=0, color="#000000"),
                         selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)))
 
@@ -108,7 +111,7 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
         colorbar=dict(thickness=12, title=dict(text="log₁₀ mass" if log_scale else "mass", side="right")),
         hoverinfo="skip"),
         _click_targets(s, s, custom, "from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: "
-                                     "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>")])
+                                     "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>", z > 0)])
     every = max(1, -(-s // 40))
     fig.update_layout(
         title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)),
@@ -192,7 +195,7 @@ def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool 
         colorbar=dict(thickness=12), hoverinfo="skip"),
         _click_targets(nb, nb, custom, "queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
                        " (keys summed, queries averaged): %{customdata[2]:.4f}<br>click to open this block"
-                       "<extra></extra>")])
+                       "<extra></extra>", z > 0)])
     every = max(1, -(-nb // 16))
     ticks = list(range(0, nb, every))
     fig.update_layout(
