@@ -29,7 +29,7 @@ import sys
 import time
 
 from bench.common import ROOT, Result, status_kib
-from bench.trace_bench import _smol_ids, _trace_from_ids
+from bench.common import smol_ids, trace_from_ids
 
 IOI = "When Mary and John went to the store, John gave a drink to"
 LENS_TARGET, MEMORY_TARGET_GIB, ATTRIBUTION_TARGET = 0.5, 1.0, 0.1
@@ -54,8 +54,8 @@ def part_speed(lengths) -> dict:
         if n is None:
             make = lambda: model.trace(IOI)  # noqa: E731
         else:
-            ids = _smol_ids(model, n)
-            make = lambda ids=ids: _trace_from_ids(model, ids, model.target_strings(ids))  # noqa: E731
+            ids = smol_ids(model, n)
+            make = lambda ids=ids: trace_from_ids(model, ids, model.target_strings(ids))  # noqa: E731
         traced_s, tr = _cpu(make)
         lens_s, df = _cpu(lambda: ca.lens(tr))
         attr_s, _ = _cpu(lambda: ca.logit_attribution(tr, int(tr["topk.ids"][-1, 0]),
@@ -75,8 +75,8 @@ def part_memory(n: int = 2048) -> dict:
     import core.analysis as ca
 
     model = core.load_model("smollm2", device="cpu")
-    ids = _smol_ids(model, n)
-    tr = _trace_from_ids(model, ids, model.target_strings(ids))
+    ids = smol_ids(model, n)
+    tr = trace_from_ids(model, ids, model.target_strings(ids))
     ca.lens(model.trace(IOI), positions=[-1])  # allocator and first-call costs
     base = status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
