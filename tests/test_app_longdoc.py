@@ -39,7 +39,13 @@ def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatc
     edges = lm.span_token_ranges(span_of)
     ref = np.array([[full[a:b, c:d].sum(1).mean().item() for c, d in edges] for a, b in edges])
     np.testing.assert_allclose(_z(at, "explore-spans"), ref, atol=1e-6)
-    # head profiles: every layer x head, against the full maps of each layer
+    # head profiles: every layer x head, against the full maps of each layer (the tab's own tabs are lazy:
+    # only the open one runs and is drawn)
+    assert not [c for c in at.get("plotly_chart") if "profiles" in str(c.proto.id)]
+    at.session_state["explore.section"] = "Head profiles"
+    at.run()
+    assert_no_exception(at)
+    assert at.query_params["section"] == "profiles"  # a shared link opens this section
     fig = figure(chart_by_key(at, "explore-profiles"))
     dist, first, local = (np.array(decode_array(fig["data"][k]["z"]), dtype=float) for k in range(3))
     assert dist.shape == (6, 12)
@@ -51,6 +57,7 @@ def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatc
         np.testing.assert_allclose(first[layer], w[:, :, 0].mean(-1).numpy(), atol=1e-6)
         np.testing.assert_allclose(local[layer], (w * (d < 64)).sum(-1).mean(-1).numpy(), atol=1e-6)
     # a click on a cell (as the chart's selection writes it) zooms to those two spans' tokens
+    at.session_state["explore.section"] = "Spans"
     at.session_state["explore.span_cell"] = (3, 1)
     at.run()
     assert_no_exception(at)
@@ -61,6 +68,8 @@ def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatc
     shaded = next(d.value for d in at.dataframe if "mass from the chosen span" in d.value.columns)
     np.testing.assert_allclose(shaded["mass from the chosen span"].to_numpy(), ref[3], atol=1e-6)
     assert list(shaded["text"])[3].startswith("Was the current strong?")
+    at.session_state["explore.section"] = "Surprisal"
+    at.run()
     assert "decoder" in " ".join(i.value for i in at.info)  # surprisal asks for a decoder
 
 
@@ -91,7 +100,7 @@ def test_long_heatmap_overview_zoom_and_surprisal_on_a_decoder(app_test, smollm2
     np.testing.assert_allclose(_z(at, "explore-zoom"), full[3 * size:4 * size, size:2 * size].numpy(), atol=1e-6)
     # surprisal of every token, against log-softmax of the trace's logits
     at.query_params["tab"] = "long"
-    at2 = app_test("explore", model="smollm2", text=text, layer="7", head="2", tab="long")
+    at2 = app_test("explore", model="smollm2", text=text, layer="7", head="2", tab="long", section="surprisal")
     at2.run()
     assert_no_exception(at2)
     fig = figure(chart_by_key(at2, "explore-surprisal"))

@@ -20,7 +20,8 @@ TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × 
 
 st.title("Explore attention")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
-                                             "words", "full", "heads", "ablate", "ablation", "step_train", "norms"))
+                                             "words", "full", "heads", "ablate", "ablation", "step_train", "norms",
+                                             "section"))
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -94,10 +95,12 @@ with c[3]:
 heads_key = urlflags.heads(state, "heads", n_heads, f"{model_name} has heads 0–{n_heads - 1}")
 TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS, "long": TAB_LONG}
 tab_key = urlflags.tab(state, "tab", TABS)
+section_key = urlflags.tab(state, "section", longdoc.SECTIONS)  # the Long document tab's own tabs
 state.show_messages()
 url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
 url_view["words"] = urlflags.flag_url(words)
 url_view["norms"] = urlflags.flag_url(norms)
+url_view["section"] = urlflags.tab_url(state, "section", longdoc.SECTIONS)
 if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
@@ -211,4 +214,5 @@ with tab_heads:
                                    title=f"layer {layer}{where}: queries (left) → keys (right)"),
                          key="explore-headview", width="stretch")
 with tab_long:  # spans, head profiles, surprisal (viz.ui.longdoc)
-    _ = tab_long.open is not False and longdoc.long_tab(trace, text, view, n_heads, n_layers, model_name=model_name, log_scale=log_scale)
+    _ = tab_long.open is not False and longdoc.long_tab(trace, text, view, n_heads, n_layers, model_name=model_name,
+                                                        log_scale=log_scale, section_key=section_key)

@@ -27,6 +27,7 @@ SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG te
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
 WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
 CALIBRATION_TOKENS = 128
+SECTIONS = {"spans": "Spans", "profiles": "Head profiles", "surprisal": "Surprisal"}  # the Long document tab's tabs
 _COST: dict = {}  # model name -> (tokens, seconds) of the longest traced pass measured in this process
 
 
@@ -168,97 +169,122 @@ def head_view_weights(trace, view, n_heads: int, qs: slice, ks: slice) -> torch.
 
 # ------------------------------------------------------------------ the Long document tab
 def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore",
-             log_scale: bool = False) -> None:
-    """Spans, head profiles and (decoders) surprisal, for any length."""
+             log_scale: bool = False, section_key: Optional[str] = None) -> None:
+    """Spans, head profiles and (decoders) surprisal, for any length; section_key: the session key
+    of the open section (urlflags.tab over SECTIONS, so the URL names it)."""
     stack, kind = view.stack, view.kind
     if kind != "self_attn":
         st.info("The long-document views read self-attention; pick a self-attention map above.")
         return
-    offsets = trace.meta.get("offsets") or []
     tokens = trace.tokens("target" if stack == "decoder" else "source")
+    # lazy: only the open section runs and is drawn (the surprisal grid and the profiles used to be built and
+    # drawn hidden beside the span map, in the browser's same main-thread task)
+    sec_spans, sec_prof, sec_surp = st.tabs(list(SECTIONS.values()), key=section_key or f"{key}.section",
+                                            on_change="rerun")
+    with sec_spans:
+        if sec_spans.open is not False:
+            _spans_section(trace, text, view, tokens, model_name=model_name, key=key, log_scale=log_scale)
+    with sec_prof:
+        if sec_prof.open is not False:
+            _profiles_section(trace, view, n_heads, n_layers, len(tokens), model_name=model_name, key=key)
+    with sec_surp:
+        if sec_surp.open is not False:
+            _surprisal_section(trace, tokens, model_name=model_name, key=key)
+
+
+def _spans_section(trace, text: str, view, tokens, *, model_name: str, key: str, log_scale: bool) -> None:
+    """The span x span map of attention mass, the zoom a click opens, the text shaded by a span's attention."""
+    stack = view.stack
+    offsets = trace.meta.get("offsets") or []
     n = len(tokens)
     cleaned = clean_text(text)[0]
-    sec_spans, sec_prof, sec_surp = st.tabs(["Spans", "Head profiles", "Surprisal"])
-    with sec_spans:
-        mode = st.radio("Spans", ["sentences", "paragraphs"], horizontal=True, key=f"{key}.span_mode",
-                        help="Sentences end at . ! ? or a line break; paragraphs at a blank line.")
-        offs = list(offsets[:n]) + [(0, 0)] * max(0, n - len(offsets))
-        span_of, ranges, labels = lm.split_spans(cleaned, offs, mode)
-        s = len(ranges)
-        which = "the mean of the layer's heads" if view.head is None else f"head {view.head}"
-        st.caption(f"{n:,} tokens in {s} {mode}. Attention mass between them for layer {view.layer}, {which} (the "
-                   "picker above): a row is a querying span, its cells the share of its weight (averaged over its "
-                   "tokens) that goes to each span; rows sum to 1. Click a cell to see those two spans' tokens.")
-        heads = None if view.head is None else [view.head]
-        mass = _span_mass(trace, view.name, span_of, heads)
-        sel_key = f"{key}.span_cell"
-        from_key = f"{key}.span_from.{mode}.{s}"  # a new text or split gets its own picker (default: the last)
+    mode = st.radio("Spans", ["sentences", "paragraphs"], horizontal=True, key=f"{key}.span_mode",
+                    help="Sentences end at . ! ? or a line break; paragraphs at a blank line.")
+    offs = list(offsets[:n]) + [(0, 0)] * max(0, n - len(offsets))
+    span_of, ranges, labels = lm.split_spans(cleaned, offs, mode)
+    s = len(ranges)
+    which = "the mean of the layer's heads" if view.head is None else f"head {view.head}"
+    st.caption(f"{n:,} tokens in {s} {mode}. Attention mass between them for layer {view.layer}, {which} (the "
+               "picker above): a row is a querying span, its cells the share of its weight (averaged over its "
+               "tokens) that goes to each span; rows sum to 1. Click a cell to see those two spans' tokens.")
+    heads = None if view.head is None else [view.head]
+    mass = _span_mass(trace, view.name, span_of, heads)
+    sel_key = f"{key}.span_cell"
+    from_key = f"{key}.span_from.{mode}.{s}"  # a new text or split gets its own picker (default: the last)
 
-        def pick() -> None:
-            sel = st.session_state.get(f"{key}-spans")
-            pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
-            got = lm.span_pick(pts[0]) if pts else None
-            if got is not None:
-                st.session_state[sel_key] = got
-                st.session_state[from_key] = got[0]  # shade the text by the clicked row
+    def pick() -> None:
+        sel = st.session_state.get(f"{key}-spans")
+        pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
+        got = lm.span_pick(pts[0]) if pts else None
+        if got is not None:
+            st.session_state[sel_key] = got
+            st.session_state[from_key] = got[0]  # shade the text by the clicked row
 
-        cell = st.session_state.get(sel_key)
-        cell = cell if cell is not None and max(cell) < s else None
-        charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell,
-                                    log_scale=log_scale),
-                     key=f"{key}-spans", on_select=pick, selection_mode="points", width="stretch",
-                     name=f"{model_name}-{stack}-L{view.layer}-{mode}")
-        if cell is not None:
-            a, b = cell
-            tr = lm.span_token_ranges(span_of)
-            (r0, r1), (c0, c1) = tr[a], tr[b]
-            z = block(trace, view.name, (r0, r1), (c0, c1), heads)
-            fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
-                                                title=f"{mode[:-1]} {a} → {mode[:-1]} {b}: tokens {r0}–{r1 - 1} × {c0}–{c1 - 1}"),
-                              tokens[r0:r1], tokens[c0:c1], min_top=90)
-            charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a}-{b}")
-        chosen = st.selectbox(f"Shade the text by the attention each {mode[:-1]} receives from", list(range(s)),
-                              index=min(s - 1, cell[0]) if cell else s - 1, format_func=lambda k: labels[k],
-                              key=from_key)
-        st.dataframe(lm.shaded_frame(cleaned, ranges, mass[chosen].tolist(), chosen), hide_index=True,
-                     width="stretch", height=min(600, 40 + 35 * s), key=f"{key}-shaded")
-    with sec_prof:
-        size = 128
-        st.caption(f"Every layer × head on this input: where its attention goes, read one head and {size} query rows "
-                   "at a time. Mean attention distance Σ_j a_ij |i − j| averaged over queries; mass on the first token "
-                   "(the attention sink); mass within the last 64 tokens (local heads near 1, global ones low).")
-        if st.toggle("Compute every head's profile", key=f"{key}.profiles", value=n <= 1024,
-                     help=f"{n_layers} layers × {n_heads} heads: about as long as one traced pass on a long input."):
-            bar = st.progress(0.0, text="Profiling heads…")
-            prof = {}
-            rows = []
-            for i in range(n_layers):
-                bar.progress(i / n_layers, text=f"Profiling heads: layer {i + 1} of {n_layers}")
-                rows.append(profiles(trace, stack, size=size, layers=[i]))
-            bar.empty()
-            for k in rows[0]:
-                prof[k] = torch.cat([r[k] for r in rows]).numpy()
-            charts.chart(lm.profile_figure(prof, title=f"{stack} self-attention: head profiles ({n:,} tokens)"),
-                         key=f"{key}-profiles", width="stretch", name=f"{model_name}-head-profiles")
-    with sec_surp:
-        if trace.meta.get("kind") != "decoder":
-            st.info("Surprisal is what a decoder (a model that predicts the next token) makes of each token: "
-                    "pick a decoder such as smollm2.")
-        else:
-            got = surprisal(trace)
-            s_bits = got["surprisal"]
-            st.caption(f"Each token coloured by its surprisal −log₂ p(token | the tokens before it) under "
-                       f"{model_name} (white 0 bits, dark red {lm.SURPRISAL_TOP:.0f} or more); hover a token for its "
-                       f"surprisal and the entropy of the prediction it was drawn from. Mean "
-                       f"{np.nanmean(s_bits):.2f} bits per token.")
-            start = 0
-            if n > SURPRISAL_WINDOW:
-                start = st.slider("First token shown", 0, n - 1, 0, step=lm.SURPRISAL_ROW, key=f"{key}.surp_from",
-                                  help=f"{SURPRISAL_WINDOW} tokens are drawn at a time; move along the text.")
-            charts.chart(lm.surprisal_figure(tokens, s_bits, got["entropy"], start, SURPRISAL_WINDOW,
-                                             title=f"surprisal under {model_name}, tokens {start}–"
-                                                   f"{min(n, start + SURPRISAL_WINDOW) - 1} of {n:,}"),
-                         key=f"{key}-surprisal", width="stretch", name=f"{model_name}-surprisal")
+    cell = st.session_state.get(sel_key)
+    cell = cell if cell is not None and max(cell) < s else None
+    charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell,
+                                log_scale=log_scale),
+                 key=f"{key}-spans", on_select=pick, selection_mode="points", width="stretch",
+                 name=f"{model_name}-{stack}-L{view.layer}-{mode}")
+    if cell is not None:
+        a, b = cell
+        tr = lm.span_token_ranges(span_of)
+        (r0, r1), (c0, c1) = tr[a], tr[b]
+        z = block(trace, view.name, (r0, r1), (c0, c1), heads)
+        fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
+                                            title=f"{mode[:-1]} {a} → {mode[:-1]} {b}: tokens {r0}–{r1 - 1} × {c0}–{c1 - 1}"),
+                          tokens[r0:r1], tokens[c0:c1], min_top=90)
+        charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a}-{b}")
+    chosen = st.selectbox(f"Shade the text by the attention each {mode[:-1]} receives from", list(range(s)),
+                          index=min(s - 1, cell[0]) if cell else s - 1, format_func=lambda k: labels[k],
+                          key=from_key)
+    st.dataframe(lm.shaded_frame(cleaned, ranges, mass[chosen].tolist(), chosen), hide_index=True,
+                 width="stretch", height=min(600, 40 + 35 * s), key=f"{key}-shaded")
+
+
+def _profiles_section(trace, view, n_heads: int, n_layers: int, n: int, *, model_name: str, key: str) -> None:
+    """Every layer x head's mean attention distance, sink mass and local mass (on a toggle past 1,024 tokens)."""
+    stack = view.stack
+    size = 128
+    st.caption(f"Every layer × head on this input: where its attention goes, read one head and {size} query rows "
+               "at a time. Mean attention distance Σ_j a_ij |i − j| averaged over queries; mass on the first token "
+               "(the attention sink); mass within the last 64 tokens (local heads near 1, global ones low).")
+    if st.toggle("Compute every head's profile", key=f"{key}.profiles", value=n <= 1024,
+                 help=f"{n_layers} layers × {n_heads} heads: about as long as one traced pass on a long input."):
+        bar = st.progress(0.0, text="Profiling heads…")
+        prof = {}
+        rows = []
+        for i in range(n_layers):
+            bar.progress(i / n_layers, text=f"Profiling heads: layer {i + 1} of {n_layers}")
+            rows.append(profiles(trace, stack, size=size, layers=[i]))
+        bar.empty()
+        for k in rows[0]:
+            prof[k] = torch.cat([r[k] for r in rows]).numpy()
+        charts.chart(lm.profile_figure(prof, title=f"{stack} self-attention: head profiles ({n:,} tokens)"),
+                     key=f"{key}-profiles", width="stretch", name=f"{model_name}-head-profiles")
+
+
+def _surprisal_section(trace, tokens, *, model_name: str, key: str) -> None:
+    """Each token coloured by its surprisal under a decoder, SURPRISAL_WINDOW tokens at a time."""
+    n = len(tokens)
+    if trace.meta.get("kind") != "decoder":
+        st.info("Surprisal is what a decoder (a model that predicts the next token) makes of each token: "
+                "pick a decoder such as smollm2.")
+    else:
+        got = surprisal(trace)
+        s_bits = got["surprisal"]
+        st.caption(f"Each token coloured by its surprisal −log₂ p(token | the tokens before it) under "
+                   f"{model_name} (white 0 bits, dark red {lm.SURPRISAL_TOP:.0f} or more); hover a token for its "
+                   f"surprisal and the entropy of the prediction it was drawn from. Mean "
+                   f"{np.nanmean(s_bits):.2f} bits per token.")
+        start = 0
+        if n > SURPRISAL_WINDOW:
+            start = st.slider("First token shown", 0, n - 1, 0, step=lm.SURPRISAL_ROW, key=f"{key}.surp_from",
+                              help=f"{SURPRISAL_WINDOW} tokens are drawn at a time; move along the text.")
+        charts.chart(lm.surprisal_figure(tokens, s_bits, got["entropy"], start, SURPRISAL_WINDOW,
+                                         title=f"surprisal under {model_name}, tokens {start}–"
+                                               f"{min(n, start + SURPRISAL_WINDOW) - 1} of {n:,}"),
+                     key=f"{key}-surprisal", width="stretch", name=f"{model_name}-surprisal")
 
 
 def _span_mass(trace, name: str, span_of, heads) -> np.ndarray:
