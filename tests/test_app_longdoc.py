@@ -125,6 +125,8 @@ def test_a_long_input_is_announced_with_its_expected_time(app_test, smollm2, mon
     said = " ".join(w.value for w in at.warning)
     n = len(smollm2.tokenizer.encode(text).ids)
     assert f"This input is {n:,} tokens long" in said and "5.0 ms per token" in said, said
+    expected = longdoc.expected_seconds(smollm2, n, (100, 0.5))  # in proportion to the FLOPs at each length
+    assert f"about {longdoc._human(expected)} on this machine" in said, said
     at.run()
     assert "tokens long" not in " ".join(w.value for w in at.warning)
 
@@ -136,3 +138,27 @@ def test_span_map_on_a_log_scale_keeps_the_mass_in_its_hover():
     np.testing.assert_allclose(np.array(fig.data[1].customdata)[:, 2].astype(float), mass[mass > 0])
     # a cell with no mass (a causal map's upper triangle) gets no click target; the others keep theirs
     assert list(zip(fig.data[1].y, fig.data[1].x)) == [(0, 0), (1, 0), (1, 1)]
+
+
+def test_the_time_warnings_cost_model_counts_what_torch_counts(smollm2):
+    """flops(): 2 x parameters per token plus causal attention. The linear part against torch's own
+    FLOP counter on a real forward (where attention is a few per cent at 64 tokens); the estimate
+    passes through its measured point and grows with the FLOPs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from viz.ui import longdoc
+
+    n = 64
+    ids = torch.arange(10, 10 + n)[None]
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        smollm2.net.project(smollm2.net.decode(ids))  # the traced pass projects every position to logits
+    counted = counter.get_total_flops()
+    ours = longdoc.flops(smollm2, n)
+    attention = ours - n * 2.0 * sum(p.numel() for p in smollm2.net.parameters())
+    assert 0 < attention < 0.05 * ours
+    assert abs(ours - counted) / counted < 0.05, (ours, counted)
+    cost = (512, 2.0, 1e-11)
+    assert longdoc.expected_seconds(smollm2, 512, cost) == pytest.approx(2.0)
+    assert longdoc.expected_seconds(smollm2, 8000, cost) > longdoc.expected_seconds(smollm2, 4000, cost) * 2
+    assert longdoc.expected_seconds(smollm2, 1024, (512, 2.0)) == pytest.approx(
+        2.0 * longdoc.flops(smollm2, 1024) / longdoc.flops(smollm2, 512))

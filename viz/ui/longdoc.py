@@ -26,9 +26,11 @@ from viz.ui import charts, dl
 SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
 WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
-CALIBRATION_TOKENS = 128
+CALIBRATION_TOKENS = (128, 512)  # two timed passes at each length (the faster kept)
+ATTN_SPEEDUP = 1.45  # causal attention's FLOPs ran ~1.45x faster than the linear layers' (smollm2, one thread,
+#                      traced passes of 512-4,096 tokens on this CPU: fitted a n + b n^2 against the FLOP counts)
+_COST: dict = {}  # model name -> (tokens, seconds, seconds per FLOP or None): a measured traced pass
 SECTIONS = {"spans": "Spans", "profiles": "Head profiles", "surprisal": "Surprisal"}  # the Long document tab's tabs
-_COST: dict = {}  # model name -> (tokens, seconds) of the longest traced pass measured in this process
 
 
 def is_long(trace, stack: str, kind: str) -> bool:
@@ -36,28 +38,61 @@ def is_long(trace, stack: str, kind: str) -> bool:
 
 
 # ------------------------------------------------------------------ before and during a long trace
-def per_token_seconds(model, model_name: str) -> tuple:
-    """(seconds per token, tokens it was measured at): from the longest traced pass of this
-    model measured in this process, else from a 128-token traced pass run now."""
+def flops(model, n: int) -> float:
+    """FLOPs of a traced pass over n tokens, as a cost model: every weight once per token (2 x the
+    parameters: projections, FFN, output layer; an untied embedding table counts too, a slight
+    over-count) and causal attention's QK^T and AV (2 x 2 x n/2 keys x H d_k per layer per token,
+    divided by ATTN_SPEEDUP)."""
+    c = model.config
+    params = sum(p.numel() for p in model.net.parameters())
+    d_attn = c.n_heads * (c.d_head or c.d_model // c.n_heads)
+    layers = (c.n_decoder_layers or c.n_layers) if model.kind != "encoder" else c.n_layers
+    return float(n) * (2.0 * params + 2.0 * d_attn * layers * n / ATTN_SPEEDUP)
+
+
+def expected_seconds(model, n: int, cost: tuple) -> float:
+    """The traced pass's expected time at n tokens from a measured cost (tokens, seconds, seconds
+    per FLOP): with a slope (two calibration passes, so the fixed per-pass overhead is left out),
+    seconds + slope x the extra FLOPs; without one (a long pass measured), in proportion to FLOPs."""
+    at, seconds, slope = (tuple(cost) + (None,))[:3]
+    if slope is None or slope <= 0:
+        return seconds * flops(model, n) / flops(model, at)
+    return seconds + slope * (flops(model, n) - flops(model, at))
+
+
+def _timed_pass(model, n: int) -> float:
+    ids = list(range(10, 10 + n))
+    t0 = time.perf_counter()
+    if model.kind == "decoder":
+        model._run_traced(None, ids)
+    elif model.kind == "encoder":
+        model._run_traced(ids[: model.config.max_len], None)
+    else:
+        model._run_traced(ids[: model.config.max_len], ids[:8])
+    return time.perf_counter() - t0
+
+
+def calibrate(model, model_name: str) -> tuple:
+    """The model's measured cost (tokens, seconds, seconds per FLOP): the longest traced pass of
+    this model measured in this process, else passes run now at the two CALIBRATION_TOKENS
+    lengths (about 4 s for smollm2 on this CPU), whose difference gives the cost of a FLOP without the per-pass overhead."""
     if model_name not in _COST:
-        ids = list(range(10, 10 + CALIBRATION_TOKENS))
-        t0 = time.perf_counter()
-        if model.kind == "decoder":
-            model._run_traced(None, ids)
-        elif model.kind == "encoder":
-            model._run_traced(ids[: model.config.max_len], None)
-        else:
-            model._run_traced(ids[: model.config.max_len], ids[:8])
-        _COST[model_name] = (CALIBRATION_TOKENS, time.perf_counter() - t0)
-    n, s = _COST[model_name]
-    return s / n, n
+        short, long_ = (min(t, model.max_input_tokens) for t in CALIBRATION_TOKENS)
+        # each twice, the faster kept: the first pass of a process also allocates and starts threads, and
+        # another process on the machine stretches one pass more than both
+        t_short = min(_timed_pass(model, short), _timed_pass(model, short))
+        t_long = min(_timed_pass(model, long_), _timed_pass(model, long_))
+        slope = (t_long - t_short) / max(1.0, flops(model, long_) - flops(model, short))
+        floor = 0.5 * t_long / flops(model, long_)  # a noisy difference (a busy machine) falls back to a ratio
+        _COST[model_name] = (long_, t_long, slope if slope >= floor else None)
+    return _COST[model_name]
 
 
 def before_trace(model, model_name: str, text: str):
     """For an input whose traced pass is expected to take more than WARN_SECONDS: a warning
-    with the expected time (tokens x the measured cost per token) and a progress callback
-    drawing a bar; else None. Tokenizes the text (cheap); runs nothing else but, once per
-    model and process, a short calibration pass."""
+    with the expected time (calibrate + expected_seconds) and a progress callback drawing a bar
+    that counts the time left from the layers done; else None. Tokenizes the text (cheap); runs
+    nothing else but, once per model and process, the short calibration passes."""
     if model is None or not text:
         return None
     try:
@@ -66,21 +101,24 @@ def before_trace(model, model_name: str, text: str):
         return None
     if n < 1000:
         return None
-    per, at = per_token_seconds(model, model_name)
-    expected = per * n * max(1.0, n / max(at, 1)) ** 0.35  # attention's n^2 share grows with n
+    cost = calibrate(model, model_name)
+    expected = expected_seconds(model, n, cost)
     if expected < WARN_SECONDS:
         return None
+    at, seconds = cost[0], cost[1]
     st.warning(f"This input is {n:,} tokens long: the traced pass will take about {_human(expected)} on this "
-               f"machine (measured: {per * 1000:.1f} ms per token at {at:,} tokens, more per token at this length). "
-               "The views then read one head and a tile of rows at a time.")
+               f"machine (measured here: {1000 * seconds / at:.1f} ms per token at {at:,} tokens; attention's share "
+               "of the time grows with the length). The views then read one head and a tile of rows at a time.")
     bar = st.progress(0.0, text="Running the model…")
     t0 = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
-        bar.progress(min(1.0, done / max(1, total)), text=f"Running the model: layer {done + 1} of {total}"
+        spent = time.perf_counter() - t0
+        left = f", about {_human(spent / done * (total - done))} left" if 0 < done < total else ""
+        bar.progress(min(1.0, done / max(1, total)), text=f"Running the model: layer {done + 1} of {total}{left}"
                      if done < total else "Done")
         if done >= total and n > _COST.get(model_name, (0, 0))[0]:  # the cost measured at this length
-            _COST[model_name] = (n, time.perf_counter() - t0)
+            _COST[model_name] = (n, spent, None)
 
     progress.bar = bar
     return progress
