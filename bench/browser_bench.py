@@ -295,6 +295,17 @@ def _smollm2_8k(page, url: str, shots) -> dict:
         page.set_viewport_size(size)
 
 
+def _said_ratio(r: dict):
+    """The expected time the page's warning stated ("about 58 s", "about 1.2 minutes") over the
+    traced pass's time; None without either."""
+    import re
+
+    m = re.search(r"take about ([0-9.]+) (s|minutes)", r.get("warning") or "")
+    if not m or not r.get("trace"):
+        return None
+    return float(m.group(1)) * (60 if m.group(2) == "minutes" else 1) / r["trace"]
+
+
 def _rows_8k(r: dict, target_row) -> list:
     """The smollm2_8k rows: the longest task (target) and each time (info)."""
     def fmt(x):
@@ -309,6 +320,8 @@ def _rows_8k(r: dict, target_row) -> list:
                     f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after (2 cores)"),
         Result("long input", pre + "the server's traced pass (the page's progress bar, first layer to done)", r["trace"], "s",
                None, note=f"Enter -> trace done {fmt(r['trace_from_enter'])}; one run"),
+        Result("long input", pre + "the page's time warning: the time it said / the traced pass's", _said_ratio(r), "x",
+               None, note=f"it said: {(r.get('warning') or 'no warning').strip()[:160]}"),
         Result("long input", pre + "one head's map (overview of pooled blocks) drawn after the trace is done",
                r["map_after_trace"], "s", None, note=f"Ctrl+Enter -> map {fmt(r['enter_to_map'])}" + _where(r["map_breakdown"])),
         Result("long input", pre + "model view tab -> its maps drawn", r["model_view"], "s", None,
