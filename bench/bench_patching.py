@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import core  # noqa: E402
 import core.analysis as ca  # noqa: E402
 from bench.common import Result  # noqa: E402
+from core.analysis.token_ids import output_token_id  # noqa: E402
 from core.net.hooks import Hooks  # noqa: E402
 
 CLEAN = "When Mary and John went to the store after school on a sunny day, John gave a drink to"
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     model = core.load_model("smollm2", device="cpu")
     n = len(model.encode(CLEAN).ids)
     assert n == len(model.encode(CORRUPT).ids) == 20, n
-    a, w = ca.activation_patching.token_id(model, " Mary"), ca.activation_patching.token_id(model, " John")
+    a, w = output_token_id(model, " Mary"), output_token_id(model, " John")
     worst = tuple(s.replace("When", word, 1) for s, word in zip((CLEAN, CORRUPT), FIRST_WORD))
     L, H = model.config.n_layers, model.config.n_heads
     rows = []

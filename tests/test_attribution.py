@@ -14,6 +14,7 @@ import core
 import core.analysis as ca
 from core.analysis import input_attribution as A
 from core.analysis import faithfulness_scores as F
+from core.analysis.token_ids import output_token_id
 from hf_builders import build, save
 
 pytest.importorskip("transformers")
@@ -112,7 +113,7 @@ def test_smollm2_matches_llama_for_causal_lm_by_hand(smollm2_pair):
     ids = torch.tensor([ours.encode(text).ids])
     bid = A.baseline_token_id(ours)
     assert bid == ours.tokenizer.info.get("pad_id", bid)
-    target = A.token_id(ours, " Paris")
+    target = output_token_id(ours, " Paris")
 
     def logits_of(x):
         return hf(inputs_embeds=x).logits[:, -1]

@@ -13,7 +13,7 @@ import torch
 
 import core
 import core.analysis as ca
-from core.analysis.logit_lens import token_id
+from core.analysis.token_ids import output_token_id
 from hf_builders import SENTENCES, build, save
 
 TOL = 1e-4
@@ -151,7 +151,7 @@ def _compare_lens(model, hf, text, target=None):
     tr = model.trace(text)
     ids = tr.meta["target_ids"]
     got = hooked_run(hf, ids)
-    t_id = None if target is None else token_id(model, target)
+    t_id = None if target is None else output_token_id(model, target)
     ref = reference_lens(hf, got, target=t_id)
     df = ca.lens(tr, target=target, positions=range(len(ids)))
     n_layers = tr.layers("decoder")

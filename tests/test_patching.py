@@ -14,6 +14,7 @@ import torch
 import core
 import core.analysis as ca
 from core.analysis.activation_patching import PatchRuns, prepare
+from core.analysis.token_ids import output_token_id
 from core.net.hooks import Hooks
 
 DEVICE = "cpu"  # compared with transformers on the CPU
@@ -202,7 +203,7 @@ def test_equal_values_restore_zero_when_run(gpt2):
 
 def test_answer_and_wrong_as_ids_equal_strings(gpt2):
     model, _ = gpt2
-    a, w = ca.activation_patching.token_id(model, " the"), ca.activation_patching.token_id(model, " old")
+    a, w = output_token_id(model, " the"), output_token_id(model, " old")
     by_str = ca.patch(model, GPT_CLEAN, GPT_CORRUPT, " the", " old", what="head")
     by_id = ca.patch(model, GPT_CLEAN, GPT_CORRUPT, a, w, what="head")
     assert torch.allclose(torch.tensor(by_str.metric.values), torch.tensor(by_id.metric.values), atol=0)

@@ -37,20 +37,20 @@ position. An encoder alone has no output to measure (ValueError).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 import torch
 
 from .. import trace_names as tn
 from ..net.hooks import Hooks
+from .token_ids import Token, output_token_id
 
 WHATS = ("resid_pre", "attn_out", "mlp_out", "head")
 POINT = {"resid_pre": tn.IN, "attn_out": tn.local(tn.SELF, "out"), "mlp_out": tn.local(tn.FFN, "out"),
          "head": tn.local(tn.SELF, "heads")}
 BATCH_TOKENS = 8192  # positions run at once in one batch of patched runs (batch items x positions)
 
-Token = Union[str, int]
 
 
 @dataclass
@@ -119,26 +119,6 @@ def prepare(model, clean: str, corrupt: str) -> PatchPair:
     return pair
 
 
-def token_id(model, token: Token) -> int:
-    """An answer token: an id, or a string that the (target) tokenizer reads as exactly one token."""
-    vocab = model.config.tgt_vocab_size
-    if isinstance(token, int) or (hasattr(token, "__index__") and not isinstance(token, str)):
-        i = int(token)
-        if not 0 <= i < vocab:
-            raise ValueError(f"token id {i} is outside the vocabulary (0 to {vocab - 1})")
-        return i
-    text = str(token)
-    if not text:
-        raise ValueError("the answer token is empty: type a token, e.g. ' Mary'")
-    enc = model.target_tokenizer.encode(text)
-    ids = [i for i, s in zip(enc.ids, enc.special) if not s] if enc.special else list(enc.ids)
-    if len(ids) != 1:
-        pieces = model.alternative_strings(ids)
-        raise ValueError(f"{text!r} is {len(ids)} tokens ({', '.join(repr(p) for p in pieces) or 'none'}), "
-                         "not one: give a single token (a leading space often belongs to it)")
-    return int(ids[0])
-
-
 @torch.inference_mode()
 def patch(model, clean: str, corrupt: str, answer: Optional[Token], wrong: Optional[Token] = None,
           what: str = "resid_pre", progress: Optional[Callable[[float], None]] = None,
@@ -182,8 +162,8 @@ class PatchRuns:
             if pair.clean_next is None:
                 raise ValueError("give the answer token (the one the clean input should make likelier)")
             answer = pair.clean_next
-        self.answer = token_id(model, answer)
-        self.wrong = None if wrong is None else token_id(model, wrong)
+        self.answer = output_token_id(model, answer, "answer token")
+        self.wrong = None if wrong is None else output_token_id(model, wrong, "wrong token")
         self.n_layers = len(self.net.layers(self.stack))
         self.n = len(pair.clean_ids)
         # decoders: positions before the first difference are the same in every run

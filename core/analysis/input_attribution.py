@@ -37,7 +37,7 @@ k = 0..n. Every perturbed input of every method runs in a few batched passes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,7 @@ import torch
 
 from .. import trace_names as tn
 from ..net.hooks import Hooks
+from .token_ids import input_token_id, input_vocab, output_token_id
 
 GRADIENT_METHODS = ("grad_x_input", "integrated_gradients", "occlusion")
 ATTENTION_METHODS = ("attention", "rollout", "flow", "value_norm")
@@ -124,9 +125,9 @@ def baseline_token_id(model, baseline_token=None) -> int:
     """The token whose embedding replaces a token's: `baseline_token` (id or string), else the
     tokenizer's pad token, else its end-of-sequence token."""
     if baseline_token is not None:
-        return token_id(model, baseline_token, what="baseline token")
+        return input_token_id(model, baseline_token, "baseline token")
     tk = model.tokenizer
-    vocab = _vocab(model)
+    vocab = input_vocab(model)
     candidates = [getattr(tk, "pad_id", None), getattr(tk, "info", {}).get("pad_id")]
     index = getattr(tk, "index", {}) or {}
     candidates += [index.get(p) for p in ("[PAD]", "<pad>", "<|pad|>", "<|padding|>", "<PAD>")]
@@ -135,32 +136,6 @@ def baseline_token_id(model, baseline_token=None) -> int:
         if isinstance(c, (int, np.integer)) and 0 <= int(c) < vocab:
             return int(c)
     return int(model.config.pad_id)
-
-
-def _vocab(model) -> int:
-    cfg = model.config
-    return int(cfg.src_vocab_size if model.kind == "encoder" else cfg.tgt_vocab_size)
-
-
-def token_id(model, tok: Union[int, str], what: str = "target") -> int:
-    """A token given as an id or as its text (which must be one token)."""
-    vocab = _vocab(model)
-    if isinstance(tok, (int, np.integer)):
-        if not 0 <= int(tok) < vocab:
-            raise ValueError(f"the {what} id {tok} is outside the vocabulary (0–{vocab - 1})")
-        return int(tok)
-    s = str(tok)
-    tk = model.tokenizer if model.kind != "encoder-decoder" or what == "baseline token" else model.target_tokenizer
-    index = getattr(tk, "index", None) or {}
-    if s in index:
-        return int(index[s])
-    enc = tk.encode(s)
-    if enc.unknown:
-        raise ValueError(f"the {what} {s!r} is not in {model.name}'s vocabulary")
-    ids = [i for i, sp in zip(enc.ids, enc.special) if not sp] if enc.special else list(enc.ids)
-    if len(ids) != 1:
-        raise ValueError(f"the {what} {s!r} is {len(ids)} tokens for {model.name}; it must be exactly one")
-    return int(ids[0])
 
 
 def setup(model, text: str, target=None, baseline=None, baseline_token=None, position: Optional[int] = None) -> Setup:
@@ -198,8 +173,8 @@ def setup(model, text: str, target=None, baseline=None, baseline_token=None, pos
         with torch.no_grad():
             s.target_id = int(s.logits(s.e).argmax(-1)[0])
     else:
-        s.target_id = token_id(model, target)
-    s.contrast_id = None if baseline is None else token_id(model, baseline, what="baseline")
+        s.target_id = output_token_id(model, target, "target token")
+    s.contrast_id = None if baseline is None else output_token_id(model, baseline, "contrast token")
     return s
 
 

@@ -41,7 +41,8 @@ from typing import Optional
 import pandas as pd
 import torch
 
-from .logit_lens import Token, model_of, token_id
+from .logit_lens import Token, model_of
+from .token_ids import output_token_id
 from .. import trace_names as tn
 from ..net.norms import RMSNorm
 
@@ -92,8 +93,8 @@ def logit_attribution(trace, target: Token, baseline: Optional[Token] = None, po
     p = int(position) + (n if int(position) < 0 else 0)
     if not 0 <= p < n:
         raise ValueError(f"position {position} is outside the input's {n} positions")
-    t_id = token_id(model, target)
-    b_id = None if baseline is None or baseline == "" else token_id(model, baseline)
+    t_id = output_token_id(model, target, "target token")
+    b_id = None if baseline is None or baseline == "" else output_token_id(model, baseline, "baseline token")
     dev, dtype = model.device, next(net.parameters()).dtype
     f64 = torch.float64
 

@@ -29,17 +29,17 @@ smollm2) comes out 1e-3 off. Only the positions asked for are computed
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence
 
 import pandas as pd
 import torch
 from .. import trace_names as tn
+from .token_ids import Token, output_token_id, output_vocab
 
 DEFAULT_POSITIONS = 32  # positions computed by default at longer inputs: the last ones
 CHUNK = 128  # positions whose output distribution is held at once (float64: 128 x 49,152 x 8 bytes = 48 MiB)
 ROWS = 256  # (layer, position) rows whose logits one matmul computes (float32: 256 x 49,152 x 4 = 48 MiB)
 
-Token = Union[str, int]
 
 COLUMNS = ["layer", "position", "token", "top_tokens", "top_ids", "top_probs", "target", "target_id",
            "target_prob", "entropy", "kl"]
@@ -62,40 +62,6 @@ def lens_stack(trace, model) -> str:
         raise ValueError(f"{model.name} is an encoder without a masked-LM head: nothing in the checkpoint maps its "
                          "residual stream to tokens, so there is no lens to apply")
     return "encoder"
-
-
-def token_id(model, token: Token) -> int:
-    """A token's id: an int as given, a string by its display form (" Mary", as the app shows
-    tokens) or, failing that, by the tokenizer when it makes exactly one token of it."""
-    tok = model.target_tokenizer
-    vocab_size = model.config.tgt_vocab_size if model.config.has_decoder else model.config.src_vocab_size
-    if isinstance(token, (int,)) or (hasattr(token, "__index__") and not isinstance(token, str)):
-        i = int(token)
-        if not 0 <= i < vocab_size:
-            raise ValueError(f"token id {i} is outside the vocabulary (0 .. {vocab_size - 1})")
-        return i
-    s = str(token)
-    if not s:
-        raise ValueError("the token is empty: type one token, e.g. ' Paris' (with its leading space)")
-    vocab = getattr(tok, "vocab", None)
-    if vocab is not None:
-        index = getattr(model, "_display_index", None)
-        if index is None:
-            index = {}
-            for i, v in enumerate(vocab):
-                index.setdefault(v, i)
-            model._display_index = index
-        if s in index and index[s] < vocab_size:
-            return index[s]
-    try:
-        enc = tok.encode(s)
-    except Exception as e:  # a tokenizer's own complaint about the string
-        raise ValueError(f"{s!r} is not a token of {model.name}: {e}") from None
-    ids = [i for i, sp in zip(enc.ids, enc.special) if not sp]
-    if len(ids) == 1 and 0 <= ids[0] < vocab_size:
-        return int(ids[0])
-    pieces = [model.alternative_strings([i])[0] for i in ids]
-    raise ValueError(f"{s!r} is {len(ids)} tokens for {model.name} ({pieces}), not one: type a single token")
 
 
 def output_head(model, stack: str):
@@ -150,8 +116,8 @@ def lens(trace, kind: str = "logit", k: int = 5, target: Optional[Token] = None,
     first = trace[stream_name(stack, 0)]
     n = first.shape[0]
     pos = _positions(positions, n)
-    k = max(1, min(int(k), model.config.tgt_vocab_size if stack == "decoder" else model.config.src_vocab_size))
-    fixed = None if target is None else token_id(model, target)
+    k = max(1, min(int(k), output_vocab(model)))
+    fixed = None if target is None else output_token_id(model, target, "target token")
     final_name = tn.final_norm(stack) if trace.is_stored(tn.final_norm(stack)) else stream_name(stack, n_layers)
     out_head = head if final_name == stream_name(stack, n_layers) else (
         (lambda h: model.net.project(h)) if stack == "decoder" else (lambda h: model.mlm_head.to(model.device)(h)))

@@ -6,7 +6,7 @@ core.analysis.lens and core.analysis.logit_attribution, the figures from viz.len
 import streamlit as st
 
 import core.analysis as ca
-from core.analysis.logit_lens import token_id
+from core.analysis.token_ids import output_token_id
 from viz import lens_figures as lf
 from viz.cache import per_trace
 from viz.text import _md_code
@@ -44,7 +44,7 @@ def _one_token(raw: str) -> str:
     """A typed token as given, once the model's vocabulary holds it (a ValueError says why not)."""
     raw = str(raw)
     if raw:
-        token_id(model, raw)
+        output_token_id(model, raw)
     return raw
 
 

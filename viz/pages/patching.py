@@ -11,6 +11,7 @@ opens that layer (and head) in Explore.
 import streamlit as st
 
 from core.analysis import activation_patching as cp
+from core.analysis.token_ids import output_token_id
 from viz import patching_maps as pm
 from viz.checks import Check
 from viz.ui import charts, models, patching_run, url_state, urlflags, widgets
@@ -127,8 +128,8 @@ with st.expander(f"{len(pair.tokens)} tokens each; they differ at position"
 # ------------------------------------------------------------------ answer and wrong tokens
 auto_a, auto_w, why = patching_run.default_tokens(model, model_name, pair, text, corrupt)
 try:
-    answer_id = cp.token_id(model, answer) if answer else auto_a
-    wrong_id = cp.token_id(model, wrong) if wrong else auto_w
+    answer_id = output_token_id(model, answer, "answer token") if answer else auto_a
+    wrong_id = output_token_id(model, wrong, "wrong token") if wrong else auto_w
 except ValueError as exc:
     st.error(f"{exc}.")
     state.end_here(**url)
