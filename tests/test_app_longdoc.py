@@ -56,12 +56,18 @@ def test_spans_and_profiles_draw_what_core_computes(app_test, minilm, monkeypatc
         np.testing.assert_allclose(dist[layer], (w * d).sum(-1).mean(-1).numpy(), atol=1e-5)
         np.testing.assert_allclose(first[layer], w[:, :, 0].mean(-1).numpy(), atol=1e-6)
         np.testing.assert_allclose(local[layer], (w * (d < 64)).sum(-1).mean(-1).numpy(), atol=1e-6)
-    # a click on a cell (as the chart's selection writes it) zooms to those two spans' tokens
+    # a box over one cell (as the chart's box selection writes it) zooms to those two spans' tokens
     at.session_state["explore.section"] = "Spans"
     at.session_state["explore.span_cell"] = (3, 1)
     at.run()
     assert_no_exception(at)
     (a, b), (c, d) = edges[3], edges[1]
+    np.testing.assert_allclose(_z(at, "explore-span-zoom"), full[a:b, c:d].numpy(), atol=1e-6)
+    # a box over sentences 2-3 x 0-1 (what a drag writes) zooms to all their tokens
+    at.session_state["explore.span_cell"] = (2, 3, 0, 1)
+    at.run()
+    assert_no_exception(at)
+    (a, _), (_, b), (c, _), (_, d) = edges[2], edges[3], edges[0], edges[1]
     np.testing.assert_allclose(_z(at, "explore-span-zoom"), full[a:b, c:d].numpy(), atol=1e-6)
     # the text shaded by what the chosen sentence gives each sentence: the tooltips carry its row
     at.selectbox(key=f"explore.span_from.sentences.{len(ranges)}").set_value(3).run()
@@ -135,9 +141,17 @@ def test_span_map_on_a_log_scale_keeps_the_mass_in_its_hover():
     mass = np.array([[1.0, 0.0], [0.9, 0.1]])
     fig = lm.span_figure(mass, ["a", "b"], log_scale=True)
     np.testing.assert_allclose(np.array(fig.data[0].z, dtype=float), np.log10(np.maximum(mass, 1e-5)))
-    np.testing.assert_allclose(np.array(fig.data[1].customdata)[:, 2].astype(float), mass[mass > 0])
-    # a cell with no mass (a causal map's upper triangle) gets no click target; the others keep theirs
-    assert list(zip(fig.data[1].y, fig.data[1].x)) == [(0, 0), (1, 0), (1, 1)]
+    np.testing.assert_allclose(np.array(fig.data[0].customdata)[..., 2].astype(float), mass)
+    assert len(fig.data) == 1 and fig.layout.dragmode == "select"  # no click targets: a box picks spans
+
+
+def test_a_box_dragged_over_the_span_map_names_every_cell_it_touches():
+    # cell k covers [k - 0.5, k + 0.5): a drag inside one cell is that cell
+    assert lm.span_box({"box": [{"x": [1.6, 2.2], "y": [3.2, 3.4]}]}, 10) == (3, 3, 2, 2)
+    assert lm.span_box({"box": [{"x": [2.2, 0.6], "y": [4.6, 2.4]}]}, 10) == (2, 5, 1, 2)  # any drag direction
+    assert lm.span_box({"box": [{"x": [-3, 40], "y": [8.7, 12]}]}, 10) == (9, 9, 0, 9)  # clamped to the map
+    assert lm.span_box({"box": []}, 10) is None and lm.span_box({}, 10) is None
+    assert lm.span_range((4, 1)) == (4, 4, 1, 1) and lm.span_range((1, 2, 3, 4)) == (1, 2, 3, 4)
 
 
 def test_the_time_warnings_cost_model_counts_what_torch_counts(smollm2):

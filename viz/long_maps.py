@@ -96,41 +96,61 @@ def span_token_ranges(span_of: Sequence[int]) -> List[Tuple[int, int]]:
     return [tuple(r) for r in out]
 
 
-def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Tuple[int, int]] = None,
+def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional[Sequence[int]] = None,
                 log_scale: bool = False) -> go.Figure:
     """The S x S attention mass between spans (rows: the querying span, columns: the span
-    attended to; rows sum to 1), hover naming both spans. log_scale: coloured by log10(mass)
-    from 1e-5 (the first sentence, an attention sink, takes most of many rows)."""
+    attended to; rows sum to 1), hover naming both spans and the mass. log_scale: coloured by
+    log10(mass) from 1e-5 (the first sentence, an attention sink, takes most of many rows).
+    selected: (row, col) or (first row, last row, first col, last col), outlined.
+    One heatmap, no click targets: a box dragged over it (Streamlit's box selection, `span_box`)
+    picks spans. Invisible WebGL markers, one per cell, cost the browser a WebGL context and
+    their index (~0.25 s of one main-thread task on a CPU-rendered page), the heatmap alone ~0.08 s."""
     z = np.asarray(mass, dtype=np.float64)
     s = z.shape[0]
     names = [safe_label(label) for label in labels]
     custom = np.dstack([*np.meshgrid(np.array(names, dtype=object), np.array(names, dtype=object)), z.astype(object)])
     shown, lo, hi = (np.log10(np.maximum(z, 1e-5)), -5.0, 0.0) if log_scale else (z, 0.0, float(max(1e-9, z.max())))
     fig = go.Figure([go.Heatmap(
-        z=shown, x=list(range(s)), y=list(range(s)), zmin=lo, zmax=hi, colorscale=ATTN_SCALE,
+        z=shown, x=list(range(s)), y=list(range(s)), zmin=lo, zmax=hi, colorscale=ATTN_SCALE, customdata=custom,
         colorbar=dict(thickness=12, title=dict(text="log₁₀ mass" if log_scale else "mass", side="right")),
-        hoverinfo="skip"),
-        _click_targets(s, s, custom, "from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: "
-                                     "%{customdata[2]:.4f}<br>click to zoom to their tokens<extra></extra>", z > 0)])
+        hovertemplate="from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: %{customdata[2]:.4f}<br>"
+                      "drag a box over cells to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))
     fig.update_layout(
         title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)),
-        height=int(min(760, max(360, 160 + 14 * s))),
+        height=int(min(760, max(360, 160 + 14 * s))), dragmode="select",
         xaxis=dict(title="attended span (keys)", side="top", tickvals=list(range(0, s, every)), showgrid=False),
         yaxis=dict(title="querying span", autorange="reversed", tickvals=list(range(0, s, every)), showgrid=False),
         margin=dict(l=10, r=10, t=130, b=10))
     if selected is not None:
-        a, b = selected
-        fig.add_shape(type="rect", x0=b - 0.5, x1=b + 0.5, y0=a - 0.5, y1=a + 0.5, line=dict(color="#d62728", width=3))
+        a0, a1, b0, b1 = span_range(selected)
+        fig.add_shape(type="rect", x0=b0 - 0.5, x1=b1 + 0.5, y0=a0 - 0.5, y1=a1 + 0.5,
+                      line=dict(color="#d62728", width=3))
     return fig
 
 
-def span_pick(point: dict) -> Optional[Tuple[int, int]]:
-    """(querying span, attended span) of a clicked cell of span_figure."""
+def span_range(selected: Sequence[int]) -> Tuple[int, int, int, int]:
+    """(first row, last row, first col, last col) of a selection given as (row, col) or as the four."""
+    sel = [int(v) for v in selected]
+    return (sel[0], sel[0], sel[1], sel[1]) if len(sel) == 2 else tuple(sel[:4])
+
+
+def span_box(selection: dict, s: int) -> Optional[Tuple[int, int, int, int]]:
+    """(first row, last row, first col, last col) of the spans under a box dragged over
+    span_figure (Streamlit's selection: {"box": [{"x": [x0, x1], "y": [y0, y1]}]}): every cell
+    the box touches, clamped to the map; None without a box."""
     try:
-        return int(point["y"]), int(point["x"])
-    except (KeyError, TypeError, ValueError):
+        box = selection["box"][0]
+        xs, ys = [float(v) for v in box["x"]], [float(v) for v in box["y"]]
+    except (KeyError, IndexError, TypeError, ValueError):
         return None
+    if not xs or not ys:
+        return None
+
+    def cell(v: float) -> int:  # cell k covers [k - 0.5, k + 0.5)
+        return int(min(s - 1, max(0, np.floor(v + 0.5))))
+
+    return cell(min(ys)), cell(max(ys)), cell(min(xs)), cell(max(xs))
 
 
 def shaded_frame(text: str, ranges: Sequence[Tuple[int, int]], values: Sequence[float], chosen: int):

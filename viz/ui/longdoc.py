@@ -25,6 +25,7 @@ from viz.ui import charts, dl
 
 SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
+ZOOM_TOKENS = 400  # the most tokens a side of the span zoom draws
 WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
 CALIBRATION_TOKENS = (128, 512)  # two timed passes at each length (the faster kept)
 ATTN_SPEEDUP = 1.45  # causal attention's FLOPs ran ~1.45x faster than the linear layers' (smollm2, one thread,
@@ -231,7 +232,8 @@ def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name:
 
 
 def _spans_section(trace, text: str, view, tokens, *, model_name: str, key: str, log_scale: bool) -> None:
-    """The span x span map of attention mass, the zoom a click opens, the text shaded by a span's attention."""
+    """The span x span map of attention mass, the zoom a box dragged over it opens, the text shaded by a
+    span's attention."""
     stack = view.stack
     offsets = trace.meta.get("offsets") or []
     n = len(tokens)
@@ -244,40 +246,50 @@ def _spans_section(trace, text: str, view, tokens, *, model_name: str, key: str,
     which = "the mean of the layer's heads" if view.head is None else f"head {view.head}"
     st.caption(f"{n:,} tokens in {s} {mode}. Attention mass between them for layer {view.layer}, {which} (the "
                "picker above): a row is a querying span, its cells the share of its weight (averaged over its "
-               "tokens) that goes to each span; rows sum to 1. Click a cell to see those two spans' tokens.")
+               "tokens) that goes to each span; rows sum to 1. Drag a box over cells to see those spans' tokens "
+               "(a box is 12 pixels a side at least: on a dense map, zoom in first with the chart's zoom tool).")
     heads = None if view.head is None else [view.head]
     mass = _span_mass(trace, view.name, span_of, heads)
     sel_key = f"{key}.span_cell"
     from_key = f"{key}.span_from.{mode}.{s}"  # a new text or split gets its own picker (default: the last)
 
     def pick() -> None:
-        sel = st.session_state.get(f"{key}-spans")
-        pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
-        got = lm.span_pick(pts[0]) if pts else None
+        got = lm.span_box((st.session_state.get(f"{key}-spans") or {}).get("selection") or {}, s)
         if got is not None:
             st.session_state[sel_key] = got
-            st.session_state[from_key] = got[0]  # shade the text by the clicked row
+            st.session_state[from_key] = got[0]  # shade the text by the box's first row
 
     cell = st.session_state.get(sel_key)
-    cell = cell if cell is not None and max(cell) < s else None
+    cell = lm.span_range(cell) if cell is not None and max(cell) < s else None
     charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell,
                                 log_scale=log_scale),
-                 key=f"{key}-spans", on_select=pick, selection_mode="points", width="stretch",
+                 key=f"{key}-spans", on_select=pick, selection_mode="box", width="stretch",
                  name=f"{model_name}-{stack}-L{view.layer}-{mode}")
     if cell is not None:
-        a, b = cell
-        tr = lm.span_token_ranges(span_of)
-        (r0, r1), (c0, c1) = tr[a], tr[b]
-        z = block(trace, view.name, (r0, r1), (c0, c1), heads)
-        fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
-                                            title=f"{mode[:-1]} {a} → {mode[:-1]} {b}: tokens {r0}–{r1 - 1} × {c0}–{c1 - 1}"),
-                          tokens[r0:r1], tokens[c0:c1], min_top=90)
-        charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a}-{b}")
+        _span_zoom(trace, view, tokens, span_of, cell, heads, mode, model_name=model_name, key=key)
     chosen = st.selectbox(f"Shade the text by the attention each {mode[:-1]} receives from", list(range(s)),
                           index=min(s - 1, cell[0]) if cell else s - 1, format_func=lambda k: labels[k],
                           key=from_key)
     st.dataframe(lm.shaded_frame(cleaned, ranges, mass[chosen].tolist(), chosen), hide_index=True,
                  width="stretch", height=min(600, 40 + 35 * s), key=f"{key}-shaded")
+
+
+def _span_zoom(trace, view, tokens, span_of, cell, heads, mode: str, *, model_name: str, key: str) -> None:
+    """The full-resolution weights of the boxed spans' tokens (at most ZOOM_TOKENS a side)."""
+    a0, a1, b0, b1 = cell
+    tr = lm.span_token_ranges(span_of)
+    (r0, r1), (c0, c1) = (tr[a0][0], tr[a1][1]), (tr[b0][0], tr[b1][1])
+    cut = r1 - r0 > ZOOM_TOKENS or c1 - c0 > ZOOM_TOKENS
+    r1, c1 = min(r1, r0 + ZOOM_TOKENS), min(c1, c0 + ZOOM_TOKENS)
+    z = block(trace, view.name, (r0, r1), (c0, c1), heads)
+    word = mode[:-1]
+    what = (f"{word} {a0}" if a0 == a1 else f"{mode} {a0}–{a1}") + " → " + (f"{word} {b0}" if b0 == b1 else f"{mode} {b0}–{b1}")
+    fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
+                                        title=f"{what}: tokens {r0}–{r1 - 1} × {c0}–{c1 - 1}"),
+                      tokens[r0:r1], tokens[c0:c1], min_top=90)
+    if cut:
+        st.caption(f"The box covers more than {ZOOM_TOKENS} tokens a side: its first {ZOOM_TOKENS} are drawn.")
+    charts.chart(fig, key=f"{key}-span-zoom", width="stretch", name=f"{model_name}-span-{a0}-{b0}")
 
 
 def _profiles_section(trace, view, n_heads: int, n_layers: int, n: int, *, model_name: str, key: str) -> None:
