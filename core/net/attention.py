@@ -124,26 +124,33 @@ def scaled_dot_product_attention(
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                       scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
     """softmax(Q K^T * scale + M) alone, for views that need only the weights (the model
-    view): the explicit path's operations in the same order, done in place on one n_q x n_k
-    buffer, so the weights are bit for bit the explicit path's (tests/test_trace.py).
+    view): the explicit path's operations in the same order, so the weights are bit for bit
+    the explicit path's (tests/test_trace.py).
 
-    On a CPU, q and k (B, H, n, d_k) go a block of heads at a time (HEADS_BLOCK_BYTES of
-    scores a block, one head at least), each block's softmax written into the result: the
-    scores are scaled and normalised while they are still in cache, not read back from
-    memory twice (minilm at 512 tokens: 4.9 ms a layer against 5.3 for all heads at once).
-    The per-head operations are the same, so are the bits."""
+    For q and k (B, H, n, d_k) every step runs in place in the one result tensor, a block of
+    heads at a time: Q K^T written into the block, scaled, [capped,] masked and normalised
+    there. On a CPU a block holds HEADS_BLOCK_BYTES of scores (one head at least), so each
+    step finds the block still in cache; and nothing else is allocated, so nothing is paged
+    in afresh (with glibc's default malloc settings a freed n x n buffer is handed back to
+    the kernel, and the next one faults its pages in again). Elsewhere (a GPU) one block."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     n_q, n_k = q.shape[-2], k.shape[-2]
-    block = max(1, HEADS_BLOCK_BYTES // max(1, n_q * n_k * q.element_size()))
-    if q.device.type != "cpu" or q.dim() != 4 or block >= q.shape[1] or k.shape[:2] != q.shape[:2] or (
-            mask is not None and torch.broadcast_shapes(q.shape[:-1] + (n_k,), mask.shape) != q.shape[:-1] + (n_k,)):
-        return torch.softmax(_scores(q, k, mask, scale, softcap), dim=-1)
-    out = q.new_empty(q.shape[:-1] + (n_k,))  # (B, H, n_q, n_k)
+    shape = q.shape[:-1] + (n_k,)
+    if q.dim() != 4 or k.shape[:2] != q.shape[:2] or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) \
+            or (mask is not None and torch.broadcast_shapes(shape, mask.shape) != shape):
+        return torch.softmax(_scores(q, k, mask, scale, softcap), dim=-1)  # batched masks, autograd
+    heads = q.shape[1]
+    block = heads if q.device.type != "cpu" else max(1, HEADS_BLOCK_BYTES // max(1, n_q * n_k * q.element_size()))
+    out = q.new_empty(shape)  # (B, H, n_q, n_k)
     per_head = mask is not None and mask.dim() == 4 and mask.shape[1] != 1
-    for h in range(0, q.shape[1], block):
-        m = mask[:, h:h + block] if per_head else mask
-        torch.softmax(_scores(q[:, h:h + block], k[:, h:h + block], m, scale, softcap), dim=-1,
-                      out=out[:, h:h + block])
+    for h in range(0, heads, block):
+        w = out[:, h:h + block]
+        torch.matmul(q[:, h:h + block], k[:, h:h + block].transpose(-2, -1), out=w).mul_(scale)
+        if softcap is not None:  # as the explicit path: c tanh(scaled / c)
+            w.div_(softcap).tanh_().mul_(softcap)
+        if mask is not None:
+            w.add_(mask[:, h:h + block] if per_head else mask)
+        torch.softmax(w, dim=-1, out=w)
     return out
 
 
