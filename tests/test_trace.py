@@ -316,7 +316,30 @@ def test_the_weights_alone_are_bit_for_bit_the_full_rerun(label, model, kw):
     assert not tr._cache  # nothing was run through the full re-run
     for stack, maps in alone.items():
         for i, w in enumerate(maps):
-            assert torch.equal(w, tr[tn.self_attn(stack, i, "weights")]), (stack, i)
+            assert torch.equal(w, tr.recomputed(tn.self_attn(stack, i, "weights"))), (stack, i)  # the full re-run's
+
+
+@pytest.mark.parametrize("label,model,kw", CASES + [
+    ("encoder-decoder, T5 position bias", _random("encoder-decoder", positional="relative", norm="rmsnorm",
+                                                  norm_placement="pre", bias=False), {}),
+    ("decoder, soft-capped", _random("decoder", attn_softcap=5.0), {})], ids=lambda c: c if isinstance(c, str) else "")
+@pytest.mark.parametrize("block_bytes", [1, 2**30], ids=["a head a block, scratch", "one block, in place"])
+def test_the_weights_alone_by_blocks_of_heads_are_bit_for_bit_the_full_rerun(label, model, kw, block_bytes, monkeypatch):
+    """On a CPU the weights-only path goes a block of heads at a time (core/net/attention.py):
+    one head a block through a scratch block (what long inputs get) or every head in place in
+    the result (short ones), the same bits as the full explicit re-run, masks, per-head
+    position biases and soft-capping included."""
+    import core.net.attention
+
+    monkeypatch.setattr(core.net.attention, "HEADS_BLOCK_BYTES", block_bytes)
+    tr = model.trace(TEXT, **kw)
+    alone = {stack: [d["self_attn.weights"] for d in tr.each_layer(stack)] for stack in tr.stacks()}
+    assert not tr._cache
+    for stack, maps in alone.items():
+        for i, w in enumerate(maps):
+            want = tr.recomputed(tn.self_attn(stack, i, "weights"))  # the full explicit re-run's
+            assert torch.equal(w, want), (stack, i)
+            assert torch.allclose(w.sum(-1), torch.ones(()), atol=1e-5)
 
 
 def test_counting_heads_computes_no_map(toy, monkeypatch):
