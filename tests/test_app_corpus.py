@@ -104,3 +104,16 @@ def test_page_shows_missing_umap_as_an_error(monkeypatch, app_test):
     at.run()
     assert not at.exception
     assert any("umap-learn" in e.value for e in at.error)
+
+
+def test_bundled_corpus_opens_on_fewer_sentences_than_a_pasted_one(app_test):
+    """The bundled corpus opens on its first 200 sentences (corpus.py's BUNDLED_SENTENCES: a quick
+    first view); another corpus starts again from the default of 500 (DEFAULT_SENTENCES)."""
+    at = app_test("corpus")
+    at.run()
+    assert_no_exception(at)
+    assert at.slider(key="corpus.n").value == 200
+    at.radio(key="corpus.source").set_value("Paste text").run()
+    at.text_area(key="corpus.paste").input("\n".join(f"the small dog sees the cat {i}" for i in range(600))).run()
+    assert_no_exception(at)
+    assert at.slider(key="corpus.n").value == 500

@@ -224,6 +224,7 @@ def test_svg_download_is_named_like_the_csv(server, page):
     chart_data(page, "explore-heatmap")
     with page.expect_download(timeout=120_000) as svg:
         page.locator(".st-key-explore-heatmap-svg button").first.click()
+    page.locator(".st-key-explore-dl-pop button").first.click()  # the map's data downloads: one popover
     with page.expect_download(timeout=60_000) as csv:
         page.locator(".st-key-explore-dl-csv button").first.click()
     assert csv.value.suggested_filename == "toy-translate-encoder-self-attn-layer1-head2-map.csv"

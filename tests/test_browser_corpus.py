@@ -23,7 +23,7 @@ def test_scatter_hover_and_click_opens_explore(server, page):
     page.goto(f"{server.url}/corpus?model=toy-translate&layer=2&head=1&projection=pca")
     wait_idle(page, timeout=180_000)
     fig = chart_data(page, "corpus-scatter", timeout=180_000)
-    assert [t["type"] for t in fig["data"]] == ["scattergl", "scattergl"]
+    assert [t["type"] for t in fig["data"]] == ["scatter", "scatter"]  # the first view: up to SVG_MAX_POINTS, SVG
     assert len(fig["data"][0]["x"]) > 1000 and len(fig["data"][0]["x"]) == len(fig["data"][1]["x"])
     assert no_exception(page)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ def test_scatter_points_hover_and_click_data():
     xy = np.arange(2 * len(rows) * 2, dtype=float).reshape(-1, 2)
     fig = vc.joint_scatter(xy, rows).to_dict()
     qs, ks = fig["data"]
-    assert qs["type"] == ks["type"] == "scattergl" and qs["name"] == "queries" and ks["name"] == "keys"
+    assert qs["type"] == ks["type"] == "scatter" and qs["name"] == "queries" and ks["name"] == "keys"
     assert qs["marker"]["color"] != ks["marker"]["color"]
     np.testing.assert_array_equal(decode_array(ks["x"]), xy[len(rows):, 0])
     cd = decode_array(ks["customdata"])
@@ -116,3 +116,11 @@ def test_picked_point_from_the_browser_forms():
     assert vc.picked_point([{"point_index": 6, "curve_number": 0}], rows) == {"sentence_id": 1, "position": 1,
                                                                                "is_key": False}
     assert vc.picked_point([{"point_index": 60}], rows) is None and vc.picked_point([]) is None
+
+
+def test_scatter_is_svg_up_to_its_limit_and_webgl_above():
+    """A few thousand points draw faster as SVG than through WebGL's start-up; more, as WebGL."""
+    for n, kind in ((vc.SVG_MAX_POINTS // 2, "scatter"), (vc.SVG_MAX_POINTS // 2 + 1, "scattergl")):
+        rows = pd.DataFrame({"sentence_id": np.arange(n) // 10, "position": np.arange(n) % 10, "token": ["t"] * n})
+        fig = vc.joint_scatter(np.zeros((2 * n, 2)), rows)
+        assert [t.type for t in fig.data] == [kind, kind], n

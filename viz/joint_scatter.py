@@ -72,9 +72,14 @@ def _token_colours(tok: np.ndarray):
     return dict(color=codes, colorscale=scale, cmin=-0.5, cmax=len(palette) - 0.5, showscale=False), top
 
 
+SVG_MAX_POINTS = 4_000  # the joint scatter draws as SVG up to this many points, as WebGL above
+
+
 def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", title: str = "",
                   height: int = 640, marker_size: int = 5) -> go.Figure:
-    """Queries (first N rows of xy) and keys (last N) of one head as a WebGL scatter."""
+    """Queries (first N rows of xy) and keys (last N) of one head as a scatter: SVG up to
+    SVG_MAX_POINTS points, WebGL above (WebGL's fixed start-up, ~0.4 s under software
+    rendering, costs more than SVG's per-point drawing on a few thousand points)."""
     n = len(rows)
     xy = np.asarray(xy, dtype=np.float64)
     assert xy.shape == (2 * n, 2), (xy.shape, n)
@@ -95,7 +100,7 @@ def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", ti
             marker.update(token_marker)
         else:
             marker.update(color=QUERY_COLOUR if side == "query" else KEY_COLOUR)
-        fig.add_trace(go.Scattergl(
+        fig.add_trace((go.Scatter if 2 * n <= SVG_MAX_POINTS else go.Scattergl)(
             x=xy[lo:hi, 0], y=xy[lo:hi, 1], mode="markers", name="queries" if side == "query" else "keys", marker=marker,
             customdata=np.stack([sid, pos, np.full(n, int(side == "key"))], axis=1), hovertext=hover,
             hovertemplate=f"<b>{side}</b> · sentence %{{customdata[0]}} · position %{{customdata[1]}}<br>"

@@ -166,4 +166,5 @@ pieces_note = "" if len(word_a.positions) == 1 and len(word_b.positions) == 1 el
 st.caption("cos(u, v) = uᵀv / (|u| |v|): 1 for the same direction, 0 for perpendicular vectors (Chapter 9, eq. 9.1). "
            f"Vectors are rows of the trace tensors named in the table (depth 0 = `embed.{stack}.sum`, the input of "
            f"layer 0; then `{stack}.i.out`, the output of layer i).{pieces_note}")
-st.table(cmp.table_for_display(table))  # a few rows of numbers: a static table, not a data grid to mount
+with st.popover("The numbers, depth by depth", icon=":material/table:", key="compare-numbers"):  # mounted when opened
+    st.table(cmp.table_for_display(table))  # a few rows of numbers: a static table, not a data grid to mount

@@ -20,6 +20,7 @@ from viz.ui import charts, url_state, widgets
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus
 MAX_SENTENCES = 2_000  # sentences one run reads (more are cut, with a warning)
 DEFAULT_SENTENCES = 500
+BUNDLED_SENTENCES = 200  # the bundled corpus opens on its first 200 (~1,400 toy tokens: a quick SVG scatter)
 MAX_DRAWN_TOKENS = 20_000  # tokens drawn per head (2 points each); more are sampled
 MAX_SLOW_TOKENS = 1_000  # tokens t-SNE / UMAP project (2,000 points take ~10 s on 2 CPU cores)
 SOURCES = ["Bundled corpus", "Upload a .txt", "Paste text"]
@@ -57,7 +58,9 @@ def _parquet(table) -> bytes:
 
 
 def _corpus_text() -> str:
-    source = st.radio("Corpus", SOURCES, horizontal=True, key="corpus.source")
+    # another corpus starts again from its default number of sentences
+    source = st.radio("Corpus", SOURCES, horizontal=True, key="corpus.source",
+                      on_change=lambda: st.session_state.pop("corpus.n", None))
     if source == SOURCES[0]:
         st.caption(f"{CORPUS_FILE.name}: the lecture notes' examples and sentences of the toy translation task's "
                    "grammar (assets/corpus/README.md).")
@@ -115,7 +118,8 @@ projection = c[2].selectbox("Projection", list(cj.PROJECTIONS), key=proj_key, fo
                             help="PCA: instant, linear. t-SNE and UMAP: local neighbourhoods, on a sample of "
                                  f"{MAX_SLOW_TOKENS:,} tokens; UMAP compiles its code on first use (up to a minute).")
 color_by = c[3].selectbox("Colour by", list(vc.COLOR_BY), key="corpus.color", format_func=vc.COLOR_BY.get)
-st.session_state.setdefault("corpus.n", min(DEFAULT_SENTENCES, len(sentences)))
+default_n = BUNDLED_SENTENCES if st.session_state.get("corpus.source", SOURCES[0]) == SOURCES[0] else DEFAULT_SENTENCES
+st.session_state.setdefault("corpus.n", min(default_n, len(sentences)))
 st.session_state["corpus.n"] = max(1, min(st.session_state["corpus.n"], len(sentences)))
 n_use = c[4].slider("Sentences", 1, len(sentences), key="corpus.n") if len(sentences) > 1 else 1
 state.show_messages()

@@ -47,7 +47,7 @@ def _use_example(sentence: str) -> None:
 with text_col:
     text = widgets.text_box("Sentence", text_key)
 st.caption("Examples from the lecture notes and for this model:")
-widgets.example_buttons(examples, "explore-ex", _use_example)
+widgets.example_buttons(examples, "explore-ex", _use_example, shown=len(widgets.NOTES_EXAMPLES))
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
 ablate_key, ablation_key = knockout.seeded_keys(state, model)

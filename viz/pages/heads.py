@@ -126,8 +126,10 @@ if model.kind == "decoder":
             "the only way to predict the second copy is to look back one copy, so such a head puts most of its "
             "attention at position i − R + 1: its induction score is near 1. They need a previous-token head in an "
             "earlier layer, so look for high previous-token scores above them.")
-with st.expander("Every score (table)"):
-    st.dataframe(scores[scores["stack"] == stack], hide_index=True, width="stretch")
+# a closed expander still mounts its children: the data grid is drawn only once it is opened
+table_box = st.expander("Every score (table)", key="heads.table", on_change="rerun")
+if table_box.open:
+    table_box.dataframe(scores[scores["stack"] == stack], hide_index=True, width="stretch")
 
 # ------------------------------------------------------------------ rollout and flow
 st.subheader("Attention through the layers")

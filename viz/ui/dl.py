@@ -1,5 +1,5 @@
-"""Downloads under a map: the map (CSV), its layer (NPZ), the whole trace (NPZ), each labelled
-with what it holds and its size, and named for it; a file over the download budget
+"""Downloads under a map, in one "Download this map's data" popover: the map (CSV), its layer
+(NPZ), the whole trace (NPZ), each labelled with what it holds and its size, and named for it; a file over the download budget
 (viz.downloads.download_budget) is not offered, and the page says why."""
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
     """head None: the map is the mean over heads."""
     base = _base(model, stack, kind, layer)
     sizes = vd.trace_bytes(trace, at={stack: layer})
-    cols = st.columns(3)
+    # One popover: a closed popover mounts nothing, so the page's first view has one button here, not three.
+    box = st.popover("Download this map's data", icon=":material/download:", key=f"{key}-pop")
+    cols = [box] * 3
     if matrix is not None:
         def csv() -> bytes:  # built only when clicked
             return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
@@ -66,6 +68,6 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
                             key=f"{key}-npz", on_click="ignore",
                             help="Every layer's tensors, recomputed layer by layer while the file is written.")
     if total > WHOLE_WARN_BYTES:
-        st.caption(f"The whole trace is about {vd.human(total)} (uncompressed): writing it recomputes every layer "
+        box.caption(f"The whole trace is about {vd.human(total)} (uncompressed): writing it recomputes every layer "
                    "and can take a minute before the download starts. The layer alone is "
                    f"{vd.human(layer_size)}.")

@@ -41,7 +41,7 @@ def by_hand(keys: dict, base: dict) -> dict:
                 "q₁·k₁, q₁·k₂, q₂·k₁, q₂·k₂ given, then scaling by 1/√d_k, softmax and the weighted sum of "
                 "values. "
                 "The notes give only the dot products; the vectors below are one choice that has them. **Edit any "
-                "cell** (add or delete rows too): everything below is recomputed by "
+                "cell** under “Edit Q, K and V” (add or delete rows too): everything below is recomputed by "
                 "`core.scaled_dot_product_attention`.")
     st.caption("Construction: the keys mark features — k₁ is 1 on features 1–6, k₂ is 1 on features 7–10. "
                "A query's score against a key is then the sum of its entries on that key's features: q₁ = 1 on "
@@ -53,13 +53,19 @@ def by_hand(keys: dict, base: dict) -> dict:
     c[0].button("Reset to the notes' example", on_click=_reset_hand, key="playground.hand_reset")
     scaled = c[1].toggle("Scale by 1/√d_k", key=keys["hand_scaled"])
     edited = {}
+    # The editors (data grids) sit in a popover: they run on every pass, so the edits and the URL are
+    # kept, but a closed popover mounts nothing; the page shows the current tables as static tables.
+    with c[2].popover("Edit Q, K and V", icon=":material/edit:", key="playground.hand_edit"):
+        for name in ("Q", "K", "V"):
+            st.markdown(f"**{name}**")
+            config = {c: st.column_config.NumberColumn(c, width=46 if name != "V" else 90)
+                      for c in base[name].columns if c != vg.LABEL}
+            config[vg.LABEL] = st.column_config.TextColumn(vg.LABEL, width=90)
+            edited[name] = st.data_editor(base[name], key=f"playground.{name}.v{ver}", num_rows="dynamic",
+                                          column_config=config, hide_index=True, width="content")
     for name in ("Q", "K", "V"):
         st.markdown(f"**{name}** ({'queries' if name == 'Q' else 'keys' if name == 'K' else 'values'}, one row per token)")
-        config = {c: st.column_config.NumberColumn(c, width=46 if name != "V" else 90)
-                  for c in base[name].columns if c != vg.LABEL}
-        config[vg.LABEL] = st.column_config.TextColumn(vg.LABEL, width=90)
-        edited[name] = st.data_editor(base[name], key=f"playground.{name}.v{ver}", num_rows="dynamic",
-                                      column_config=config, hide_index=True, width="content")
+        st.table(edited[name].set_index(vg.LABEL) if vg.LABEL in edited[name].columns else edited[name])
     mats, msgs = {}, []
     for name in ("Q", "K", "V"):
         mats[name], m = vg.to_matrix(edited[name], name)

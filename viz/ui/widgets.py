@@ -78,14 +78,25 @@ def model_header(state: PageState, allowed=None, needs: str = ""):
     return model_name, model, top[1]
 
 
-def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int = 5) -> None:
+def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int = 5, shown: int | None = None) -> None:
     """One button per example sentence (label -> sentence), max_cols to a row; a shortened
-    label shows the whole sentence on hover. on_click(sentence) runs before the rerun."""
-    cols = st.columns(min(len(examples), max_cols))
-    for i, (label, sentence) in enumerate(examples.items()):
-        cols[i % len(cols)].button(label, key=f"{key}-{i}", on_click=on_click, args=(sentence,), width="stretch",
-                                   help=sentence if label != sentence else None)
+    label shows the whole sentence on hover. on_click(sentence) runs before the rerun.
+    shown: only the first `shown` examples as buttons, the rest in a "More examples" popover
+    beside them (a closed popover mounts nothing: the page's first view stays light)."""
+    items = list(examples.items())
+    first, rest = (items, []) if shown is None or shown >= len(items) else (items[:shown], items[shown:])
+    cols = st.columns(min(len(first) + bool(rest), max_cols))
 
+    def button(where, i, label, sentence):
+        where.button(label, key=f"{key}-{i}", on_click=on_click, args=(sentence,), width="stretch",
+                     help=sentence if label != sentence else None)
+
+    for i, (label, sentence) in enumerate(first):
+        button(cols[i % len(cols)], i, label, sentence)
+    if rest:
+        with cols[len(first) % len(cols)].popover(f"{len(rest)} more", key=f"{key}-more", width="stretch"):
+            for i, (label, sentence) in enumerate(rest, start=len(first)):
+                button(st, i, label, sentence)
 
 
 def model_picker(state: PageState, allowed=None, label: str = "Model", needs: str = "") -> str:
