@@ -101,7 +101,7 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
     """The S x S attention mass between spans (rows: the querying span, columns: the span
     attended to; rows sum to 1), hover naming both spans and the mass. log_scale: coloured by
     log10(mass) from 1e-5 (the first sentence, an attention sink, takes most of many rows).
-    selected: (row, col) or (first row, last row, first col, last col), outlined.
+    selected: (first row, last row, first col, last col), as span_box gives it, outlined.
     One heatmap, no click targets: a box dragged over it (Streamlit's box selection, `span_box`)
     picks spans. Invisible WebGL markers, one per cell, cost the browser a WebGL context and
     their index (~0.25 s of one main-thread task on a CPU-rendered page), the heatmap alone ~0.08 s."""
@@ -123,16 +123,10 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
         yaxis=dict(title="querying span", autorange="reversed", tickvals=list(range(0, s, every)), showgrid=False),
         margin=dict(l=10, r=10, t=130, b=10))
     if selected is not None:
-        a0, a1, b0, b1 = span_range(selected)
+        a0, a1, b0, b1 = selected
         fig.add_shape(type="rect", x0=b0 - 0.5, x1=b1 + 0.5, y0=a0 - 0.5, y1=a1 + 0.5,
                       line=dict(color="#d62728", width=3))
     return fig
-
-
-def span_range(selected: Sequence[int]) -> Tuple[int, int, int, int]:
-    """(first row, last row, first col, last col) of a selection given as (row, col) or as the four."""
-    sel = [int(v) for v in selected]
-    return (sel[0], sel[0], sel[1], sel[1]) if len(sel) == 2 else tuple(sel[:4])
 
 
 def span_box(selection: dict, s: int) -> Optional[Tuple[int, int, int, int]]:

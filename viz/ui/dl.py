@@ -32,24 +32,23 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
     sizes = vd.trace_bytes(trace, at={stack: layer})
     # One popover: a closed popover mounts nothing, so the page's first view has one button here, not three.
     box = st.popover("Download this map's data", icon=":material/download:", key=f"{key}-pop")
-    cols = [box] * 3
     if matrix is not None:
         def csv() -> bytes:  # built only when clicked
             return attention_frame(matrix, q_tokens, k_tokens).to_csv().encode()
 
-        cols[0].download_button(f"This map (CSV, {matrix.shape[-2]}×{matrix.shape[-1]})", csv,
-                                file_name=map_name(model=model, stack=stack, kind=kind, layer=layer, head=head,
-                                                   suffix=suffix) + ".csv", mime="text/csv",
-                                key=f"{key}-csv", on_click="ignore")
+        box.download_button(f"This map (CSV, {matrix.shape[-2]}×{matrix.shape[-1]})", csv,
+                            file_name=map_name(model=model, stack=stack, kind=kind, layer=layer, head=head,
+                                               suffix=suffix) + ".csv", mime="text/csv",
+                            key=f"{key}-csv", on_click="ignore")
     layer_size = sizes.get(f"layer:{stack}", 0)
     budget, why = vd.download_budget()
-    cols[1].download_button(f"Layer {layer}, all heads (NPZ, ≈{vd.human(layer_size)})",
-                            lambda: vd.layer_npz(trace, stack, layer), file_name=f"{base}-all-heads.npz",
-                            mime="application/octet-stream", key=f"{key}-layer", on_click="ignore",
-                            disabled=layer_size > budget,
-                            help="Every tensor of this layer (each head's queries, keys, values, scores and "
-                                 "weights) and the tokens." + (f" Not offered: it is over the download budget of "
-                                                               f"{why}." if layer_size > budget else ""))
+    box.download_button(f"Layer {layer}, all heads (NPZ, ≈{vd.human(layer_size)})",
+                        lambda: vd.layer_npz(trace, stack, layer), file_name=f"{base}-all-heads.npz",
+                        mime="application/octet-stream", key=f"{key}-layer", on_click="ignore",
+                        disabled=layer_size > budget,
+                        help="Every tensor of this layer (each head's queries, keys, values, scores and "
+                             "weights) and the tokens." + (f" Not offered: it is over the download budget of "
+                                                       f"{why}." if layer_size > budget else ""))
 
     def npz() -> bytes:  # built only when clicked
         buf = io.BytesIO()
@@ -59,15 +58,15 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
     total = sizes["total"]
     n_layers = sum(trace.layers(s) for s in trace.stacks())
     if total > budget:  # the file is built in memory before it is sent: offer what fits
-        cols[2].caption(f"**Whole trace not offered**: it would be ≈{vd.human(total)} (uncompressed), over the "
-                        f"download budget of {why}, and it is built in this server's memory before it is sent. "
-                        f"Download it layer by layer instead: ≈{vd.human(layer_size)} each, {n_layers} layers.")
+        box.caption(f"**Whole trace not offered**: it would be ≈{vd.human(total)} (uncompressed), over the "
+                    f"download budget of {why}, and it is built in this server's memory before it is sent. "
+                    f"Download it layer by layer instead: ≈{vd.human(layer_size)} each, {n_layers} layers.")
         return
-    cols[2].download_button(f"Whole trace, every layer (NPZ, ≈{vd.human(total)})", npz,
-                            file_name=f"{model}-whole-trace-all-layers.npz", mime="application/octet-stream",
-                            key=f"{key}-npz", on_click="ignore",
-                            help="Every layer's tensors, recomputed layer by layer while the file is written.")
+    box.download_button(f"Whole trace, every layer (NPZ, ≈{vd.human(total)})", npz,
+                        file_name=f"{model}-whole-trace-all-layers.npz", mime="application/octet-stream",
+                        key=f"{key}-npz", on_click="ignore",
+                        help="Every layer's tensors, recomputed layer by layer while the file is written.")
     if total > WHOLE_WARN_BYTES:
         box.caption(f"The whole trace is about {vd.human(total)} (uncompressed): writing it recomputes every layer "
-                   "and can take a minute before the download starts. The layer alone is "
-                   f"{vd.human(layer_size)}.")
+                    "and can take a minute before the download starts. The layer alone is "
+                    f"{vd.human(layer_size)}.")

@@ -260,7 +260,7 @@ def _spans_section(trace, text: str, view, tokens, *, model_name: str, key: str,
             st.session_state[from_key] = got[0]  # shade the text by the box's first row
 
     cell = st.session_state.get(sel_key)
-    cell = lm.span_range(cell) if cell is not None and max(cell) < s else None
+    cell = tuple(cell) if cell is not None and len(cell) == 4 and max(cell) < s else None  # a box on this map
     charts.chart(lm.span_figure(mass, labels, title=f"{view.label()} · {mode} × {mode}", selected=cell,
                                 log_scale=log_scale),
                  key=f"{key}-spans", on_select=pick, selection_mode="box", width="stretch",
