@@ -7,7 +7,8 @@ from viz.ui.history import one_entry_per_action
 
 setup_process()
 
-st.set_page_config(page_title="Attention Lab", page_icon=":material/visibility:", layout="wide")
+# An emoji favicon is drawn in the browser; a ":material/...:" one is fetched from fonts.gstatic.com.
+st.set_page_config(page_title="Attention Lab", page_icon="👀", layout="wide")
 one_entry_per_action()  # Back undoes one action (a page switch included), not half of one
 
 PAGES = [

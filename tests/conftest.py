@@ -188,11 +188,24 @@ def browser(server):
         b.close()
 
 
+def _outside(url: str) -> bool:
+    """A request that would leave the machine: http(s) or ws(s) to a host other than this one."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https", "ws", "wss") and parts.hostname not in ("127.0.0.1", "localhost")
+
+
 @pytest.fixture
 def page(browser, request):
-    """A fresh browser context and page, VIEWPORT = (width, height) of the module, else 1400 x 2400."""
+    """A fresh browser context and page, VIEWPORT = (width, height) of the module, else 1400 x 2400.
+    Every request the page makes is watched: one to another host (the app promises that nothing
+    leaves the machine) fails the test at teardown; `page.outside` lists them."""
     width, height = getattr(request.module, "VIEWPORT", (1400, 2400))
     ctx = browser.new_context(viewport={"width": width, "height": height})
     pg = ctx.new_page()
+    pg.outside = []
+    ctx.on("request", lambda r: pg.outside.append(r.url) if _outside(r.url) else None)
     yield pg
     ctx.close()
+    assert not pg.outside, f"the page asked another host: {pg.outside[:5]}"

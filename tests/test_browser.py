@@ -45,6 +45,20 @@ def test_type_sentence_updates_heatmap(server, page):
     assert "text=the+happy+farmer" in page.url or "text=the%20happy%20farmer" in page.url
 
 
+def test_nothing_leaves_the_machine(server, page):
+    """The page fixture fails a test whose page asks another host (the favicon was once a
+    ":material/...:" icon, which the browser fetched from fonts.gstatic.com on every load). Here
+    the watch itself is seen to catch such a request, and the home page to make none."""
+    page.goto(f"{server.url}/explore")
+    wait_idle(page)
+    assert page.outside == []
+    assert page.evaluate("() => document.querySelector('link[rel~=\"icon\"]').href").startswith("data:")
+    page.evaluate("() => fetch('https://fonts.gstatic.com/x.svg', {mode: 'no-cors'}).catch(() => 0)")
+    page.wait_for_timeout(300)
+    assert page.outside == ["https://fonts.gstatic.com/x.svg"]
+    page.outside.clear()  # seen: the fixture's own check at teardown is for the app's requests
+
+
 def test_navigation_and_screenshots(server, page):
     """Every page opens from the sidebar without an exception; its screenshot goes to
     SCREENSHOTS, under test-artifacts/ unless `make screenshots` asked for docs/screenshots."""
