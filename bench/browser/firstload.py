@@ -8,8 +8,13 @@ mounted is drawn, how many plotly charts it mounted, and its longest main-thread
 
 Beside each page, the floor: bench/floor/app.py opened the same way with as many plain
 heatmaps as the page mounted (`?charts=N`; a bare Streamlit page, no model, none of the app's
-code). The target is a ratio, read in the same run so load on the shared machine cancels:
-no page over 2x the floor of a bare page with the same number of charts.
+code), at the same depth of URL: `/bare` beside a page opened by its own link (`/explore`),
+`/` beside the home page. Streamlit's browser code opened at `/name` first asks
+`/name/_stcore/health`, is refused and asks `/_stcore/health` after a fixed 100 ms wait, so
+every page of a multipage app opened by its link pays it and a floor at `/` would not; each
+round also opens the floor at both depths with one chart and the rows say what that wait cost.
+The target is a ratio, read in the same run so load on the shared machine cancels: no page
+over 2x the floor of a bare page with the same number of charts.
 """
 
 from __future__ import annotations
@@ -69,14 +74,19 @@ def scenario_first_load(page, base_url: str, reps: int, warm: int, pages=FIRST_L
     floor = start_app(FLOOR_APP, Path(tempfile.mkdtemp(prefix="attention-lab-floor-")),
                       env={"STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"})
     out = {name: {"page": [], "floor": []} for name in pages}
+    out["_probe"] = {"root": [], "bare": []}
     try:
         for i in range(reps + warm):
             for name in pages:
                 got = open_page(page, f"{base_url}/" + ("" if name == "home" else name))
-                fl = open_page(page, f"{floor.url}/?charts={got['charts']}")
+                fl = open_page(page, f"{floor.url}/{'' if name == 'home' else 'bare'}?charts={got['charts']}")
                 if i >= warm:
                     out[name]["page"].append(got)
                     out[name]["floor"].append(fl)
+            for depth, path in (("root", "/"), ("bare", "/bare")):
+                got = open_page(page, f"{floor.url}{path}?charts=1")
+                if i >= warm:
+                    out["_probe"][depth].append(got["usable"])
     finally:
         floor.stop()
     return out
@@ -94,13 +104,15 @@ def first_load_rows(page, server, reps: int, warm: int, results: list, details: 
     if not r:
         return
     details["first_load"] = r
+    probe = median(r["_probe"]["bare"]) - median(r["_probe"]["root"])
     for (name, target), p in zip(names, pages):
         got, fl = r[p]["page"], r[p]["floor"]
         t, f = median([g["usable"] for g in got]), median([g["usable"] for g in fl])
         n = max(g["charts"] for g in got)
         end = [g["script_end"] for g in got if g["script_end"] is not None]
         note = (f"page {t:.2f} s ({_note([g['usable'] for g in got])}), floor with {n} chart{'s' if n != 1 else ''} "
-                f"{f:.2f} s; every chart drawn after {median([g['all_drawn'] for g in got]):.2f} s (floor "
+                f"at {'/' if p == 'home' else '/bare'} {f:.2f} s (the floor with one chart at /bare minus at /: "
+                f"{probe:+.2f} s, Streamlit's base-path probe); every chart drawn after {median([g['all_drawn'] for g in got]):.2f} s (floor "
                 f"{median([g['all_drawn'] for g in fl]):.2f} s); last script run ended "
                 f"{median(end) if end else float('nan'):.2f} s; longest main-thread task "
                 f"{median([g['longest_task'] for g in got]):.2f} s"

@@ -35,5 +35,14 @@ def step() -> None:
             st.caption("A caption under the chart.")
 
 
-st.title("Streamlit floor")
-step()
+def floor() -> None:
+    st.title("Streamlit floor")
+    step()
+
+
+def bare() -> None:
+    floor()
+
+
+st.navigation([st.Page(floor, title="Floor", default=True), st.Page(bare, title="Bare", url_path="bare")],
+              position="hidden").run()
