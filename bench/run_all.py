@@ -289,6 +289,13 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "click on that slider until the weights panel holds one more row, with the number of Streamlit runs "
              "the clicks started.")
     L.append("")
+    L.append("The first-load rows open each page afresh by its own link until it is usable (the run ended, nothing "
+             "stale or a grey skeleton, the first chart drawn), beside bench/floor/app.py opened with as many plain "
+             "heatmaps at the same depth of URL: /bare beside /explore, / beside the home page. Streamlit's browser "
+             "code opened at /name is refused /name/_stcore/health and waits a fixed 100 ms before /_stcore/health, "
+             "so every linked page of a multipage app pays it and the floor pays it too (each row says what it cost "
+             "in that run).")
+    L.append("")
     L.append("The corpus rows: /corpus with 500 pasted sentences of 20 minilm tokens, so one head's joint scatter "
              "has 10,000 queries and 10,000 keys. Pasting runs the corpus job and the PCA (reported once); the "
              "target is timed on reruns that reuse both (a 'Colour by' change; a return to a head seen before), "
