@@ -296,12 +296,16 @@ def test_inside_long_token_axes_are_escaped(app_test):
     assert_labels_are_text(at)
 
 
-@pytest.mark.parametrize("text", ["a" * 50_000, "the dog " * 5000, "小狗" * 10_000, "🐶" * 9000, "é" * 30_000])
+@pytest.mark.parametrize("text", ["a" * 50_000, "the dog " * 5000, "小狗" * 10_000, "🐶" * 9000, "é" * 30_000,
+                                  "The dog, who saw ~3 cats (é/小狗/🐶) — ran.\n" * 900])
 def test_url_keeps_a_prefix_that_fits(text):
     kept = viz.text.url_text(text)
     assert text.startswith(kept) and len(kept) <= viz.text.MAX_CHARS
     assert len(urllib.parse.quote(kept, safe="")) <= viz.text.URL_VALUE_BYTES
     assert len(kept) >= min(len(text), viz.text.MAX_CHARS, viz.text.URL_VALUE_BYTES // 12)
+    # the longest such prefix: one more character, quoted by urllib itself, would not fit
+    if len(kept) < min(len(text), viz.text.MAX_CHARS):
+        assert len(urllib.parse.quote(text[:len(kept) + 1], safe="")) > viz.text.URL_VALUE_BYTES
     assert viz.text.url_text("the small dog") == "the small dog"
 
 
