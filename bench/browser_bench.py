@@ -212,7 +212,7 @@ def run(reps: int = 10, long_reps: int = 5, keep_freed: bool = True, quick: bool
                     details["decoder_long"] = dl
                     results.append(Result("browser", name, median(dl["times"]), "s", 0.3,
                                           note=_note(dl["times"]) + f"; its weights map (in blocks) redrawn after "
-                                               f"{median(dl['weights']):.3f} s (median)"))
+                                               f"{median(dl['weights']):.3f} s (median)" + _where(dl["breakdown"])))
                     results.append(Result("browser", "decoder step in the browser: the all-steps figure's slider -> "
                                           "the next step (smollm2, 1,024-token prompt, each step's last 48 rows)",
                                           median(dl["browser"]), "s", 0.3, note=_slider_note(dl["browser"], dl["browser_breakdown"])))

@@ -97,16 +97,19 @@ def scenario_decoder_long(page, base_url: str, text: str, n_reps: int, warm: int
     page.goto(f"{base_url}/decoder?model=smollm2&layer=3&head=1&text=" + urllib.parse.quote(text))
     wait_idle(page, 900_000)
     wait_chart(page, "decoder-next", 900_000)
-    times, weights_times = [], []
+    times, weights_times, breakdowns = [], [], []
     for i in range(n_reps + warm):
         btn = page.get_by_role("button", name="Next", exact=True)
         page.evaluate(WATCH_ALL_JS, ["decoder-weights", "decoder-next"])
         t = timed(page, btn.click, "decoder-next", "true", None, 300_000)
+        bd = dict(LAST)
         page.wait_for_function("n => Object.keys(window.__seen).length >= n", arg=2, timeout=300_000)
         t_w = page.evaluate("() => (window.__seen['decoder-weights'] - window.__bench.t0) / 1000")
         if i >= warm:
             times.append(t)
             weights_times.append(t_w)
+            breakdowns.append(bd)
         wait_idle(page)
     browser_times, bds = slider_steps(page, n_reps, warm)  # the same run, stepped in the browser
-    return {"times": times, "weights": weights_times, "browser": browser_times, "browser_breakdown": bds}
+    return {"times": times, "weights": weights_times, "breakdown": collect(breakdowns), "browser": browser_times,
+            "browser_breakdown": bds}
