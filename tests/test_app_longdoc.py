@@ -100,10 +100,16 @@ def test_long_heatmap_overview_zoom_and_surprisal_on_a_decoder(app_test, smollm2
     ref = hm.pool_full(full, size).double().numpy() * np.array([min(size, n - b * size) for b in range(-(-n // size))])
     np.testing.assert_allclose(over, ref, atol=1e-5)
     np.testing.assert_allclose(over.sum(1), 1.0, atol=1e-4)
-    at.session_state["explore.zoom"] = (3, 1)  # what a click on block (3, 1) writes
+    at.session_state["explore.zoom"] = (3, 3, 1, 1)  # what a box over block (3, 1) alone writes
     at.run()
     assert_no_exception(at)
     np.testing.assert_allclose(_z(at, "explore-zoom"), full[3 * size:4 * size, size:2 * size].numpy(), atol=1e-6)
+    shape = figure(chart_by_key(at, "explore-heatmap"))["layout"]["shapes"][0]  # the open box, outlined
+    assert (shape["x0"], shape["x1"], shape["y0"], shape["y1"]) == (0.5, 1.5, 2.5, 3.5)
+    at.session_state["explore.zoom"] = (2, 5, 0, 3)  # a box over query blocks 2-5 x key blocks 0-3
+    at.run()
+    assert_no_exception(at)
+    np.testing.assert_allclose(_z(at, "explore-zoom"), full[2 * size:min(n, 6 * size), 0:4 * size].numpy(), atol=1e-6)
     # surprisal of every token, against log-softmax of the trace's logits
     at.query_params["tab"] = "long"
     at2 = app_test("explore", model="smollm2", text=text, layer="7", head="2", tab="long", section="surprisal")
@@ -147,10 +153,14 @@ def test_span_map_on_a_log_scale_keeps_the_mass_in_its_hover():
 
 def test_a_box_dragged_over_the_span_map_names_every_cell_it_touches():
     # cell k covers [k - 0.5, k + 0.5): a drag inside one cell is that cell
-    assert lm.span_box({"box": [{"x": [1.6, 2.2], "y": [3.2, 3.4]}]}, 10) == (3, 3, 2, 2)
-    assert lm.span_box({"box": [{"x": [2.2, 0.6], "y": [4.6, 2.4]}]}, 10) == (2, 5, 1, 2)  # any drag direction
-    assert lm.span_box({"box": [{"x": [-3, 40], "y": [8.7, 12]}]}, 10) == (9, 9, 0, 9)  # clamped to the map
-    assert lm.span_box({"box": []}, 10) is None and lm.span_box({}, 10) is None
+    assert lm.box_cells({"box": [{"x": [1.6, 2.2], "y": [3.2, 3.4]}]}, 10) == (3, 3, 2, 2)
+    assert lm.box_cells({"box": [{"x": [2.2, 0.6], "y": [4.6, 2.4]}]}, 10) == (2, 5, 1, 2)  # any drag direction
+    assert lm.box_cells({"box": [{"x": [-3, 40], "y": [8.7, 12]}]}, 10) == (9, 9, 0, 9)  # clamped to the map
+    assert lm.box_cells({"box": []}, 10) is None and lm.box_cells({}, 10) is None
+    # the overview's box: the boxed blocks' tokens, the last block cut at n, each side at most `most` tokens
+    assert lm.zoom_rows((2, 5, 0, 3), 63, 300) == ((126, 300), (0, 252))
+    assert lm.zoom_rows((2, 5, 0, 3), 63, 300, most=100) == ((126, 226), (0, 100))
+    assert lm.zoom_rows((4, 4, 4, 4), 63, 300) == ((252, 300), (252, 300))
 
 
 def test_the_time_warnings_cost_model_counts_what_torch_counts(smollm2):

@@ -2,7 +2,7 @@
 for the long-input path, which starts past 32 MiB of one layer's maps, ~970 tokens; the
 8,000-token figures are bench.bench_long_context's and the 8,000-token parity is
 tests/test_smollm2.py's): the span view drawn, a box dragged over a cell that zooms to the two
-sentences' tokens, the overview of a head and a click that opens one of its blocks."""
+sentences' tokens, the overview of a head and a box dragged over it that opens its blocks."""
 
 import numpy as np
 import pytest
@@ -29,15 +29,6 @@ def document(paragraphs: int = 24) -> str:
     for p in range(paragraphs):
         paras.append(" ".join(SENTENCES[(p + k) % 5] for k in range(5)) + f" This was day {p + 1}.")
     return "\n\n".join(paras)
-
-
-def _click_cell(page, key: str, x: int, y: int) -> None:
-    sel = f'.st-key-{key}[data-stale="false"] .js-plotly-plot'
-    page.wait_for_selector(sel, timeout=600_000)
-    xy = page.eval_on_selector(sel, """(e, [x, y]) => {
-        const fl = e._fullLayout, box = e.querySelector('.nsewdrag').getBoundingClientRect();
-        return [box.left + fl.xaxis.d2p(x), box.top + fl.yaxis.d2p(y)]; }""", [x, y])
-    page.mouse.click(xy[0], xy[1])
 
 
 def _drag_box(page, key: str, x0: float, y0: float, x1: float, y1: float) -> None:
@@ -94,16 +85,22 @@ def test_a_long_document_typed_into_explore(server, browser):
             assert abs(rows.sum(1).mean() - z[a, 1:6].sum()) < 1e-4, a
         page.locator(".st-key-explore-span-zoom").scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-span-zoom.png"), full_page=True)
-        # the heatmap tab: the head's overview, and a click that opens one block at full resolution
+        # the heatmap tab: the head's overview, and a box dragged over blocks 3-7 x 1-5 opens them at full resolution
         page.get_by_role("tab", name="Heatmap").click()
         wait_idle(page, timeout=600_000)
         over = np.array(chart_data(page, "explore-heatmap", timeout=600_000)["data"][0]["z"], dtype=float)
         np.testing.assert_allclose(over.sum(1), 1.0, atol=1e-3)
-        _click_cell(page, "explore-heatmap", 2, 30)
-        page.wait_for_function("""() => { const e = document.querySelector('.st-key-explore-zoom[data-stale="false"] .js-plotly-plot');
-                                   return e && e.layout.title.text.includes('queries 3'); }""", timeout=600_000)
+        full = smollm2.trace(clean_text(text)[0]).head("decoder.0.self_attn.weights", 0)  # the page's layer 0, head 0
+        size = -(-full.shape[0] // 128)
+        _drag_box(page, "explore-heatmap", 1.0, 3.0, 5.0, 7.0)
+        page.wait_for_function("""s => { const e = document.querySelector('.st-key-explore-zoom[data-stale="false"] .js-plotly-plot');
+                                   return e && e.layout.title.text.includes('queries ' + 3 * s + '–'); }""", arg=size,
+                               timeout=600_000)
         wait_idle(page, timeout=600_000)
         assert no_exception(page)
+        zoom = np.array(chart_data(page, "explore-zoom")["data"][0]["z"], dtype=float)
+        assert zoom.shape == (5 * size, 5 * size)  # queries 3s..8s-1 x keys s..6s-1
+        np.testing.assert_allclose(zoom, full[3 * size:8 * size, size:6 * size].numpy(), atol=1e-5)
         page.screenshot(path=str(SCREENSHOTS / "explore-longdoc-overview.png"), full_page=True)
     finally:
         ctx.close()

@@ -10,7 +10,8 @@ Pure functions (numpy, torch, plotly; no Streamlit); the numbers come from core.
 - head profiles (`profile_figure`): every layer x head's mean attention distance, mass on
   the first token and mass within the last LOCAL tokens, as heatmaps;
 - the overview of one head's map (`overview_figure`: its pooled map, keys summed within a
-  block so rows still sum to 1) and the full-resolution block a click opens (`zoom_rows`);
+  block so rows still sum to 1) and the full-resolution blocks a box dragged over it opens
+  (`box_cells`, `zoom_rows`);
 - surprisal (`surprisal_figure`): the input's tokens in reading order, coloured by -log2 p
   under the model, the entropy of the prediction on hover.
 """
@@ -26,26 +27,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.head_maps import LOCAL
-from viz.figures import ATTN_SCALE, safe_label
+from viz.figures import ATTN_SCALE, CHAR_PX, safe_label
 
 SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"'”’)\]]*\s+|\n+")
 PARAGRAPH_END = re.compile(r"\n\s*\n")
 LABEL_CHARS = 36  # characters of a span's text in its label
 MAX_SPANS = 200  # more spans than this are merged in runs (the map has a click target per cell)
-
-
-def _click_targets(n_rows: int, n_cols: int, custom, hovertemplate: str, keep=None) -> go.Scattergl:
-    """One invisible marker at the centre of every cell: plotly heatmaps cannot be selected
-    (Streamlit's on_select returns no points for them; viz/grid.py), so a click picks the
-    nearest marker, which also carries the cell's hover. keep (n_rows x n_cols booleans): only
-    those cells get one (a causal map's upper triangle holds nothing to open: half the markers,
-    which the browser builds and indexes one by one)."""
-    ys, xs = np.mgrid[0:n_rows, 0:n_cols]
-    on = np.ones((n_rows, n_cols), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-    return go.Scattergl(x=xs[on], y=ys[on], mode="markers", showlegend=False, name="cells",
-                        customdata=np.asarray(custom).reshape(n_rows, n_cols, -1)[on], hovertemplate=hovertemplate,
-                        marker=dict(size=6, opacity=0, color="#000000"),
-                        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)))
 
 
 def split_spans(text: str, offsets: Sequence[Sequence[int]], mode: str = "sentences"
@@ -101,10 +88,11 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
     """The S x S attention mass between spans (rows: the querying span, columns: the span
     attended to; rows sum to 1), hover naming both spans and the mass. log_scale: coloured by
     log10(mass) from 1e-5 (the first sentence, an attention sink, takes most of many rows).
-    selected: (first row, last row, first col, last col), as span_box gives it, outlined.
-    One heatmap, no click targets: a box dragged over it (Streamlit's box selection, `span_box`)
+    selected: (first row, last row, first col, last col), as box_cells gives it, outlined.
+    One heatmap, no click targets: a box dragged over it (Streamlit's box selection, `box_cells`)
     picks spans. Invisible WebGL markers, one per cell, cost the browser a WebGL context and
-    their index (~0.25 s of one main-thread task on a CPU-rendered page), the heatmap alone ~0.08 s."""
+    their index (~0.25 s of one main-thread task on a CPU-rendered page), the heatmap alone ~0.08 s.
+    Fixed margins (no automargin: plotly would measure the tick labels and draw twice)."""
     z = np.asarray(mass, dtype=np.float64)
     s = z.shape[0]
     names = [safe_label(label) for label in labels]
@@ -116,12 +104,13 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
         hovertemplate="from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: %{customdata[2]:.4f}<br>"
                       "drag a box over cells to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))
+    fixed = dict(automargin=False, ticklabeloverflow="allow", showgrid=False, tickvals=list(range(0, s, every)))
     fig.update_layout(
         title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)),
         height=int(min(760, max(360, 160 + 14 * s))), dragmode="select",
-        xaxis=dict(title="attended span (keys)", side="top", tickvals=list(range(0, s, every)), showgrid=False),
-        yaxis=dict(title="querying span", autorange="reversed", tickvals=list(range(0, s, every)), showgrid=False),
-        margin=dict(l=10, r=10, t=130, b=10))
+        xaxis=dict(title="attended span (keys)", side="top", **fixed),
+        yaxis=dict(title="querying span", autorange="reversed", **fixed),
+        margin=dict(l=10 + 22 + int(CHAR_PX * len(str(s - 1))) + 8, r=10, t=130, b=10))
     if selected is not None:
         a0, a1, b0, b1 = selected
         fig.add_shape(type="rect", x0=b0 - 0.5, x1=b1 + 0.5, y0=a0 - 0.5, y1=a1 + 0.5,
@@ -129,10 +118,11 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
     return fig
 
 
-def span_box(selection: dict, s: int) -> Optional[Tuple[int, int, int, int]]:
-    """(first row, last row, first col, last col) of the spans under a box dragged over
-    span_figure (Streamlit's selection: {"box": [{"x": [x0, x1], "y": [y0, y1]}]}): every cell
-    the box touches, clamped to the map; None without a box."""
+def box_cells(selection: dict, s: int) -> Optional[Tuple[int, int, int, int]]:
+    """(first row, last row, first col, last col) of the cells under a box dragged over an s x s
+    map drawn with cell k at k (span_figure, overview_figure; Streamlit's selection:
+    {"box": [{"x": [x0, x1], "y": [y0, y1]}]}): every cell the box touches, clamped to the map;
+    None without a box."""
     try:
         box = selection["box"][0]
         xs, ys = [float(v) for v in box["x"]], [float(v) for v in box["y"]]
@@ -192,33 +182,39 @@ def profile_figure(prof: dict, first_layer: int = 0, title: str = "") -> go.Figu
 
 
 def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool = False,
-                    fixed_scale: bool = True) -> go.Figure:
+                    fixed_scale: bool = True, selected: Optional[Sequence[int]] = None) -> go.Figure:
     """One head's pooled map (block means, nb x nb) drawn with keys summed within each block
     (mean x the block's width), so each drawn row sums to 1 as the token map's rows do; hover
-    names each block's token range. Click a block to open it at full resolution."""
+    names each block's token range. A box dragged over blocks (box_cells) opens them at full
+    resolution (zoom_rows); selected: the open box (first row, last row, first col, last col),
+    outlined. One heatmap with fixed margins: no click targets (an invisible WebGL marker per
+    block cost a WebGL context and ~8,000 markers at 8,000 tokens, ~0.2 s of the browser's first
+    draw) and no automargin (tick labels measured and the figure drawn twice)."""
     p = np.asarray(pooled, dtype=np.float64)
     nb = p.shape[-1]
-    widths = np.array([min(size, n - b * size) for b in range(nb)], dtype=np.float64)
-    z = p * widths[None, :]
+    z = overview_values(p, size, n)
     rng = [f"{b * size}–{min(n, (b + 1) * size) - 1}" for b in range(nb)]
     zz, zmax, label = (np.log10(np.maximum(z, 1e-5)), 0.0, "log₁₀ weight") if log_scale else (z, 1.0, "weight")
     custom = np.dstack([*np.meshgrid(np.array(rng, dtype=object), np.array(rng, dtype=object)), zz.astype(object)])
     fig = go.Figure([go.Heatmap(
         z=zz, x=list(range(nb)), y=list(range(nb)), zmin=(-5.0 if log_scale else 0.0) if fixed_scale else None,
-        zmax=zmax if fixed_scale else None, colorscale=ATTN_SCALE,
-        colorbar=dict(thickness=12), hoverinfo="skip"),
-        _click_targets(nb, nb, custom, "queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
-                       " (keys summed, queries averaged): %{customdata[2]:.4f}<br>click to open this block"
-                       "<extra></extra>", z > 0)])
+        zmax=zmax if fixed_scale else None, colorscale=ATTN_SCALE, colorbar=dict(thickness=12), customdata=custom,
+        hovertemplate="queries %{customdata[1]}<br>keys %{customdata[0]}<br>" + label +
+                      " (keys summed, queries averaged): %{customdata[2]:.4f}<br>"
+                      "drag a box over blocks to open them at full resolution<extra></extra>")])
     every = max(1, -(-nb // 16))
     ticks = list(range(0, nb, every))
+    text = [str(b * size) for b in ticks]
+    fixed = dict(automargin=False, ticklabeloverflow="allow", showgrid=False, tickvals=ticks, ticktext=text)
     fig.update_layout(
         title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)), height=640,
-        xaxis=dict(title=f"keys (blocks of {size} tokens)", side="top", tickvals=ticks,
-                   ticktext=[str(b * size) for b in ticks], showgrid=False),
-        yaxis=dict(title=f"queries (blocks of {size} tokens)", autorange="reversed", tickvals=ticks,
-                   ticktext=[str(b * size) for b in ticks], showgrid=False),
-        margin=dict(l=10, r=10, t=130, b=10))
+        dragmode="select", xaxis=dict(title=f"keys (blocks of {size} tokens)", side="top", **fixed),
+        yaxis=dict(title=f"queries (blocks of {size} tokens)", autorange="reversed", **fixed),
+        margin=dict(l=10 + 22 + int(CHAR_PX * max(len(t) for t in text)) + 8, r=10, t=130, b=10))
+    if selected is not None:
+        a0, a1, b0, b1 = selected
+        fig.add_shape(type="rect", x0=b0 - 0.5, x1=b1 + 0.5, y0=a0 - 0.5, y1=a1 + 0.5,
+                      line=dict(color="#d62728", width=2))
     return fig
 
 
@@ -229,18 +225,16 @@ def overview_values(pooled, size: int, n: int) -> np.ndarray:
     return p * widths[None, :]
 
 
-def block_pick(point: dict) -> Optional[Tuple[int, int]]:
-    """(query block, key block) of a clicked overview cell."""
-    try:
-        return int(point["y"]), int(point["x"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def zoom_rows(block: Tuple[int, int], size: int, n: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
-    """The token ranges ((query first, end), (key first, end)) of an overview block."""
-    qb, kb = block
-    return (qb * size, min(n, (qb + 1) * size)), (kb * size, min(n, (kb + 1) * size))
+def zoom_rows(box: Sequence[int], size: int, n: int, most: Optional[int] = None
+              ) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """The token ranges ((query first, end), (key first, end)) of the overview blocks in box
+    (first row, last row, first col, last col), each side cut to its first `most` tokens."""
+    a0, a1, b0, b1 = box
+    r0, r1 = a0 * size, min(n, (a1 + 1) * size)
+    c0, c1 = b0 * size, min(n, (b1 + 1) * size)
+    if most is not None:
+        r1, c1 = min(r1, r0 + most), min(c1, c0 + most)
+    return (r0, r1), (c0, c1)
 
 
 SURPRISAL_TOP = 16.0  # bits at which the colour saturates

@@ -25,7 +25,7 @@ from viz.ui import charts, dl
 
 SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
-ZOOM_TOKENS = 400  # the most tokens a side of the span zoom draws
+ZOOM_TOKENS = 400  # the most tokens a side of a zoom (spans, overview blocks) draws
 WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
 CALIBRATION_TOKENS = (128, 512)  # two timed passes at each length (the faster kept)
 ATTN_SPEEDUP = 1.45  # causal attention's FLOPs ran ~1.45x faster than the linear layers' (smollm2, one thread,
@@ -139,41 +139,53 @@ def _heads(view, n_heads: int):
     return list(range(n_heads)) if view.head is None else [view.head]
 
 
-def overview(trace, view, n_heads: int, log_scale: bool = False, fixed_scale: bool = True):
+def overview(trace, view, n_heads: int, log_scale: bool = False, fixed_scale: bool = True, selected=None):
     """(figure, size, n, pooled nb x nb) of one head's (or the mean of heads') pooled map."""
     n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
     size = block_size(n, OVERVIEW_SIDE)
     p = trace.pooled(view.name, size, heads=_heads(view, n_heads)).mean(0)
     fig = lm.overview_figure(p, size, n, title=f"{view.label()} · overview, blocks of {size} tokens",
-                             log_scale=log_scale, fixed_scale=fixed_scale)
+                             log_scale=log_scale, fixed_scale=fixed_scale, selected=selected)
     return fig, size, n, p
+
+
+def _open_box(got, nb: int):
+    """The overview box kept in the session (first row, last row, first col, last col), on this map."""
+    try:
+        box = tuple(int(v) for v in got)
+    except (TypeError, ValueError):
+        return 0, 0, 0, 0
+    if len(box) != 4:
+        return 0, 0, 0, 0
+    a0, a1, b0, b1 = (min(max(0, v), nb - 1) for v in box)
+    return min(a0, a1), max(a0, a1), min(b0, b1), max(b0, b1)
 
 
 def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, per_map: bool, log_scale: bool,
                 key: str = "explore") -> None:
     """The overview of the selected map (its pooled block means) and, below, the full-resolution
-    block a click on it opens (default: the first block)."""
-    fig, size, n, _ = overview(trace, view, n_heads, log_scale, fixed_scale=not per_map)
+    blocks a box dragged over it opens (default: the first block)."""
+    n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
+    nb = -(-n // block_size(n, OVERVIEW_SIDE))
     zoom_key = f"{key}.zoom"
-    nb = -(-n // size)
+    box = _open_box(st.session_state.get(zoom_key, (0, 0, 0, 0)), nb)
+    fig, size, n, _ = overview(trace, view, n_heads, log_scale, fixed_scale=not per_map, selected=box)
 
     def pick() -> None:
         sel = st.session_state.get(f"{key}-heatmap")
-        pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
-        got = lm.block_pick(pts[0]) if pts else None
+        got = lm.box_cells((sel or {}).get("selection") or {}, nb)
         if got is not None:
             st.session_state[zoom_key] = got
 
     st.info(f"Long input ({n:,} tokens): one head's map is {n:,} × {n:,} cells, so it is drawn as {nb} × {nb} "
             f"blocks of {size} × {size} tokens, each the block's mean weight with the keys summed, so rows still sum "
-            "to 1 (computed a tile of rows of one head at a time, never the whole layer). Click a block to open it at "
-            "full resolution below.")
-    charts.chart(fig, key=f"{key}-heatmap", on_select=pick, selection_mode="points", width="stretch",
+            "to 1 (computed a tile of rows of one head at a time, never the whole layer). Drag a box over blocks to "
+            f"open them at full resolution below (at most {ZOOM_TOKENS} tokens a side; a box is 12 pixels a side at "
+            "least: zoom in first with the chart's zoom tool to pick one block).")
+    charts.chart(fig, key=f"{key}-heatmap", on_select=pick, selection_mode="box", width="stretch",
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix="-overview"))
-    qb, kb = st.session_state.get(zoom_key, (0, 0))
-    qb, kb = min(max(0, int(qb)), nb - 1), min(max(0, int(kb)), nb - 1)
-    (r0, r1), (c0, c1) = lm.zoom_rows((qb, kb), size, n)
+    (r0, r1), (c0, c1) = lm.zoom_rows(box, size, n, ZOOM_TOKENS)
     z = block(trace, view.name, (r0, r1), (c0, c1), _heads(view, n_heads))
     title = f"{view.label()} · queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1} (full resolution)"
     zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=False,
@@ -181,8 +193,10 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
     charts.chart(zfig, key=f"{key}-zoom", width="stretch",
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix=f"-q{r0}-k{c0}"))
-    st.caption("The block's real weights, coloured on the block's own scale (its rows are parts of rows of the "
-               "whole map: they sum to less than 1 where the query looks outside the block).")
+    cut = " The box covers more than {ZOOM_TOKENS} tokens a side: its first {ZOOM_TOKENS} are drawn." if (
+        (box[1] - box[0] + 1) * size > ZOOM_TOKENS or (box[3] - box[2] + 1) * size > ZOOM_TOKENS) else ""
+    st.caption("The blocks' real weights, coloured on their own scale (their rows are parts of rows of the "
+               "whole map: they sum to less than 1 where the query looks outside them)." + cut.format(ZOOM_TOKENS=ZOOM_TOKENS))
     dl.offer(trace, z, q_toks[r0:r1], k_toks[c0:c1], model=model_name, stack=view.stack, kind=view.kind,
              layer=view.layer, head=view.head, key=f"{key}-zoom-dl", suffix=f"-q{r0}-k{c0}")
 
@@ -254,7 +268,7 @@ def _spans_section(trace, text: str, view, tokens, *, model_name: str, key: str,
     from_key = f"{key}.span_from.{mode}.{s}"  # a new text or split gets its own picker (default: the last)
 
     def pick() -> None:
-        got = lm.span_box((st.session_state.get(f"{key}-spans") or {}).get("selection") or {}, s)
+        got = lm.box_cells((st.session_state.get(f"{key}-spans") or {}).get("selection") or {}, s)
         if got is not None:
             st.session_state[sel_key] = got
             st.session_state[from_key] = got[0]  # shade the text by the box's first row
