@@ -110,6 +110,14 @@ def test_long_heatmap_overview_zoom_and_surprisal_on_a_decoder(app_test, smollm2
     at.run()
     assert_no_exception(at)
     np.testing.assert_allclose(_z(at, "explore-zoom"), full[2 * size:min(n, 6 * size), 0:4 * size].numpy(), atol=1e-6)
+    assert not [c for c in at.caption if "its first" in c.value]
+    from viz.ui import longdoc
+    monkeypatch.setattr(longdoc, "ZOOM_TOKENS", 5)  # the same box, past the zoom's limit: cut, and said so
+    at.run()
+    assert_no_exception(at)
+    np.testing.assert_allclose(_z(at, "explore-zoom"), full[2 * size:2 * size + 5, 0:5].numpy(), atol=1e-6)
+    assert [c for c in at.caption if "more than 5 tokens a side: its first 5 are drawn" in c.value]
+    monkeypatch.setattr(longdoc, "ZOOM_TOKENS", 400)
     # surprisal of every token, against log-softmax of the trace's logits
     at.query_params["tab"] = "long"
     at2 = app_test("explore", model="smollm2", text=text, layer="7", head="2", tab="long", section="surprisal")

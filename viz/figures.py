@@ -159,15 +159,17 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     return thin_ticks(fig)
 
 
+UNMEASURED_AXIS = dict(automargin=False, ticklabeloverflow="allow")  # margins fixed: plotly measures no tick label
+
+
 def fixed_margins_layout(y_labels: Sequence[str], x_labels: Sequence[str], title: bool, min_top: int = 0) -> dict:
     """A heatmap's layout without plotly's automargin, for matrix_heatmap(layout=...): margins
     that fit these tick labels (label_margins), the axes not measured, and the figure's title
     pinned to the top band that label_margins keeps for it (plotly centres it in the top margin
     otherwise, on the axis title)."""
     m = label_margins(y_labels, x_labels)
-    fixed = dict(automargin=False, ticklabeloverflow="allow")
     out = dict(margin=dict(l=m["l"], t=max(min_top, m["t"], 90 if title else 60), r=10, b=10),
-               xaxis=dict(fixed), yaxis=dict(fixed))
+               xaxis=dict(UNMEASURED_AXIS), yaxis=dict(UNMEASURED_AXIS))
     if title:
         out["title"] = dict(yref="container", y=1, yanchor="top", pad=dict(t=14))
     return out
@@ -183,8 +185,7 @@ def fitted_margins(fig: go.Figure, y_labels: Sequence[str], x_labels: Sequence[s
     a caller to merge with its own into one update_layout call."""
     m = label_margins(y_labels, x_labels)
     # the margins fit the labels, so plotly need not measure each one for overflow either
-    fixed = dict(automargin=False, ticklabeloverflow="allow")
-    axes = {ax.plotly_name: dict(fixed) for ax in (*fig.select_xaxes(), *fig.select_yaxes())}
+    axes = {ax.plotly_name: dict(UNMEASURED_AXIS) for ax in (*fig.select_xaxes(), *fig.select_yaxes())}
     return dict(margin=dict(l=m["l"], t=max(min_top, m["t"], fig.layout.margin.t or 0), r=10, b=10), **axes)
 
 

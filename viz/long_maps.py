@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.head_maps import LOCAL
-from viz.figures import ATTN_SCALE, CHAR_PX, safe_label
+from viz.figures import ATTN_SCALE, UNMEASURED_AXIS, label_margins, safe_label
 
 SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"'”’)\]]*\s+|\n+")
 PARAGRAPH_END = re.compile(r"\n\s*\n")
@@ -104,13 +104,13 @@ def span_figure(mass, labels: Sequence[str], title: str = "", selected: Optional
         hovertemplate="from %{customdata[1]}<br>to %{customdata[0]}<br>attention mass: %{customdata[2]:.4f}<br>"
                       "drag a box over cells to zoom to their tokens<extra></extra>")])
     every = max(1, -(-s // 40))
-    fixed = dict(automargin=False, ticklabeloverflow="allow", showgrid=False, tickvals=list(range(0, s, every)))
+    fixed = dict(UNMEASURED_AXIS, showgrid=False, tickvals=list(range(0, s, every)))
     fig.update_layout(
         title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)),
         height=int(min(760, max(360, 160 + 14 * s))), dragmode="select",
         xaxis=dict(title="attended span (keys)", side="top", **fixed),
         yaxis=dict(title="querying span", autorange="reversed", **fixed),
-        margin=dict(l=10 + 22 + int(CHAR_PX * len(str(s - 1))) + 8, r=10, t=130, b=10))
+        margin=dict(l=label_margins([str(s - 1)], [])["l"], r=10, t=130, b=10))
     if selected is not None:
         a0, a1, b0, b1 = selected
         fig.add_shape(type="rect", x0=b0 - 0.5, x1=b1 + 0.5, y0=a0 - 0.5, y1=a1 + 0.5,
@@ -205,12 +205,12 @@ def overview_figure(pooled, size: int, n: int, title: str = "", log_scale: bool 
     every = max(1, -(-nb // 16))
     ticks = list(range(0, nb, every))
     text = [str(b * size) for b in ticks]
-    fixed = dict(automargin=False, ticklabeloverflow="allow", showgrid=False, tickvals=ticks, ticktext=text)
+    fixed = dict(UNMEASURED_AXIS, showgrid=False, tickvals=ticks, ticktext=text)
     fig.update_layout(
         title=dict(text=title, x=0, y=1.0, yanchor="top", pad=dict(t=8), font=dict(size=14)), height=640,
         dragmode="select", xaxis=dict(title=f"keys (blocks of {size} tokens)", side="top", **fixed),
         yaxis=dict(title=f"queries (blocks of {size} tokens)", autorange="reversed", **fixed),
-        margin=dict(l=10 + 22 + int(CHAR_PX * max(len(t) for t in text)) + 8, r=10, t=130, b=10))
+        margin=dict(l=label_margins(text, [])["l"], r=10, t=130, b=10))
     if selected is not None:
         a0, a1, b0, b1 = selected
         fig.add_shape(type="rect", x0=b0 - 0.5, x1=b1 + 0.5, y0=a0 - 0.5, y1=a1 + 0.5,

@@ -139,10 +139,15 @@ def _heads(view, n_heads: int):
     return list(range(n_heads)) if view.head is None else [view.head]
 
 
+def _blocks(trace, view):
+    """(tokens, block size) of the overview of this view's map."""
+    n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
+    return n, block_size(n, OVERVIEW_SIDE)
+
+
 def overview(trace, view, n_heads: int, log_scale: bool = False, fixed_scale: bool = True, selected=None):
     """(figure, size, n, pooled nb x nb) of one head's (or the mean of heads') pooled map."""
-    n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
-    size = block_size(n, OVERVIEW_SIDE)
+    n, size = _blocks(trace, view)
     p = trace.pooled(view.name, size, heads=_heads(view, n_heads)).mean(0)
     fig = lm.overview_figure(p, size, n, title=f"{view.label()} · overview, blocks of {size} tokens",
                              log_scale=log_scale, fixed_scale=fixed_scale, selected=selected)
@@ -165,11 +170,11 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
                 key: str = "explore") -> None:
     """The overview of the selected map (its pooled block means) and, below, the full-resolution
     blocks a box dragged over it opens (default: the first block)."""
-    n = len(trace.tokens("target" if view.stack == "decoder" else "source"))
-    nb = -(-n // block_size(n, OVERVIEW_SIDE))
+    n, size = _blocks(trace, view)
+    nb = -(-n // size)
     zoom_key = f"{key}.zoom"
     box = _open_box(st.session_state.get(zoom_key, (0, 0, 0, 0)), nb)
-    fig, size, n, _ = overview(trace, view, n_heads, log_scale, fixed_scale=not per_map, selected=box)
+    fig = overview(trace, view, n_heads, log_scale, fixed_scale=not per_map, selected=box)[0]
 
     def pick() -> None:
         sel = st.session_state.get(f"{key}-heatmap")
@@ -186,6 +191,7 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix="-overview"))
     (r0, r1), (c0, c1) = lm.zoom_rows(box, size, n, ZOOM_TOKENS)
+    cut = lm.zoom_rows(box, size, n) != ((r0, r1), (c0, c1))
     z = block(trace, view.name, (r0, r1), (c0, c1), _heads(view, n_heads))
     title = f"{view.label()} · queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1} (full resolution)"
     zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=False,
@@ -193,10 +199,10 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
     charts.chart(zfig, key=f"{key}-zoom", width="stretch",
                  name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix=f"-q{r0}-k{c0}"))
-    cut = " The box covers more than {ZOOM_TOKENS} tokens a side: its first {ZOOM_TOKENS} are drawn." if (
-        (box[1] - box[0] + 1) * size > ZOOM_TOKENS or (box[3] - box[2] + 1) * size > ZOOM_TOKENS) else ""
     st.caption("The blocks' real weights, coloured on their own scale (their rows are parts of rows of the "
-               "whole map: they sum to less than 1 where the query looks outside them)." + cut.format(ZOOM_TOKENS=ZOOM_TOKENS))
+               "whole map: they sum to less than 1 where the query looks outside them)." + (
+                   f" The box covers more than {ZOOM_TOKENS} tokens a side: its first {ZOOM_TOKENS} are drawn."
+                   if cut else ""))
     dl.offer(trace, z, q_toks[r0:r1], k_toks[c0:c1], model=model_name, stack=view.stack, kind=view.kind,
              layer=view.layer, head=view.head, key=f"{key}-zoom-dl", suffix=f"-q{r0}-k{c0}")
 
