@@ -119,9 +119,7 @@ class LayerMaps:
 
     def _proj(self, lin, h: int) -> torch.Tensor:
         dk = self.attn.dk
-        w = lin.weight[h * dk:(h + 1) * dk]
-        b = None if lin.bias is None else lin.bias[h * dk:(h + 1) * dk]
-        t = F.linear(self.y, w, b)  # (n, d_k)
+        t = lin.rows(self.y, h * dk, (h + 1) * dk)  # (n, d_k): these columns of the full projection
         return t if self.angles is None else apply_rope(t, self.angles, self.attn.rope_layout)
 
     @torch.inference_mode()

@@ -25,13 +25,13 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .config import ModelConfig
 from .multihead import MultiHeadAttention
 from .norms import RMSNorm
 from .positional import relative_buckets, sinusoidal_encoding
 from .hooks import point
+from .linear import Linear
 from .recorder import Rec, scoped
 
 
@@ -49,27 +49,16 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = cfg.activation
-        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.w_1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.w_2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         gated = self.act in ("swiglu", "geglu_tanh", "geglu")
-        self.w_3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
+        self.w_3 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
 
     def forward(self, x, rec: Rec = None):
-        a = self.w_1(x)  # (B, n, m)
-        if self.act == "relu":
-            hidden = F.relu(a)
-        elif self.act == "gelu":
-            hidden = F.gelu(a)
-        elif self.act == "gelu_tanh":
-            hidden = F.gelu(a, approximate="tanh")
-        elif self.act == "silu":
-            hidden = F.silu(a)
-        elif self.act == "geglu_tanh":
-            hidden = F.gelu(a, approximate="tanh") * self.w_3(x)
-        elif self.act == "geglu":
-            hidden = F.gelu(a) * self.w_3(x)
-        else:
-            hidden = F.silu(a) * self.w_3(x)
+        act = {"geglu_tanh": "gelu_tanh", "geglu": "gelu", "swiglu": "silu"}.get(self.act, self.act)
+        hidden = self.w_1.act(x, act)  # (B, n, m): act(W_1^T u + b_1), fused into the GEMM on a CPU
+        if self.w_3 is not None:
+            hidden = hidden * self.w_3(x)
         out = self.w_2(hidden)  # (B, n, d)
         if rec:
             rec("hidden", hidden)

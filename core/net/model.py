@@ -32,6 +32,7 @@ from .hooks import attach
 from .attention import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from .config import ModelConfig
 from .layers import Embedding, Layer, RelativePositionBias, make_norm
+from .linear import Linear, use_onednn
 from .positional import rope_angles
 from .recorder import Rec, scoped
 
@@ -57,9 +58,10 @@ class Transformer(nn.Module):
             if cfg.positional == "relative":
                 self.decoder_bias = RelativePositionBias(cfg, bidirectional=False)
             out_bias = cfg.bias and not cfg.tie_embeddings if cfg.out_bias is None else cfg.out_bias
-            self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=out_bias)
+            self.out_proj = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=out_bias)
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
+        use_onednn(self)  # small models: linears through oneDNN on packed weights (core/net/linear.py)
 
     def _angles(self, n: int, offset: int = 0, device=None, layer: Optional[int] = None):
         """RoPE angles of positions offset..offset+n-1 (None without RoPE); a sliding layer

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from .attention import attention_weights, causal_mask, combine_masks, scaled_dot_product_attention
 from .config import ModelConfig
+from .linear import Linear
 from .norms import RMSNorm
 from .positional import apply_rope
 from .hooks import point
@@ -44,10 +45,10 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d, h, hkv, dk = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.h, self.hkv, self.dk = h, hkv, dk
-        self.w_q = nn.Linear(d, h * dk, bias=cfg.qkv_bias)
-        self.w_k = nn.Linear(d, hkv * dk, bias=cfg.qkv_bias)
-        self.w_v = nn.Linear(d, hkv * dk, bias=cfg.qkv_bias)
-        self.w_o = nn.Linear(h * dk, d, bias=cfg.bias)
+        self.w_q = Linear(d, h * dk, bias=cfg.qkv_bias)
+        self.w_k = Linear(d, hkv * dk, bias=cfg.qkv_bias)
+        self.w_v = Linear(d, hkv * dk, bias=cfg.qkv_bias)
+        self.w_o = Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
         self.softcap = cfg.attn_softcap
