@@ -4,9 +4,9 @@
 import pytest
 
 from conftest import assert_no_exception
+from viz.ui import registry
 
-PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads", "lens", "patching", "attribution",
-         "corpus"]
+PAGES = [p.key for p in registry.PAGES]  # every page of the sidebar (viz/ui/registry.py)
 LONG = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 
 
@@ -27,6 +27,32 @@ def test_page_survives_empty_long_and_bad_url(app_test, page):
         assert_no_exception(at)
         if params.get("model") == "no-such-model" or params.get("layer") == "99":
             assert at.warning, f"{page} {params}: no warning for impossible URL values"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_says_what_it_answers(app_test, page):
+    """Every page opens with its heading and, under it, the one line from the registry."""
+    at = app_test(page)
+    at.run()
+    assert_no_exception(at)
+    spec = registry.page(page)
+    assert at.title and at.title[0].value == spec.heading
+    assert any(c.value == f"**{spec.question}**" for c in at.caption), [c.value for c in at.caption][:3]
+
+
+def test_sidebar_sections_follow_the_registry():
+    """app.py's navigation is built from the registry: each section lists its pages in order."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "app.py").read_text(encoding="utf-8"))
+    assert "registry" in ast.unparse(tree) and "st.Page(p.file" in ast.unparse(tree)
+    sections = registry.by_section()
+    assert list(sections) == ["Learn", "Explore", "Research"]
+    assert sum(len(v) for v in sections.values()) == len(registry.PAGES)
+    assert all(p.section in registry.SECTIONS for p in registry.PAGES)
+    from pathlib import Path as P
+    assert all((P(__file__).resolve().parents[1] / p.file).is_file() for p in registry.PAGES)
 
 
 def test_root_url_opens_explore(app_test):

@@ -134,7 +134,23 @@ PAGES = {  # page -> (the text box's key or None, the page-specific choice: (kin
     "corpus": (None, ("selectbox", "corpus.layer", 1)),
     "lens": ("lens.text", ("radio", "lens.color", "entropy")),
     "compare": ("compare.text", ("selectbox", "compare.layer", 1)),
+    "patching": ("patching.text", ("radio", "patching.what", "attn_out")),
+    "attribution": ("attribution.text", ("toggle", "attribution.words", True)),
 }
+
+
+def test_every_page_with_a_model_picker_is_in_the_model_switch_matrix():
+    """The matrix above covers every page of the registry that picks a model (a page added to
+    viz/ui/registry.py without a row here fails this test)."""
+    from pathlib import Path
+
+    from viz.ui import registry
+
+    root = Path(__file__).resolve().parents[1]
+
+    pickers = {p.key for p in registry.PAGES
+               if re.search(r"model_header\(|model_picker\(", (root / p.file).read_text(encoding="utf-8"))}
+    assert pickers and pickers <= set(PAGES), sorted(pickers - set(PAGES))
 
 
 def _labels(at, page):

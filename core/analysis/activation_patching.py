@@ -74,6 +74,7 @@ class PatchPair:
     decoder_tokens: List[str] = field(default_factory=list)
     clean_next: Optional[int] = None
     corrupt_next: Optional[int] = None
+    cut: Tuple[int, int] = (0, 0)  # tokens cut from (clean, corrupt) at the model's input limit
 
     @property
     def same_length(self) -> bool:
@@ -104,7 +105,8 @@ def prepare(model, clean: str, corrupt: str) -> PatchPair:
                          "logit of the next token, which an encoder does not predict")
     a, b = model.encode(clean), model.encode(corrupt)
     pair = PatchPair(model.name, model.kind, "decoder" if model.kind == "decoder" else "encoder", list(a.ids),
-                     list(b.ids), model.source_strings(a), model.source_strings(b))
+                     list(b.ids), model.source_strings(a), model.source_strings(b),
+                     cut=(a.truncated, b.truncated))
     if model.kind == "encoder-decoder" and pair.same_length:
         gen_a, _ = model._greedy(model._ids(a.ids), [model.start_id], model.max_new_tokens)
         gen_b, _ = model._greedy(model._ids(b.ids), [model.start_id], model.max_new_tokens)

@@ -17,7 +17,7 @@ STEPS_DEFAULT = 64
 WARN_COMPLETENESS = 0.05  # integrated gradients' completeness error above which the page warns
 DEFAULT_TEXT = {"decoder": "Every morning the baker opens his shop at six and sells fresh loaves of"}
 
-st.title("Which input tokens the output depends on")
+widgets.header("attribution")
 st.caption("Attention says where a head looks, not whether that matters for the output. Here gradient-based and "
            "perturbation-based attributions stand beside the attention-based pictures of the same sentence, and "
            "a faithfulness test (DeYoung et al. 2020) says which of them follows what the model does.")

@@ -19,7 +19,7 @@ from viz import model_view as ex
 from viz.figures import safe_label
 from viz.ui import charts, compare_state, models, url_state, urlflags, widgets
 
-st.title("Compare: one word, two sentences")
+widgets.header("compare")
 st.caption("Bishop ch. 12: “bank” means a riverside in one sentence and a place for cash in the other. A static embedding "
            "gives the word one vector whatever the sentence; attention mixes each sentence's context into it. Below: "
            "what the word attends to in each sentence, and how similar its two vectors stay, layer by layer "

@@ -86,7 +86,7 @@ def _corpus_text() -> str:
     return text
 
 
-st.title("Queries and keys over a corpus")
+widgets.header("corpus")
 state = url_state.PageState("corpus", fields=("model", "layer", "head", "projection"))
 model_name, model, top_col = widgets.model_header(state)
 if model is None:

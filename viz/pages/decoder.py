@@ -20,7 +20,7 @@ DECODER_KINDS = ("encoder-decoder", "decoder")
 MODES = {"inference": "Inference (greedy, one token per step)", "teacher": "Teacher forcing (whole target at once)"}
 PLAYING, PREFILL, GENERATED = stepper.PLAYING, "decoder._prefill", stepper.GENERATED
 
-st.title("Decoder stepper")
+widgets.header("decoder")
 st.caption("The decoder writes its output one token at a time. At every step it reads the tokens so far, "
            "a look-ahead mask stops each position from seeing the ones after it, and the last row's output "
            "becomes a distribution over the next token (Lecture 10: masked self-attention and cross-attention; "

@@ -18,7 +18,7 @@ from viz.text import _md_code
 
 TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × heads)", "Head view", "Long document"
 
-st.title("Explore attention")
+widgets.header("explore")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
                                              "words", "full", "heads", "ablate", "ablation", "step_train", "norms",
                                              "section"))

@@ -19,7 +19,7 @@ pending = st.session_state.pop(OPEN_KEY, None)
 if pending:
     st.switch_page("viz/pages/explore.py", query_params=pending)
 
-st.title("Which heads do what")
+widgets.header("heads")
 st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
            "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
 state = url_state.PageState("heads", fields=("model", "text", "top", "token"))

@@ -21,7 +21,7 @@ from viz.steps import block_notes, groups, layer_steps, shapes_table
 
 INSIDE_LAYER_BYTES = 3 * 2**30 // 2  # one layer's every name above this is not computed here (long inputs)
 
-st.title("Inside a head")
+widgets.header("inside")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
            "tensor the model recorded; every formula is the one that produced it.")
 state = url_state.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))

@@ -21,7 +21,7 @@ pending = st.session_state.pop(OPEN_KEY, None)
 if pending:
     st.switch_page("viz/pages/explore.py", query_params=pending)
 
-st.title("Where the prediction forms")
+widgets.header("lens")
 st.caption("The **logit lens** reads the residual stream after every layer through the model's own output head (final "
            "norm and unembedding): which token it would predict if it stopped there. **Direct logit attribution** "
            "splits the output logit into what each head, each MLP and the embeddings add to it.")

@@ -14,6 +14,7 @@ from core.analysis import activation_patching as cp
 from core.analysis.token_ids import output_token_id
 from viz import patching_maps as pm
 from viz.checks import Check
+from viz.text import clean_text
 from viz.ui import charts, models, patching_run, url_state, urlflags, widgets
 
 OPEN_KEY = "patching._open"  # a clicked cell: the Explore URL to open on the next run
@@ -25,7 +26,7 @@ pending = st.session_state.pop(OPEN_KEY, None)
 if pending:
     st.switch_page("viz/pages/explore.py", query_params=pending)
 
-st.title("Which activations the output needs")
+widgets.header("patching")
 st.caption("Activation patching (Meng et al. 2022; Wang et al. 2022): run the corrupted prompt, put back one activation "
            "from the clean run, and see how much of the clean run's preference for the answer over the wrong token "
            "comes back. restored = (m − m_corrupt) / (m_clean − m_corrupt), m = logit[answer] − logit[wrong] at the "
@@ -97,11 +98,19 @@ url = dict(model=model_name, text=text, corrupt=corrupt, answer=answer or None, 
 state.show_messages()
 
 # ------------------------------------------------------------------ the pair
+text, said = clean_text(text)  # as every page: control characters become spaces, with a word on it
+corrupt, said_corrupt = clean_text(corrupt)
+for msg in dict.fromkeys(said + said_corrupt):
+    st.warning(msg)
 try:
     pair = cp.prepare(model, text, corrupt)
 except ValueError as exc:
     st.warning(str(exc))
     state.end_here(**url)
+for which, n_cut in zip(("clean", "corrupted"), pair.cut):
+    if n_cut:  # the model reads its first tokens: say how many went, never cut silently
+        st.warning(f"The {which} prompt was cut to the model's maximum of {model.max_input_tokens} tokens "
+                   f"({n_cut} tokens dropped from its end).")
 if len(pair.clean_ids) > MAX_TOKENS:
     st.warning(f"The clean prompt has {len(pair.clean_ids)} tokens: the grid is one patched run per layer and token, "
                f"so the page patches prompts of up to {MAX_TOKENS} tokens. Shorten it.")

@@ -10,7 +10,7 @@ import streamlit as st
 from viz.ui import models, playground_attention, playground_controls, playground_cost, url_state, urlflags, widgets
 from viz.ui.playground_controls import PLAY_TABS
 
-st.title("Playground")
+widgets.header("playground")
 state = url_state.PageState("playground", fields=playground_controls.FIELDS)
 
 model_name, model, text_col = widgets.model_header(state)

@@ -8,7 +8,7 @@ from viz import position_figures as vp
 from viz.figures import DIVERGING, fix_margins, matrix_heatmap
 from viz.ui import charts, models, url_state, urlflags, widgets
 
-st.title("Positional encoding")
+widgets.header("positions")
 state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head", "degrees"))
 st.caption("Self-attention is permutation invariant: without positions, “dog bites man” and “man bites dog” "
            "look the same to it. The sinusoidal encoding adds a fixed vector PE_i to the embedding of the token "

@@ -14,6 +14,7 @@ import streamlit as st
 
 import core
 from viz.citations import cite_text
+from viz.ui import registry
 from viz.ui.models import get_model, model_kind, model_label, model_names
 from viz.ui.url_state import PageState, int_from_url
 from viz.select import attention_views
@@ -53,6 +54,14 @@ def attention_picker(state: PageState, trace, cols):
     layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
     head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key)
     return attn, stack, kind, layer, head, layer_key, head_key
+
+
+def header(key: str) -> None:
+    """The page's heading and, under it, the one line that says what the page answers
+    (both from the page registry, viz/ui/registry.py)."""
+    spec = registry.page(key)
+    st.title(spec.heading)
+    st.caption(f"**{spec.question}**")
 
 
 def sidebar(model=None) -> None:
