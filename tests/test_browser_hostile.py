@@ -12,16 +12,18 @@ import urllib.parse
 import pytest
 
 import core
+from viz.ui import registry
 from browser_utils import chart_data, no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
 
-PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground"]
-MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",
-              "decoder": "decoder-weights", "compare": "compare-attn-a", "playground": "playground-pfree"}
-TEXT_BOX = {"explore": "Sentence (press Ctrl+Enter)", "inside": "Sentence (press Ctrl+Enter)",
-            "positions": "Sentence (press Ctrl+Enter)", "decoder": "Source sentence (press Ctrl+Enter)",
-            "compare": "Sentence A (press Ctrl+Enter)", "playground": "Sentence, used by tabs 2, 3 and 5 (press Ctrl+Enter)"}
+# every page of the registry that takes free text and draws a chart (viz/ui/registry.py)
+PAGES = [p.key for p in registry.with_text() if p.main_chart]
+MAIN_CHART = {p.key: p.main_chart for p in registry.PAGES}
+TEXT_BOX = {p.key: f"{p.text_box} (press Ctrl+Enter)" for p in registry.PAGES if p.text_box}
+# pages that read a pair of texts: the second text's URL parameter, and an ordinary pair
+PAIR = {"compare": ("text2", "the dog sees the cat", "the cat sees the dog"),
+        "patching": ("corrupt", "the small dog sees the cat", "the small cat sees the dog")}
 NORMAL = "the small dog sees the cat"
 BIG = ((NORMAL + " ") * 4000)[:100_000]
 TOKENS_NOTE = "cut to the model's maximum of"  # 100 kB is cut at the context, in tokens
@@ -118,7 +120,10 @@ def tick_texts(pg, key: str, axis: str = "xtick") -> list:
 
 
 def text_params(page_name: str, text: str) -> dict:
-    return {"text": text, "text2": text} if page_name == "compare" else {"text": text}
+    return {"text": text, PAIR[page_name][0]: text} if page_name in PAIR else {"text": text}
+
+
+NO_HEAD_PICKER = {"heads", "patching", "lens", "attribution"}  # they read no layer, head, d or n from the URL
 
 
 # ------------------------------------------------------------------ hostile text from the URL, every page
@@ -131,6 +136,8 @@ def test_hostile_text_in_the_url(server, page, page_name):
         said = alerts(page)
         if case in ("empty", "whitespace"):
             assert "empty" in said, f"{where}: no message: {said!r}"
+        elif page_name == "patching":  # the same text on both sides: nothing to patch, and it says so
+            assert "nothing to restore" in said or "tokens" in said, f"{where}: {said!r}"
         else:
             assert chart_drawn(page, MAIN_CHART[page_name]), f"{where}: nothing drawn; messages: {said!r}"
         if case == "control+NUL":
@@ -157,7 +164,7 @@ def test_pasted_100kB_then_an_ordinary_sentence(server, page, page_name):
     assert_safe(page, f"{page_name}/100kB reloaded")
     assert chart_drawn(page, MAIN_CHART[page_name])
     # the page keeps working: an ordinary sentence replaces it
-    sentence = "the dog sees the cat" if page_name == "compare" else NORMAL
+    sentence = PAIR[page_name][1] if page_name in PAIR else NORMAL
     box = page.get_by_label(TEXT_BOX[page_name], exact=True)
     box.fill(sentence)
     box.press("Control+Enter")
@@ -171,13 +178,15 @@ def test_pasted_100kB_then_an_ordinary_sentence(server, page, page_name):
 
 @pytest.mark.parametrize("page_name", PAGES)
 def test_impossible_url_parameters(server, page, page_name):
-    open_url(page, url(server, page_name, **BAD_URL))
+    pair = {"text": PAIR[page_name][1], PAIR[page_name][0]: PAIR[page_name][2]} if page_name in PAIR else {}
+    open_url(page, url(server, page_name, **BAD_URL, **pair))
     assert_safe(page, f"{page_name}/bad url")
     said = alerts(page)
     assert "not valid here" in said, said  # the unknown model, named as the literal text it was
     assert "![x](http://127.0.0.1:9/x.png)" in said, said
-    # positions reads d and n; every other page layer and head
-    assert "out of range" in said and "not a whole number" in said, said
+    # positions reads d and n; the pages with a head picker layer and head
+    if page_name not in NO_HEAD_PICKER:
+        assert "out of range" in said and "not a whole number" in said, said
     assert chart_drawn(page, MAIN_CHART[page_name]), said
 
 

@@ -20,12 +20,11 @@ import viz.text
 from conftest import assert_no_exception, chart_by_key
 from viz.cache import ByteLRU
 from viz.figures import attention_heatmap, head_view, safe_label
-from viz.ui import models
+from viz.ui import models, registry
 
-PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads"]
-MAIN_CHART = {"explore": "explore-heatmap", "inside": "inside-weights-fig", "positions": "positions-model-pe",
-              "decoder": "decoder-weights", "compare": "compare-attn-a", "playground": "playground-pfree",
-              "heads": "heads-compare"}
+# every page of the registry that takes free text and draws a chart (viz/ui/registry.py)
+PAGES = [p.key for p in registry.with_text() if p.main_chart]
+MAIN_CHART = {p.key: p.main_chart for p in registry.PAGES}
 NORMAL = "the small dog sees the cat"
 
 BIG = (NORMAL + " ") * (100_000 // (len(NORMAL) + 1) + 1)
@@ -48,7 +47,7 @@ HOSTILE = {
 # Markup that plotly (or a browser) would read as a tag: "<" then a letter, "/" or "!".
 MARKUP = re.compile(r"<\s*[/!]?\s*[A-Za-z]")
 # Markup our own figure code writes on purpose (hover templates, a two-line colour-bar title).
-OWN_MARKUP = re.compile(r"<br>|<extra></extra>|</?su[bp]>")
+OWN_MARKUP = re.compile(r"<br>|</?extra>|</?su[bp]>")
 
 
 def figure_strings(obj, path=""):
@@ -84,16 +83,16 @@ def messages(at) -> list:
     return [m.value for m in list(at.warning) + list(at.error) + list(at.info)]
 
 
-# the Playground runs only its open tab: the one that reads the sentence is tab 2
-PAGE_PARAMS = {"playground": {"tab": "free"}}
+# e.g. the Playground runs only its open tab: the one that reads the sentence is tab 2
+PAGE_PARAMS = {p.key: p.params for p in registry.PAGES}
 
 
 def open_page(app_test, page, text=None, **params):
     params = {**PAGE_PARAMS.get(page, {}), **params}
     if text is not None:
         params["text"] = text
-        if page == "compare":
-            params["text2"] = text  # the same text on both sides: they share their words
+        if page in NORMAL_PAIR:
+            params.setdefault(NORMAL_PAIR[page][0], text)  # the same text on both sides, unless given
     at = app_test(page, **params)
     at.run()
     return at
@@ -103,11 +102,17 @@ def model_of(at, page) -> str:
     return at.selectbox(key=f"{page}.model").value
 
 
+# pages that read a pair of texts: an ordinary pair for each (Patching needs the same token count)
+NORMAL_PAIR = {"compare": ("text2", "the dog sees the cat", "the cat sees the dog"),
+               "patching": ("corrupt", "the small dog sees the cat", "the small cat sees the dog")}
+
+
 def type_normal_sentence(at, page):
-    """Type an ordinary sentence (both sentences on Compare) and rerun."""
-    if page == "compare":
-        at.text_area(key="compare.text").set_value("the dog sees the cat")
-        at.text_area(key="compare.text2").set_value("the cat sees the dog")
+    """Type an ordinary sentence (both texts on the pages that read a pair) and rerun."""
+    if page in NORMAL_PAIR:
+        second, a, b = NORMAL_PAIR[page]
+        at.text_area(key=f"{page}.text").set_value(a)
+        at.text_area(key=f"{page}.{second}").set_value(b)
     else:
         at.text_area(key=f"{page}.text").set_value(NORMAL)
     at.run()
@@ -140,8 +145,11 @@ def test_hostile_text(app_test, page, case):
         assert len(urllib.parse.quote(url_text)) <= viz.text.URL_VALUE_BYTES
     elif case == "control+NUL":
         assert any("Control characters" in m for m in msgs), msgs
-    if case not in ("empty", "whitespace"):  # text the model can run on: the page draws it
+    if case not in ("empty", "whitespace") and page != "patching":  # text the model can run on: the page draws it
         chart_by_key(at, MAIN_CHART[page])
+    elif page == "patching" and case not in ("empty", "whitespace"):
+        # the same text on both sides: nothing to patch, and the page says so instead of drawing a grid
+        assert any("nothing to restore" in m or "differ" in m or "tokens" in m for m in msgs), msgs
     if case in ("empty", "whitespace", "100kB", "control+NUL", "script"):
         # the rest of the page keeps working: an ordinary sentence typed next draws its chart
         type_normal_sentence(at, page)
@@ -253,7 +261,7 @@ def url_cases():
         # positions reads d and n (and model); every other page layer, head (step) and model
         # heads reads only model and text
         cases = POSITION_URLS + [p for p in BAD_URLS if "model" in p] if page == "positions" else BAD_URLS
-        if page == "heads":
+        if page in ("heads", "patching"):  # they read no layer, head or step
             cases = [p for p in BAD_URLS if "model" in p]
         for params in cases:
             yield pytest.param(page, params, id=f"{page}-" + "&".join(f"{k}={v}" for k, v in params.items()))
@@ -261,7 +269,11 @@ def url_cases():
 
 @pytest.mark.parametrize("page, params", list(url_cases()))
 def test_bad_url_parameters(app_test, page, params):
-    at = open_page(app_test, page, NORMAL if page != "compare" else None, **params)
+    if page in NORMAL_PAIR:  # an ordinary pair, so only the URL values are bad
+        second, a, b = NORMAL_PAIR[page]
+        at = open_page(app_test, page, a, **{second: b}, **params)
+    else:
+        at = open_page(app_test, page, NORMAL, **params)
     assert_no_exception(at)
     warns = [w.value for w in at.warning]
     assert warns, f"{page} {params}: no warning"

@@ -12,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from core.tokens.words import word_groups
+from viz.figures import safe_labels
 
 LABELS = {
     "grad_x_input": "gradient × input",
@@ -63,7 +64,7 @@ def coloured_text(rows: Dict[str, Tuple[Sequence[float], Sequence[str]]], signed
         lo, hi = row_range(z, m in signed)
         name = label(m) + (f" · {notes[m]}" if notes and m in notes else "")
         fig.add_trace(go.Heatmap(
-            z=[z.tolist()], x=list(range(len(z))), y=[r], text=[[str(t) for t in labels]],
+            z=[z.tolist()], x=list(range(len(z))), y=[r], text=[safe_labels([str(t) for t in labels])],
             texttemplate="%{text}", textfont={"size": 13}, zmin=lo, zmax=hi,
             colorscale=DIVERGING if m in signed else SEQUENTIAL, showscale=False, xgap=2, ygap=6,
             customdata=[[m] * len(z)], meta=m,
