@@ -1,5 +1,5 @@
 # The README's two commands are `make run` and `make test`; both set everything up first.
-.PHONY: run test setup bench train eval screenshots
+.PHONY: run test test-fast lint setup bench train eval screenshots
 
 # make run MODELS=/path/to/models[:/other/folder]: every checkpoint folder or .gguf file one level
 # inside those folders joins the model picker ($ATTENTION_LAB_MODELS).
@@ -8,6 +8,13 @@ run:
 
 test:
 	bash scripts/test.sh
+
+# The loop while coding: the linter, then every test but the browser ones and those marked slow.
+test-fast:
+	bash scripts/test.sh -m "not browser and not slow"
+
+lint: setup
+	.venv/bin/ruff check .
 
 # The README's screenshots: the browser tests that take them, writing into docs/screenshots/
 # (a plain `make test` writes them under test-artifacts/ and leaves docs/ as it was).

@@ -63,7 +63,7 @@ def part_speed(lengths) -> dict:
         out["rows"].append({"tokens": len(tr["embed.decoder.sum"]), "ioi": n is None, "traced_s": traced_s,
                             "lens_s": lens_s, "lens_cells": [int(df.layer.nunique()), int(df.position.nunique())],
                             "attribution_s": attr_s})
-        del tr, df
+        tr = df = None  # the next length starts with only the model in memory
     out["threads"] = torch.get_num_threads()
     return out
 

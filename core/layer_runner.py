@@ -9,7 +9,7 @@ import itertools
 import threading
 import uuid
 import weakref
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
@@ -17,6 +17,9 @@ from .net.head_ablation import Ablation
 from .net.recorder import Recorder
 from . import trace_names as tn
 from .trace import Trace, layer_of
+
+if TYPE_CHECKING:  # for the annotation only: core.api imports this module
+    from .api import AttentionModel
 
 
 class LayerRunner:

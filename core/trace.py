@@ -38,7 +38,6 @@ traced pass (causal attention makes those rows independent of the later tokens).
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import zipfile

@@ -6,4 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
+.venv/bin/ruff check .  # the linter first ([tool.ruff] in pyproject.toml): a finding fails the run
 exec .venv/bin/python -m pytest -q --durations=20 "$@"  # the 20 slowest: the suite is a time budget (35 min here)

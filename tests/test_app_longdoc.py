@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import core
 import core.head_maps as hm
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
 from viz import long_maps as lm

@@ -152,7 +152,10 @@ def test_smollm2_ioi_sanity(smollm2):
     df = ca.patch(smollm2, IOI_CLEAN, IOI_CORRUPT, " Mary", " John")
     assert df.attrs["clean_metric"] > 1 and df.attrs["corrupt_metric"] < -1
     assert df.attrs["differ"] == [9]
-    cell = lambda l, p: float(df[(df.layer == l) & (df.position == p)].restored.iloc[0])
+
+    def cell(layer, p):
+        return float(df[(df.layer == layer) & (df.position == p)].restored.iloc[0])
+
     assert abs(cell(0, 9) - 1) < 1e-5
     assert abs(cell(0, 10)) < 1e-5  # same token, same embedding: nothing to restore
     check = ca.activation_patching.restore_check(smollm2, IOI_CLEAN, IOI_CORRUPT, " Mary", " John")
@@ -221,7 +224,10 @@ def test_toy_translate_patches_the_encoder(toy):
     pair = prepare(toy, TOY_CLEAN, TOY_CORRUPT)
     assert pair.stack == "encoder" and pair.clean_next is not None and pair.clean_next != pair.corrupt_next
     net = toy.net
-    ids = lambda s: torch.tensor([toy.encode(s).ids])
+
+    def ids(s):
+        return torch.tensor([toy.encode(s).ids])
+
     dec = torch.tensor([pair.decoder_input])
     for what in ca.activation_patching.WHATS:
         df = ca.patch(toy, TOY_CLEAN, TOY_CORRUPT, None, pair.corrupt_next, what=what)

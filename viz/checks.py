@@ -14,7 +14,7 @@ A trace without its model (loaded from .npz) gets the last three only; `CheckSet
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Optional
 
 import numpy as np
 

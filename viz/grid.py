@@ -72,11 +72,11 @@ def tiled_head_grid(
     for li in range(n_layers):
         ys += [f"layer {li + first_layer} · query {qp[r]}" for r in range(n_q)]
         if li < n_layers - 1:
-            ys += [f"\u2009" * (g + 1) + f"{li}" for g in range(gap)]  # unique, blank-looking gap rows
+            ys += ["\u2009" * (g + 1) + f"{li}" for g in range(gap)]  # unique, blank-looking gap rows
     for h in range(n_heads):
         xs += [f"head {h} · key {kp[c]}" for c in range(n_k)]
         if h < n_heads - 1:
-            xs += [f"\u2009" * (g + 1) + f"{h}" for g in range(gap)]
+            xs += ["\u2009" * (g + 1) + f"{h}" for g in range(gap)]
     heat = go.Heatmap(z=z, x=xs, y=ys, zmin=0, zmax=1, colorscale=ATTN_SCALE, showscale=False, hoverongaps=False,
                       hovertemplate="%{y}<br>%{x}<br>weight %{z:.3f}<extra></extra>")
     # one click target per map: an invisible square marker at its centre (see the module docstring)

@@ -50,7 +50,6 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
     rope = nm("q_pre_rope") in trace
     if nm("q_pre_norm") in trace:
         out.extend(_qk_norm_steps(trace, cfg, stack, layer, kind, head, kv, g_qkv, f_in, q_toks, k_toks, nq, nk))
-    hat = r"\hat " if rope else ""
     src_q = "this layer's tokens" if not cross else "the decoder's tokens"
     src_kv = "the encoder's output (source tokens)" if cross else "the same tokens"
     if rope:

@@ -145,7 +145,7 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     if layer > 0:
         tok_feat(layer_input_name(trace, stack, layer), "xin", g_in, f"X entering layer {layer}",
                  rf"X = \text{{output of layer }} {layer - 1}", rf"X = \text{{output of layer }} {layer - 1}",
-                 (f"Layer 0" if layer == 1 else f"Layers 0–{layer - 1}") + " (choose with the layer selector) turned "
+                 ("Layer 0" if layer == 1 else f"Layers 0–{layer - 1}") + " (choose with the layer selector) turned "
                  f"the embeddings into this; layer {layer} starts from it.")
     mem = memory_name(trace) if kind == "cross_attn" else None
     if mem is not None:

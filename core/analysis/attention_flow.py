@@ -14,7 +14,7 @@ integers, FLOW_SCALE per unit).
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 

@@ -125,7 +125,10 @@ def lens(trace, kind: str = "logit", k: int = 5, target: Optional[Token] = None,
     dev, dtype = model.device, next(model.net.parameters()).dtype
     strings = model.alternative_strings
     cols = {c: [] for c in COLUMNS}
-    dot = lambda a, b: torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]  # row-wise a . b, no m x V temporary
+
+    def dot(a, b):  # row-wise a . b, no m x V temporary
+        return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
+
     for c0 in range(0, len(pos), CHUNK):
         idx = torch.tensor(pos[c0: c0 + CHUNK])
         final = torch.log_softmax(out_head(trace[final_name][idx].to(dev, dtype)).double(), dim=-1)

@@ -23,7 +23,6 @@ from typing import Callable, Dict, Optional
 import torch
 
 from .checkpoint import Checkpoint, CheckpointError, check_shape
-from ..net.config import ModelConfig
 from . import families
 from .masked_lm import mlm_names, read_mlm_head
 from ..net.model import Transformer

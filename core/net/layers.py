@@ -21,7 +21,7 @@ attention itself is core/net/multihead.py.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
