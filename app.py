@@ -12,8 +12,7 @@ setup_process()
 st.set_page_config(page_title="Attention Lab", page_icon="👀", layout="wide")
 one_entry_per_action()  # Back undoes one action (a page switch included), not half of one
 
-HOME = st.Page("viz/pages/home.py", title="Attention Lab", default=True, visibility="hidden")
-NAV = {"": [HOME]} | {section: [st.Page(p.file, title=p.title, url_path=p.key, icon=p.icon) for p in pages]
-                     for section, pages in by_section().items()}
+NAV = {section: [st.Page(p.file, title=p.title, url_path=None if p.default else p.key, icon=p.icon, default=p.default)
+                  for p in pages] for section, pages in by_section().items()}
 
-st.navigation(NAV, position="sidebar").run()
+st.navigation(NAV, position="sidebar", expanded=True).run()

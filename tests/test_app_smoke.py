@@ -55,11 +55,12 @@ def test_sidebar_sections_follow_the_registry():
     assert all((P(__file__).resolve().parents[1] / p.file).is_file() for p in registry.PAGES)
 
 
-def test_root_url_opens_explore(app_test):
+def test_root_url_opens_the_path(app_test):
     at = app_test("", text="the old man sleeps near the river")
     at.run()
     assert_no_exception(at)
-    assert at.title and at.title[0].value == "Explore attention"
+    assert at.title and at.title[0].value == registry.page(registry.HOME).heading
+    assert at.text_area(key="home.text").value == "the old man sleeps near the river"
 
 
 def test_a_model_load_freezes_the_heap_out_of_the_collectors_walks(app_test):

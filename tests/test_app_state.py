@@ -135,6 +135,7 @@ PAGES = {  # page -> (the text box's key or None, the page-specific choice: (kin
     "lens": ("lens.text", ("radio", "lens.color", "entropy")),
     "compare": ("compare.text", ("selectbox", "compare.layer", 1)),
     "patching": ("patching.text", ("radio", "patching.what", "attn_out")),
+    "home": ("home.text", ("radio", "home.stop", 3)),
     "attribution": ("attribution.text", ("toggle", "attribution.words", True)),
 }
 

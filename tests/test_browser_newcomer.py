@@ -43,7 +43,7 @@ def test_first_click_on_each_notes_example(server, page):
     offer to switch model that, clicked, does."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for label in NOTES_EXAMPLES:
-        page.goto(server.url)
+        page.goto(f"{server.url}/explore")
         wait_idle(page, timeout=120_000)
         before = chart_data(page, "explore-heatmap")["layout"]["xaxis"]["ticktext"]
         page.get_by_role("button", name=label, exact=True).click()

@@ -261,7 +261,7 @@ def url_cases():
         # positions reads d and n (and model); every other page layer, head (step) and model
         # heads reads only model and text
         cases = POSITION_URLS + [p for p in BAD_URLS if "model" in p] if page == "positions" else BAD_URLS
-        if page in ("heads", "patching"):  # they read no layer, head or step
+        if page in ("heads", "patching", "home"):  # they read no layer, head or step
             cases = [p for p in BAD_URLS if "model" in p]
         for params in cases:
             yield pytest.param(page, params, id=f"{page}-" + "&".join(f"{k}={v}" for k, v in params.items()))

@@ -134,7 +134,8 @@ try:
                      lambda: ca.logit_attribution(trace, attr_target, baseline=baseline or None))
 except ValueError as exc:
     attr = None
-    st.warning(f"Direct logit attribution does not apply to {model_name}: {exc}")
+    # a note on the architecture, not a fault: the lens above still applies (a warning where nothing does)
+    (st.info if lens_df is not None else st.warning)(f"Direct logit attribution does not apply to {model_name}: {exc}")
 if attr is not None:
     what = lf.what_is_attributed(attr.attrs["target"], attr.attrs["baseline"])
     own = lf.own_logit(trace, attr)

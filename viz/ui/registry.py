@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 SECTIONS = ("Learn", "Explore", "Research")
+HOME = "home"  # the page at /
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,17 @@ class PageSpec:
     def file(self) -> str:
         return f"viz/pages/{self.key}.py"
 
+    @property
+    def default(self) -> bool:
+        """The page at / (its URL path is empty)."""
+        return self.key == HOME
+
 
 PAGES: List[PageSpec] = [
-    # Learn: the notes' ideas, one at a time
+    # Learn: the notes' ideas, one at a time; the path through them is the home page, at /
+    PageSpec("home", "Start here", "Attention, step by step",
+             "What does attention do, in the lecture notes' order, on a sentence of your own?",
+             "Learn", ":material/route:", "home-fig", "Sentence"),
     PageSpec("inside", "Inside a head", "Inside a head",
              "How does one head turn a sentence into weights, step by step, formula by formula?",
              "Learn", ":material/functions:", "inside-weights-fig", "Sentence"),
