@@ -206,7 +206,10 @@ def test_state_survives_every_model_switch(app_test, page):
         assert_no_exception(at)
         assert qp(at, "model") == name
         if text_key:
-            assert _box(at, text_key).value == TEXT, (page, name)
+            if any(w.key == text_key for w in list(at.text_input) + list(at.text_area)):
+                assert _box(at, text_key).value == TEXT, (page, name)
+            else:  # a model the page does not apply to: it says why, and keeps the sentence for the next one
+                assert at.info or at.warning, (page, name)
             assert qp(at, "text") == TEXT, (page, name)
         for box in at.selectbox:  # every number choice is an int inside its options
             if box.key and box.key.startswith(f"{page}.") and box.key.split(".")[1] in ("layer", "head", "token"):

@@ -32,7 +32,8 @@ if model.kind == "encoder" and getattr(model, "mlm_head", None) is None:
             "so there is no prediction whose inputs could be weighed. Its attention can be read on Explore and "
             "compared with another model's on Compare.")
     st.page_link("viz/pages/compare.py", label="Compare its attention with another model's", icon=":material/compare_arrows:")
-    state.end_here(model=model_name)
+    # the user's sentence stays in the URL (and the session) for the next model
+    state.end_here(model=model_name, text=st.session_state.get(state.key("text")))
 
 if model.kind == "encoder":
     default_text = f"The capital of France is {getattr(model.tokenizer, 'mask_token', '[MASK]')}."
