@@ -28,6 +28,7 @@ class PageSpec:
     main_chart: Optional[str] = None  # the chart every test waits on (None: the page draws tables)
     text_box: Optional[str] = None  # its main text box's label (None: no free text)
     params: Dict[str, str] = field(default_factory=dict)  # URL values the tests open it with
+    reads_url: bool = True  # False: a page with no state (no model, no sentence) to keep in the URL
 
     @property
     def file(self) -> str:
@@ -59,7 +60,7 @@ PAGES: List[PageSpec] = [
              params={"tab": "free"}),
     PageSpec("notes", "Lecture notes", "Lecture notes",
              "Which lecture notes do the pages follow, and where is each idea shown?",
-             "Learn", ":material/menu_book:"),
+             "Learn", ":material/menu_book:", reads_url=False),
     # Explore: look at a sentence
     PageSpec("explore", "Explore", "Explore attention",
              "Where does each head of each layer look, on your sentence?",
