@@ -69,6 +69,17 @@ class ByteLRU:
             self._key_locks.pop(key, None)
         return value
 
+    def shrink_to(self, max_bytes: int) -> int:
+        """Drop the least recently used entries until at most max_bytes are held (the admission
+        gate's room for a job, viz/gate.py); returns the bytes freed."""
+        freed = 0
+        with self._lock:
+            while self._data and self._bytes > max_bytes:
+                _, (_, s) = self._data.popitem(last=False)
+                self._bytes -= s
+                freed += s
+        return freed
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()

@@ -18,7 +18,9 @@ import streamlit as st
 import core
 import core.trace
 from core.errors import InputError
+from viz import gate
 from viz.cache import ByteLRU
+from viz.ui import admission
 from viz.text import _md_code, clean_text
 
 # A trace larger than the budget is served and never kept (every rerun would trace again):
@@ -153,14 +155,29 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
     text, msgs = clean_text(text)
     for m in msgs:
         st.warning(m)
+    def admitted_run():  # one computation per key (the cache), admitted within the memory budget
+        n = _tokens(model, text)
+        label = f"{model_name}, {n:,} tokens"
+        with admission.admitted(gate.trace_bytes(model.config, n), admission.expected_seconds(model, model_name, n),
+                                label):
+            return run(model, text)
+
     try:
         with st.spinner(spinner):
-            return trace_cache().get_or_compute((model_name, text) + key, lambda: run(model, text))
+            return trace_cache().get_or_compute((model_name, text) + key, admitted_run)
     except InputError as exc:
         st.warning(str(exc))
     except Exception as exc:
         st.error(f"The model could not run on that input: {exc}")
     return None
+
+
+def _tokens(model, text: str) -> int:
+    """The tokens the model will read (cheap: the tokenizer alone), for the job's cost."""
+    try:
+        return min(len(model.tokenizer.encode(text).ids), model.max_input_tokens)
+    except Exception:
+        return model.max_input_tokens
 
 
 def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: Optional[int] = None,

@@ -1,0 +1,62 @@
+"""The admission gate as a page shows it (the gate itself: viz/gate.py): one Gate per process,
+over the memory budget, with the trace cache counted against it. A job that has to wait says
+so in the page ("Waiting: 2 jobs ahead, about 40 s") with a Cancel button; a cancelled job
+leaves the queue, and the page offers to run it again. A job never stops once it runs."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import streamlit as st
+
+from viz import gate as vg
+
+CANCELLED = "_gate.cancelled"  # session flag: the user cancelled a waiting job
+SECONDS_PER_FLOP = 2e-10  # before a model's cost is measured (viz.ui.longdoc.calibrate): ~5 GFLOP/s
+
+
+@st.cache_resource(show_spinner=False)
+def gate() -> vg.Gate:
+    from viz.ui.models import trace_cache
+
+    return vg.Gate(vg.default_budget(), caches=[trace_cache()])
+
+
+def expected_seconds(model, model_name: str, n: int) -> float:
+    """The job's expected time: the long-trace cost model where this model's cost was measured in
+    this process, else a rough rate (it only orders the queue's estimate)."""
+    from viz.ui import longdoc
+
+    cost = longdoc._COST.get(model_name)
+    if cost is not None:
+        return longdoc.expected_seconds(model, n, cost)
+    return longdoc.flops(model, n) * SECONDS_PER_FLOP
+
+
+def _cancel() -> None:
+    st.session_state[CANCELLED] = True
+
+
+@contextmanager
+def admitted(cost: int, seconds: float, label: str):
+    """Run the block once the gate admits a job of `cost` bytes. While it waits, the page shows
+    its place and a Cancel button; a click reruns the page, which ends the wait (the job leaves
+    the queue) and shows that it was cancelled, with a button to run it again."""
+    if st.session_state.pop(CANCELLED, False):
+        st.info(f"Cancelled before it started: {label}. Nothing was computed.")
+        st.button("Run it again", key="gate-again")
+        st.stop()
+    note, button = st.empty(), st.empty()
+    shown = []
+
+    def on_wait(ahead: int, secs: float) -> None:
+        if not shown:
+            button.button("Cancel", key="gate-cancel", on_click=_cancel)
+            shown.append(True)
+        note.info(f"Waiting: {ahead} job{'s' if ahead != 1 else ''} ahead, about {max(1, round(secs))} s "
+                  f"({label}; the server runs heavy work within its memory budget).")
+
+    with gate().admit(cost, seconds, label, on_wait=on_wait) as ticket:
+        note.empty()
+        button.empty()
+        yield ticket
