@@ -55,17 +55,27 @@ def default_budget() -> int:
     return int(machine_memory() * BUDGET_SHARE)
 
 
+LOGIT_ROWS = 256  # core.api computes next-token distributions this many positions at a time
+MARGIN = 1.1  # over the measured peaks below
+
+
 def trace_bytes(cfg, n_tokens: int, n_target: int = 0) -> int:
-    """Peak bytes a traced pass holds above the model, from its shapes: what the trace stores
-    (the stream at every layer boundary, the embeddings and the final norm: (L + 5) n d floats a
-    stack) and one layer's working set while it runs (q, k, v, the attention output and the FFN's
-    hidden layer: n (4 d + 3 m) floats), in float32. The attention itself runs in blocks
-    (fused kernel, long inputs a tile at a time), so no n x n term."""
+    """Peak bytes a traced pass holds above the model, from its shapes, in float32:
+    - what the trace stores: 2 (L + 5) n d floats a stack (the stream at every layer boundary,
+      the embeddings, the final norm, and their copies while a layer runs);
+    - one layer's working set: 2 n (4 d + 3 m) floats (q, k, v, the attention output, the FFN's
+      hidden layer and the temporaries beside them); the attention runs in blocks (fused kernel,
+      long inputs a tile of rows at a time), so no n x n term;
+    - a decoder's next-token distributions, LOGIT_ROWS rows of the vocabulary at a time: 3
+      LOGIT_ROWS V floats (logits, softmax, top-k).
+    Times MARGIN. Measured (`python -m bench.load_test --calibrate`, smollm2 on this CPU, VmHWM above
+    the loaded model): 417 MiB at 1,239 tokens and 1,076 MiB at 4,400; this gives 440 and 1,158."""
     d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
     stacks = [n_tokens] if cfg.kind != "encoder-decoder" else [n_tokens, max(1, n_target or n_tokens)]
-    stored = sum((L + 5) * n * d for n in stacks)
-    working = max(stacks) * (4 * d + 3 * m)
-    return 4 * (stored + working)
+    stored = sum(2 * (L + 5) * n * d for n in stacks)
+    working = 2 * max(stacks) * (4 * d + 3 * m)
+    logits = 3 * LOGIT_ROWS * cfg.tgt_vocab_size if cfg.kind != "encoder" else 0
+    return int(MARGIN * 4 * (stored + working + logits))
 
 
 @dataclass

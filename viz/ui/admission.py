@@ -5,6 +5,8 @@ leaves the queue, and the page offers to run it again. A job never stops once it
 
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import contextmanager
 
 import streamlit as st
@@ -12,6 +14,7 @@ import streamlit as st
 from viz import gate as vg
 
 CANCELLED = "_gate.cancelled"  # session flag: the user cancelled a waiting job
+LOG = logging.getLogger("attention_lab")
 SECONDS_PER_FLOP = 2e-10  # before a model's cost is measured (viz.ui.longdoc.calibrate): ~5 GFLOP/s
 
 
@@ -19,7 +22,9 @@ SECONDS_PER_FLOP = 2e-10  # before a model's cost is measured (viz.ui.longdoc.ca
 def gate() -> vg.Gate:
     from viz.ui.models import trace_cache
 
-    return vg.Gate(vg.default_budget(), caches=[trace_cache()])
+    g = vg.Gate(vg.default_budget(), caches=[trace_cache()])
+    LOG.info("gate: budget %d MiB", g.budget // 2**20)
+    return g
 
 
 def expected_seconds(model, model_name: str, n: int) -> float:
@@ -57,6 +62,11 @@ def admitted(cost: int, seconds: float, label: str):
                   f"({label}; the server runs heavy work within its memory budget).")
 
     with gate().admit(cost, seconds, label, on_wait=on_wait) as ticket:
+        waited = ticket.entered - ticket.queued
+        LOG.info("gate: admitted %s (%.0f MiB)%s", label, cost / 2**20,
+                 f" after waiting {waited:.1f} s" if shown else "")
         note.empty()
         button.empty()
+        t0 = time.monotonic()
         yield ticket
+        LOG.info("gate: done %s in %.1f s", label, time.monotonic() - t0)
