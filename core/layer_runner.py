@@ -9,7 +9,7 @@ import itertools
 import threading
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -17,9 +17,6 @@ from .net.head_ablation import Ablation
 from .net.recorder import Recorder
 from . import trace_names as tn
 from .trace import Trace, layer_of
-
-if TYPE_CHECKING:  # for the annotation only: core.api imports this module
-    from .api import AttentionModel
 
 
 class LayerRunner:
@@ -29,7 +26,7 @@ class LayerRunner:
     its stored input, with the pass's padding and ablation. logits(trace, rows): the
     output projection of the stored final hidden states."""
 
-    def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None,
+    def __init__(self, model: "AttentionModel", src_pad=None, ablate: Optional[Ablation] = None,  # noqa: F821 (core.api.AttentionModel; core.api imports this module)
                  qk: Optional[Dict[str, torch.Tensor]] = None):
         """qk: each self-attention's q and k (after RoPE) and v as the traced pass computed them,
         by trace name, kept for short inputs (core/api.py's QK_KEEP_BYTES): a weights read then

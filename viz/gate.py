@@ -103,6 +103,12 @@ class Gate:
         self.admitted = self.cancelled = self.waited = 0
         self.peak_running = 0
 
+    def count(self, cache) -> None:
+        """Count `cache` (.nbytes, .shrink_to) against the budget, once."""
+        with self._cond:
+            if not any(c is cache for c in self.caches):
+                self.caches.append(cache)
+
     # -------------------------------------------------------------- what the gate holds
     @property
     def running_bytes(self) -> int:

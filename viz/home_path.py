@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import plotly.graph_objects as go
 
+from core import trace_names as tn
 from core.head_maps import profiles
 from core.net.attention import causal_mask
 from viz import by_hand
@@ -96,7 +97,7 @@ def first_attention(trace) -> Tuple[str, str]:
 def scores_figure(trace) -> Tuple[go.Figure, str]:
     stack, kind = first_attention(trace)
     where = f"{stack} layer 0's {'self' if kind == 'self_attn' else 'cross'}-attention"
-    s = trace.head(f"{stack}.0.{kind}.scaled", 0)
+    s = trace.head(tn.attn(stack, 0, kind, "scaled"), 0)
     q_tok = trace.tokens("target" if stack == "decoder" else "source")
     k_tok = trace.tokens("source" if kind == "cross_attn" or stack == "encoder" else "target")
     fig = matrix_heatmap(s, y_labels=safe_labels(q_tok), x_labels=safe_labels(k_tok),
@@ -114,7 +115,7 @@ def mask_figure(trace) -> Tuple[go.Figure, str]:
     """Stop 4: the decoder's own masked self-attention where the model has a decoder, else the
     look-ahead mask a decoder would use on this many tokens."""
     if "decoder" in trace.stacks() and trace.layers("decoder"):
-        w = trace.head("decoder.0.self_attn.weights", 0)
+        w = trace.head(tn.self_attn("decoder", 0, "weights"), 0)
         tok = trace.tokens("target") or trace.tokens("source")
         fig = attention_heatmap(w, tok, tok, title="decoder layer 0, head 0: weights under the look-ahead mask",
                                 height=SMALL)

@@ -20,9 +20,8 @@ SECONDS_PER_FLOP = 2e-10  # before a model's cost is measured (viz.ui.longdoc.ca
 
 @st.cache_resource(show_spinner=False)
 def gate() -> vg.Gate:
-    from viz.ui.models import trace_cache
-
-    g = vg.Gate(vg.default_budget(), caches=[trace_cache()])
+    """The process's gate; the caches that count against its budget join it with `count`."""
+    g = vg.Gate(vg.default_budget())
     LOG.info("gate: budget %d MiB", g.budget // 2**20)
     return g
 

@@ -158,6 +158,7 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
     def admitted_run():  # one computation per key (the cache), admitted within the memory budget
         n = _tokens(model, text)
         label = f"{model_name}, {n:,} tokens"
+        admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
         with admission.admitted(gate.trace_bytes(model.config, n), admission.expected_seconds(model, model_name, n),
                                 label):
             return run(model, text)
