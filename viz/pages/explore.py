@@ -38,10 +38,17 @@ st.session_state["explore._model"] = model_name
 st.session_state["explore._default_text"] = default_text
 
 examples = vocab.dedupe_examples(list(widgets.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]])
+# each example opens on a model that reads it: the notes' English sentences leave toy-translate for minilm
+opens_on = {label: vocab.model_for_example(model, model_name, s) for label, s in examples.items()}
+examples = {(label if opens_on[label] == model_name else f"{label} → {opens_on[label]}"): (s, opens_on[label])
+            for label, s in examples.items()}
 
 
-def _use_example(sentence: str) -> None:
+def _use_example(choice) -> None:
+    sentence, on = choice
     st.session_state[text_key] = sentence
+    if on != model_name:
+        st.session_state[state.key("model")] = on
 
 
 with text_col:

@@ -43,6 +43,17 @@ def offer_reader(state: url_state.PageState, model_name: str, trace, key: str) -
               icon=":material/swap_horiz:")
 
 
+def model_for_example(model, model_name: str, sentence: str) -> str:
+    """The model an example opens on: this one where it reads the sentence (at most one <unk>,
+    counted by the tokenizer alone), else one that reads any English text (the notes' examples
+    on toy-translate)."""
+    try:
+        n_unk = sum(t == UNK for t in model.source_strings(model.encode(sentence)))
+    except Exception:
+        return model_name
+    return model_name if n_unk <= 1 else (reader_for(model_name) or model_name)
+
+
 def dedupe_examples(pairs) -> dict:
     """label -> sentence with one button per sentence, whatever its case ("Show me the money"
     and "show me the money" are one example); labels cut to 40 characters."""

@@ -89,7 +89,8 @@ def model_header(state: PageState, allowed=None, needs: str = ""):
 
 def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int = 5, shown: int | None = None) -> None:
     """One button per example sentence (label -> sentence), max_cols to a row; a shortened
-    label shows the whole sentence on hover. on_click(sentence) runs before the rerun.
+    label shows the whole sentence on hover. on_click(sentence) runs before the rerun; a value
+    may be a tuple (sentence, ...), handed to on_click whole.
     shown: only the first `shown` examples as buttons, the rest in a "More examples" popover
     beside them (a closed popover mounts nothing: the page's first view stays light)."""
     items = list(examples.items())
@@ -97,8 +98,9 @@ def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int 
     cols = st.columns(min(len(first) + bool(rest), max_cols))
 
     def button(where, i, label, sentence):
+        text = sentence[0] if isinstance(sentence, tuple) else sentence  # (sentence, what else it carries)
         where.button(label, key=f"{key}-{i}", on_click=on_click, args=(sentence,), width="stretch",
-                     help=sentence if label != sentence else None)
+                     help=text if label != text else None)
 
     for i, (label, sentence) in enumerate(first):
         button(cols[i % len(cols)], i, label, sentence)
