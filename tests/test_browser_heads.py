@@ -47,6 +47,7 @@ def test_model_view_clicks_switch_heads_off(server, page):
     wait_idle(page)
     page.get_by_role("tab", name="Model view (all layers × heads)").click()
     wait_idle(page)
+    page.get_by_text("More: switch heads off, patch this head, the logit lens").click()  # behind one "more"
     page.get_by_text("Clicks switch heads off", exact=True).click()
     wait_idle(page)
     _click_target(page, "explore-grid", 0, 1)

@@ -79,7 +79,6 @@ elif model.kind == "decoder" and trace.tokens("next"):
 
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
-explore_links.head_links(c[2], model, model_name, text, stack, kind, layer, head)
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
@@ -112,7 +111,12 @@ if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
               **url_view, **url_ablation)
-knockout.controls(model, ablate_key, ablation_key)
+# what the research pages do with this head, and switching heads off, behind one "more" (open while heads are
+# off): the first view keeps the map and its plain controls; the widgets stay mounted, as the script sets them
+with st.expander("More: switch heads off, patch this head, the logit lens", expanded=bool(off),
+                 icon=":material/tune:"):
+    explore_links.head_links(st, model, model_name, text, stack, kind, layer, head)
+    knockout.controls(model, ablate_key, ablation_key)
 if off:
     knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
                           trace, off, ablation)
