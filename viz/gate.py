@@ -78,6 +78,20 @@ def trace_bytes(cfg, n_tokens: int, n_target: int = 0) -> int:
     return int(MARGIN * 4 * (stored + working + logits))
 
 
+def batch_bytes(cfg, tokens: int, grad: bool = False) -> int:
+    """Peak bytes of batched passes over `tokens` positions in all (patching's corrupted runs,
+    integrated gradients' steps, occlusions), in float32: one layer's working set,
+    2 tokens (4 d + 3 m) floats, held for every layer when gradients flow back through them
+    (autograd keeps each layer's activations), plus a decoder's output at the positions read.
+    Measured for integrated gradients (64 steps of smollm2's 14-token indirect-object prompt,
+    VmHWM above the model): 1,547 MiB; this gives 1,856."""
+    d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
+    working = 2 * tokens * (4 * d + 3 * m)
+    held = working * (L if grad else 1) + 2 * tokens * d * (L + 2)  # the stream kept beside it
+    logits = 3 * LOGIT_ROWS * cfg.tgt_vocab_size if cfg.kind != "encoder" else 0
+    return int(MARGIN * 4 * (held + logits))
+
+
 @dataclass
 class Ticket:
     cost: int

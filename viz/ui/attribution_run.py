@@ -10,6 +10,8 @@ import streamlit as st
 from core.analysis import input_attribution as A
 from core.analysis import faithfulness_scores as F
 from core.errors import InputError
+from viz import gate
+from viz.ui import admission, models
 
 MAX_TOKENS = 64  # occlusion and the deletion curves run one pass per token: longer inputs are cut
 
@@ -31,7 +33,11 @@ def compute(model_name: str, text: str, target: str, contrast: str, baseline: st
         if key in store["items"]:
             store["items"].move_to_end(key)
             return store["items"][key]
-    out = _run(text, target, contrast, baseline, steps, fix_first, position, _model, _progress)
+    n = min(models._tokens(_model, text), MAX_TOKENS)
+    rows = max(1, min(steps, A.BATCH_TOKENS // max(1, n)))  # integrated gradients' steps a batch (the largest pass)
+    with admission.admitted(gate.batch_bytes(_model.config, rows * n, grad=True), 0.0,
+                            f"{model_name} attribution, {n} tokens"):
+        out = _run(text, target, contrast, baseline, steps, fix_first, position, _model, _progress)
     with store["lock"]:
         store["items"][key] = out
         while len(store["items"]) > KEEP:
