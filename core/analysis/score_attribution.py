@@ -447,6 +447,12 @@ def _check_position(p: int, n: int, what: str) -> int:
 
 
 def _lengths(trace, stack, attn):
+    if stack not in tn.STACKS or stack not in trace.stacks():
+        raise ValueError(f"this trace has no {stack!r} stack (it has {', '.join(trace.stacks())})")
+    if attn not in tn.ATTNS:
+        raise ValueError(f"attn must be one of {tn.ATTNS}, not {attn!r}")
+    if attn == tn.CROSS and (stack != "decoder" or "encoder" not in trace.stacks()):
+        raise ValueError("cross_attn reads an encoder's output from a decoder: this model has no cross-attention")
     names_q = tn.embed(stack, "sum")
     n_q = trace[names_q].shape[0]
     n_k = trace[tn.embed("encoder", "sum")].shape[0] if attn == "cross_attn" else n_q
