@@ -9,8 +9,10 @@ The stream entering a layer is a sum of components, read from the trace:
     "embed" (the token embeddings, scaled where the model scales them), "positions" (added
     position vectors), "types" (token types), "L{l}H{h}" (head h of layer l: its stored output
     through its own d_k rows of W_o), "L{l}.attn_bias" (the output projection's bias),
-    "L{l}.mlp" (the FFN's output, run again at the positions asked for on its rebuilt input,
-    as core/analysis/logit_attribution.py does), "bias" (every norm's shift, and the attention's
+    "L{l}.mlp" (the FFN's write: in a pre-norm stack, where the FFN is a layer's last sub-layer,
+    the stored layer output less the stream before the FFN; in a post-norm stack the FFN run
+    again at the positions asked for on its input, as core/analysis/logit_attribution.py does),
+    "bias" (every norm's shift, and the attention's
     own q / k biases). Cross-attention's heads are "L{l}xH{h}" and "L{l}.cross_attn_bias"; the
     keys of a cross-attention come from the encoder's stream, whose components are named with
     "enc." in front.
@@ -59,7 +61,7 @@ from ..net.positional import apply_rope
 F64 = torch.float64
 GROUPS = ("component", "layer", "kind")
 COLUMNS = ["query_component", "key_component", "term"]
-PAIR_BLOCK_BYTES = 64 * 2**20  # pattern attribution: A @ K for this many bytes of components at once
+PAIR_BLOCK_BYTES = 16 * 2**20  # pattern attribution: A @ K for this many bytes of components at once
 _HEAD = re.compile(r"^(enc\.)?L(\d+)(x?)H(\d+)$")
 _LAYER_PART = re.compile(r"^(enc\.)?L(\d+)\.(attn_bias|cross_attn_bias|mlp)$")
 
@@ -183,13 +185,15 @@ class _Walk:
                     y = x_in if (pre and layer.parallel) else actual
                     norm = layer.norms[j] if pre and len(layer.norms) else None
                     return self._finish(keep, live, _frozen(norm, y), y, reduce)
-                if kind == "ffn":
-                    y = x_in if layer.parallel else actual
-                    if pre and len(layer.norms):
-                        normed = self._module(layer.norms[j], y)
-                    else:
-                        normed = y
-                    f = self._module(layer.ffn, normed)
+                if kind == "ffn" and pre:
+                    # the FFN is a pre-norm layer's last sub-layer: what it wrote (its norm after it
+                    # included) is the stored layer output less the stream before it, at P
+                    f = trace[tn.out(stack, i)][P].to(F64) - actual
+                    actual = actual + f
+                    add([_Comp(f"{pre_}L{i}.mlp", f)])
+                    continue
+                if kind == "ffn":  # post-norm: the FFN run again on its input at P
+                    f = self._module(layer.ffn, actual)
                     new = [_Comp(f"{pre_}L{i}.mlp", f)]
                 else:
                     attn = getattr(layer, kind)
@@ -197,7 +201,9 @@ class _Walk:
                     fn = hooks.get(f"{kind}.heads")
                     if fn is not None:  # an ablated pass continued from the hook's value
                         heads = fn(heads[None])[0]
-                    heads = heads[:, P].to(F64)  # H x |P| x d_k
+                    heads = heads[:, P]  # H x |P| x d_k
+                    f = self._module(attn.w_o, heads.transpose(0, 1).reshape(len(P), -1))  # the sub-layer's output
+                    heads = heads.to(F64)
                     w_o = attn.w_o.weight.detach().to("cpu", F64).view(-1, attn.h, attn.dk)  # d x H x d_k
                     tag = "" if kind == "self_attn" else "x"
                     new = [_Comp(f"{pre_}L{i}{tag}H{h}", heads[h], w_o[:, h, :].T.contiguous()) for h in range(attn.h)]
@@ -205,7 +211,6 @@ class _Walk:
                         bname = "attn_bias" if kind == "self_attn" else "cross_attn_bias"
                         bias = attn.w_o.bias.detach().to("cpu", F64)[None]
                         new.append(_Comp(f"{pre_}L{i}.{bname}", torch.ones(len(P), 1, dtype=F64), bias))
-                f = sum(c.value() for c in new)
                 if pre and layer.post_norms is not None:  # Gemma 2/3, OLMo-2: the write normed first
                     f = _apply_norm(new, _frozen(layer.post_norms[j], f), f, pre_)
                 actual = actual + f
@@ -319,16 +324,18 @@ class _Decomposition:
         # every component now in the projected space: value = s * (x @ m) (|P| x sides d_k)
         out = []
         dk = self.mod.dk
-        for n_side, side in enumerate(sides):
-            names, parts = [], []
-            for c in comps:
-                v = c.value()[:, n_side * dk:(n_side + 1) * dk]
-                names.append(c.name)
-                parts.append(v)
+        names = [c.name for c in comps]
+        n_b = [1 if side.b is not None else 0 for side in sides]
+        Vs = [torch.empty(len(comps) + nb, len(P), dk, dtype=F64) for nb in n_b]
+        for r, c in enumerate(comps):  # one component's |P| x (sides d_k) at a time
+            v = c.value()
+            for n_side, V in enumerate(Vs):
+                V[r] = v[:, n_side * dk:(n_side + 1) * dk]
+            comps[r] = None  # its factors are no longer needed
+        rope = None if self.angles is None else self.angles[P]
+        for n_side, (side, V) in enumerate(zip(sides, Vs)):
             if side.b is not None:
-                names.append("bias")
-                parts.append(side.b.expand(len(P), dk).clone())
-            V = torch.stack(parts)  # C x |P| x d_k
+                V[-1] = side.b
             if side.norm is not None:  # QK-norm, frozen at the actual q / k
                 y_proj = y @ side.w_full.T + (0 if side.b_full is None else side.b_full)  # |P| x heads d_k
                 gain = side.norm.weight.detach().to("cpu", F64)
@@ -338,10 +345,12 @@ class _Decomposition:
                 else:
                     mine = y_proj.view(len(P), side.n_heads, dk)[:, side.g]
                     fac = torch.rsqrt(mine.pow(2).mean(-1) + side.norm.eps)
-                V = V * fac[None, :, None] * gain
-            if self.angles is not None:
-                V = apply_rope(V, self.angles[P], self.mod.rope_layout)
-            out.append((names, V))
+                V.mul_(fac[None, :, None] * gain)
+            if rope is not None:  # a block of components at a time: rotation's temporaries stay small
+                step = max(1, 2**22 // max(1, len(P) * dk))
+                for c0 in range(0, V.shape[0], step):
+                    V[c0:c0 + step] = apply_rope(V[c0:c0 + step], rope, self.mod.rope_layout)
+            out.append((names + ["bias"] * n_b[n_side], V))
         return out
 
     def _last_norm(self, stack, stop):
