@@ -79,5 +79,6 @@ def test_inside_and_heads_show_the_decomposition(app_test, smol):
     at.run()
     assert_no_exception(at)
     assert not at.error, [e.value for e in at.error]
-    assert "pattern attribution" in _markdown(at).lower() + _captions(at).lower()
-    assert "The terms add up to the model's own" in _captions(at)
+    assert "The terms add up to the model's own attention-weighted score" in _captions(at)
+    pa = ca.pattern_attribution(smol.trace("the small dog sees the cat"), "decoder", 3, 2, group="layer")
+    assert "; ".join(wf.term_sentences(pa, None, None, 3)) in _markdown(at)

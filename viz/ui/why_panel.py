@@ -119,17 +119,18 @@ def _attribution(trace, stack: str, layer: int, head: int, kind: str, i: int, j:
     return analysis.score_attribution(trace, stack, layer, head, i, j, attn=kind, versus=versus, group=group)
 
 
-def sum_check(df, where=st) -> bool:
+def sum_check(df, where=st, what: str = "score") -> bool:
     """The check the panel shows: the terms' sum against the model's own score (the trace's
     scaled map), within TOL x max(1, |score|). Green when it holds, an error when not."""
     score, total = df.attrs["score"], df.attrs["sum"]
     diff, tol = abs(total - score), TOL * max(1.0, abs(score))
-    detail = (f"sum of the terms {total:+.6f}, the model's own score {score:+.6f} (from the trace's scaled map), "
+    source = "from the trace's scaled map" if what == "score" else "Σ a_ij s_ij from the trace's weights and scaled map"
+    detail = (f"sum of the terms {total:+.6f}, the model's own {what} {score:+.6f} ({source}), "
               f"|difference| {diff:.1e}, tolerance 10⁻⁴ × max(1, |score|) = {tol:.1e}")
     if diff <= tol:
-        where.caption(f":green[✓ The terms add up to the model's own score]: {detail}.")
+        where.caption(f":green[✓ The terms add up to the model's own {what}]: {detail}.")
         return True
-    where.error(f"The terms do not add up to the model's own score: {detail}. The decomposition or the map is wrong "
+    where.error(f"The terms do not add up to the model's own {what}: {detail}. The decomposition or the map is wrong "
                 "for this head.")
     return False
 
@@ -219,3 +220,52 @@ def panel(state: PageState, keys: Dict[str, str], trace, model_name: str, text: 
                    "through W_k. The score is exactly their sum" + ("" if ok else " (not here: see the error above)")
                    + ". Components: the token embeddings, added positions, each earlier head's write through its "
                    "slice of Wᴼ, each MLP's output, and biases.")
+
+
+def pattern_section(state: PageState, trace, model_name: str, stack: str, default_head, key: str = "heads") -> Dict:
+    """The Heads page's "What drives a head's pattern": pattern_attribution of one head (URL
+    pa=layer,head; pa_group), its terms grouped, its marginals and its sum check. Returns the
+    URL fields."""
+    n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
+    valid = (lambda c: c is not None and 0 <= c[0] < n_layers and 0 <= c[1] < n_heads)
+    pa_key = state.seeded_key("pa", default_head, parse=parse_cell, valid=valid,
+                              why=f"pa is layer,head within {n_layers} layers × {n_heads} heads")
+    cell = st.session_state[pa_key]
+    if isinstance(cell, str):
+        try:
+            cell = parse_cell(cell)
+        except ValueError:
+            cell = None
+    if not valid(cell):
+        cell = default_head
+    st.session_state[pa_key] = cell
+    state.keep(pa_key)
+    group_key = state.seeded_key("pa_group", "layers", valid=lambda v: v in GROUPS,
+                                 why=f"groupings: {', '.join(GROUPS)}")
+    if st.session_state[group_key] not in GROUPS:
+        st.session_state[group_key] = "layers"
+    state.keep(group_key)
+    c = st.columns([1, 1, 2])
+    layer = c[0].selectbox("Layer", list(range(n_layers)), index=cell[0], key=f"{key}-pa-layer")
+    head = c[1].selectbox("Head", list(range(n_heads)), index=cell[1], key=f"{key}-pa-head")
+    group_name = c[2].radio("Group the terms", list(GROUPS), key=group_key, horizontal=True,
+                            format_func=lambda g: GROUP_LABELS[g])
+    st.session_state[pa_key] = (layer, head)
+    try:
+        with st.spinner(f"Taking apart every score of layer {layer} head {head}…"):
+            df = analysis.pattern_attribution(trace, stack, layer, head, group=GROUPS[group_name])
+    except ValueError as exc:
+        st.error(f"This head's pattern cannot be taken apart: {exc}")
+        return {"pa": cell_url((layer, head)), "pa_group": None}
+    sum_check(df, what="attention-weighted score")
+    st.markdown("**Largest terms of the whole pattern** (each cell's terms weighted by the attention it gets): "
+                + "; ".join(wf.term_sentences(df, None, None, 3)))
+    charts.chart(wf.terms_heatmap(df, title=f"L{layer}H{head}: Σ_ij a_ij × term_ij, {GROUP_LABELS[group_name]}"),
+                 key=f"{key}-pa-terms", width="stretch", name=f"{model_name}-pattern-L{layer}H{head}")
+    charts.chart(wf.marginal_bars(df, title="Through the query side and through the key side"),
+                 key=f"{key}-pa-marginals", width="stretch")
+    st.download_button("Terms (CSV)", df.assign(model=model_name, stack=stack, layer=layer, head=head)
+                       .to_csv(index=False).encode(), file_name=f"{model_name}-{stack}-L{layer}H{head}-pattern-terms.csv",
+                       mime="text/csv", key=f"{key}-pa-csv", on_click="ignore")
+    return {"pa": None if (layer, head) == tuple(default_head) else cell_url((layer, head)),
+            "pa_group": None if group_name == "layers" else group_name}
