@@ -121,10 +121,10 @@ def terms_heatmap(df: pd.DataFrame, title: str = "", height: Optional[int] = Non
         z=z, x=ks, y=qs, zmin=-span, zmax=span, colorscale=DIVERGING, xgap=1, ygap=1,
         colorbar=dict(thickness=10, title=dict(text="term", side="right")),
         hovertemplate="query side: %{y}<br>key side: %{x}<br>term: %{z:+.4f}<extra></extra>"))
-    h = height or int(min(900, max(280, 16 * len(qs) + 160)))
+    h = height or int(min(900, max(300, 16 * len(qs) + 200)))
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=h,
-                      margin=dict(l=10, r=10, t=60, b=10),
-                      xaxis=dict(title="key side", side="top", tickangle=-60, type="category"),
+                      margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="key side", side="bottom", tickangle=-60, type="category"),
                       yaxis=dict(title="query side", autorange="reversed", type="category"))
     return fig
 
@@ -168,3 +168,39 @@ def row_figure(scaled: Sequence[float], weights: Sequence[float], tokens: Sequen
     fig.update_xaxes(type="category", tickangle=-60)
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=420, margin=dict(l=10, r=10, t=60, b=10))
     return fig
+
+
+MAX_CLICK_CELLS = 64 * 64  # maps with more cells get no click targets (Explore draws blocks past its own limit)
+
+
+def add_cell_targets(fig: go.Figure, transposed: bool = False) -> bool:
+    """Make every cell of the figure's first heatmap clickable: plotly heatmaps cannot be
+    selected (Streamlit's on_select returns no points for them; viz/grid.py), so one invisible
+    square marker per cell, at the cell's centre, carries customdata [query, key]. transposed:
+    the heatmap's rows are keys and its columns queries (the notes' column notation). Returns
+    False (and adds nothing) past MAX_CLICK_CELLS cells."""
+    heat = next((t for t in fig.data if t.type == "heatmap"), None)
+    if heat is None or heat.z is None:
+        return False
+    z = np.asarray(heat.z)
+    n_y, n_x = z.shape[0], z.shape[1]
+    if n_x * n_y > MAX_CLICK_CELLS:
+        return False
+    xs = list(heat.x) if heat.x is not None else list(range(n_x))
+    ys = list(heat.y) if heat.y is not None else list(range(n_y))
+    px, py, custom = [], [], []
+    for r in range(n_y):
+        for c in range(n_x):
+            px.append(xs[c])
+            py.append(ys[r])
+            custom.append([c, r] if transposed else [r, c])
+    # small markers: plotly picks the marker nearest the pointer (its distance less the marker's
+    # radius), so markers wider than a cell would tie with their neighbours'
+    size = 6
+    fig.add_trace(go.Scatter(
+        x=px, y=py, mode="markers", customdata=custom, showlegend=False, name="cells",
+        xaxis=heat.xaxis or "x", yaxis=heat.yaxis or "y",
+        marker=dict(symbol="square", size=size, opacity=0, color="#000000"),
+        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
+        hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>click: why here?<extra></extra>"))
+    return True

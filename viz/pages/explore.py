@@ -11,6 +11,7 @@ import streamlit as st
 from viz import model_view as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import head_knockout as va
+from viz import why_figures
 from viz.ui import (charts, dl, explore_links, knockout, longdoc, models, training_panel, url_state, urlflags, vocab,
                    why_panel, widgets)
 from viz.select import View, attention_matrix, axis_tokens
@@ -149,7 +150,7 @@ with tab_map:
                           zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
-        clickable = not (words or hide_special or mean_heads or fq > 1 or fk > 1)
+        clickable = not (words or hide_special or mean_heads or fq > 1 or fk > 1) and why_figures.add_cell_targets(fig)
         if clickable:  # a click on a cell opens "Why here?" below the map
             charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name, selection_mode="points",
                          on_select=lambda: why_panel.pick("explore-heatmap", why_keys["why"]))

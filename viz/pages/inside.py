@@ -10,6 +10,7 @@ checks from viz.checks, figures from viz.step_figures.
 import streamlit as st
 
 from core import trace_names as tn
+from viz import why_figures
 from viz.checks import layer_checks
 from viz.citations import cite_text
 from viz.ui import charts, dl, models, training_panel, url_state, vocab, why_panel, widgets
@@ -166,13 +167,14 @@ def show_step(i: int, step: Step) -> None:
             st.info("Nothing to draw at this step for this model.")
         else:
             fig_key = f"inside-{step.key}-fig"
-            if step.key in CLICKABLE and not drawn.get(step.key):  # a click on a cell opens "Why here?"
-                charts.chart(step_figure(step, notation, title=""), key=fig_key, width="stretch",
+            fig = step_figure(step, notation, title="")
+            if step.key in CLICKABLE and not drawn.get(step.key) and why_figures.add_cell_targets(fig, notation != ROWS):
+                charts.chart(fig, key=fig_key, width="stretch",  # a click on a cell opens "Why here?"
                              selection_mode="points",
                              on_select=lambda k=fig_key: why_panel.pick(k, why_keys["why"], transposed=notation != ROWS))
                 st.caption("Click a cell: why does the head give it this score?")
             else:
-                charts.chart(step_figure(step, notation, title=""), key=fig_key, width="stretch")
+                charts.chart(fig, key=fig_key, width="stretch")
     if step.key == "weights":
         full = trace[tn.attn(stack, layer, kind, "weights")][head]
         dl.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,

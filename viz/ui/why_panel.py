@@ -98,6 +98,13 @@ def pick(chart_key: str, why_key: str, transposed: bool = False) -> None:
     if not pts:
         return
     p = pts[0]
+    cd = p.get("customdata")
+    if isinstance(cd, (list, tuple)) and len(cd) >= 2:  # a cell's click target (why_figures.add_cell_targets)
+        try:
+            st.session_state[why_key] = (int(cd[0]), int(cd[1]))
+            return
+        except (TypeError, ValueError):
+            pass
     try:
         x, y = int(p.get("x")), int(p.get("y"))
     except (TypeError, ValueError):
