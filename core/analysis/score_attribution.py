@@ -492,8 +492,6 @@ def score_attribution(trace, stack: str, layer: int, head: int, query: int, key:
     row = _scores_row(trace, stack, layer, attn, head, slice(i, i + 1))[0]
     score = float(row[j] - (row[j2] if j2 is not None else 0.0))
     w = trace[tn.attn(stack, layer, attn, "masked")][head][i] if not _long(trace, stack, attn) else None
-    side = "source" if (stack == "encoder" or attn == "cross_attn") else ("target" if stack == "decoder" and
-                                                                          trace.tokens("target") else "source")
     q_tokens = trace.tokens("target") if stack == "decoder" and trace.tokens("target") else trace.tokens("source")
     k_tokens = trace.tokens("source") if attn == "cross_attn" else q_tokens
     df.attrs.update(score=score, sum=float(T.sum()), scale=dec.scale, softcap=dec.softcap,
@@ -502,8 +500,7 @@ def score_attribution(trace, stack: str, layer: int, head: int, query: int, key:
                     group=group, masked=None if w is None else bool(torch.isinf(w[j]) and w[j] < 0),
                     query_token=q_tokens[i] if i < len(q_tokens) else "",
                     key_token=k_tokens[j] if j < len(k_tokens) else "",
-                    versus_token=None if j2 is None else (k_tokens[j2] if j2 < len(k_tokens) else ""),
-                    key_side=side)
+                    versus_token=None if j2 is None else (k_tokens[j2] if j2 < len(k_tokens) else ""))
     return df
 
 
