@@ -12,7 +12,8 @@ Families: smollm2 (a short text), toy-translate, and one tiny random checkpoint 
 GPT-2, Llama, Qwen3 (QK-norm, GQA, d_k != d / H), Gemma 2 (norms after the sub-layers, soft-cap,
 sliding window), GPT-NeoX (parallel block, partial rotary), OLMo-2 (full QK-norm, no pre norms),
 ModernBERT (embedding norm, identity first norm, local RoPE base), Marian and BART
-(cross-attention: decoder queries, encoder keys)."""
+(post-norm cross-attention: decoder queries, encoder keys) and T5 (pre-norm, the encoder's
+final norm before the keys, relative position bias outside the score)."""
 
 from __future__ import annotations
 
@@ -204,7 +205,7 @@ def hf(tmp_path_factory):
     def get(family):
         if family not in made:
             folder = root / family
-            if family in ("marian", "bart"):
+            if family in ("marian", "bart", "t5"):
                 from core.loaders import hf_seq2seq
                 from test_hf_seq2seq import _build
 
@@ -259,7 +260,7 @@ def test_encoder_families_match_the_reference(hf, family):
     _compare(model, tr, "encoder", 0, 0, "self_attn", n - 1, 0)
 
 
-@pytest.mark.parametrize("family", ["marian", "bart"])
+@pytest.mark.parametrize("family", ["marian", "bart", "t5"])
 def test_seq2seq_self_and_cross_attention_match_the_reference(hf, family):
     pytest.importorskip("transformers")
     pytest.importorskip("sentencepiece")
