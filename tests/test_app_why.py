@@ -82,3 +82,15 @@ def test_inside_and_heads_show_the_decomposition(app_test, smol):
     assert "The terms add up to the model's own attention-weighted score" in _captions(at)
     pa = ca.pattern_attribution(smol.trace("the small dog sees the cat"), "decoder", 3, 2, group="layer")
     assert "; ".join(wf.term_sentences(pa, None, None, 3)) in _markdown(at)
+
+
+def test_heads_reads_the_pattern_on_the_repeated_sequence(app_test, smol):
+    at = app_test("heads", model="smollm2", text="the small dog sees the cat", pa="17,3", pa_on="repeat")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert at.query_params["pa_on"] == "repeat" and at.query_params["pa"] == "17,3"
+    rep = ca.repeated_text(smol, "decoder")
+    pa = ca.pattern_attribution(smol.trace(rep["text"]), "decoder", 17, 3, group="layer")
+    assert "; ".join(wf.term_sentences(pa, None, None, 3)) in _markdown(at)
+    assert "The terms add up to the model's own attention-weighted score" in _captions(at)

@@ -59,3 +59,17 @@ def test_a_click_on_a_cell_opens_the_apis_terms(server, page):
     panel.scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "why-here.png"), full_page=True)
     panel.screenshot(path=str(SCREENSHOTS / "why-here-panel.png"))
+
+
+def test_the_heads_page_shows_a_heads_pattern_attribution(server, page):
+    if not core.MODELS["smollm2"].available():
+        pytest.skip("smollm2's weight package is not installed")
+    q = urllib.parse.urlencode({"model": "smollm2", "text": "the small dog sees the cat", "pa": "3,2"})
+    page.goto(f"{server.url}/heads?{q}")
+    wait_idle(page)
+    assert no_exception(page)
+    section = page.locator(".st-key-heads-pa-terms")
+    section.wait_for(timeout=90_000)
+    section.scroll_into_view_if_needed()
+    assert "The terms add up to the model's own attention-weighted score" in page.inner_text("body")
+    page.screenshot(path=str(SCREENSHOTS / "heads-pattern-attribution.png"), full_page=False)
