@@ -291,6 +291,15 @@ def test_toy_translate_matches_the_reference_and_splits_words_from_positions(toy
     words = df.query("query_component == 'embed' and key_component == 'embed'")["term"].sum()
     pos = df.query("query_component == 'positions' and key_component == 'positions'")["term"].sum()
     assert words != 0 and pos != 0
+    # whole patterns: encoder self-attention, decoder self- and cross-attention
+    for stack, layer, head, attn in [("encoder", 0, 1, "self_attn"), ("decoder", 2, 1, "self_attn"),
+                                     ("decoder", 1, 0, "cross_attn")]:
+        pa = ca.pattern_attribution(tr, stack, layer, head, attn=attn)
+        w = tr[f"{stack}.{layer}.{attn}.weights"][head].double()
+        s = tr[f"{stack}.{layer}.{attn}.scaled"][head].double()
+        own = float((w * torch.where(w > 0, s, torch.zeros_like(s))).sum())
+        assert pa.attrs["score"] == pytest.approx(own, abs=1e-6 * max(1.0, abs(own)))
+        assert abs(pa.attrs["sum"] - own) <= TOL * max(1.0, abs(own))
 
 
 def test_smollm2_terms_match_the_reference_and_pattern_sum(smollm2):

@@ -530,8 +530,9 @@ def pattern_attribution(trace, stack: str, layer: int, head: int, attn: str = "s
     # pair after grouping where the grouping is coarser (bilinear: sums commute with the pairing)
     ql, qm = _aggregate(dec.q_names, group)
     kl, km = _aggregate(dec.k_names, group)
-    Q = torch.einsum("cnd,cg->gnd", dec.Q, qm) if group != "component" else dec.Q
-    K = torch.einsum("cnd,cg->gnd", dec.K, km) if group != "component" else dec.K
+    # (a name may repeat, e.g. each norm's shift is a "bias": those rows are summed too)
+    Q = torch.einsum("cnd,cg->gnd", dec.Q, qm) if len(ql) != len(dec.q_names) else dec.Q
+    K = torch.einsum("cnd,cg->gnd", dec.K, km) if len(kl) != len(dec.k_names) else dec.K
     Cq, Ck = Q.shape[0], K.shape[0]
     dk = Q.shape[2]
     Qf = Q.reshape(Cq, -1)  # Cq x (n_q d_k)
