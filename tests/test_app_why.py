@@ -94,3 +94,18 @@ def test_heads_reads_the_pattern_on_the_repeated_sequence(app_test, smol):
     pa = ca.pattern_attribution(smol.trace(rep["text"]), "decoder", 17, 3, group="layer")
     assert "; ".join(wf.term_sentences(pa, None, None, 3)) in _markdown(at)
     assert "The terms add up to the model's own attention-weighted score" in _captions(at)
+
+
+def test_toy_translate_cross_attention_and_heads_page(app_test, toy):
+    at = app_test("explore", model="toy-translate", text="the small dog sees the cat", attn="decoder.cross_attn",
+                  layer="1", head="0", why="2,3")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert "The terms add up to the model's own score" in _captions(at)
+    assert "enc." in _markdown(at) or "encoder's" in _markdown(at)  # keys from the encoder's stream
+    at = app_test("heads", model="toy-translate", text="the small dog sees the cat", pa_group="kinds")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert "The terms add up to the model's own attention-weighted score" in _captions(at)
