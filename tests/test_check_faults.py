@@ -302,6 +302,16 @@ add(Fault("contributions add up to the model's own logit", "lens", LENS,
           holds="Contributions add up to the model's own logit"))
 
 
+# ------------------------------------------------------------------ "Why here?" (Explore, a clicked cell)
+WHY = {"model": "smollm2", "text": TEXT, "attn": "decoder.self_attn", "layer": "1", "head": "4", "why": "4,1",
+       "versus": "none"}
+add(Fault("the terms add up to the model's own score", "explore", WHY,
+          "the sum of score attribution's terms (stored heads through W_o, the stored stream, norms frozen, W_q, W_k, "
+          "RoPE) vs the model's own scaled score s_ij from the trace's re-run layer",
+          explicit_path("scale"), fails="The terms do not add up to the model's own score",
+          holds="The terms add up to the model's own score"))
+
+
 # ------------------------------------------------------------------ running a page
 def _clear_caches():
     from viz.ui import models

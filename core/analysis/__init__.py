@@ -58,3 +58,7 @@ from .input_attribution import METHODS as ATTRIBUTION_METHODS, attribute  # noqa
 from .faithfulness_scores import faithfulness  # noqa: E402
 
 __all__ += ["ATTRIBUTION_METHODS", "attribute", "faithfulness"]
+
+from .score_attribution import pattern_attribution, score_attribution  # noqa: E402
+
+__all__ += ["pattern_attribution", "score_attribution"]

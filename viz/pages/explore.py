@@ -11,8 +11,9 @@ import streamlit as st
 from viz import model_view as ex
 from viz.figures import attention_heatmap, fix_margins, head_view
 from viz import head_knockout as va
+from viz import why_figures
 from viz.ui import (charts, dl, explore_links, knockout, longdoc, models, training_panel, url_state, urlflags, vocab,
-                   widgets)
+                   why_panel, widgets)
 from viz.select import View, attention_matrix, axis_tokens
 from viz.text import _md_code
 
@@ -21,7 +22,7 @@ TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers Ã— 
 widgets.header("explore")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
                                              "words", "full", "heads", "ablate", "ablation", "step_train", "norms",
-                                             "section"))
+                                             "section") + why_panel.FIELDS)
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -102,6 +103,8 @@ heads_key = urlflags.heads(state, "heads", n_heads, f"{model_name} has heads 0â€
 TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS, "long": TAB_LONG}
 tab_key = urlflags.tab(state, "tab", TABS)
 section_key = urlflags.tab(state, "section", longdoc.SECTIONS)  # the Long document tab's own tabs
+q_side, k_side = axis_tokens(trace, stack, kind)
+why_keys = why_panel.seed(state, len(q_side), len(k_side), causal=stack == "decoder" and kind == "self_attn")
 state.show_messages()
 url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
 url_view["words"] = urlflags.flag_url(words)
@@ -110,7 +113,7 @@ url_view["section"] = urlflags.tab_url(state, "section", longdoc.SECTIONS)
 if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
-              **url_view, **url_ablation)
+              **url_view, **url_ablation, **why_panel.url(why_keys))
 # what the research pages do with this head, and switching heads off, behind one "more" (open while heads are
 # off): the first view keeps the map and its plain controls; the widgets stay mounted, as the script sets them
 with st.expander("More: switch heads off, patch this head, the logit lens", expanded=bool(off),
@@ -158,8 +161,17 @@ with tab_map:
                           zq, zk, min_top=90)
         if fq > 1 or fk > 1:
             ex.fit_block_ticks(fig)
-        charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
+        clickable = not (words or hide_special or mean_heads or fq > 1 or fk > 1) and why_figures.add_cell_targets(fig)
+        if clickable:  # a click on a cell opens "Why here?" below the map
+            charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name, selection_mode="points",
+                         on_select=lambda: why_panel.pick("explore-heatmap", why_keys["why"]))
+            st.caption("Click a cell to see **why** the head puts its score there: the score taken apart into what "
+                       "earlier heads, MLPs and the embeddings wrote at the query and at the key.")
+        else:
+            charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
         explore_links.map_caption(norms)
+        why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, view.head, q_side, k_side,
+                        key="explore")
         dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
                  head=view.head, key="explore-dl", suffix="-words" if words else "")
 

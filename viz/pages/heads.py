@@ -9,7 +9,7 @@ from core import analysis
 from core import trace_names as tn
 from viz import score_maps as hv
 from viz.model_view import view_sides
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, url_state, urlflags, why_panel, widgets
 
 OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
@@ -22,7 +22,7 @@ if pending:
 widgets.header("heads")
 st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
            "mixes tokens through the layers (rollout and flow, Abnar & Zuidema 2020).")
-state = url_state.PageState("heads", fields=("model", "text", "top", "token"))
+state = url_state.PageState("heads", fields=("model", "text", "top", "token", "pa", "pa_group", "pa_on"))
 TOP_DEFAULT = "induction"
 
 model_name, model, text_col = widgets.model_header(state)
@@ -126,6 +126,30 @@ if model.kind == "decoder":
             "the only way to predict the second copy is to look back one copy, so such a head puts most of its "
             "attention at position i − R + 1: its induction score is near 1. They need a previous-token head in an "
             "earlier layer, so look for high previous-token scores above them.")
+st.subheader("What drives a head's pattern")
+st.caption("A head's every score taken apart into what the stream's components wrote at the query and at the key "
+           "(core.analysis.pattern_attribution), each cell's terms weighted by the attention it gets: beside an "
+           "induction score, which earlier heads its keys read from (K-composition, Olsson et al. 2022). Read on your "
+           "sentence; open a top head's repeated sequence above to read it there. Explore shows one cell's terms "
+           "(click a cell of the map).")
+top_row = top.iloc[0] if len(top) else None
+PA_ON = {"text": "your sentence", "repeat": "the repeated random sequence (where induction is scored)"}
+pa_on_key = urlflags.option(state, "pa_on", "text", list(PA_ON))
+pa_on = st.radio("Read the pattern on", list(PA_ON), key=pa_on_key, horizontal=True, format_func=PA_ON.get)
+url["pa_on"] = urlflags.changed(pa_on, "text")
+pa_trace = trace
+if pa_on == "repeat":
+    rep_pa = _repeat_text(model_name, stack, model)
+    if rep_pa["text"] is None or not rep_pa["same_ids"]:
+        st.info(f"The repeated sequence cannot be read here: {rep_pa['why']}. Reading your sentence instead.")
+    else:
+        pa_trace = models.get_trace(model_name, rep_pa["text"])
+        st.caption(f"On the {2 * rep_pa['r']} random tokens (R = {rep_pa['r']}, repeated twice) the induction score "
+                   "was read on.")
+if pa_trace is not None:
+    url.update(why_panel.pattern_section(state, pa_trace, model_name, stack,
+                                         (int(top_row["layer"]), int(top_row["head"])) if top_row is not None
+                                         else (0, 0)))
 # a closed expander still mounts its children: the data grid is drawn only once it is opened
 table_box = st.expander("Every score (table)", key="heads.table", on_change="rerun")
 if table_box.open:

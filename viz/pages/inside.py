@@ -10,21 +10,24 @@ checks from viz.checks, figures from viz.step_figures.
 import streamlit as st
 
 from core import trace_names as tn
+from viz import why_figures
 from viz.checks import layer_checks
 from viz.citations import cite_text
-from viz.ui import charts, dl, models, training_panel, url_state, vocab, widgets
+from viz.ui import charts, dl, models, training_panel, url_state, vocab, why_panel, widgets
 from viz.downloads import human, layer_bytes
 from viz.select import axis_tokens
 from viz.step import NOTATIONS, ROWS, Step, kv_head
 from viz.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
 from viz.steps import block_notes, groups, layer_steps, shapes_table
 
+CLICKABLE = ("scores", "scaled", "masked", "weights")  # maps whose cells open "Why here?"
 INSIDE_LAYER_BYTES = 3 * 2**30 // 2  # one layer's every name above this is not computed here (long inputs)
 
 widgets.header("inside")
 st.caption("One attention head of one layer, computed step by step on your sentence. Every picture is the real "
            "tensor the model recorded; every formula is the one that produced it.")
-state = url_state.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train"))
+state = url_state.PageState("inside", fields=("model", "text", "target", "attn", "layer", "head", "notation", "step_train")
+                              + why_panel.FIELDS)
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -70,9 +73,11 @@ notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS
                           why=f"notations: {', '.join(NOTATIONS)}")
 notation = c[3].radio("Notation", list(NOTATIONS), key=notation_key,
                       format_func=lambda v: cite_text(NOTATIONS[v]))
+q_side, k_side = axis_tokens(trace, stack, kind)
+why_keys = why_panel.seed(state, len(q_side), len(k_side), causal=stack == "decoder" and kind == "self_attn")
 state.show_messages()
 state.publish(model=model_name, text=text, target=target or None, attn=attn, layer=layer, head=head,
-              notation=notation)
+              notation=notation, **why_panel.url(why_keys))
 
 cfg = model.config
 if (need := layer_bytes(trace, stack)) > INSIDE_LAYER_BYTES:  # every step of a layer, every head: sized from shapes
@@ -161,13 +166,22 @@ def show_step(i: int, step: Step) -> None:
         if step.matrix is None:
             st.info("Nothing to draw at this step for this model.")
         else:
-            charts.chart(step_figure(step, notation, title=""), key=f"inside-{step.key}-fig",
-                         width="stretch")
+            fig_key = f"inside-{step.key}-fig"
+            fig = step_figure(step, notation, title="")
+            if step.key in CLICKABLE and not drawn.get(step.key) and why_figures.add_cell_targets(fig, notation != ROWS):
+                charts.chart(fig, key=fig_key, width="stretch",  # a click on a cell opens "Why here?"
+                             selection_mode="points",
+                             on_select=lambda k=fig_key: why_panel.pick(k, why_keys["why"], transposed=notation != ROWS))
+                st.caption("Click a cell: why does the head give it this score?")
+            else:
+                charts.chart(fig, key=fig_key, width="stretch")
     if step.key == "weights":
         full = trace[tn.attn(stack, layer, kind, "weights")][head]
         dl.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
                  key="inside-dl")
         st.caption("The CSV has one row per query (the row form), whatever the notation.")
+        why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, head, q_side, k_side,
+                        key="inside")
 
 
 def _remember_open(key: str) -> None:
