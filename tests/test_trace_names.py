@@ -166,6 +166,18 @@ def test_design_doc_lists_every_name_the_module_knows():
 def _page_fields() -> dict:
     """{page: the fields its PageState reads}, read from the page scripts' source (nothing run)."""
     import ast
+    import importlib
+
+    def fields_of(expr) -> list:
+        """A literal tuple, a shared tuple of a viz.ui module (why_panel.FIELDS), or their sum."""
+        if isinstance(expr, ast.Tuple):
+            return [e.value for e in expr.elts if isinstance(e, ast.Constant)]
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            return fields_of(expr.left) + fields_of(expr.right)
+        # a panel's own fields (why_panel.FIELDS); the Playground's controls are listed in prose instead
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.attr == "FIELDS":
+            return list(getattr(importlib.import_module(f"viz.ui.{expr.value.id}"), expr.attr))
+        return []
 
     out = {}
     for path in sorted((ROOT / "viz").rglob("*.py")):
@@ -176,9 +188,8 @@ def _page_fields() -> dict:
             if func not in ("PageState", "__init__"):
                 continue
             for kw in node.keywords:
-                if kw.arg == "fields" and isinstance(kw.value, ast.Tuple):
-                    fields = [e.value for e in kw.value.elts if isinstance(e, ast.Constant)]
-                    out.setdefault(node.args[0].value, set()).update(fields)
+                if kw.arg == "fields" and fields_of(kw.value):
+                    out.setdefault(node.args[0].value, set()).update(fields_of(kw.value))
     return out
 
 

@@ -92,6 +92,16 @@ def batch_bytes(cfg, tokens: int, grad: bool = False) -> int:
     return int(MARGIN * 4 * (held + logits))
 
 
+def pattern_bytes(cfg, n_tokens: int) -> int:
+    """Peak bytes of one head's pattern attribution (core.analysis.score_attribution): every
+    component of the stream (each head's write, each layer's MLP and biases, the embeddings)
+    projected to the query and the key side, 2 d_k float64 values a position each, for the two
+    sides, times MARGIN. Measured on smollm2 at 512 tokens: 232 MiB above the trace; this gives 367."""
+    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+    components = cfg.n_layers * (cfg.n_heads + 2) + 4
+    return int(MARGIN * 8 * 2 * components * n_tokens * 2 * d_k)
+
+
 @dataclass
 class Ticket:
     cost: int

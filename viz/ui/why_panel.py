@@ -18,8 +18,9 @@ import streamlit as st
 from core import analysis
 from core import trace_names as tn
 from core.head_maps import long_layer
+from viz import gate
 from viz import why_figures as wf
-from viz.ui import charts
+from viz.ui import admission, charts, models
 from viz.ui.url_state import PageState
 
 FIELDS = ("why", "versus", "why_group")
@@ -262,7 +263,10 @@ def pattern_section(state: PageState, trace, model_name: str, stack: str, defaul
                             format_func=lambda g: GROUP_LABELS[g])
     st.session_state[pa_key] = (layer, head)
     try:
-        with st.spinner(f"Taking apart every score of layer {layer} head {head}…"):
+        n = len(trace[tn.embed(stack)])
+        cfg = models.get_model(model_name).config
+        with admission.admitted(gate.pattern_bytes(cfg, n), 0.0, f"{model_name} pattern attribution, {n} tokens"), \
+                st.spinner(f"Taking apart every score of layer {layer} head {head}…"):
             df = analysis.pattern_attribution(trace, stack, layer, head, group=GROUPS[group_name])
     except ValueError as exc:
         st.error(f"This head's pattern cannot be taken apart: {exc}")
