@@ -83,15 +83,18 @@ def _fill(pick_key: str, into: str) -> None:
 
 options = [tok for _, tok, _ in tops]
 probs = {tok: p for _, tok, p in tops}
+ids = {tok: i for i, tok, _ in tops}
 c = st.columns(3)
 with c[0]:
     st.selectbox("Target: the model's top 10", options, index=None, key="attribution.target_pick",
-                 placeholder="pick one…", format_func=lambda t: f"{t!r}  p={probs[t]:.3f}",
+                 placeholder="pick one…", format_func=lambda t: f"{t!r} (id {ids[t]})  p={probs[t]:.3f}",
                  on_change=_fill, args=("attribution.target_pick", target_key))
-    target = st.text_input("Target token (empty: the model's top-1)", key=target_key)
+    target = st.text_input("Target token (empty: the model's top-1)", key=target_key,
+                           help="One token exactly as the model spells it, a leading space included (' Mary' and "
+                                "'Mary' are two tokens); the one computed is shown with its id below.")
 with c[1]:
     st.selectbox("Compared with (f = logit[target] − logit[this])", options, index=None,
-                 key="attribution.contrast_pick", placeholder="pick one…", format_func=lambda t: f"{t!r}",
+                 key="attribution.contrast_pick", placeholder="pick one…", format_func=lambda t: f"{t!r} (id {ids[t]})",
                  on_change=_fill, args=("attribution.contrast_pick", contrast_key))
     contrast = st.text_input("Contrast token (empty: the target's logit alone)", key=contrast_key)
 with c[2]:
@@ -122,18 +125,22 @@ def _progress(f: float, what: str) -> None:
 
 
 try:
-    info, frames, table = attribution_run.compute(model_name, text, target.strip(), contrast.strip(), baseline.strip(), steps,
-                                   fix_first, position, model, _progress)
+    # the fields as typed or picked: a leading or trailing space belongs to the token (' Mary' is
+    # not 'Mary'), so nothing is stripped; an empty field takes the page's default
+    info, frames, table = attribution_run.compute(model_name, text, target, contrast, baseline, steps,
+                                                  fix_first, position, model, _progress)
 except (InputError, ValueError) as exc:
     bar.empty()
     st.error(str(exc))
     st.stop()
 bar.empty()
 
-f_text = f"logit[{info['target']!r}]" + (f" − logit[{info['contrast']!r}]" if info["contrast"] else "")
+f_text = (f"logit[{info['target']!r}]" + (f" − logit[{info['contrast']!r}]" if info["contrast"] is not None else ""))
+ids_text = f"target id {info['target_id']}" + (f", contrast id {info['contrast_id']}" if info["contrast"] is not None
+                                               else "")
 where = {"decoder": "at the next position", "encoder": "at the mask",
          "encoder-decoder": f"at decoder position {position}"}[model.kind]
-st.markdown(f"Explained: **f = {f_text}** {where}. Baseline: the embedding of **{info['baseline']!r}** "
+st.markdown(f"Explained: **f = {f_text}** ({ids_text}) {where}. Baseline: the embedding of **{info['baseline']!r}** "
             f"(id {info['baseline_id']}); positions stay.")
 
 ig = frames["integrated_gradients"]
