@@ -41,3 +41,30 @@ def test_a_token_picked_from_the_top_10_is_the_token_computed(app_test, smollm2)
     assert at.text_input(key="attribution.target").value == " the"
     said = " ".join(m.value for m in at.markdown)
     assert "logit[' the']" in said and f"target id {output_token_id(smollm2, ' the')}" in said, said
+
+
+def test_faithfulness_where_every_method_ties_says_so(app_test, smollm2):
+    """"The capital of France is": every method scores as random does; the page says so, ranks
+    them as ties (1=), and gives each method's margin over random with random's spread."""
+    at = app_test("attribution", model="smollm2", text="The capital of France is", steps="8")
+    at.run(timeout=600)
+    assert_no_exception(at)
+    warns = " ".join(w.value for w in at.warning)
+    assert "no method is distinguishable from random" in warns, warns
+    table = at.dataframe[0].value
+    assert (table["verdict"][table["method"] != "random"] == "indistinguishable from random").all()
+    assert table["rank"].iloc[0] == "1=" and table["margin over random"].str.contains("±").all()
+    assert any("20 seeded random rankings" in c.value for c in at.caption)
+    assert at.toggle(key="attribution.fix_first").value  # on by default on a decoder
+
+
+def test_the_default_toy_example_is_one_where_methods_differ(app_test, toy):
+    at = app_test("attribution", model="toy-translate", steps="16")
+    at.run(timeout=600)
+    assert_no_exception(at)
+    assert at.selectbox(key="attribution.position").value == 2
+    table = at.dataframe[0].value
+    methods = table[table["method"] != "random"]
+    assert methods["rank"].nunique() >= 3, table  # not one tie
+    assert "above random" in set(methods["verdict"])
+    assert not at.toggle(key="attribution.fix_first").value  # off on an encoder-decoder

@@ -15,7 +15,13 @@ from viz.ui import attribution_run, charts, models, url_state, urlflags, widgets
 STEPS = (8, 16, 32, 64, 128, 256, 512)
 STEPS_DEFAULT = 64
 WARN_COMPLETENESS = 0.05  # integrated gradients' completeness error above which the page warns
+# The default examples, chosen by measuring the faithfulness table (20 random draws): on smollm2 the
+# baker's ' bread' splits the methods (occlusion +0.21 over random, rollout and flow 0.26-0.28 below
+# it, sd 0.11), where "The capital of France is" ties every method with random. On toy-translate
+# every method ties at the translation's first word ('le' follows 'the' alone); its third word
+# splits them (five ranks, differences 1.0 to -1.0).
 DEFAULT_TEXT = {"decoder": "Every morning the baker opens his shop at six and sells fresh loaves of"}
+DEFAULT_POSITION = {"the small dog sees the cat": 2}  # encoder-decoders: the measured position of a default text
 
 st.title("Which input tokens the output depends on")
 st.caption("Attention says where a head looks, not whether that matters for the output. Here gradient-based and "
@@ -51,11 +57,12 @@ if model.kind == "encoder-decoder":
     if trace is None:
         state.end_here(**url)
     dec = trace.tokens("target")
-    pos_key = url_state.int_from_url(state, "position", 0, 0, len(dec) - 1, of="the translation")
+    pos_default = DEFAULT_POSITION.get(text, 0) if DEFAULT_POSITION.get(text, 0) < len(dec) else 0
+    pos_key = url_state.int_from_url(state, "position", pos_default, 0, len(dec) - 1, of="the translation")
     nxt = dec[1:] + ["<end>"]
     position = st.selectbox("Translation word explained", list(range(len(dec))), key=pos_key,
                             format_func=lambda p: f"{p}: {nxt[p]!r} (after {' '.join(dec[:p + 1])})")
-    url["position"] = urlflags.changed(position, 0)
+    url["position"] = urlflags.changed(position, pos_default)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -104,14 +111,19 @@ with c[2]:
     steps_key = urlflags.option(state, "steps", STEPS_DEFAULT, STEPS)
     steps = st.select_slider("Integrated gradients: steps", STEPS, key=steps_key)
 c2 = st.columns(3)
-fix_key = urlflags.flag(state, "fix_first")
-fix_first = c2[0].toggle("Hold the first token fixed on the path", key=fix_key,
-                         help="Integrated gradients' path leaves token 0 (the attention sink of decoders) at its own "
-                              "embedding: on smollm2 this is what makes the sum converge (docs/design.md).")
+# decoders read their first token as an attention sink (it collects the attention no other token
+# needs): replacing it breaks the pass, so integrated gradients' path and the faithfulness test's
+# perturbed inputs leave it in place by default there (on smollm2 the sum converges only so)
+fix_default = model.kind == "decoder"
+fix_key = urlflags.flag(state, "fix_first", fix_default)
+fix_first = c2[0].toggle("Hold the first token fixed", key=fix_key,
+                         help="Integrated gradients' path, the deletion curves and the faithfulness test leave token 0 "
+                              "(the attention sink of decoders) at its own embedding: on smollm2 this is what makes "
+                              "the integral converge (docs/design.md). On by default for decoders.")
 words_key = urlflags.flag(state, "words")
 words = c2[1].toggle("Read in words", key=words_key, help="A word's score is the sum of its pieces' scores.")
 url.update(target=target or None, contrast=contrast or None, baseline=baseline or None,
-           steps=urlflags.changed(steps, STEPS_DEFAULT), fix_first=urlflags.flag_url(fix_first),
+           steps=urlflags.changed(steps, STEPS_DEFAULT), fix_first=urlflags.flag_url(fix_first, fix_default),
            words=urlflags.flag_url(words))
 state.publish(**url)
 state.show_messages()
@@ -174,13 +186,31 @@ st.download_button("Scores (CSV)", af.scores_csv(frames), file_name=f"{model_nam
                    mime="text/csv", key="attribution-csv", on_click="ignore", icon=":material/download:")
 
 st.subheader("Which picture is faithful")
+n_draws = table.attrs["draws"]
+r_sd = float(table["random_sd"].iloc[0])
 st.caption("Comprehensiveness: how much p(target) drops when a method's top 10–50% of tokens are replaced by the "
            "baseline embedding (higher is better). Sufficiency: how much it drops when all but those are replaced "
-           "(lower is better). Sorted by their difference, most faithful first; random is the floor.")
+           f"(lower is better). Ranked by their difference; ranks written 2= are ties (equal at four decimals), not an "
+           f"order. Random is {n_draws} seeded random rankings: its row is their mean, and ± is the standard deviation "
+           f"of its difference over the draws ({r_sd:.4f}). A method whose margin over random is within "
+           f"{F.NOISE_SDS:g} of those standard deviations is indistinguishable from random on this sentence."
+           + (" The first token stays in place in every perturbed input, as on integrated gradients' path."
+              if fix_first else ""))
+methods_only = table[table["method"] != "random"]
+if (methods_only["verdict"] == "indistinguishable from random").all():
+    st.warning(f"On this sentence no method is distinguishable from random ({n_draws} random draws, difference "
+               f"{float(table.loc[table['method'] == 'random', 'difference'].iloc[0]):.4f} ± {r_sd:.4f}): the order "
+               "below says nothing about which picture is faithful. Typically one or two tokens carry the whole "
+               "prediction, so any ranking that puts one of them first scores the same; try another sentence"
+               + ("" if fix_first else ", or hold the first token fixed") + ".")
+elif methods_only["tied"].any():
+    st.info("Some methods tie (the same rank, written =): their rankings replace the same tokens first, so the test "
+            "cannot tell them apart.")
 st.dataframe(af.table_for_display(table), hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.4f")
                             for c in ("comprehensiveness", "sufficiency", "difference")})
 st.download_button("Faithfulness table (CSV)", table.to_csv(index=False), file_name=f"{model_name}-faithfulness.csv",
                    mime="text/csv", key="attribution-table-csv", on_click="ignore", icon=":material/download:")
-charts.chart(af.deletion_figure(F.curves_frame(table), info["target"], order=list(table["method"])),
+charts.chart(af.deletion_figure(F.curves_frame(table), info["target"], order=list(table["method"]),
+                                random_sd=table.attrs["random_curve_sd"]),
              key="attribution-curves", width="stretch", name=f"{model_name}-deletion-curves")
