@@ -276,8 +276,10 @@ def show_trace_notes(trace) -> None:
         words = ", ".join(f"“{w}”" for w in meta["unknown"][:20])
         st.warning(f"Not in {meta['model']}'s vocabulary, shown as <unk>: {words}")
     if meta.get("truncated"):
-        st.warning(f"The input was cut to the model's maximum of {meta['max_input_tokens']} tokens "
-                   f"({meta['truncated']} tokens dropped).")
+        kept, cut = int(meta["max_input_tokens"]), int(meta["truncated"])
+        st.warning(f"The input was cut to the model's maximum of {kept} tokens: it is {kept + cut:,} tokens and "
+                   f"{meta['model']} reads no more (its context), so its first {kept:,} are kept and the last "
+                   f"{cut:,} ({cut / (kept + cut):.0%} of the input) are not read. The box still holds the whole text.")
     if meta.get("dropped"):
         st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
     for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.loaders.masked_lm)
