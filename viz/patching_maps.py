@@ -72,12 +72,22 @@ def restored_matrix(df: pd.DataFrame) -> np.ndarray:
     return z
 
 
+def row_label(layer: int, what: str = "") -> str:
+    """A patching row by the layer convention (viz.lens_figures.CONVENTION): the residual stream
+    entering block k is "into Lk" (the lens's "after L{k-1}", "embed" for k = 0); a block's
+    own output is "Lk"."""
+    if what == "resid_pre":
+        return f"into L{layer} (embed)" if layer == 0 else f"into L{layer} (after L{layer - 1})"
+    return f"L{layer}"
+
+
 def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, title: str = "",
-                     selected: Optional[Tuple[int, int]] = None) -> go.Figure:
+                     selected: Optional[Tuple[int, int]] = None, what: str = "") -> go.Figure:
     """`restored` of a patching table as a heatmap: layers top to bottom, positions (labelled
     with `tokens`) or heads left to right, on a diverging scale centred at 0 (1 = the clean
     run's preference fully restored, negative = pushed further towards the corrupted one).
-    A click target per cell; `selected` (layer, head or position) is outlined."""
+    A click target per cell; `selected` (layer, head or position) is outlined. Rows are named
+    by row_label (`what` = "resid_pre": the stream entering each block, "into Lk")."""
     heads = bool((df["head"] >= 0).any())
     z = restored_matrix(df)
     n_layers, n_cols = z.shape
@@ -93,16 +103,17 @@ def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, t
     heat = go.Heatmap(z=z, x=list(range(n_cols)), y=list(range(n_layers)), zmin=-top, zmax=top, zmid=0,
                       colorscale=DIVERGING, colorbar=dict(thickness=10, len=0.8, title="restored"),
                       hoverongaps=False,
-                      hovertemplate="layer %{y} · " + what_col + "<br>restored %{z:.3f}<extra></extra>")
+                      text=[[row_label(l, what)] * n_cols for l in range(n_layers)],
+                      hovertemplate="%{text} · " + what_col + "<br>restored %{z:.3f}<extra></extra>")
     layer_idx, col_idx = np.meshgrid(np.arange(n_layers), np.arange(n_cols), indexing="ij")
     li, ci = layer_idx.ravel(), col_idx.ravel()
     custom = np.stack([li, ci if heads else -np.ones_like(ci), -np.ones_like(ci) if heads else ci,
                        np.nan_to_num(z.ravel(), nan=0.0)], axis=1)
     cell = 22 if n_layers > 12 else 34
-    where = "layer %{customdata[0]} · " + ("head %{customdata[1]}" if heads else "%{text}")
+    where = "%{text}"
     targets = go.Scatter(
         x=ci.tolist(), y=li.tolist(), mode="markers", customdata=custom.tolist(), showlegend=False, name="cells",
-        text=None if heads else [labels[c] for c in ci],
+        text=[row_label(int(l), what) + " · " + (f"head {c}" if heads else labels[c]) for l, c in zip(li, ci)],
         marker=dict(symbol="square", size=cell - 4, opacity=0, color="#000000"),
         selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
         hovertemplate=where + "<br>restored %{customdata[3]:.3f}<br>click to open this layer"
@@ -114,8 +125,10 @@ def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, t
         fig.update_xaxes(tickvals=list(range(n_cols)), ticktext=labels, side="top", tickangle=-60)
     fig.update_xaxes(showgrid=False, zeroline=False)
     step = 1 if n_layers <= 12 else 2
-    fig.update_yaxes(tickvals=list(range(0, n_layers, step)), ticktext=[f"L{l}" for l in range(0, n_layers, step)],
-                     autorange="reversed", showgrid=False, zeroline=False, title="layer")
+    fig.update_yaxes(tickvals=list(range(0, n_layers, step)),
+                     ticktext=[row_label(l, what) for l in range(0, n_layers, step)],
+                     autorange="reversed", showgrid=False, zeroline=False,
+                     title="residual stream entering the block" if what == "resid_pre" else "block")
     if selected is not None:
         l, c = selected
         fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=l - 0.5, y1=l + 0.5, line=dict(color="#111111", width=3))

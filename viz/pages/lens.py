@@ -97,6 +97,7 @@ def _memo(name, fn):
 
 # ------------------------------------------------------------------ the logit lens
 st.subheader("Logit lens")
+st.markdown(lf.CONVENTION)
 try:
     with st.spinner("Reading every layer through the output head…"):
         lens_df = _memo(("lens", target), lambda: ca.lens(trace, target=target or None))
@@ -106,13 +107,16 @@ except ValueError as exc:
 if lens_df is not None:
     n_pos = len(trace[tn.embed(lens_df.attrs["stack"])])
     shown = lens_df.attrs["positions"]
-    st.caption(f"Rows: the residual stream entering layer 0 (the embeddings), after each layer, and the model's output "
-               f"(the last row, where the lens is the output itself: KL = {lens_df[lens_df.layer == lens_df.layer.max()].kl.max():.1e}). "
+    st.caption(f"Rows: the residual stream entering block 0 (embed), after each block (after L0, after L1, …), the "
+               f"last of them the model's output (where the lens is the output itself: KL = "
+               f"{lens_df[lens_df.layer == lens_df.layer.max()].kl.max():.1e}). "
                f"Each cell shows the lens's top-1 token; hover for its top 5. "
                + (f"The last {len(shown)} of {n_pos} positions are shown." if len(shown) < n_pos else "")
                + ("" if target else " Target: the model's own top-1 at each position."))
     charts.chart(lf.lens_grid(lens_df, colour), key="lens-grid", name=f"logit-lens-{model_name}", width="stretch")
     st.download_button("The lens (CSV)", lambda: lf.lens_table(lens_df).to_csv(index=False).encode(),
+                       help="One row per stream and position: after_block (-1 = the embeddings, k = after block k) "
+                            "and stream ('embed', 'after L23') name the row.",
                        file_name=f"logit-lens-{model_name}.csv", mime="text/csv", key="lens-csv", on_click="ignore")
 
 # ------------------------------------------------------------------ direct logit attribution
@@ -149,15 +153,19 @@ if attr is not None:
                  "wrong somewhere; the numbers below are not to be trusted.")
     pos = attr.attrs["position"]
     st.caption(f"At the last position ({pos}: {_md_code(trace.tokens('target')[pos])}), with the final norm's scale "
-               f"frozen at its traced value. Rows are layers, columns heads; each layer's MLP is a column of its own "
+               f"frozen at its traced value. Rows are blocks (L23: block 23, whose output the lens reads at after L23), "
+               f"columns heads; each layer's MLP is a column of its own "
                f"and the embeddings a row of their own. Red adds to {what}, blue takes from it. Click a head to open "
                "it in Explore.")
     charts.chart(lf.attribution_heatmap(attr), key="lens-attribution", name=f"logit-attribution-{model_name}",
                  on_select=_open, selection_mode="points", width="stretch")
     st.markdown("**Top 5 heads** for " + what)
     for row in lf.top_heads(attr).itertuples():
-        st.page_link("viz/pages/explore.py", label=f"layer {row.layer} · head {row.head}: {row.contribution:+.3f}",
+        st.page_link("viz/pages/explore.py", label=f"{lf.head_label(row.layer, row.head)} (layer {row.layer} · head "
+                                                   f"{row.head}): {row.contribution:+.3f}",
                      query_params=lf.explore_params(model_name, text, row.layer, row.head, row.attn))
-    st.download_button("The attribution (CSV)", lambda: attr.to_csv(index=False).encode(),
+    st.download_button("The attribution (CSV)", lambda: lf.attribution_table(attr).to_csv(index=False).encode(),
+                       help="One row per part: block (-1 for the embeddings and the final biases), head (-1 where not "
+                            "a head) and label ('L23H3', 'L23 MLP', 'embed').",
                        file_name=f"logit-attribution-{model_name}.csv", mime="text/csv", key="attribution-csv",
                        on_click="ignore")

@@ -191,11 +191,11 @@ st.caption("Rows are layers, columns " + ("heads (each patched at every position
            "positions, labelled with the clean prompt's tokens") + ". Red restores the clean preference, blue pushes "
            "towards the corrupted one. Click a cell to open that layer" + (" and head" if what == "head" else "")
            + " in Explore on the clean prompt.")
-charts.chart(pm.restored_heatmap(df, None if what == "head" else tokens, title=title), key="patching-map",
+charts.chart(pm.restored_heatmap(df, None if what == "head" else tokens, title=title, what=what), key="patching-map",
              on_select=_open, selection_mode="points", width="stretch", name=f"patching-{model_name}-{what}")
 top = pm.top_cells(df, 5)
 st.caption("Most restoring: " + " · ".join(
-    f"L{r.layer} H{r.head}: {r.restored:.3f}" if what == "head" else f"L{r.layer} {tokens[r.position]!r} ({r.position}): "
+    f"L{r.layer}H{r.head}: {r.restored:.3f}" if what == "head" else f"{pm.row_label(r.layer, what)} {tokens[r.position]!r} ({r.position}): "
     f"{r.restored:.3f}" for r in top.itertuples()))
 st.download_button("Download the table (CSV)", df.to_csv(index=False).encode(), file_name=f"patching-{model_name}-{what}.csv",
                    mime="text/csv", key="patching-csv", icon=":material/download:")
