@@ -225,6 +225,13 @@ def top_heads(df: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     return df[df["kind"] == "head"].nlargest(n, "contribution")
 
 
+def bottom_heads(df: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The n heads that work most against the target (the most negative contributions; only
+    negative ones)."""
+    heads = df[(df["kind"] == "head") & (df["contribution"] < 0)]
+    return heads.nsmallest(n, "contribution")
+
+
 # ------------------------------------------------------------------ the sum against the model's own logit
 def rtol_of(dtype: str) -> float:
     """The tolerance of the sum check, relative to max(1, |logit|): as the Inside page's checks."""

@@ -63,6 +63,31 @@ def default_corrupt(text: str) -> str:
     return text[: target.start()] + other + text[target.end():]
 
 
+# word -> a word of the same kind, for a corrupted prompt that differs in one word (swapped_corrupt)
+SWAPS = {"he": "she", "she": "he", "his": "her", "her": "his", "him": "her", "man": "woman", "woman": "man",
+         "boy": "girl", "girl": "boy", "dog": "cat", "cat": "dog", "small": "large", "large": "small", "old": "young",
+         "young": "old", "big": "small", "good": "bad", "bad": "good", "France": "Italy", "Paris": "Rome",
+         "Italy": "France", "Rome": "Paris", "Mary": "John", "John": "Mary", "day": "night", "night": "day",
+         "morning": "evening", "evening": "morning", "red": "blue", "blue": "red", "river": "road", "road": "river",
+         "opens": "closes", "closes": "opens", "bread": "cake", "six": "ten", "ten": "six", "first": "last"}
+FALLBACK_WORDS = ("dog", "cat", "house", "river", "red", "old", "day")
+
+
+def swapped_corrupt(text: str, n_tokens) -> Optional[Tuple[str, int, str, str]]:
+    """A corrupted prompt that differs from `text` in one word and has as many tokens
+    (n_tokens(text) -> the count): (corrupt, word index (from 0, as `words`), old, new), the
+    last word that SWAPS knows first, then the last words with FALLBACK_WORDS; None if none fits."""
+    ws = words(text)
+    n = n_tokens(text)
+    tries = [(i, SWAPS[w]) for i, w in reversed(list(enumerate(ws))) if w in SWAPS]
+    tries += [(i, f) for i in reversed(range(len(ws))) for f in FALLBACK_WORDS if f != ws[i]][:40]
+    for i, new in tries:
+        out = swap_word(text, i, new)
+        if out != text and n_tokens(out) == n:
+            return out, i, ws[i], new
+    return None
+
+
 def restored_matrix(df: pd.DataFrame) -> np.ndarray:
     """layers x positions (or x heads for what="head") of `restored`."""
     col = "head" if (df["head"] >= 0).any() else "position"
@@ -160,3 +185,10 @@ def explore_params(model: str, text: str, stack: str, layer: int, head: int) -> 
 def top_cells(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """The k cells that restore the most (largest `restored`)."""
     return df.dropna(subset=["restored"]).nlargest(k, "restored")
+
+
+def bottom_cells(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
+    """The k cells that work most against the answer (the most negative `restored`, only
+    negative ones)."""
+    d = df.dropna(subset=["restored"])
+    return d[d["restored"] < 0].nsmallest(k, "restored")

@@ -8,6 +8,7 @@ import streamlit as st
 
 from core.analysis import input_attribution as A
 from core.analysis import faithfulness_scores as F
+from core.analysis.token_ids import output_token_id
 from core.errors import InputError
 from viz import attribution_figures as af
 from viz.ui import attribution_run, charts, models, url_state, urlflags, widgets
@@ -128,6 +129,19 @@ url.update(target=target or None, contrast=contrast or None, baseline=baseline o
 state.publish(**url)
 state.show_messages()
 
+
+if contrast:  # f = logit[target] - logit[contrast] of one token is 0 whatever the input: nothing to explain
+    try:
+        same = output_token_id(model, contrast, "contrast token") == (
+            output_token_id(model, target, "target token") if target else tops[0][0])
+    except ValueError:
+        same = False  # the computation below says what is wrong with the token
+    if same:
+        st.warning(f"The target and the contrast are the same token ({contrast!r}, id "
+                   f"{output_token_id(model, contrast)}): f = logit[target] − logit[contrast] is 0 for every input, so "
+                   "every method would score every token 0. Choose another contrast, or clear it to explain the "
+                   "target's logit alone.")
+        st.stop()
 
 bar = st.progress(0.0, text="Attributing…")
 
