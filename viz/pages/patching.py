@@ -61,7 +61,8 @@ def _n_tokens(t: str) -> int:
 
 
 swapped = None
-if st.session_state[corrupt_key] == st.session_state[text_key] and st.session_state[text_key].strip():
+if (st.session_state[corrupt_key] == st.session_state[text_key] and st.session_state[text_key].strip()
+        and len(st.session_state[text_key]) <= 4 * MAX_TOKENS * 8):  # a prompt the grid takes (longer: refused below)
     # the same prompt twice restores nothing: offer one that differs in one word (the swap helper's)
     try:
         swapped = pm.swapped_corrupt(st.session_state[text_key], _n_tokens)
