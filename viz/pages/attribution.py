@@ -214,7 +214,7 @@ methods_only = table[table["method"] != "random"]
 if (methods_only["verdict"] == "indistinguishable from random").all():
     st.warning(f"On this sentence no method is distinguishable from random ({n_draws} random draws, difference "
                f"{float(table.loc[table['method'] == 'random', 'difference'].iloc[0]):.4f} ± {r_sd:.4f}): the order "
-               "below says nothing about which picture is faithful. Typically one or two tokens carry the whole "
+               "below says nothing about which method follows the model. Typically one or two tokens carry the whole "
                "prediction, so any ranking that puts one of them first scores the same; try another sentence"
                + ("" if fix_first else ", or hold the first token fixed") + ".")
 elif methods_only["tied"].any():
