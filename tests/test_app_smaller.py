@@ -95,3 +95,4 @@ def test_the_time_warning_goes_when_the_run_ends_and_the_lens_announces(app_test
         assert_no_exception(at)
         assert shown == [True], (page, shown)  # the warning and bar were drawn before the run
         assert not any("the traced pass will take" in w.value for w in at.warning), page  # and are gone after it
+        assert any("the traced pass took" in c.value and "expected about" in c.value for c in at.caption), page

@@ -124,8 +124,18 @@ def before_trace(model, model_name: str, text: str):
         if done >= total and n > _COST.get(model_name, (0, 0))[0]:  # the cost measured at this length
             _COST[model_name] = (n, spent, None)
 
+    def finish() -> None:
+        """The run ended: the warning and the bar go; a caption says what the pass took against
+        what was expected (a busy machine can take several times the estimate)."""
+        bar.empty()
+        spent = time.perf_counter() - t0
+        note.caption(f"This input is {n:,} tokens long: the traced pass took {_human(spent)} on this machine "
+                     f"(expected about {_human(expected)}, from {1000 * seconds / at:.1f} ms per token measured at "
+                     f"{at:,} tokens).")
+
     progress.bar = bar
     progress.note = note
+    progress.finish = finish
     return progress
 
 

@@ -179,10 +179,13 @@ def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: 
         try:
             return m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation,
                            **({"progress": cb} if cb is not None else {}))
-        finally:  # the time warning and the bar go when the run ends
-            for part in ("bar", "note"):
-                if getattr(cb, part, None) is not None:
-                    getattr(cb, part).empty()
+        finally:  # the time warning and the bar go when the run ends (finish: a caption with the time taken)
+            if callable(getattr(cb, "finish", None)):
+                cb.finish()
+            else:
+                for part in ("bar", "note"):
+                    if getattr(cb, part, None) is not None:
+                        getattr(cb, part).empty()
 
     trace = _cached_run(model_name, text, key, run, "Running the model…")
     if trace is not None and notes:
