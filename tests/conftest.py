@@ -7,6 +7,7 @@ sets DEVICE (e.g. DEVICE = "cpu"); a model whose weight package is not installed
 import base64
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,9 @@ import pytest
 
 import core
 import core.device
+
+# Texts too long for a URL are kept on disk (viz.text_store): the tests' go to a folder of their own
+os.environ.setdefault("ATTENTION_LAB_TEXT_STORE", os.path.join(tempfile.mkdtemp(prefix="attention-lab-texts-")))
 
 # Tests share the machine with a browser and an app server: one intra-op thread keeps
 # torch from spinning against them (see core.device.configure_threads).

@@ -22,7 +22,7 @@ LABELS = {
     "rollout": "rollout",
     "flow": "flow",
     "value_norm": "value norms (last layer)",
-    "random": "random (floor)",
+    "random": "random (mean of seeded draws)",
 }
 DIVERGING = [[0.0, "#2166ac"], [0.5, "#f7f7f7"], [1.0, "#b2182b"]]  # signed: blue < 0 < red
 SEQUENTIAL = [[0.0, "#f7f7f7"], [1.0, "#b2182b"]]  # non-negative: white .. red
@@ -79,11 +79,23 @@ def coloured_text(rows: Dict[str, Tuple[Sequence[float], Sequence[str]]], signed
     return fig
 
 
-def deletion_figure(curves: pd.DataFrame, target: str = "", order: Optional[Sequence[str]] = None) -> go.Figure:
+def deletion_figure(curves: pd.DataFrame, target: str = "", order: Optional[Sequence[str]] = None,
+                    random_sd: Optional[Sequence[float]] = None) -> go.Figure:
     """Deletion curves: p(target) as the most important tokens (by each method) are replaced by
-    the baseline token's embedding, one line per method. A faithful ranking drops fast."""
+    the baseline token's embedding, one line per method. A faithful ranking drops fast.
+    `random_sd`: the spread of the random draws at each k, drawn as a band of ± 2 standard
+    deviations about random's mean curve."""
     fig = go.Figure()
     methods = list(order) if order is not None else list(dict.fromkeys(curves["method"]))
+    if random_sd is not None and "random" in methods:
+        c = curves[curves["method"] == "random"].sort_values("k")
+        sd = np.asarray(random_sd, dtype=float)[c["k"].to_numpy()]
+        mean = c["prob"].to_numpy(dtype=float)
+        xs = c["fraction"].tolist()
+        fig.add_trace(go.Scatter(
+            x=xs + xs[::-1], y=np.clip(mean + 2 * sd, 0, 1).tolist() + np.clip(mean - 2 * sd, 0, 1)[::-1].tolist(),
+            fill="toself", fillcolor="rgba(127,127,127,0.18)", line={"width": 0}, hoverinfo="skip",
+            name="random ± 2 sd", meta="random-band"))
     for i, m in enumerate(methods):
         c = curves[curves["method"] == m].sort_values("k")
         fig.add_trace(go.Scatter(
@@ -100,9 +112,15 @@ def deletion_figure(curves: pd.DataFrame, target: str = "", order: Optional[Sequ
 
 
 def table_for_display(table: pd.DataFrame) -> pd.DataFrame:
-    """The faithfulness table with readable method names, most faithful first."""
+    """The faithfulness table with readable method names, most faithful first: the rank (ties
+    share it, written "2=": not an order), the margin over random ± random's standard
+    deviation, and the verdict against random."""
     out = table[["method", "comprehensiveness", "sufficiency", "difference"]].copy()
-    out.insert(1, "what", [label(m) for m in out["method"]])
+    out.insert(0, "rank", [f"{r}=" if t else str(r) for r, t in zip(table["rank"], table["tied"])])
+    out.insert(2, "what", [label(m) for m in out["method"]])
+    out["margin over random"] = [("" if m == "random" else f"{mg:+.4f}") + f" ± {sd:.4f}"
+                                 for m, mg, sd in zip(table["method"], table["margin"], table["random_sd"])]
+    out["verdict"] = table["verdict"].tolist()
     return out
 
 

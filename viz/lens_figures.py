@@ -35,14 +35,33 @@ def lens_matrix(df: pd.DataFrame, column: str) -> Tuple[np.ndarray, List[int], L
     return z, layers, positions
 
 
-def _hover(row) -> str:
+# One layer convention across the Lens, the attribution, Explore and every CSV: block k (0-based)
+# is the k-th transformer layer, its heads L{k}H{h}; the residual stream after block k is
+# "after L{k}" (so what L23H3 writes is first read by the lens at "after L23"), the embeddings
+# (the stream entering block 0) "embed", -1 in the CSVs' block columns.
+CONVENTION = ("Layers are numbered as blocks from 0: **L23H3** is head 3 of block 23, and **after L23** is the residual "
+              "stream after block 23, the first the lens reads what L23H3 wrote. **embed** is the stream entering "
+              "block 0 (the embeddings), -1 in the CSVs' `after_block` and `block` columns.")
+
+
+def stream_label(lens_layer: int, n_rows: Optional[int] = None) -> str:
+    """The lens row `lens_layer` (core.analysis.lens: 0 = the embeddings, i + 1 = the output of
+    block i) by the convention: "embed", "after L{i}"; the last row (of n_rows) is marked as
+    the model's output."""
+    if lens_layer == 0:
+        return "embed"
+    out = f"after L{lens_layer - 1}"
+    return out + " = output" if n_rows is not None and lens_layer == n_rows - 1 else out
+
+
+def _hover(row, n_rows: Optional[int] = None) -> str:
     tops = "<br>".join(f"{safe_label(t)} {p:.3f}" for t, p in zip(row.top_tokens, row.top_probs))
-    return (f"layer {row.layer} · position {row.position} ({safe_label(row.token)})<br>{tops}<br>"
+    return (f"{stream_label(row.layer, n_rows)} · position {row.position} ({safe_label(row.token)})<br>{tops}<br>"
             f"target {safe_label(row.target)}: {row.target_prob:.3g}<br>entropy {row.entropy:.3f} · KL {row.kl:.3f}")
 
 
 def lens_grid(df: pd.DataFrame, colour: str = "target", title: str = "") -> go.Figure:
-    """The lens as a layer (rows; 0 = the embeddings, the last = the model's output) x position
+    """The lens as a layer (rows "embed", "after L0" .. "after L{L-1}" = the model's output) x position
     grid: each cell the lens's top-1 token written in it, coloured by `colour` (COLOURS), the
     top-5 with probabilities on hover."""
     column = COLOURS[colour]
@@ -50,7 +69,7 @@ def lens_grid(df: pd.DataFrame, colour: str = "target", title: str = "") -> go.F
     d = df.sort_values(["layer", "position"])
     shape = z.shape
     top1 = np.array([safe_label(t[0]) for t in d["top_tokens"]], dtype=object).reshape(shape)
-    hover = np.array([_hover(r) for r in d.itertuples()], dtype=object).reshape(shape)
+    hover = np.array([_hover(r, len(layers)) for r in d.itertuples()], dtype=object).reshape(shape)
     tokens = d[d["layer"] == layers[0]]["token"].tolist()
     if column == "target_prob":
         zmin, zmax, scale = 0.0, 1.0, ATTN_SCALE
@@ -68,11 +87,9 @@ def lens_grid(df: pd.DataFrame, colour: str = "target", title: str = "") -> go.F
                      ticktext=[f"{safe_label(t)} ({p})" for t, p in zip(tokens, positions)],
                      side="top", tickangle=-60, showgrid=False)
     step = 1 if n_l <= 16 else 2
-    last = layers[-1]
-    fig.update_yaxes(tickvals=list(range(0, n_l, step)) + ([n_l - 1] if (n_l - 1) % step else []),
-                     ticktext=[("embed" if layers[i] == 0 else f"L{layers[i] - 1} out") if layers[i] != last
-                               else "output" for i in list(range(0, n_l, step)) + ([n_l - 1] if (n_l - 1) % step else [])],
-                     autorange="reversed", showgrid=False, title="residual stream after")
+    ticks = list(range(0, n_l, step)) + ([n_l - 1] if (n_l - 1) % step else [])
+    fig.update_yaxes(tickvals=ticks, ticktext=[stream_label(layers[i], layers[-1] + 1) for i in ticks],
+                     autorange="reversed", showgrid=False, title="residual stream")
     fig.update_layout(title=dict(text=title or f"Logit lens: top-1 token at every layer, coloured by the "
                                  f"{COLOUR_LABELS[colour]}", x=0),
                       height=180 + 22 * n_l, margin=dict(l=10, r=10, t=170, b=10), plot_bgcolor="white")
@@ -141,7 +158,7 @@ def attribution_heatmap(df: pd.DataFrame, title: str = "", selected: Optional[Tu
         x=[c for _, c, *_ in h], y=[r for r, *_ in h], mode="markers", customdata=custom, showlegend=False,
         name="heads", marker=dict(symbol="square", size=14, opacity=0, color="#000000"),
         selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
-        hovertemplate="layer %{customdata[0]} · head %{customdata[1]}<br>adds %{customdata[2]:+.4f} to " + what
+        hovertemplate="L%{customdata[0]}H%{customdata[1]} (block %{customdata[0]}, head %{customdata[1]})<br>adds %{customdata[2]:+.4f} to " + what
                       + "<br>click to open this head in Explore<extra></extra>")
     fig = go.Figure([heat, targets])
     n_r = len(rows)
@@ -179,9 +196,40 @@ def explore_params(model: str, text: str, layer: int, head: int, attn: str = "se
     return {"model": model, "text": text, "attn": f"{stack}.{attn}", "layer": str(int(layer)), "head": str(int(head))}
 
 
+def attribution_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Direct logit attribution as a CSV table by the convention (CONVENTION): `block` (the
+    block a head, MLP or attention bias belongs to; -1 for the embeddings and the final norm's
+    and output's biases), `head` (-1 where not a head) and a `label` ("embed", "L23H3",
+    "L23 MLP"), no bare "layer"."""
+    out = df.rename(columns={"layer": "block"}).copy()
+
+    def name(r) -> str:
+        if r.kind == "head":
+            return f"L{r.block}{'×' if r.attn == 'cross_attn' else ''}H{r.head}"
+        if r.kind == "mlp":
+            return f"L{r.block} MLP"
+        if r.kind == "attn_bias":
+            return f"L{r.block} {'cross ' if r.attn == 'cross_attn' else ''}attn bias"
+        return {"embed": "embed", "norm_bias": "final norm bias", "out_bias": "output bias"}.get(r.kind, r.kind)
+
+    out.insert(0, "label", [name(r) for r in out.itertuples()])
+    return out
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{int(layer)}H{int(head)}"
+
+
 def top_heads(df: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The n heads with the largest contribution (most for the target over the baseline)."""
     return df[df["kind"] == "head"].nlargest(n, "contribution")
+
+
+def bottom_heads(df: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The n heads that work most against the target (the most negative contributions; only
+    negative ones)."""
+    heads = df[(df["kind"] == "head") & (df["contribution"] < 0)]
+    return heads.nsmallest(n, "contribution")
 
 
 # ------------------------------------------------------------------ the sum against the model's own logit
@@ -210,8 +258,14 @@ def sum_check(df: pd.DataFrame, own: float, dtype: str = "torch.float32") -> Tup
 
 
 def lens_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The lens as a flat table for a CSV download: the top-k lists joined with ' | '."""
+    """The lens as a flat table for a CSV download: the top-k lists joined with ' | '; the
+    row named by the convention (CONVENTION): `after_block` (-1 = the embeddings, k = the
+    stream after block k) and `stream` ("embed", "after L{k}"), no bare "layer"."""
     out = df.copy()
+    n_rows = int(df["layer"].max()) + 1 if len(df) else None
+    out.insert(0, "stream", [stream_label(int(v), n_rows) for v in df["layer"]])
+    out.insert(0, "after_block", df["layer"].astype(int) - 1)
+    out = out.drop(columns=["layer"])
     out["top_tokens"] = [" | ".join(t) for t in df["top_tokens"]]
     out["top_ids"] = [" | ".join(map(str, t)) for t in df["top_ids"]]
     out["top_probs"] = [" | ".join(f"{p:.6g}" for p in t) for t in df["top_probs"]]

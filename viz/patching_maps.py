@@ -63,6 +63,31 @@ def default_corrupt(text: str) -> str:
     return text[: target.start()] + other + text[target.end():]
 
 
+# word -> a word of the same kind, for a corrupted prompt that differs in one word (swapped_corrupt)
+SWAPS = {"he": "she", "she": "he", "his": "her", "her": "his", "him": "her", "man": "woman", "woman": "man",
+         "boy": "girl", "girl": "boy", "dog": "cat", "cat": "dog", "small": "large", "large": "small", "old": "young",
+         "young": "old", "big": "small", "good": "bad", "bad": "good", "France": "Italy", "Paris": "Rome",
+         "Italy": "France", "Rome": "Paris", "Mary": "John", "John": "Mary", "day": "night", "night": "day",
+         "morning": "evening", "evening": "morning", "red": "blue", "blue": "red", "river": "road", "road": "river",
+         "opens": "closes", "closes": "opens", "bread": "cake", "six": "ten", "ten": "six", "first": "last"}
+FALLBACK_WORDS = ("dog", "cat", "house", "river", "red", "old", "day")
+
+
+def swapped_corrupt(text: str, n_tokens) -> Optional[Tuple[str, int, str, str]]:
+    """A corrupted prompt that differs from `text` in one word and has as many tokens
+    (n_tokens(text) -> the count): (corrupt, word index (from 0, as `words`), old, new), the
+    last word that SWAPS knows first, then the last words with FALLBACK_WORDS; None if none fits."""
+    ws = words(text)
+    n = n_tokens(text)
+    tries = [(i, SWAPS[w]) for i, w in reversed(list(enumerate(ws))) if w in SWAPS]
+    tries += [(i, f) for i in reversed(range(len(ws))) for f in FALLBACK_WORDS if f != ws[i]][:40]
+    for i, new in tries:
+        out = swap_word(text, i, new)
+        if out != text and n_tokens(out) == n:
+            return out, i, ws[i], new
+    return None
+
+
 def restored_matrix(df: pd.DataFrame) -> np.ndarray:
     """layers x positions (or x heads for what="head") of `restored`."""
     col = "head" if (df["head"] >= 0).any() else "position"
@@ -72,12 +97,22 @@ def restored_matrix(df: pd.DataFrame) -> np.ndarray:
     return z
 
 
+def row_label(layer: int, what: str = "") -> str:
+    """A patching row by the layer convention (viz.lens_figures.CONVENTION): the residual stream
+    entering block k is "into Lk" (the lens's "after L{k-1}", "embed" for k = 0); a block's
+    own output is "Lk"."""
+    if what == "resid_pre":
+        return f"into L{layer} (embed)" if layer == 0 else f"into L{layer} (after L{layer - 1})"
+    return f"L{layer}"
+
+
 def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, title: str = "",
-                     selected: Optional[Tuple[int, int]] = None) -> go.Figure:
+                     selected: Optional[Tuple[int, int]] = None, what: str = "") -> go.Figure:
     """`restored` of a patching table as a heatmap: layers top to bottom, positions (labelled
     with `tokens`) or heads left to right, on a diverging scale centred at 0 (1 = the clean
     run's preference fully restored, negative = pushed further towards the corrupted one).
-    A click target per cell; `selected` (layer, head or position) is outlined."""
+    A click target per cell; `selected` (layer, head or position) is outlined. Rows are named
+    by row_label (`what` = "resid_pre": the stream entering each block, "into Lk")."""
     heads = bool((df["head"] >= 0).any())
     z = restored_matrix(df)
     n_layers, n_cols = z.shape
@@ -93,16 +128,17 @@ def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, t
     heat = go.Heatmap(z=z, x=list(range(n_cols)), y=list(range(n_layers)), zmin=-top, zmax=top, zmid=0,
                       colorscale=DIVERGING, colorbar=dict(thickness=10, len=0.8, title="restored"),
                       hoverongaps=False,
-                      hovertemplate="layer %{y} · " + what_col + "<br>restored %{z:.3f}<extra></extra>")
+                      text=[[row_label(l, what)] * n_cols for l in range(n_layers)],
+                      hovertemplate="%{text} · " + what_col + "<br>restored %{z:.3f}<extra></extra>")
     layer_idx, col_idx = np.meshgrid(np.arange(n_layers), np.arange(n_cols), indexing="ij")
     li, ci = layer_idx.ravel(), col_idx.ravel()
     custom = np.stack([li, ci if heads else -np.ones_like(ci), -np.ones_like(ci) if heads else ci,
                        np.nan_to_num(z.ravel(), nan=0.0)], axis=1)
     cell = 22 if n_layers > 12 else 34
-    where = "layer %{customdata[0]} · " + ("head %{customdata[1]}" if heads else "%{text}")
+    where = "%{text}"
     targets = go.Scatter(
         x=ci.tolist(), y=li.tolist(), mode="markers", customdata=custom.tolist(), showlegend=False, name="cells",
-        text=None if heads else [labels[c] for c in ci],
+        text=[row_label(int(l), what) + " · " + (f"head {c}" if heads else labels[c]) for l, c in zip(li, ci)],
         marker=dict(symbol="square", size=cell - 4, opacity=0, color="#000000"),
         selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
         hovertemplate=where + "<br>restored %{customdata[3]:.3f}<br>click to open this layer"
@@ -114,8 +150,10 @@ def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, t
         fig.update_xaxes(tickvals=list(range(n_cols)), ticktext=labels, side="top", tickangle=-60)
     fig.update_xaxes(showgrid=False, zeroline=False)
     step = 1 if n_layers <= 12 else 2
-    fig.update_yaxes(tickvals=list(range(0, n_layers, step)), ticktext=[f"L{l}" for l in range(0, n_layers, step)],
-                     autorange="reversed", showgrid=False, zeroline=False, title="layer")
+    fig.update_yaxes(tickvals=list(range(0, n_layers, step)),
+                     ticktext=[row_label(l, what) for l in range(0, n_layers, step)],
+                     autorange="reversed", showgrid=False, zeroline=False,
+                     title="residual stream entering the block" if what == "resid_pre" else "block")
     if selected is not None:
         l, c = selected
         fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=l - 0.5, y1=l + 0.5, line=dict(color="#111111", width=3))
@@ -147,3 +185,10 @@ def explore_params(model: str, text: str, stack: str, layer: int, head: int) -> 
 def top_cells(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """The k cells that restore the most (largest `restored`)."""
     return df.dropna(subset=["restored"]).nlargest(k, "restored")
+
+
+def bottom_cells(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
+    """The k cells that work most against the answer (the most negative `restored`, only
+    negative ones)."""
+    d = df.dropna(subset=["restored"])
+    return d[d["restored"] < 0].nsmallest(k, "restored")

@@ -6,9 +6,11 @@
     table = core.analysis.faithfulness_job.summary(rows)            # one row per method: mean and spread
 
 Each sentence gets core.analysis.faithfulness (every method and the seeded random floor, the
-model's own top-1 next token as the target). The summary has, per method, the mean and the
-standard deviation over sentences of comprehensiveness, sufficiency and their difference, and
-the number of sentences; rows are sorted from most to least faithful (mean difference).
+model's own top-1 next token as the target; random the mean of seeded draws, each method's
+margin over it and its verdict against random's spread). The summary has, per method, the
+mean and the standard deviation over sentences of comprehensiveness, sufficiency, their
+difference and the margin over random, the number of sentences and on how many the method
+stood above random; rows are sorted from most to least faithful (mean difference).
 Sentences the model cannot read are skipped and listed. With Ray (`run_ray`), Ray Data maps
 the same per-sentence function over the sentences; each worker loads the model by name once.
 """
@@ -25,13 +27,14 @@ from ..errors import InputError
 from .input_attribution import FRACTIONS
 from .faithfulness_scores import faithfulness
 
-ROW_COLUMNS = ["sentence_id", "method", "comprehensiveness", "sufficiency", "difference", "target", "tokens"]
+ROW_COLUMNS = ["sentence_id", "method", "comprehensiveness", "sufficiency", "difference", "margin", "random_sd",
+               "verdict", "target", "tokens"]
 
 
 def sentence_rows(model, sid: int, text: str, methods=None, fractions=FRACTIONS, steps: int = 64) -> pd.DataFrame:
     df = faithfulness(model, text, methods=methods, fractions=fractions, steps=steps)
     tk = model.target_tokenizer if model.kind == "encoder-decoder" else model.tokenizer
-    out = df[["method", "comprehensiveness", "sufficiency", "difference"]].copy()
+    out = df[["method", "comprehensiveness", "sufficiency", "difference", "margin", "random_sd", "verdict"]].copy()
     out.insert(0, "sentence_id", sid)
     out["target"] = tk.token_str(df.attrs["target_id"])
     out["tokens"] = df.attrs["n_free"]
@@ -55,12 +58,15 @@ def run(model, sentences: Sequence[str], methods=None, fractions=FRACTIONS, step
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per method: mean and standard deviation (over sentences) of comprehensiveness,
-    sufficiency and difference, and the number of sentences; most faithful first."""
+    sufficiency, difference and the margin over random, the number of sentences, and on how
+    many of them the method stood above random (beyond the noise of random's draws, per
+    sentence); most faithful first."""
     g = rows.groupby("method")
     out = pd.DataFrame({"sentences": g.size()})
-    for col in ("comprehensiveness", "sufficiency", "difference"):
+    for col in ("comprehensiveness", "sufficiency", "difference", "margin"):
         out[f"{col}_mean"] = g[col].mean()
         out[f"{col}_std"] = g[col].std(ddof=1)
+    out["above_random"] = g["verdict"].agg(lambda v: int((v == "above random").sum()))
     return out.sort_values("difference_mean", ascending=False).reset_index()
 
 

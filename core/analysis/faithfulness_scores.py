@@ -1,8 +1,11 @@
 """Faithfulness of attributions on the user's sentence (DeYoung et al. 2020): rank the tokens
-by each method's scores (core/analysis/input_attribution.py, plus a seeded random ranking as the
-floor), replace the top fraction of them (comprehensiveness) or all but it (sufficiency) by the
-baseline token's embedding, and see how much p(target) falls. Every perturbed input goes
-through the `embed.{stack}.tokens` hook point, each distinct one once, batched.
+by each method's scores (core/analysis/input_attribution.py), replace the top fraction of them
+(comprehensiveness) or all but it (sufficiency) by the baseline token's embedding, and see how
+much p(target) falls. Random is the floor, as a distribution: RANDOM_DRAWS seeded random
+rankings, their mean and spread; each method's margin over random is read against that spread
+("indistinguishable from random" within NOISE_SDS standard deviations), and equal scores share
+a rank. Every perturbed input goes through the `embed.{stack}.tokens` hook point, each
+distinct one once, batched.
 
     import core.analysis as ca
     ca.faithfulness(model, text)          # one row per method, most faithful first
@@ -18,6 +21,11 @@ import pandas as pd
 import torch
 
 from .input_attribution import FRACTIONS, RANDOM_SEED, Progress, Setup, _check_methods, attribute_all
+
+
+RANDOM_DRAWS = 20  # seeded random rankings: random is a distribution (its mean and spread), not one draw
+NOISE_SDS = 2.0  # a margin over random within this many of random's standard deviations is noise
+TIE_TOL = 5e-5  # differences this close are ties (equal at the four decimals the page shows)
 
 
 def _k_of(fraction: float, n: int) -> int:
@@ -57,21 +65,42 @@ def _probs_of_masks(s: Setup, masks: List[np.ndarray], progress: Progress = None
 
 
 def faithfulness_from_scores(s: Setup, scores: Dict[str, np.ndarray], fractions: Sequence[float] = FRACTIONS,
-                             seed: int = RANDOM_SEED, progress: Progress = None) -> pd.DataFrame:
-    """The faithfulness table of given rankings (method -> per-position scores; "random" is
-    added): one row per method, sorted from most to least faithful (comprehensiveness minus
-    sufficiency, highest first). df.attrs["curves"]: the deletion curves (method -> p(target)
-    after replacing the top k tokens, k = 0 .. the number of replaceable tokens);
-    df.attrs["p_full"]: p(target | x)."""
+                             seed: int = RANDOM_SEED, progress: Progress = None, fix_first: bool = False,
+                             draws: int = RANDOM_DRAWS) -> pd.DataFrame:
+    """The faithfulness table of given rankings (method -> per-position scores) and of random:
+    one row per method, sorted from most to least faithful (comprehensiveness minus
+    sufficiency, highest first), with how each stands against random.
+
+    Random is a distribution, not one draw: `draws` seeded random rankings (seeds seed ..
+    seed + draws - 1); its row holds their mean, and every row's `random_sd` their standard
+    deviation of the difference. `margin` is a row's difference minus random's mean;
+    `verdict` says "above random" / "below random" where the margin exceeds
+    NOISE_SDS standard deviations of random (and TIE_TOL), else "indistinguishable from
+    random". `rank` is shared by ties (differences within TIE_TOL: equal at four decimals),
+    `tied` marks them. `fix_first` leaves token 0 (the attention sink) in place in every
+    perturbed input, as integrated gradients does with that option (and the positions in
+    s.fixed always).
+
+    df.attrs["curves"]: the deletion curves (method -> p(target) after replacing the top k
+    tokens, k = 0 .. the number of replaceable tokens; random's the mean over the draws,
+    df.attrs["random_curve_sd"] their standard deviation); df.attrs["random_draws"]: each
+    draw's comprehensiveness, sufficiency and difference; df.attrs["p_full"]: p(target | x)."""
     n = s.n
-    free = [i for i in range(n) if i not in s.fixed]
-    scores = dict(scores)
-    scores.setdefault("random", random_scores(n, seed))
+    fixed = set(s.fixed) | ({0} if fix_first and n > 1 else set())
+    free = [i for i in range(n) if i not in fixed]
+    draws = int(draws)
+    if draws < 2:
+        raise ValueError(f"random needs at least 2 draws to have a spread, not {draws}")
+    scores = {m: sc for m, sc in scores.items() if m != "random"}
+    randoms = {f"random#{j}": random_scores(n, seed + j) for j in range(draws)}
+    rankings = {**scores, **randoms}
     fractions = [float(f) for f in fractions]
     if not fractions or any(not 0 < f <= 1 for f in fractions):
         raise ValueError(f"fractions must lie in (0, 1], not {fractions}")
+    if not free:
+        raise ValueError("no token is left to replace (every position is held fixed)")
     masks, index = [np.zeros(n, dtype=bool)], {}
-    for m, sc in scores.items():
+    for m, sc in rankings.items():
         order = ranking(np.asarray(sc), free)
         for k in range(1, len(free) + 1):  # deletion curve (comprehensiveness reads it)
             mk = np.zeros(n, dtype=bool)
@@ -86,20 +115,50 @@ def faithfulness_from_scores(s: Setup, scores: Dict[str, np.ndarray], fractions:
             masks.append(mk)
     p = _probs_of_masks(s, masks, progress)
     p_full = float(p[0])
-    rows, curves = [], {}
-    for m in scores:
-        comp = [p_full - p[index[(m, "del", _k_of(f, len(free)))]] for f in fractions]
-        suff = [p_full - p[index[(m, "keep", _k_of(f, len(free)))]] for f in fractions]
-        rows.append({"method": m, "comprehensiveness": float(np.mean(comp)), "sufficiency": float(np.mean(suff))})
+    measured, curves = {}, {}
+    for m in rankings:
+        comp = float(np.mean([p_full - p[index[(m, "del", _k_of(f, len(free)))]] for f in fractions]))
+        suff = float(np.mean([p_full - p[index[(m, "keep", _k_of(f, len(free)))]] for f in fractions]))
+        measured[m] = (comp, suff, comp - suff)
         curves[m] = [p_full] + [float(p[index[(m, "del", k)]]) for k in range(1, len(free) + 1)]
+    rand = np.array([measured[m] for m in randoms])  # (draws, 3)
+    r_mean, r_sd = rand.mean(0), rand.std(0, ddof=1)
+    rows = [{"method": m, "comprehensiveness": c, "sufficiency": su, "difference": d}
+            for m, (c, su, d) in measured.items() if m in scores]
+    rows.append({"method": "random", "comprehensiveness": float(r_mean[0]), "sufficiency": float(r_mean[1]),
+                 "difference": float(r_mean[2])})
     df = pd.DataFrame(rows)
-    df["difference"] = df["comprehensiveness"] - df["sufficiency"]
+    df["margin"] = df["difference"] - float(r_mean[2])
+    df["random_sd"] = float(r_sd[2])
+    df["verdict"] = [verdict(mg, float(r_sd[2])) if m != "random" else f"random: mean of {draws} draws"
+                     for m, mg in zip(df["method"], df["margin"])]
     df = df.sort_values("difference", ascending=False, kind="stable").reset_index(drop=True)
+    d = df["difference"].to_numpy()
+    df["rank"] = [1 + int(np.sum(d > v + TIE_TOL)) for v in d]
+    df["tied"] = [bool(np.sum(np.abs(d - v) <= TIE_TOL) > 1) for v in d]
+    random_curves = np.array([curves.pop(m) for m in randoms])
+    curves["random"] = random_curves.mean(0).tolist()
     # attrs hold plain lists and numbers only (pandas compares attrs when it combines frames)
-    df.attrs.update(curves=curves, p_full=p_full, target_id=s.target_id, n_free=len(free), fractions=fractions,
-                    baseline_token_id=s.baseline_id, seed=seed,
-                    scores={m: [float(v) for v in np.asarray(sc)] for m, sc in scores.items()})
+    df.attrs.update(curves={m: curves[m] for m in list(scores) + ["random"]}, p_full=p_full, target_id=s.target_id,
+                    n_free=len(free), fractions=fractions, baseline_token_id=s.baseline_id, seed=seed, draws=draws,
+                    fixed=sorted(fixed), fix_first=bool(fix_first),
+                    random_curve_sd=random_curves.std(0, ddof=1).tolist(),
+                    random_draws=[{"seed": seed + j, "comprehensiveness": float(c), "sufficiency": float(su),
+                                   "difference": float(dd)} for j, (c, su, dd) in enumerate(rand)],
+                    scores={**{m: [float(v) for v in np.asarray(sc)] for m, sc in scores.items()},
+                            "random": [float(v) for v in randoms["random#0"]]})
     return df
+
+
+def verdict(margin: float, random_sd: float) -> str:
+    """How a method's difference stands against random's: beyond NOISE_SDS standard deviations
+    of random's draws (and beyond TIE_TOL) above or below, else indistinguishable."""
+    bar = max(NOISE_SDS * random_sd, TIE_TOL)
+    if margin > bar:
+        return "above random"
+    if margin < -bar:
+        return "below random"
+    return "indistinguishable from random"
 
 
 def curves_frame(table: pd.DataFrame) -> pd.DataFrame:
@@ -114,8 +173,11 @@ def curves_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 def faithfulness(model, text: str, methods=None, fractions: Sequence[float] = FRACTIONS, target=None,
                  baseline=None, steps: int = 64, baseline_token=None, position: Optional[int] = None,
-                 fix_first: bool = False, seed: int = RANDOM_SEED, progress: Progress = None) -> pd.DataFrame:
-    """One row per method (every method, plus "random", seeded): comprehensiveness = mean over
+                 fix_first: bool = False, seed: int = RANDOM_SEED, progress: Progress = None,
+                 draws: int = RANDOM_DRAWS) -> pd.DataFrame:
+    """One row per method (every method, plus "random": the mean of `draws` seeded random
+    rankings; faithfulness_from_scores for the margin, spread, verdict and ties columns, and for
+    `fix_first`, which holds token 0 on the path and in every perturbed input): comprehensiveness = mean over
     fractions of p(target | x) - p(target | x with the top fraction of tokens replaced by the
     baseline token's embedding), sufficiency = the mean of p(target | x) - p(target | x with all
     BUT the top fraction replaced) (DeYoung et al. 2020); sorted from most to least faithful.
@@ -130,7 +192,7 @@ def faithfulness(model, text: str, methods=None, fractions: Sequence[float] = FR
     s, attrs = attribute_all(model, text, methods, target, baseline, steps, baseline_token, position, fix_first,
                              part(0.0, 0.6))
     df = faithfulness_from_scores(s, {m: a["score"].to_numpy() for m, a in attrs.items()}, fractions, seed,
-                                  part(0.6, 1.0))
+                                  part(0.6, 1.0), fix_first=fix_first, draws=draws)
     if "integrated_gradients" in attrs:
         df.attrs["completeness_error"] = attrs["integrated_gradients"].attrs["completeness_error"]
     return df

@@ -10,7 +10,7 @@ from core.analysis.token_ids import output_token_id
 from viz import lens_figures as lf
 from viz.cache import per_trace
 from viz.text import _md_code
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, longdoc, models, url_state, urlflags, widgets
 from core import trace_names as tn
 
 OPEN_KEY = "lens._open"  # a clicked head: the Explore URL to open on the next run
@@ -34,7 +34,7 @@ text_key = state.seeded_key("text", IOI if model.kind == "decoder" else (model.e
 with text_col:
     text = widgets.text_box("Sentence", text_key, help="The lens and the attribution read the model's pass on this text.")
 
-trace = models.get_trace(model_name, text)
+trace = models.get_trace(model_name, text, progress=longdoc.announce(model, model_name, text))  # a long input: time and bar
 url = dict(model=model_name, text=text)
 if trace is None:
     state.end_here(**url)
@@ -97,6 +97,7 @@ def _memo(name, fn):
 
 # ------------------------------------------------------------------ the logit lens
 st.subheader("Logit lens")
+st.markdown(lf.CONVENTION)
 try:
     with st.spinner("Reading every layer through the output head…"):
         lens_df = _memo(("lens", target), lambda: ca.lens(trace, target=target or None))
@@ -106,13 +107,18 @@ except ValueError as exc:
 if lens_df is not None:
     n_pos = len(trace[tn.embed(lens_df.attrs["stack"])])
     shown = lens_df.attrs["positions"]
-    st.caption(f"Rows: the residual stream entering layer 0 (the embeddings), after each layer, and the model's output "
-               f"(the last row, where the lens is the output itself: KL = {lens_df[lens_df.layer == lens_df.layer.max()].kl.max():.1e}). "
+    st.caption(f"Rows: the residual stream entering block 0 (embed), after each block (after L0, after L1, …), the "
+               f"last of them the model's output (where the lens is the output itself: KL = "
+               f"{lens_df[lens_df.layer == lens_df.layer.max()].kl.max():.1e}). "
                f"Each cell shows the lens's top-1 token; hover for its top 5. "
-               + (f"The last {len(shown)} of {n_pos} positions are shown." if len(shown) < n_pos else "")
+               + (f"The last {len(shown)} of {n_pos} positions are shown (the end of the text, where the prediction "
+                  f"is; positions 0–{n_pos - len(shown) - 1} are left out to keep the grid readable)."
+                  if len(shown) < n_pos else "")
                + ("" if target else " Target: the model's own top-1 at each position."))
     charts.chart(lf.lens_grid(lens_df, colour), key="lens-grid", name=f"logit-lens-{model_name}", width="stretch")
     st.download_button("The lens (CSV)", lambda: lf.lens_table(lens_df).to_csv(index=False).encode(),
+                       help="One row per stream and position: after_block (-1 = the embeddings, k = after block k) "
+                            "and stream ('embed', 'after L23') name the row.",
                        file_name=f"logit-lens-{model_name}.csv", mime="text/csv", key="lens-csv", on_click="ignore")
 
 # ------------------------------------------------------------------ direct logit attribution
@@ -136,6 +142,12 @@ except ValueError as exc:
     attr = None
     # a note on the architecture, not a fault: the lens above still applies (a warning where nothing does)
     (st.info if lens_df is not None else st.warning)(f"Direct logit attribution does not apply to {model_name}: {exc}")
+if attr is not None and attr.attrs.get("baseline_id") is not None and attr.attrs["baseline_id"] == attr.attrs["target_id"]:
+    st.warning(f"The target and the baseline are the same token ({_md_code(attr.attrs['target'])}, id "
+               f"{attr.attrs['target_id']}): logit(target) − logit(baseline) is 0 for every head, MLP and the "
+               "embeddings, so there is nothing to attribute. Choose a different baseline, or clear it to attribute "
+               "the target's logit alone.")
+    attr = None
 if attr is not None:
     what = lf.what_is_attributed(attr.attrs["target"], attr.attrs["baseline"])
     own = lf.own_logit(trace, attr)
@@ -150,15 +162,26 @@ if attr is not None:
                  "wrong somewhere; the numbers below are not to be trusted.")
     pos = attr.attrs["position"]
     st.caption(f"At the last position ({pos}: {_md_code(trace.tokens('target')[pos])}), with the final norm's scale "
-               f"frozen at its traced value. Rows are layers, columns heads; each layer's MLP is a column of its own "
+               f"frozen at its traced value. Rows are blocks (L23: block 23, whose output the lens reads at after L23), "
+               f"columns heads; each layer's MLP is a column of its own "
                f"and the embeddings a row of their own. Red adds to {what}, blue takes from it. Click a head to open "
                "it in Explore.")
     charts.chart(lf.attribution_heatmap(attr), key="lens-attribution", name=f"logit-attribution-{model_name}",
                  on_select=_open, selection_mode="points", width="stretch")
-    st.markdown("**Top 5 heads** for " + what)
-    for row in lf.top_heads(attr).itertuples():
-        st.page_link("viz/pages/explore.py", label=f"layer {row.layer} · head {row.head}: {row.contribution:+.3f}",
-                     query_params=lf.explore_params(model_name, text, row.layer, row.head, row.attn))
-    st.download_button("The attribution (CSV)", lambda: attr.to_csv(index=False).encode(),
+    against = lf.bottom_heads(attr)
+    cols = st.columns(2)
+    for col, title, rows in ((cols[0], "**Top 5 heads** for " + what, lf.top_heads(attr)),
+                             (cols[1], "**Top 5 heads against** it (most negative)", against)):
+        with col:
+            st.markdown(title)
+            if not len(rows):
+                st.caption("No head works against it here.")
+            for row in rows.itertuples():
+                st.page_link("viz/pages/explore.py", label=f"{lf.head_label(row.layer, row.head)} (layer {row.layer} · "
+                                                           f"head {row.head}): {row.contribution:+.3f}",
+                             query_params=lf.explore_params(model_name, text, row.layer, row.head, row.attn))
+    st.download_button("The attribution (CSV)", lambda: lf.attribution_table(attr).to_csv(index=False).encode(),
+                       help="One row per part: block (-1 for the embeddings and the final biases), head (-1 where not "
+                            "a head) and label ('L23H3', 'L23 MLP', 'embed').",
                        file_name=f"logit-attribution-{model_name}.csv", mime="text/csv", key="attribution-csv",
                        on_click="ignore")

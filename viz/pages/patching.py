@@ -31,7 +31,7 @@ st.caption("Activation patching (Meng et al. 2022; Wang et al. 2022): run the co
            "from the clean run, and see how much of the clean run's preference for the answer over the wrong token "
            "comes back. restored = (m − m_corrupt) / (m_clean − m_corrupt), m = logit[answer] − logit[wrong] at the "
            "last position: 1 = that activation alone carries the difference, 0 = it carries none of it.")
-state = url_state.PageState("patching", fields=("model", "text", "corrupt", "answer", "wrong", "what"))
+state = url_state.PageState("patching", fields=("model", "text", "corrupt", "answer", "wrong", "what", "layer", "head"))
 allowed = [n for n in models.model_names() if models.model_kind(n) in ("decoder", "encoder-decoder")]
 model_name, model, text_col = widgets.model_header(
     state, allowed=allowed, needs="patching measures a next-token logit, so it takes decoders and encoder-decoders")
@@ -48,6 +48,29 @@ state.keep_text(corrupt_key)
 answer_key = state.seeded_key("answer", pm.IOI_ANSWER if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
 wrong_key = state.seeded_key("wrong", pm.IOI_WRONG if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
 what_key = urlflags.option(state, "what", "resid_pre", WHATS)
+# a head marked on the grid: the one Explore's "Patch this head" came from (layer=, head= in the URL)
+marked = None
+if state.qp.get("layer") is not None and state.qp.get("head") is not None:
+    marked = (url_state.as_int(state.qp["layer"]), url_state.as_int(state.qp["head"]))
+    if None in marked or min(marked) < 0:
+        state.ignored("layer", "the marked head's layer and head are whole numbers from 0")
+        marked = None
+
+
+def _n_tokens(t: str) -> int:
+    return len(model.encode(t).ids)
+
+
+swapped = None
+if (st.session_state[corrupt_key] == st.session_state[text_key] and st.session_state[text_key].strip()
+        and len(st.session_state[text_key]) <= 4 * MAX_TOKENS * 8):  # a prompt the grid takes (longer: refused below)
+    # the same prompt twice restores nothing: offer one that differs in one word (the swap helper's)
+    try:
+        swapped = pm.swapped_corrupt(st.session_state[text_key], _n_tokens)
+    except Exception:  # a text the model cannot read: the pair's own check says why below
+        swapped = None
+    if swapped is not None:
+        st.session_state[corrupt_key] = swapped[0]
 
 
 def _use_ioi() -> None:
@@ -72,7 +95,7 @@ with ex[1].expander("Swap one word of the clean prompt"):
     ws = pm.words(text)
     if ws:
         s = st.columns([2, 2, 1])
-        idx = s[0].selectbox("Word", list(range(len(ws))), format_func=lambda i: f"{i + 1}: {ws[i]}",
+        idx = s[0].selectbox("Word (counted from 0)", list(range(len(ws))), format_func=lambda i: f"{i}: {ws[i]}",
                              key="patching.swap_word")
         new = s[1].text_input("Replace with", key="patching.swap_new", placeholder="another word")
 
@@ -94,7 +117,12 @@ wrong = c[1].text_input("Wrong token", key=wrong_key, placeholder="the corrupted
 what = c[2].radio("Patch", WHATS, key=what_key, horizontal=True, format_func=lambda w: w,
                   help="; ".join(f"{k}: {v}" for k, v in pm.WHAT_LABELS.items()))
 url = dict(model=model_name, text=text, corrupt=corrupt, answer=answer or None, wrong=wrong or None,
-           what=urlflags.changed(what, "resid_pre"))
+           what=urlflags.changed(what, "resid_pre"), layer=None if marked is None else str(marked[0]),
+           head=None if marked is None else str(marked[1]))
+if swapped is not None and corrupt == swapped[0]:
+    st.info(f"The corrupted prompt was the clean one, which leaves nothing to restore: word {swapped[1]} "
+            f"({swapped[2]!r}) is swapped for {swapped[3]!r} (same number of tokens). Change it above, or swap "
+            "another word.")
 state.show_messages()
 
 # ------------------------------------------------------------------ the pair
@@ -200,12 +228,28 @@ st.caption("Rows are layers, columns " + ("heads (each patched at every position
            "positions, labelled with the clean prompt's tokens") + ". Red restores the clean preference, blue pushes "
            "towards the corrupted one. Click a cell to open that layer" + (" and head" if what == "head" else "")
            + " in Explore on the clean prompt.")
-charts.chart(pm.restored_heatmap(df, None if what == "head" else tokens, title=title), key="patching-map",
+show_mark = marked if what == "head" and marked is not None and (df["layer"] == marked[0]).any() and (
+    df["head"] == marked[1]).any() else None
+if marked is not None and show_mark is None and what != "head":
+    st.caption(f"L{marked[0]}H{marked[1]}, the head from Explore, is marked on the heads grid: choose Patch: head.")
+if show_mark is not None:
+    cell = df[(df["layer"] == show_mark[0]) & (df["head"] == show_mark[1])]["restored"]
+    st.caption(f"Outlined: **L{show_mark[0]}H{show_mark[1]}**, the head from Explore: restored "
+               f"{float(cell.iloc[0]):.3f}." if len(cell) else f"Outlined: L{show_mark[0]}H{show_mark[1]}.")
+charts.chart(pm.restored_heatmap(df, None if what == "head" else tokens, title=title, what=what, selected=show_mark), key="patching-map",
              on_select=_open, selection_mode="points", width="stretch", name=f"patching-{model_name}-{what}")
 top = pm.top_cells(df, 5)
-st.caption("Most restoring: " + " · ".join(
-    f"L{r.layer} H{r.head}: {r.restored:.3f}" if what == "head" else f"L{r.layer} {tokens[r.position]!r} ({r.position}): "
-    f"{r.restored:.3f}" for r in top.itertuples()))
+low = pm.bottom_cells(df, 5)
+
+
+def _cell(r) -> str:
+    return (f"L{r.layer}H{r.head}: {r.restored:.3f}" if what == "head" else
+            f"{pm.row_label(r.layer, what)} {tokens[r.position]!r} ({r.position}): {r.restored:.3f}")
+
+
+st.caption("Most restoring: " + " · ".join(_cell(r) for r in top.itertuples()) + ".")
+st.caption("Most against the answer (pushing towards the corrupted run's): "
+           + (" · ".join(_cell(r) for r in low.itertuples()) if len(low) else "none below 0") + ".")
 st.download_button("Download the table (CSV)", df.to_csv(index=False).encode(), file_name=f"patching-{model_name}-{what}.csv",
                    mime="text/csv", key="patching-csv", icon=":material/download:")
 with st.expander("The table"):

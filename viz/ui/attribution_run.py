@@ -53,9 +53,10 @@ def _run(text, target, contrast, baseline, steps, fix_first, position, _model, _
     trace = _model.trace(text)
     frames = A.attribute_setup(s, None, steps, fix_first, trace, lambda f, what: _progress(0.7 * f, what))
     table = F.faithfulness_from_scores(s, {m: df["score"].to_numpy() for m, df in frames.items()},
-                                       progress=lambda f, what: _progress(0.7 + 0.3 * f, what))
+                                       progress=lambda f, what: _progress(0.7 + 0.3 * f, what), fix_first=fix_first)
     tk = _model.target_tokenizer if _model.kind == "encoder-decoder" else _model.tokenizer
-    info = {"target": tk.token_str(s.target_id), "contrast": None if s.contrast_id is None else tk.token_str(s.contrast_id),
+    info = {"target": tk.token_str(s.target_id), "target_id": int(s.target_id),
+            "contrast_id": None if s.contrast_id is None else int(s.contrast_id), "contrast": None if s.contrast_id is None else tk.token_str(s.contrast_id),
             "baseline": _model.tokenizer.token_str(s.baseline_id), "baseline_id": s.baseline_id,
             "word_ids": list(s.word_ids), "special": list(s.special), "tokens": list(s.tokens)}
     return info, frames, table

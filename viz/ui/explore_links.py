@@ -13,7 +13,8 @@ def head_links(col, model, model_name: str, text: str, stack: str, kind: str, la
     logit lens of the sentence."""
     if kind == "self_attn" and stack == {"decoder": "decoder", "encoder-decoder": "encoder"}.get(model.kind):
         st.page_link("viz/pages/patching.py", label=f"Patch this head (layer {layer}, head {head}): does the output "
-                     "need it?", query_params={"model": model_name, "text": text, "what": "head"},
+                     "need it?", query_params={"model": model_name, "text": text, "what": "head",
+                                               "layer": str(int(layer)), "head": str(int(head))},
                      icon=":material/healing:")
     col.page_link("viz/pages/lens.py", label="logit lens", query_params={"model": model_name, "text": text})
 

@@ -27,6 +27,7 @@ SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG te
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
 ZOOM_TOKENS = 400  # the most tokens a side of a zoom (spans, overview blocks) draws
 WARN_SECONDS = 15.0  # a trace expected to take longer than this is announced first
+MIN_TOKENS = 1000  # shorter inputs are never announced (no calibration run for them)
 CALIBRATION_TOKENS = (128, 512)  # two timed passes at each length (the faster kept)
 ATTN_SPEEDUP = 1.45  # causal attention's FLOPs ran ~1.45x faster than the linear layers' (smollm2, one thread,
 #                      traced passes of 512-4,096 tokens on this CPU: fitted a n + b n^2 against the FLOP counts)
@@ -100,16 +101,18 @@ def before_trace(model, model_name: str, text: str):
         n = min(len(model.tokenizer.encode(clean_text(text)[0]).ids), model.max_input_tokens)
     except Exception:
         return None
-    if n < 1000:
+    if n < MIN_TOKENS:
         return None
     cost = calibrate(model, model_name)
     expected = expected_seconds(model, n, cost)
     if expected < WARN_SECONDS:
         return None
     at, seconds = cost[0], cost[1]
-    st.warning(f"This input is {n:,} tokens long: the traced pass will take about {_human(expected)} on this "
-               f"machine (measured here: {1000 * seconds / at:.1f} ms per token at {at:,} tokens; attention's share "
-               "of the time grows with the length). The views then read one head and a tile of rows at a time.")
+    note = st.empty()  # the warning goes when the run ends (models.get_trace empties .note and .bar)
+    note.warning(f"This input is {n:,} tokens long: the traced pass will take about {_human(expected)} on this "
+                 f"machine (measured here: {1000 * seconds / at:.1f} ms per token at {at:,} tokens; attention's share "
+                 "of the time grows with the length, and a busy machine takes longer). The views then read one head "
+                 "and a tile of rows at a time.")
     bar = st.progress(0.0, text="Running the model…")
     t0 = time.perf_counter()
 
@@ -121,7 +124,18 @@ def before_trace(model, model_name: str, text: str):
         if done >= total and n > _COST.get(model_name, (0, 0))[0]:  # the cost measured at this length
             _COST[model_name] = (n, spent, None)
 
+    def finish() -> None:
+        """The run ended: the warning and the bar go; a caption says what the pass took against
+        what was expected (a busy machine can take several times the estimate)."""
+        bar.empty()
+        spent = time.perf_counter() - t0
+        note.caption(f"This input is {n:,} tokens long: the traced pass took {_human(spent)} on this machine "
+                     f"(expected about {_human(expected)}, from {1000 * seconds / at:.1f} ms per token measured at "
+                     f"{at:,} tokens).")
+
     progress.bar = bar
+    progress.note = note
+    progress.finish = finish
     return progress
 
 

@@ -197,9 +197,13 @@ def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: 
         try:
             return m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation,
                            **({"progress": cb} if cb is not None else {}))
-        finally:
-            if getattr(cb, "bar", None) is not None:
-                cb.bar.empty()
+        finally:  # the time warning and the bar go when the run ends (finish: a caption with the time taken)
+            if callable(getattr(cb, "finish", None)):
+                cb.finish()
+            else:
+                for part in ("bar", "note"):
+                    if getattr(cb, part, None) is not None:
+                        getattr(cb, part).empty()
 
     trace = _cached_run(model_name, text, key, run, "Running the model…")
     if trace is not None and notes:
@@ -294,8 +298,10 @@ def show_trace_notes(trace) -> None:
         words = ", ".join(f"“{w}”" for w in meta["unknown"][:20])
         st.warning(f"Not in {meta['model']}'s vocabulary, shown as <unk>: {words}")
     if meta.get("truncated"):
-        st.warning(f"The input was cut to the model's maximum of {meta['max_input_tokens']} tokens "
-                   f"({meta['truncated']} tokens dropped).")
+        kept, cut = int(meta["max_input_tokens"]), int(meta["truncated"])
+        st.warning(f"The input was cut to the model's maximum of {kept} tokens: it is {kept + cut:,} tokens and "
+                   f"{meta['model']} reads no more (its context), so its first {kept:,} are kept and the last "
+                   f"{cut:,} ({cut / (kept + cut):.0%} of the input) are not read. The box still holds the whole text.")
     if meta.get("dropped"):
         st.info(f"Ignored (not words): {' '.join(meta['dropped'][:30])}")
     for fill in meta.get("fill_mask") or []:  # encoders with a masked-LM head (core.loaders.masked_lm)

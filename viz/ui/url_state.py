@@ -21,9 +21,11 @@ from typing import Callable, Dict, Optional, Sequence
 
 import streamlit as st
 
+from viz import text_store
 from viz.text import MAX_CHARS, url_text, url_value
 
 TEXT_FIELDS = ("text", "text2", "target")  # typed text: a longer URL value is cut to MAX_CHARS
+KEY_SUFFIX = "_key"  # field + KEY_SUFFIX: the key of a value too long for the URL, kept whole on this server
 
 
 def said(value) -> str:
@@ -65,7 +67,7 @@ class PageState:
         self.switched = False  # the model picker saw the model change since this page's last run
         if fields and self.external:
             for field in self.qp:
-                if field not in fields:
+                if field not in fields and not (field.endswith(KEY_SUFFIX) and field[:-len(KEY_SUFFIX)] in fields):
                     self.ignored(field, f"this page has no {field} (its URL fields: {', '.join(fields)})")
 
     def key(self, field: str) -> str:
@@ -113,7 +115,7 @@ class PageState:
         """seeded_key's rule; rejected(raw, value, error) -> (the value to use, why) for a URL
         value that parse or valid refuses."""
         key = self.key(field)
-        raw = self.qp.get(field)
+        raw = self._whole(field, self.qp.get(field))
         if key not in st.session_state or (self.external and raw is not None):
             value = self.shared.get(field, default)
             if valid is not None and field in self.shared and not (
@@ -135,6 +137,24 @@ class PageState:
                     value = value[:MAX_CHARS]
             st.session_state[key] = value
         return key
+
+    def _whole(self, field: str, raw):
+        """The URL's value of `field`, whole: a value too long for the URL comes with a key
+        (field_key=) under which publish kept it on this server (viz.text_store); where this
+        server does not hold it, the part the URL carries, with a message asking for the rest."""
+        stored = self.qp.get(field + KEY_SUFFIX)
+        if stored is None:
+            return raw
+        whole = text_store.get(stored)
+        part = "" if raw is None else str(raw)
+        if whole is not None and whole.startswith(part):
+            return whole
+        self.say(f"This link's {field} was too long for a web address, so the server that made the link kept it "
+                 f"whole under the key {url_value(stored, 48)}, and this server does not hold that key (another "
+                 f"server, or an old link past the {text_store.MAX_ITEMS} texts kept). The box shows only the part "
+                 f"the address carries: its first {len(part):,} characters. Paste the whole text into the box to "
+                 "read all of it.")
+        return raw
 
     def keep(self, key: str, value=None) -> None:
         """Write the widget `key`'s value (the one it holds, or `value`) back to the session
@@ -175,7 +195,20 @@ class PageState:
         # an emptied sentence stays in the URL (text=), so a reload or a shared link shows the
         # same empty box and its message rather than the default sentence; other empty
         # fields (an optional target) are left out
-        params = {k: url_text(str(v)) for k, v in values.items() if v is not None and (v != "" or k == "text")}
+        params = {}
+        for k, v in values.items():
+            if v is None or (v == "" and k != "text"):
+                continue
+            v = str(v)
+            params[k] = url_text(v)
+            if params[k] != v:  # too long for the URL: kept whole here, its key in the URL
+                stored = text_store.put(v[:MAX_CHARS])
+                if stored is not None:
+                    params[k + KEY_SUFFIX] = stored
+                else:
+                    st.warning(f"The {k} ({len(v):,} characters) is too long for the web address, which keeps its "
+                               f"first {len(params[k]):,}, and this server could not store it (disk): a reload, "
+                               f"Back or a shared link will bring back only those {len(params[k]):,} characters.")
         if st.query_params.to_dict() != params:
             st.query_params.from_dict(params)
         st.session_state["_url_last"] = params
