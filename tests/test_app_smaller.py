@@ -3,7 +3,6 @@ corrupted prompt that differs; the lists of heads include those working against 
 target = baseline (or contrast) is a warning, not an all-zero map; the long-input time warning
 goes when the run ends (and the Lens announces a long input too); the swap list counts from 0."""
 
-import pytest
 
 from conftest import assert_no_exception, chart_by_key, figure
 from viz import patching_maps as pm

@@ -2,7 +2,6 @@
 is the token computed (' Mary' is not 'Mary'), and the page names it with its id."""
 
 import numpy as np
-import pytest
 
 import core.analysis as ca
 from core.analysis.token_ids import output_token_id

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import assert_no_exception
 from viz import text_store
-from viz.text import URL_VALUE_BYTES, url_text
+from viz.text import url_text
 
 LONG = "".join(f"Sentence {i} of a long pasted document, with words. " for i in range(1000))[:50_000]
 
