@@ -326,9 +326,30 @@ def restore(c):
     pytest.fail("no one-word swap of the same token count moves the metric")
 
 
+def kv_cache(c):
+    """Greedy generation through the KV cache against the decoder run on the whole prefix at
+    every step: the same token ids, and the next-token logits of both against the reference's
+    logits on the generated sequence."""
+    text = SOURCE if c.ours.kind == "encoder-decoder" else STEP_TEXT
+    ids, _, cached = c.ours.greedy_run(text, 4, use_cache=True)
+    plain_ids, _, plain = c.ours.greedy_run(text, 4, use_cache=False)
+    assert ids == plain_ids and len(ids) >= 2
+    pairs = [(cached, plain)]
+    if c.hf is not None:
+        if c.ours.kind == "encoder-decoder":
+            prefix = [c.ours.start_id]
+            ref = reference(c.hf, c.ours, c.ours.encode(text).ids, prefix + ids[:-1])["out"]
+        else:
+            prefix = c.ours.encode(text).ids
+            ref = reference(c.hf, c.ours, prefix + ids[:-1])["out"]
+        pairs.append((cached, ref[len(prefix) - 1:]))
+    return _worst(pairs), TOL["logits"]
+
+
 PATHS: Dict[str, Callable] = {"full": full, "pooled_1": pooled_1, "pooled_odd": pooled_odd, "tiles": tiles,
                               "value_norms": value_norms, "step": step, "ablated": ablated, "lens": lens,
-                              "attribution": attribution, "restore": restore}
+                              "attribution": attribution, "restore": restore,
+                              "kv_cache": kv_cache}
 
 
 def not_applicable(case, c, path):
@@ -337,7 +358,7 @@ def not_applicable(case, c, path):
     if path in ("pooled_1", "pooled_odd", "tiles") and cfg.positional == "relative":
         if path == "tiles":
             return "T5's self-attention adds a relative position bias: its maps are read whole, never tiled"
-    if path == "step" and ours.kind == "encoder":
+    if path in ("step", "kv_cache") and ours.kind == "encoder":
         return "an encoder does not generate: there are no steps"
     if path in ("ablated", "lens", "attribution") and c.hf is None:
         return "toy-translate has no transformers counterpart to hold the output against"
