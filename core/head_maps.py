@@ -72,9 +72,8 @@ def long_layer(trace, stack: str, kind: str = "self_attn") -> bool:
 def tileable(trace, stack: str, kind: str) -> bool:
     """Whether maps of (stack, kind) are computed here one head and tile at a time (else the
     layer's full map is read and sliced)."""
-    runner = trace.runner
-    return (kind == "self_attn" and runner is not None
-            and runner.model.net.cfg.positional != "relative")
+    model = trace.model
+    return kind == "self_attn" and model is not None and model.net.cfg.positional != "relative"
 
 
 def block_sums(v: torch.Tensor, size: int) -> torch.Tensor:
@@ -96,11 +95,11 @@ class LayerMaps:
     RoPE) and the map itself (MultiHeadAttention.head_map: scale, soft-cap, mask, softmax)."""
 
     def __init__(self, trace, stack: str, i: int):
-        runner = trace.runner
-        if runner is None:
+        runner, model = trace.runner, trace.model
+        if model is None:
             raise KeyError(f"{stack}.{i} has no model to recompute it")
-        self.net = runner.model.net
-        self.dev = runner.model.device
+        self.net = model.net
+        self.dev = model.device
         self.stack, self.i = stack, i
         layer = self.net.layers(stack)[i]
         self.attn = layer.self_attn
