@@ -20,7 +20,7 @@ import torch
 import core
 import core.analysis as ca
 import core.head_maps as hm
-from family_zoo import FAMILIES, SEQ2SEQ, SOURCE, TARGET, TEXT, make_loader
+from family_zoo import FAMILIES, SOURCE, TARGET, TEXT, make_loader
 
 pytest.importorskip("transformers")
 
