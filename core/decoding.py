@@ -23,17 +23,20 @@ class GreedyDecoding:
 
     @torch.inference_mode()
     def _greedy(self, src: Optional[torch.Tensor], prefix: List[int], max_new: int,
-                ablate: Optional[Ablation] = None) -> Tuple[List[int], bool]:
+                ablate: Optional[Ablation] = None, use_cache: bool = True,
+                logits: Optional[list] = None) -> Tuple[List[int], bool]:
         """Greedy decoding: returns the generated ids (with <end> if reached) and whether it ended.
 
         Keeps each layer's keys and values between steps (a KV cache), so a step costs one
         position, not the whole prefix. Mean-ablation depends on every position, so it
-        decodes without the cache."""
+        decodes without the cache; so does use_cache=False (each step runs the decoder on the
+        whole prefix: the reference the KV cache is checked against). logits: a list that
+        receives each step's next-token logits (V,), float32 on the CPU."""
         memory = self.net.encode(src, ablate=ablate) if src is not None else None
         seq = list(prefix)
         out: List[int] = []
         limit = self.config.max_len
-        cache: Optional[dict] = None if (ablate and ablate.mode == "mean") else {}
+        cache: Optional[dict] = None if (ablate and ablate.mode == "mean") or not use_cache else {}
         new = seq
         for _ in range(max_new):
             if len(seq) >= limit:
@@ -42,13 +45,32 @@ class GreedyDecoding:
                 hidden = self.net.decode(self._ids(seq), memory, ablate=ablate)
             else:
                 hidden = self.net.decode(self._ids(new), memory, ablate=ablate, cache=cache)
-            nxt = int(self.net.project(hidden[:, -1:]).argmax(-1).item())
+            step_logits = self.net.project(hidden[:, -1:])
+            if logits is not None:
+                logits.append(step_logits[0, 0].float().cpu())
+            nxt = int(step_logits.argmax(-1).item())
             out.append(nxt)
             if nxt == self.end_id:
                 return out, True
             seq.append(nxt)
             new = [nxt]
         return out, False
+
+    @cpu_fallback
+    def greedy_run(self, text: str, max_new_tokens: Optional[int] = None, use_cache: bool = True):
+        """(generated ids with <end> if reached, whether it ended, each step's next-token logits
+        T x V): the greedy decoding model.steps runs, through the KV cache or (use_cache=False)
+        with the decoder run on the whole prefix at every step."""
+        enc = self.encode(text)
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        got: list = []
+        if self.kind == "encoder-decoder":
+            ids, ended = self._greedy(self._ids(enc.ids), [self.start_id], max_new, use_cache=use_cache, logits=got)
+        elif self.kind == "decoder":
+            ids, ended = self._greedy(None, list(enc.ids), max_new, use_cache=use_cache, logits=got)
+        else:
+            raise InputError(f"{self.name} is an encoder: it does not generate text")
+        return ids, ended, torch.stack(got) if got else torch.zeros(0, 0)
 
     @cpu_fallback
     def generate(self, text: str, max_new_tokens: Optional[int] = None, ablate: Sequence = (),

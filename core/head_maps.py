@@ -3,16 +3,19 @@
 At 8,192 tokens one head's map is 64 M cells (256 MB of float32) and a layer's nine heads
 of SmolLM2 2.4 GB per map kind, so a long input is never read a layer at a time. This
 module computes a self-attention map from the layer's stored input (core/trace.py) for ONE
-head, TILE_ROWS query rows at a time, through the same formula as the explicit path of
-core/net/attention.py:
+head, TILE_ROWS query rows at a time, through the network's own functions, restricted to one
+head and a tile of rows:
 
-    scores = q_h k_g^T   scaled = scores * scale   masked = scaled + M   weights = softmax(masked)
+    q_h = head_proj(Norm(x), "q", h)   k_g = head_proj(Norm(x), "k", g)   (projection, QK-norm, RoPE)
+    map = head_map(q_h[rows], k_g, M)                                    (scale, soft-cap, mask, softmax)
 
-with q_h the head's rows of W_q (after the first norm of a pre-norm layer, and RoPE), k_g the
-key/value head it reads (grouped-query: g = h // (H / H_kv)) and M the layer's mask built for
-the tile's rows alone (look-ahead, sliding window, key padding). Nothing larger than one
-head's tile (rows x n_k) and the layer's O(n d) input is ever allocated (tests/test_head_maps.py
-measures it).
+with g the key/value head h reads (grouped-query), Norm(x) what the layer's attention reads
+(Layer.attn_input), the RoPE angles of this layer's own base and M the tile of the layer's
+mask (Transformer.attn_spec: look-ahead, this layer's window or global kind, ModernBERT's
+symmetric window, key padding). No formula is written here (core/net/attention.py holds it).
+Nothing larger than one head's tile (rows x n_k) and the layer's O(n d) input is ever
+allocated (tests/test_head_maps.py measures it); tests/test_one_formula.py holds every family
+the loaders accept to the full map.
 
     LayerMaps(trace, stack, i).head(h, "weights")        # one head's n_q x n_k map
     LayerMaps(trace, stack, i).pooled(h, "weights", 128) # its 128 x 128 block means
@@ -41,12 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from . import trace_names as tn
-from .net.positional import apply_rope
 
 TILE_ROWS = 128  # query rows computed at once (a tile is TILE_ROWS x n_k floats of one head)
 LONG_LAYER_BYTES = 32 * 2**20  # a layer's H maps above this: views read pooled maps, not full ones
 LOCAL = 64  # "local" mass: keys within this many positions of the query
-MAPS = ("scores", "scaled", "masked", "weights")
+MAPS = ("scores", "scaled", "capped", "masked", "weights")
+UNMASKED = ("scores", "scaled", "capped")  # steps before the mask: finite in every cell
 PROFILE = ("distance", "first", "local", "entropy", "previous", "self", "first_later")
 
 
@@ -69,9 +72,8 @@ def long_layer(trace, stack: str, kind: str = "self_attn") -> bool:
 def tileable(trace, stack: str, kind: str) -> bool:
     """Whether maps of (stack, kind) are computed here one head and tile at a time (else the
     layer's full map is read and sliced)."""
-    runner = trace.runner
-    return (kind == "self_attn" and runner is not None
-            and runner.model.net.cfg.positional != "relative")
+    model = trace.model
+    return kind == "self_attn" and model is not None and model.net.cfg.positional != "relative"
 
 
 def block_sums(v: torch.Tensor, size: int) -> torch.Tensor:
@@ -86,28 +88,30 @@ def block_sums(v: torch.Tensor, size: int) -> torch.Tensor:
 class LayerMaps:
     """The self-attention maps of layer i of a trace's stack, one head and a tile at a time.
 
-    Holds the layer's normed input (n x d) and each head's q / each kv head's k (n x d_k)
-    once computed; no n x n tensor."""
+    Holds what the layer's attention reads of its input (n x d) and one head's q / each kv
+    head's k (n x d_k) once computed; no n x n tensor. Every rule comes from the network:
+    the layer's AttnSpec (mask, window, RoPE base: Transformer.attn_spec), its input norm
+    (Layer.attn_input), a head's q and k (MultiHeadAttention.head_proj: projection, QK-norm,
+    RoPE) and the map itself (MultiHeadAttention.head_map: scale, soft-cap, mask, softmax)."""
 
     def __init__(self, trace, stack: str, i: int):
-        runner = trace.runner
-        if runner is None:
+        runner, model = trace.runner, trace.model
+        if model is None:
             raise KeyError(f"{stack}.{i} has no model to recompute it")
-        self.net = runner.model.net
-        self.dev = runner.model.device
+        self.net = model.net
+        self.dev = model.device
         self.stack, self.i = stack, i
-        cfg = self.net.cfg
         layer = self.net.layers(stack)[i]
         self.attn = layer.self_attn
+        self.spec = self.net.attn_spec(stack, i)
         with torch.inference_mode():
             x = trace.layer_input(stack, i).to(self.dev)  # a step view: its first rows
-            self.y = layer.norms[0](x) if layer.pre else x  # (n, d)
+            self.y = layer.attn_input(x)  # (n, d)
             n = self.y.shape[0]
             self.n = n
-            self.angles = self.net._angles(n, device=self.dev)
-        self.scale = self.attn.scale if self.attn.scale is not None else 1.0 / math.sqrt(self.attn.dk)
-        self.causal = stack == "decoder"
-        self.window = cfg.sliding_window if stack == "decoder" else None
+            self.angles = self.net._angles(n, device=self.dev, layer=i)
+        self.causal = self.spec.causal
+        self.window = self.spec.window
         pad = runner.src_pad if stack == "encoder" else None
         self.pad = None if pad is None else pad.reshape(-1)[:n].to(self.dev)  # True at padding keys
         self._q: Dict[int, torch.Tensor] = {}
@@ -117,48 +121,30 @@ class LayerMaps:
     def n_heads(self) -> int:
         return self.attn.h
 
-    def _proj(self, lin, h: int) -> torch.Tensor:
-        dk = self.attn.dk
-        t = lin.rows(self.y, h * dk, (h + 1) * dk)  # (n, d_k): these columns of the full projection
-        return t if self.angles is None else apply_rope(t, self.angles, self.attn.rope_layout)
-
     @torch.inference_mode()
     def q(self, h: int) -> torch.Tensor:
         if h not in self._q:
-            self._q = {h: self._proj(self.attn.w_q, h)}  # one head's q at a time
+            self._q = {h: self.attn.head_proj(self.y, "q", h, self.angles)}  # one head's q at a time
         return self._q[h]
 
     @torch.inference_mode()
     def k(self, h: int) -> torch.Tensor:
-        g = h // (self.attn.h // self.attn.hkv)
+        g = self.attn.kv_head(h)
         if g not in self._k:
-            self._k[g] = self._proj(self.attn.w_k, g)
+            self._k[g] = self.attn.head_proj(self.y, "k", g, self.angles)
         return self._k[g]
 
     def mask_rows(self, r0: int, r1: int, c0: int = 0, c1: Optional[int] = None) -> Optional[torch.Tensor]:
         """True where query r (r0 <= r < r1) may NOT look at key j (c0 <= j < c1): the tile of
-        the layer's mask."""
+        the layer's mask (AttnSpec.forbidden)."""
         c1 = self.n if c1 is None else c1
-        if not (self.causal or self.pad is not None):
-            return None
-        qp = torch.arange(r0, r1, device=self.dev)[:, None]
-        kp = torch.arange(c0, c1, device=self.dev)[None, :]
-        off = None
-        if self.causal:
-            off = kp > qp
-            if self.window is not None:
-                off |= (qp - kp) >= self.window
-        if self.pad is not None:
-            pad = self.pad[None, c0:c1]
-            off = pad.expand(r1 - r0, -1) if off is None else off | pad
-        return off
+        pad = None if self.pad is None else self.pad[c0:c1]
+        return self.spec.forbidden(torch.arange(r0, r1, device=self.dev), torch.arange(c0, c1, device=self.dev), pad)
 
     def key_range(self, r0: int, r1: int) -> Tuple[int, int]:
-        """The keys any of the queries r0..r1-1 may see: all of them, or under the look-ahead mask
-        those before r1 (and within the window): the other cells are masked, weight 0."""
-        if not self.causal:
-            return 0, self.n
-        return (0 if self.window is None else max(0, r0 - self.window + 1)), r1
+        """The keys any of the queries r0..r1-1 may see (AttnSpec.key_range): the other cells
+        are masked, weight 0."""
+        return self.spec.key_range(r0, r1, self.n)
 
     @torch.inference_mode()
     def narrow(self, h: int, r0: int, r1: int, what: str = "weights"):
@@ -167,24 +153,15 @@ class LayerMaps:
         if what not in MAPS:
             raise KeyError(f"{what!r} is not one of {MAPS}")
         c0, c1 = self.key_range(r0, r1)
-        t = self.q(h)[r0:r1] @ self.k(h)[c0:c1].T  # (rows, keys): scores
         off = self.mask_rows(r0, r1, c0, c1)
-        if what != "scores":
-            t.mul_(self.scale)
-            if what != "scaled":
-                if off is not None:
-                    t.masked_fill_(off, float("-inf"))
-                if what == "weights":
-                    t = torch.softmax(t, dim=-1)
+        t = self.attn.head_map(self.q(h)[r0:r1], self.k(h)[c0:c1], off, what)
         return t, off, c0, c1
 
     @torch.inference_mode()
     def tile(self, h: int, r0: int, r1: int, what: str = "weights"):
         """(rows r0:r1 of head h's map `what` over every key, the tile's mask of forbidden cells or None)."""
-        if what in ("scores", "scaled") and self.causal:  # finite everywhere, as the explicit path has them
-            c0, c1 = 0, self.n
-            t = self.q(h)[r0:r1] @ self.k(h).T
-            return (t if what == "scores" else t.mul_(self.scale)), self.mask_rows(r0, r1)
+        if what in UNMASKED:  # finite everywhere, as the explicit path has them
+            return self.attn.head_map(self.q(h)[r0:r1], self.k(h), None, what), self.mask_rows(r0, r1)
         t, _, c0, c1 = self.narrow(h, r0, r1, what)
         if (c0, c1) != (0, self.n):
             full = torch.full((r1 - r0, self.n), float("-inf") if what == "masked" else 0.0, dtype=t.dtype)

@@ -123,6 +123,13 @@ class Trace:
         .src_pad and .ablate), or None for a trace that stores every name (loaded from .npz)."""
         return (self._base or self)._runner
 
+    @property
+    def model(self):
+        """The model (core.api.AttentionModel) that made this trace and recomputes what it does
+        not store: analyses read its weights here. None for a trace loaded from a file, or one
+        whose model is not loaded in this process."""
+        return getattr(self.runner, "model", None)
+
     # stored vs recomputed -------------------------------------------------------------
     def is_stored(self, name: str) -> bool:
         return name in (self._base or self)._tensors

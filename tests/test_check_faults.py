@@ -278,6 +278,27 @@ add(Fault("teacher-forced rows = the prefix run alone", "decoder", _decoder_para
           shifted_step_rows, fails="max |Δ| =", holds="max |Δ| =", verify=_says_how_much_and_where))
 
 
+def cached_positions_shifted(mp):
+    """Greedy decoding through the KV cache places each new token one position late (its
+    embedding's position offset n_past + 1): the cached steps change, a pass over the whole
+    prefix (offset 0) does not."""
+    orig = core.net.layers.Embedding.forward
+    mp.setattr(core.net.layers.Embedding, "forward",
+               lambda self, ids, rec=None, offset=0, token_types=None: orig(self, ids, rec, offset + 1 if offset else 0,
+                                                                            token_types))
+
+
+INFERENCE = {"model": "toy-translate", "text": TEXT, "step": "3"}
+add(Fault("inference step view = the prefix run alone", "decoder", INFERENCE,
+          "the maps and next-token probabilities drawn for an inference step (a view of one pass over the whole "
+          "generation) vs the decoder run on that step's input alone (its own forward pass)",
+          shifted_step_rows, fails="Step view check failed", holds="Step view check:"))
+add(Fault("KV-cache generation = the uncached run", "decoder", INFERENCE,
+          "the tokens generated through the KV cache and its next-token logits vs greedy decoding with the decoder "
+          "run on the whole prefix at every step", cached_positions_shifted, fails="KV-cache check failed",
+          holds="KV-cache check:"))
+
+
 # ------------------------------------------------------------------ the patching page
 def patched_runs_start_a_layer_late(mp):
     """Transformer.run_from (where every patched run starts) skips the layer it is asked to start

@@ -103,7 +103,7 @@ def _reference(trace, stack: str, layer: int, kind: str, head: int):
 
 def _inputs(trace, stack: str, layer: int, kind: str, pre: bool) -> str:
     j = sublayers(trace, stack, layer).index(kind) + 1
-    cfg = trace.runner.model.config
+    cfg = trace.model.config
     first = j == 1 or getattr(cfg, "parallel_block", False)  # the parallel block: every sub-layer reads x
     src = "the layer's stored input" if first else f"the stream after sub-layer {j - 1}"
     x = f"Norm{j}({src})" if pre and getattr(cfg, "pre_sublayer_norm", True) else src
@@ -150,7 +150,7 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
         checks.note = why
         return checks
     rtol = _rtol(trace)
-    cfg = trace.runner.model.config
+    cfg = trace.model.config
     src = _inputs(trace, stack, layer, kind, cfg.norm_placement == "pre")
     rope = nm("q_pre_rope") in trace
     maps = ref[tn.local(kind, f"maps{head}")]

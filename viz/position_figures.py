@@ -278,7 +278,7 @@ def model_positions(trace) -> dict:
 
 def _embedding(trace, stack: str):
     """The model's embedding module for `stack` (core.net.layers.Embedding), or None without a model."""
-    net = getattr(getattr(trace.runner, "model", None), "net", None)
+    net = getattr(trace.model, "net", None)
     return getattr(net, "src_embed" if stack == "encoder" else "tgt_embed", None)
 
 

@@ -91,3 +91,53 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
                 worst, where = d, _where(label + (f", row {n - 1}" if name == tn.LAST_PROBS else ""), at, axes,
                                          view[name], alone[name])
     return PrefixCheck(n, diffs, max(worst, 0.0), where, n_layers, n_heads, tol)
+
+
+# ------------------------------------------------------------------ generation: KV cache vs no cache
+GENERATION_TOL = 1e-4  # max |Δ| allowed between the next-token logits with and without the KV cache
+
+
+@dataclass
+class GenerationCheck:
+    """Greedy generation through the KV cache (what the steps show) against the decoder run on
+    the whole prefix at every step (no cache)."""
+    n_steps: int  # steps compared
+    shown_ids: list  # the tokens the steps show (generated through the cache)
+    uncached_ids: list  # the tokens the uncached run generates
+    worst: float  # max |Δ| of the next-token logits over the steps both runs share a prefix in
+    where: str
+    tol: float = GENERATION_TOL
+
+    @property
+    def first_difference(self) -> Optional[int]:
+        """The first step (1-based) whose token differs, or None."""
+        for t, (a, b) in enumerate(zip(self.shown_ids, self.uncached_ids), start=1):
+            if a != b:
+                return t
+        return None if len(self.shown_ids) == len(self.uncached_ids) else min(len(self.shown_ids),
+                                                                              len(self.uncached_ids)) + 1
+
+    @property
+    def ok(self) -> bool:
+        return self.first_difference is None and bool(self.worst <= self.tol)
+
+
+def generation_difference(model, text: str, shown_ids: Sequence[int], tol: float = GENERATION_TOL) -> GenerationCheck:
+    """The KV cache checked: `shown_ids`, the tokens model.steps generated (through the cache),
+    against greedy decoding with no cache (model.greedy_run(use_cache=False): the decoder run
+    on the whole prefix at every step, its own forward passes), and the next-token logits of a
+    cached run against the uncached ones, step by step while the two prefixes agree."""
+    shown = [int(i) for i in shown_ids]
+    n = len(shown)
+    cached_ids, _, cached = model.greedy_run(text, n, use_cache=True)
+    plain_ids, _, plain = model.greedy_run(text, n, use_cache=False)
+    same = 0  # steps whose prefix is the same in both runs (their logits are comparable)
+    while same < min(len(cached_ids), len(plain_ids)) and (same == 0 or cached_ids[same - 1] == plain_ids[same - 1]):
+        same += 1
+    worst, where = 0.0, ""
+    if same:
+        d, at = _max_diff(cached[:same], plain[:same])
+        worst, where = d, _where("next-token logits", at, ("step", "token id"), cached[:same], plain[:same])
+        if at is not None:
+            where = f"next-token logits, step {at[0] + 1}, token id {at[1]}"
+    return GenerationCheck(n, shown, [int(i) for i in plain_ids], worst, where, tol)

@@ -47,10 +47,9 @@ COLUMNS = ["layer", "position", "token", "top_tokens", "top_ids", "top_probs", "
 
 def model_of(trace, what: str):
     """The model that made the trace (its weights read the stream), or a ValueError."""
-    runner = trace.runner
-    if runner is None:
+    if trace.model is None:
         raise ValueError(f"{what} needs the model's weights: this trace was loaded without its model")
-    return runner.model
+    return trace.model
 
 
 def lens_stack(trace, model) -> str:

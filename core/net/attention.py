@@ -27,16 +27,45 @@ SOFTCAP_ROWS = 1024  # soft-capped attention without a recorder: queries per blo
 HEADS_BLOCK_BYTES = 2**20  # attention_weights on a CPU: heads per block so that a block's scores stay in cache
 
 
+def forbidden(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool = False, window: Optional[int] = None,
+              symmetric: bool = False, key_is_pad: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """The masking rules of every attention here, for queries at q_pos (n_q,) and keys at
+    k_pos (n_k,): True (n_q, n_k) where the query may NOT see the key, None where it sees all.
+
+    causal: keys after the query (the look-ahead mask). window: with causal, keys `window` or
+    more positions back (Mistral, Gemma's sliding layers); with symmetric, keys more than
+    window // 2 away either way (ModernBERT's local layers). key_is_pad (n_k,): padding keys.
+    Every mask of the network (causal_mask, sliding_window_mask, Transformer.encoder_masks /
+    decoder_masks) and every tile of a long input (core/head_maps.py) is built here."""
+    qp, kp = q_pos[:, None], k_pos[None, :]
+    off = None
+    if causal:
+        off = kp > qp
+    if window is not None:
+        far = (qp - kp).abs() > window // 2 if symmetric else (qp - kp) >= window
+        off = far if off is None else off | far
+    if key_is_pad is not None:
+        pad = key_is_pad[None, :].expand(len(q_pos), -1)
+        off = pad if off is None else off | pad
+    return off
+
+
+def additive(off: Optional[torch.Tensor], dtype=torch.float32) -> Optional[torch.Tensor]:
+    """A boolean mask of forbidden cells as the additive one: -inf there, 0 elsewhere."""
+    if off is None:
+        return None
+    return torch.zeros(off.shape, dtype=dtype, device=off.device).masked_fill(off, NEG_INF)
+
+
 def causal_mask(n: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
     """Look-ahead mask M (seed 002) / B (seed 003): 0 on and below the diagonal, -inf above.
 
     With n_k > n the queries are the last n of n_k positions (a prefix is already known).
     """
     n_k = n if n_k is None else n_k
-    q_pos = torch.arange(n_k - n, n_k, device=device)[:, None]  # (n, 1)
-    k_pos = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
-    mask = torch.zeros(n, n_k, device=device, dtype=dtype)
-    return mask.masked_fill(k_pos > q_pos, NEG_INF)
+    q_pos = torch.arange(n_k - n, n_k, device=device)  # (n,)
+    k_pos = torch.arange(n_k, device=device)  # (n_k,)
+    return additive(forbidden(q_pos, k_pos, causal=True), dtype)
 
 
 def padding_mask(key_is_pad: torch.Tensor, n_q: int, dtype=torch.float32) -> torch.Tensor:
@@ -55,10 +84,9 @@ def sliding_window_mask(n: int, window: int, device=None, dtype=torch.float32, n
     """(1, 1, n, n_k) additive mask: -inf where key j is `window` or more positions before
     query i (the queries are the last n of n_k positions)."""
     n_k = n if n_k is None else n_k
-    i = torch.arange(n_k - n, n_k, device=device)[:, None]
-    j = torch.arange(n_k, device=device)[None, :]
-    m = torch.zeros(n, n_k, device=device, dtype=dtype).masked_fill(i - j >= window, float("-inf"))
-    return m[None, None]
+    i = torch.arange(n_k - n, n_k, device=device)
+    j = torch.arange(n_k, device=device)
+    return additive(forbidden(i, j, window=window), dtype)[None, None]
 
 
 def combine_masks(*masks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -69,6 +97,77 @@ def combine_masks(*masks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             continue
         out = m if out is None else out + m
     return out
+
+
+STEPS = ("scores", "scaled", "capped", "masked", "weights")
+
+
+def soft_cap(x: torch.Tensor, softcap: Optional[float], inplace: bool = False) -> torch.Tensor:
+    """Gemma 2's soft-capping c tanh(x / c) (x itself where softcap is None)."""
+    if softcap is None:
+        return x
+    if inplace:
+        return x.div_(softcap).tanh_().mul_(softcap)
+    return torch.tanh(x / softcap) * softcap
+
+
+def attention_map(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                  scale: Optional[float] = None, softcap: Optional[float] = None, what: str = "weights",
+                  record: Optional[RecordFn] = None, out: Optional[torch.Tensor] = None,
+                  weights_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """THE attention formula, up to the step `what` (one of STEPS):
+
+        scores = Q K^T   scaled = scores * scale   capped = c tanh(scaled / c)   masked = capped + M
+        weights = softmax(masked)
+
+    Every path computes its maps here: the explicit (recorded) path, the weights-only read of
+    the model view and value norms (attention_weights), and one head's tile of a long input
+    (core/head_maps.py). q (..., n_q, d_k), k (..., n_k, d_k); scale defaults to 1/sqrt(d_k);
+    "capped" is the scaled scores where softcap is None. mask: additive (broadcast to
+    (..., n_q, n_k)) or boolean (True: forbidden, -inf).
+    record: given, each step is a new tensor handed to record(name, t) (capped only where a
+    cap is set), as the explicit path records them. Else the steps run in place on one buffer:
+    `out` (written with Q K^T) or the one Q K^T makes; weights_out receives the softmax."""
+    if what not in STEPS:
+        raise KeyError(f"{what!r} is not one of {STEPS}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    keep = record is not None
+    if out is None:
+        t = q @ k.transpose(-2, -1)  # (..., n_q, n_k)
+    elif q.dim() == 4 and q.shape[0] == 1:  # bmm on the (H, n, d_k) views: matmul's 4-d folding costs ~10% a head
+        torch.bmm(q[0], k[0].transpose(-2, -1), out=out[0])
+        t = out
+    else:
+        t = torch.matmul(q, k.transpose(-2, -1), out=out)
+    if keep:
+        record("scores", t)
+    if what == "scores":
+        return t
+    t = t * scale if keep else t.mul_(scale)
+    if keep:
+        record("scaled", t)
+    if what == "scaled":
+        return t
+    t = soft_cap(t, softcap, inplace=not keep)
+    if keep and softcap is not None:
+        record("capped", t)
+    if what == "capped":
+        return t
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            t = t.masked_fill(mask, NEG_INF) if keep else t.masked_fill_(mask, NEG_INF)
+        elif keep or torch.broadcast_shapes(t.shape, mask.shape) != t.shape:
+            t = t + mask
+        else:
+            t = t.add_(mask)
+    if keep:
+        record("masked", t)
+    if what == "masked":
+        return t
+    w = torch.softmax(t, dim=-1) if weights_out is None else torch.softmax(t, dim=-1, out=weights_out)
+    if keep:
+        record("weights", w)
+    return w
 
 
 def scaled_dot_product_attention(
@@ -106,18 +205,7 @@ def scaled_dot_product_attention(
             outs.append(scaled_dot_product_attention(q[..., r:r + SOFTCAP_ROWS, :], k, v, m, None, scale,
                                                      softcap=softcap))
         return torch.cat(outs, dim=-2)
-    scores = q @ k.transpose(-2, -1)  # (..., n_q, n_k)
-    scaled = scores * scale
-    capped = scaled if softcap is None else torch.tanh(scaled / softcap) * softcap
-    masked = capped if mask is None else capped + mask
-    weights = torch.softmax(masked, dim=-1)
-    if record is not None:
-        record("scores", scores)
-        record("scaled", scaled)
-        if softcap is not None:
-            record("capped", capped)
-        record("masked", masked)
-        record("weights", weights)
+    weights = attention_map(q, k, mask, scale, softcap, record=record or (lambda name, t: None))
     return weights @ v  # (..., n_q, d_v)
 
 
@@ -141,7 +229,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Ten
     shape = q.shape[:-1] + (n_k,)
     if q.dim() != 4 or k.shape[:2] != q.shape[:2] or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) \
             or (mask is not None and torch.broadcast_shapes(shape, mask.shape) != shape):
-        return torch.softmax(_scores(q, k, mask, scale, softcap), dim=-1)  # batched masks, autograd
+        return attention_map(q, k, mask, scale, softcap)  # batched masks, autograd
     heads = q.shape[1]
     block = heads if q.device.type != "cpu" else max(1, HEADS_BLOCK_BYTES // max(1, n_q * n_k * q.element_size()))
     out = q.new_empty(shape)  # (B, H, n_q, n_k)
@@ -150,24 +238,6 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Ten
     for h in range(0, heads, block):
         hb = min(block, heads - h)
         w = out[:, h:h + hb] if scratch is None else scratch[:, :hb]
-        if w.shape[0] == 1:  # bmm on the (hb, n, d_k) views: matmul's 4-d folding costs ~10% a head
-            torch.bmm(q[0, h:h + hb], k[0, h:h + hb].transpose(-2, -1), out=w[0])
-        else:
-            torch.matmul(q[:, h:h + hb], k[:, h:h + hb].transpose(-2, -1), out=w)
-        w.mul_(scale)
-        if softcap is not None:  # as the explicit path: c tanh(scaled / c)
-            w.div_(softcap).tanh_().mul_(softcap)
-        if mask is not None:
-            w.add_(mask[:, h:h + hb] if per_head else mask)
-        torch.softmax(w, dim=-1, out=out[:, h:h + hb])
+        attention_map(q[:, h:h + hb], k[:, h:h + hb], None if mask is None else mask[:, h:h + hb] if per_head else mask,
+                      scale, softcap, out=w, weights_out=out[:, h:h + hb])
     return out
-
-
-def _scores(q, k, mask, scale, softcap):
-    """Q K^T * scale [capped] + M, in place on the one n_q x n_k buffer Q K^T makes."""
-    w = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., n_q, n_k)
-    if softcap is not None:  # as the explicit path: c tanh(scaled / c)
-        w = torch.tanh(w / softcap) * softcap
-    if mask is not None:
-        w = w.add_(mask) if torch.broadcast_shapes(w.shape, mask.shape) == w.shape else w + mask
-    return w

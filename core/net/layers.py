@@ -94,6 +94,16 @@ class Layer(nn.Module):
                            if self.pre and cfg.post_sublayer_norm else None)
         self.parallel = cfg.parallel_block
 
+    @property
+    def reads_norm(self) -> bool:
+        """Whether the self-attention reads Norm(x) (a pre-norm layer with norms before its
+        sub-layers) rather than the layer's input x itself."""
+        return self.pre and self.pre_norm
+
+    def attn_input(self, x):
+        """What this layer's self-attention reads of its input x: Norm(x) or x (reads_norm)."""
+        return self.norms[0](x) if self.reads_norm else x
+
     def sublayers(self) -> List[str]:
         return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
 
@@ -122,14 +132,14 @@ class Layer(nn.Module):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run. qk: the
         q and k a traced pass kept (then x is not read)."""
-        y = None if qk is not None else self.norms[0](x) if self.pre and self.pre_norm else x
+        y = None if qk is not None else self.attn_input(x)
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
 
     def self_value_norms(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None,
                          qk=None, **_):
         """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights;
         qk: the (q, k, v) a traced pass kept."""
-        y = None if qk is not None else self.norms[0](x) if self.pre and self.pre_norm else x
+        y = None if qk is not None else self.attn_input(x)
         return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias, qkv=qk)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,

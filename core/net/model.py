@@ -21,6 +21,7 @@ cfg.rope_theta_local where it is set; a "global" one the full mask and cfg.rope_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -29,12 +30,54 @@ import torch.nn as nn
 from .. import trace_names as tn
 from .head_ablation import Ablation
 from .hooks import attach
-from .attention import causal_mask, combine_masks, padding_mask, sliding_window_mask
+from .attention import additive, causal_mask, combine_masks, forbidden, padding_mask, sliding_window_mask
 from .config import ModelConfig
 from .layers import Embedding, Layer, RelativePositionBias, make_norm
 from .linear import Linear, use_onednn
 from .positional import rope_angles
 from .recorder import Rec, scoped
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """What one self-attention layer does beyond Q K^T, answered in one place
+    (Transformer.attn_spec) for every caller: the masks, the one-head-a-tile reads of long
+    inputs (core/head_maps.py) and the views that describe a layer.
+
+    causal: the look-ahead mask. window: None (full attention) or its width; symmetric: the
+    encoder's window (keys more than window // 2 away either way are masked) rather than the
+    decoder's (keys window or more positions back). kind: 'local' / 'global' where the config
+    names layer kinds. rope_theta: this layer's RoPE base (None without RoPE). softcap: the
+    soft-cap of the scaled scores. qk_norm: None / 'head' / 'full'. scale: the factor on
+    Q K^T (None: 1/sqrt(d_k)). normed_input: the attention reads Norm(x) (a pre-norm layer
+    with a norm before the sub-layer), not x. relative: T5's position bias is added."""
+    stack: str
+    layer: int
+    causal: bool
+    window: Optional[int]
+    symmetric: bool
+    kind: Optional[str]
+    rope_theta: Optional[float]
+    softcap: Optional[float]
+    qk_norm: Optional[str]
+    scale: Optional[float]
+    normed_input: bool
+    relative: bool
+
+    def forbidden(self, q_pos, k_pos, key_is_pad=None):
+        """True where a query at q_pos may not see a key at k_pos in this layer (attention.forbidden)."""
+        return forbidden(q_pos, k_pos, self.causal, self.window, self.symmetric, key_is_pad)
+
+    def key_range(self, r0: int, r1: int, n: int):
+        """(c0, c1): the keys queries r0..r1-1 may see lie in c0..c1-1 (others masked)."""
+        lo, hi = 0, n
+        if self.causal:
+            hi = min(n, r1)
+            if self.window is not None:
+                lo = max(0, r0 - self.window + 1)
+        elif self.window is not None and self.symmetric:
+            lo, hi = max(0, r0 - self.window // 2), min(n, r1 + self.window // 2)
+        return lo, hi
 
 
 class Transformer(nn.Module):
@@ -69,11 +112,15 @@ class Transformer(nn.Module):
         if self.cfg.positional != "rope":
             return None
         dims = self.cfg.rotary_dim or self.cfg.d_head  # partial rotary: the first rotary_dim features
+        theta, scaling = self._rope_base(layer)
+        return rope_angles(n, dims, theta, offset, scaling).to(device=device, dtype=torch.float32)
+
+    def _rope_base(self, layer: Optional[int]):
+        """(RoPE base, its scaling) of layer `layer`: a sliding layer's cfg.rope_theta_local
+        (unscaled) where the config sets one, else cfg.rope_theta with cfg.rope_scaling."""
         if layer is not None and self.cfg.rope_theta_local is not None and self.layer_kind(layer) == "local":
-            a = rope_angles(n, dims, self.cfg.rope_theta_local, offset, None)
-        else:
-            a = rope_angles(n, dims, self.cfg.rope_theta, offset, self.cfg.rope_scaling)
-        return a.to(device=device, dtype=torch.float32)
+            return self.cfg.rope_theta_local, None
+        return self.cfg.rope_theta, self.cfg.rope_scaling
 
     def layer_kind(self, i: int) -> Optional[str]:
         """'local' (sliding window) or 'global' for layer i where cfg.layer_types is set, else None."""
@@ -96,6 +143,17 @@ class Transformer(nn.Module):
         if not self.cfg.layer_types:
             return w if stack == "decoder" else None
         return w if layer is not None and self.layer_kind(layer) == "local" else None
+
+    def attn_spec(self, stack: str, i: int) -> AttnSpec:
+        """Layer i of `stack`'s self-attention rules (AttnSpec): the one answer to 'which window,
+        which RoPE base, which cap, which norm' that every path reads."""
+        cfg = self.cfg
+        layer = self.layers(stack)[i]
+        theta = self._rope_base(i)[0] if cfg.positional == "rope" else None
+        return AttnSpec(stack=stack, layer=i, causal=stack == "decoder", window=self.window(stack, i),
+                        symmetric=stack == "encoder", kind=self.layer_kind(i), rope_theta=theta,
+                        softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm, scale=cfg.attn_scale,
+                        normed_input=layer.reads_norm, relative=cfg.positional == "relative")
 
     def _per_layer(self, stack: str, make_masks, n_pos: int, offset: int, device):
         """fn(i) -> (masks, angles) of layer i, built once per distinct (window, RoPE base)."""
@@ -128,8 +186,7 @@ class Transformer(nn.Module):
         window = self.window("encoder", layer)
         if window is not None:
             i = torch.arange(n, device=device)
-            far = (i[:, None] - i[None, :]).abs() > window // 2
-            local = torch.zeros(n, n, dtype=dtype, device=device).masked_fill(far, float("-inf"))[None, None]
+            local = additive(forbidden(i, i, window=window, symmetric=True), dtype)[None, None]
             mask = combine_masks(local, mask)
         return {"self_mask": mask}
 

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .attention import attention_weights, causal_mask, combine_masks, scaled_dot_product_attention
+from .attention import attention_map, attention_weights, causal_mask, combine_masks, scaled_dot_product_attention
 from .config import ModelConfig
 from .linear import Linear
 from .norms import RMSNorm
@@ -72,6 +72,32 @@ class MultiHeadAttention(nn.Module):
         if self.qk_norm == "full":
             return norm(y).view(b, n, n_heads, self.dk).transpose(1, 2)
         return norm(heads)
+
+    def kv_head(self, h: int) -> int:
+        """The key/value head query head h reads (grouped-query: h // (H / H_kv))."""
+        return h // (self.h // self.hkv)
+
+    def head_proj(self, x, which: str, h: int, angles=None):
+        """One head's q (which="q", query head h) or k (which="k", kv head h) of x (..., n, d):
+        (..., n, d_k), as forward computes that head's slice: the projection's d_k columns,
+        QK-norm (per head over d_k; "full": over the whole projection, so that one is made),
+        RoPE with `angles` (this layer's, positions 0..n-1; None: none). Only this head's
+        columns are computed where the norm allows."""
+        lin, norm = (self.w_q, getattr(self, "q_norm", None)) if which == "q" else (self.w_k, getattr(self, "k_norm", None))
+        dk = self.dk
+        if norm is not None and self.qk_norm == "full":
+            t = norm(lin(x))[..., h * dk:(h + 1) * dk]
+        else:
+            t = lin.rows(x, h * dk, (h + 1) * dk)  # these columns of the full projection, bit for bit
+            if norm is not None:
+                t = norm(t)
+        return t if angles is None else apply_rope(t, angles, self.rope_layout)
+
+    def head_map(self, q, k, mask=None, what: str = "weights"):
+        """One head's map `what` (core/net/attention.py's STEPS) for its q rows (n_q, d_k) and k
+        (n_k, d_k): this attention's scale and soft-cap, mask additive or boolean (True:
+        forbidden); the formula of every other path (attention_map)."""
+        return attention_map(q, k, mask, self.scale, self.softcap, what)
 
     def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None, qk=None):
         """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes

@@ -139,5 +139,5 @@ state.show_messages()  # the URL's model, text, mode and target; the fragment sa
 stepper.stepper(stepper.Run(model_name, model, steps, full, prefix_len, decoder_only, end_token, mode_key, cut,
                             url=dict(model=model_name, text=text, mode=mode, **({"target": target} if full is not None
                                                                                  else {})),
-                            run_key=(run_model, run_text, target) if full is not None else ()),
+                            run_key=(run_model, run_text, target)),
                 extra=dict(state.extra))

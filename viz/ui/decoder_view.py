@@ -164,7 +164,69 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
                 panel()
     if full is not None:
         _teacher_check(model, steps, full, v, step=step, prefix_len=prefix_len, run_key=run_key)
+    else:
+        _inference_check(steps[step - 1], step=step, run_key=run_key)
     return tr, weights, q_tokens
+
+
+def _inference_check(view, *, step: int, run_key: tuple) -> None:
+    """The step view drawn above (a view of the one traced pass model.steps makes) against the
+    decoder run on this step's input alone, in a forward pass of its own, within a stated
+    tolerance: its self- (and cross-) attention weights in every layer and head, and its
+    next-token probabilities."""
+    if not run_key or view.meta.get("target_ids") is None:
+        st.warning("This step does not say which model and input made it, so it cannot be checked against the "
+                   "decoder run on its prefix alone.")
+        return
+    run_model = models.get_model(run_key[0])
+    if run_model is None:
+        return
+    try:
+        check = models.step_check(run_key[0], run_key[1], step, run_model, view)
+    except Exception as exc:  # the check's own pass failed: say so, never a traceback
+        st.error(f"Could not run the decoder on this step's prefix alone to check the step: {exc}")
+        return
+    n = check.n_rows
+    parts = ", ".join(f"{k} {d:.1e}" for k, d in check.diffs.items())
+    what = (f"the maps and next-token probabilities drawn for step {step} (rows 0–{n - 1} of one pass over the whole "
+            f"generation) against the decoder run on these {n} tokens alone, over all {check.n_layers} layers and "
+            f"{check.n_heads} heads")
+    if check.ok:
+        st.success(f"Step view check: {what}: largest |Δ| = {check.worst:.1e} ≤ {check.tol:.0e} ({parts}).")
+    else:
+        st.error(f"Step view check failed: {what}: largest |Δ| = {check.worst:.1e} > {check.tol:.0e} at {check.where} "
+                 f"({parts}).")
+
+
+def generation_check(model, steps: list, run_key: tuple) -> None:
+    """Greedy generation through the KV cache (the tokens the steps show) against greedy
+    decoding without the cache, the decoder run on the whole prefix at every step: the same
+    token ids, the next-token logits within a stated tolerance."""
+    if not run_key:
+        return
+    run_model = models.get_model(run_key[0])
+    if run_model is None:
+        return
+    shown = tuple(int(s.meta["chosen_id"]) for s in steps)
+    try:
+        check = models.generation_check(run_key[0], run_key[1], shown, run_model)
+    except Exception as exc:  # the check's own runs failed: say so, never a traceback
+        st.error(f"Could not generate again without the KV cache to check the output: {exc}")
+        return
+    what = (f"the {len(shown)} tokens generated through the KV cache against greedy decoding with no cache (the decoder "
+            f"run on the whole prefix at every step)")
+    first = check.first_difference
+    if check.ok:
+        st.success(f"KV-cache check: {what}: the same token ids; next-token logits largest |Δ| = {check.worst:.1e} "
+                   f"≤ {check.tol:.0e}.")
+    elif first is not None:
+        st.error(f"KV-cache check failed: {what}: the tokens differ from step {first} on "
+                 f"({model.target_strings(check.shown_ids[first - 1:first])} through the cache, "
+                 f"{model.target_strings(check.uncached_ids[first - 1:first])} without); next-token logits largest |Δ| = "
+                 f"{check.worst:.1e} at {check.where}.")
+    else:
+        st.error(f"KV-cache check failed: {what}: the same token ids, but next-token logits largest |Δ| = "
+                 f"{check.worst:.1e} > {check.tol:.0e} at {check.where}.")
 
 
 def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_len: int, run_key: tuple) -> None:

@@ -290,6 +290,27 @@ def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _
     return pc.prefix_difference(_full, alone)
 
 
+@st.cache_data(max_entries=256, show_spinner="Running the decoder on this step's prefix alone…")
+def step_check(model_name: str, text: str, step: int, _model, _view):
+    """An inference step checked: the step view `_view` (model.steps' step `step` on `text`, a
+    view of one traced pass) against the decoder run on that step's input alone, in a forward
+    pass of its own on `_model` (viz.prefix_check.prefix_difference). Cached per (model, text, step)."""
+    from viz import prefix_check as pc
+
+    alone = _model.trace_decoder_input(clean_text(text)[0], _view.meta["target_ids"])
+    return pc.prefix_difference(_view, alone)
+
+
+@st.cache_data(max_entries=64, show_spinner="Generating again without the KV cache…")
+def generation_check(model_name: str, text: str, shown_ids: tuple, _model):
+    """The KV cache checked: the tokens the steps show (generated through the cache) against
+    greedy decoding with no cache, and the two runs' next-token logits
+    (viz.prefix_check.generation_difference). Cached per (model, text, tokens shown)."""
+    from viz import prefix_check as pc
+
+    return pc.generation_difference(_model, clean_text(text)[0], list(shown_ids))
+
+
 def show_trace_notes(trace) -> None:
     meta = trace.meta
     if meta.get("fallback"):

@@ -38,7 +38,7 @@ class Run:
     mode_key: str
     cut: int = 0  # tokens cut from the start of a long prompt (models.step_prompt)
     url: dict = field(default_factory=dict)  # model, text, mode (and target): published with the step
-    run_key: tuple = ()  # teacher forcing: (model key, prompt, target) that `full` was traced on (its check)
+    run_key: tuple = ()  # (model key, prompt, target): what the steps (target None) or `full` were made from (the checks)
 
 
 def _move(delta: int, step_key: str, n: int) -> None:
@@ -152,6 +152,7 @@ def stepper(run: Run, extra: dict) -> None:
     level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, run.end_token)
     st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
     st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
+    decoder_view.generation_check(model, steps, run.run_key)  # the KV cache against no cache
 
     # what this step shows (viz/ui/decoder_view.py)
     tr, weights, q_tokens = decoder_view.show_step(model, steps, full, step=step, layer=layer, head=head,

@@ -1,0 +1,409 @@
+"""The conformance matrix: ONE list of model families (CASES: every family the loaders accept,
+the GGUF architectures as tiny files written here, and the three bundled models) against ONE
+list of read paths (PATHS). Each cell compares what the path reads with an independent
+reference, transformers' eager forward of the same checkpoint where there is one (REF),
+within the stated tolerance (TOL); a cell that does not apply says why (not_applicable) and
+is skipped with that reason, never silently.
+
+Adding a family: one entry in CASES (tests/family_zoo.py builds it). Adding a path: one
+function in PATHS (and, where it does not apply somewhere, a reason in not_applicable).
+The closing test prints the matrix's size and the worst figure per path."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict
+
+import pytest
+import torch
+
+import core
+import core.analysis as ca
+import core.head_maps as hm
+from family_zoo import FAMILIES, SOURCE, TARGET, TEXT, make_loader
+
+pytest.importorskip("transformers")
+
+GGUF = ["gguf-llama", "gguf-qwen2", "gguf-qwen3", "gguf-phi3", "gguf-gemma2", "gguf-gemma3"]
+BUNDLED = ["toy-translate", "minilm", "smollm2"]
+CASES = FAMILIES + GGUF + BUNDLED
+# attention weights and logits / hidden states against transformers (the contract's 1e-4); value
+# norms are weights times ||v W_o^h|| (sizes of a few units here), so 10x that
+TOL = {"weights": 1e-4, "logits": 1e-4}
+RESULTS: Dict[tuple, float] = {}
+SKIPPED: Dict[tuple, str] = {}
+STEP_TEXT = "the small dog sees the cat"
+
+
+# ------------------------------------------------------------------ the models and their references
+@pytest.fixture(scope="module")
+def get(tmp_path_factory):
+    load = make_loader(tmp_path_factory)
+    cache = {}
+
+    def get_(case):
+        if case in cache:
+            return cache[case]
+        if case in FAMILIES:
+            hf, ours = load(case)
+        elif case in GGUF:
+            hf, ours = _gguf(case, tmp_path_factory.mktemp(case))
+        else:
+            ours = core.load_model(case, device="cpu")
+            hf = _bundled_reference(case)
+        cache[case] = (hf, ours)
+        return cache[case]
+
+    return get_
+
+
+def _gguf(case, folder):
+    pytest.importorskip("gguf")
+    arch = case.split("-", 1)[1]
+    if arch in ("gemma2", "gemma3"):
+        from gemma_builders import build
+        from test_gguf_gemma import write_gguf
+        fam = "gemma3_text" if arch == "gemma3" else "gemma2"
+        hf, f = build(fam, folder / "hf", **({"query_pre_attn_scalar": 12} if arch == "gemma2" else {}))
+        kw = {"scale": 20 ** -0.5, "pattern": [True, True, False, True]} if arch == "gemma3" else {}
+        path = write_gguf(hf, folder / f"tiny-{arch}.gguf", arch, vocab=f / "tokenizer.json", **kw)
+    else:
+        from hf_builders import build
+        from test_gguf_loader import write_gguf
+        hf, f = build(arch, folder / "hf", **({"sliding_window": 4} if arch == "phi3" else {}))
+        path = write_gguf(hf, f / "tokenizer.json", folder / f"tiny-{arch}.gguf", arch=arch)
+    return hf, core.load_model(str(path), device="cpu")
+
+
+def _bundled_reference(case):
+    """transformers' model of a bundled checkpoint, or None (toy-translate: the fused pass is its reference)."""
+    if case == "smollm2":
+        from hf_builders import smollm2_llama
+        return smollm2_llama()
+    if case == "minilm":
+        from transformers import BertModel
+        from core.loaders.minilm import model_dir
+        return BertModel.from_pretrained(str(model_dir()), attn_implementation="eager").eval()
+    return None
+
+
+def _eager(hf):
+    hf.config._attn_implementation = "eager"
+    for m in hf.modules():
+        if hasattr(m, "config") and getattr(m.config, "_attn_implementation", None) not in (None, "eager"):
+            m.config._attn_implementation = "eager"
+
+
+# the output projection of a self-attention, by module name (its input is Concat(heads))
+OPROJ = [r"attention\.output\.dense$", r"\.attn\.c_proj$", r"\.attention\.dense$", r"\.attention\.out_lin$",
+         r"\.attn\.Wo$", r"\.self_attn\.out_proj$", r"\.SelfAttention\.o$", r"\.self_attn\.o_proj$"]
+
+
+def _oproj(hf, stack, layer, two_stacks):
+    for name, mod in hf.named_modules():
+        if re.search(rf"(layers?|h|block)\.{layer}\.", name) and any(re.search(p, name) for p in OPROJ):
+            if not two_stacks or f"{stack}." in name:
+                return mod
+    raise LookupError(f"no output projection of {stack} layer {layer}")
+
+
+@torch.no_grad()
+def reference(hf, ours, ids, dec_ids=None, ablate=None):
+    """transformers' eager forward: {"attn": {(stack, i): H x n x n}, "out": logits (or the
+    encoder's last hidden state), "mlm": masked-LM logits where the model has them}.
+    ablate (stack, layer, head): that head's slice of Concat(heads) zeroed before W_o."""
+    _eager(hf)
+    hooks = []
+    if ablate is not None:
+        stack, layer, head = ablate
+        dk = ours.config.d_head
+
+        def zero(m, args):
+            x = args[0].clone()
+            x[..., head * dk:(head + 1) * dk] = 0
+            return (x,) + tuple(args[1:])
+
+        hooks.append(_oproj(hf, stack, layer, ours.kind == "encoder-decoder").register_forward_pre_hook(zero))
+    try:
+        if ours.kind == "encoder-decoder":
+            out = hf(input_ids=torch.tensor([ids]), decoder_input_ids=torch.tensor([dec_ids]), output_attentions=True)
+            attn = {("encoder", i): a[0] for i, a in enumerate(out.encoder_attentions)}
+            attn.update({("decoder", i): a[0] for i, a in enumerate(out.decoder_attentions)})
+            return {"attn": attn, "out": out.logits[0]}
+        out = hf(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+        stack = "encoder" if ours.kind == "encoder" else "decoder"
+        res = {"attn": {(stack, i): a[0] for i, a in enumerate(out.attentions)}}
+        if ours.kind == "encoder":  # masked-LM logits where the model has them, else the last hidden state
+            res["mlm"] = out.logits[0] if hasattr(out, "logits") else None
+            res["out"] = res["mlm"] if res["mlm"] is not None else out.hidden_states[-1][0]
+        else:
+            res["out"] = out.logits[0]
+        return res
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+class Cell:
+    """One case's trace, its ids and transformers' reference, made once per case."""
+    cache: dict = {}
+
+    def __init__(self, case, hf, ours):
+        self.case, self.hf, self.ours = case, hf, ours
+        self.tr = ours.trace(SOURCE, target=TARGET) if ours.kind == "encoder-decoder" else ours.trace(TEXT)
+        self.stack = "encoder" if ours.kind == "encoder" else "decoder"
+        self.ids = ours.encode(SOURCE if ours.kind == "encoder-decoder" else TEXT).ids
+        self.dec = self.tr.meta.get("target_ids")
+        if ours.kind == "decoder":
+            self.ids = self.dec
+        self.ref = None if hf is None else reference(hf, ours, self.ids, self.dec)
+
+    @classmethod
+    def of(cls, case, get):
+        if case not in cls.cache:
+            cls.cache[case] = cls(case, *get(case))
+        return cls.cache[case]
+
+    def self_layers(self):
+        return [(s, i) for s in ("encoder", "decoder") for i in range(self.tr.layers(s))]
+
+    def ref_weights(self, stack, i):
+        """The reference map: transformers' where there is one; else (toy-translate) softmax of
+        the fused pass's q k^T in float64 with the look-ahead mask built here."""
+        if self.ref is not None:
+            return self.ref["attn"][(stack, i)]
+        q = self.tr[f"{stack}.{i}.self_attn.q"].double()
+        k = self.tr[f"{stack}.{i}.self_attn.k"].double()
+        s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if stack == "decoder":
+            n = s.shape[-1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, -1).float()
+
+
+def _worst(pairs):
+    return max(float((a.double() - b.double()).abs().max()) for a, b in pairs)
+
+
+# ------------------------------------------------------------------ the read paths
+def full(c):
+    return _worst((c.tr[f"{s}.{i}.self_attn.weights"], c.ref_weights(s, i)) for s, i in c.self_layers()), TOL["weights"]
+
+
+def pooled_1(c):
+    return _worst((c.tr.pooled(f"{s}.{i}.self_attn.weights", size=1), c.ref_weights(s, i))
+                  for s, i in c.self_layers()), TOL["weights"]
+
+
+def pooled_odd(c):
+    """Blocks of a size that does not divide n against the reference's block means."""
+    out = []
+    for s, i in c.self_layers():
+        ref = c.ref_weights(s, i)
+        size = next(z for z in (3, 4, 5, 7) if ref.shape[-1] % z and ref.shape[-2] % z)
+        out.append((c.tr.pooled(f"{s}.{i}.self_attn.weights", size=size),
+                    torch.stack([hm.pool_full(r, size) for r in ref])))
+    return _worst(out), TOL["weights"]
+
+
+def tiles(c):
+    """One head's map over several tiles (TILE_ROWS = 4 here), each layer that tiles."""
+    from pytest import MonkeyPatch
+    with MonkeyPatch.context() as mp:
+        mp.setattr(hm, "TILE_ROWS", 4)
+        pairs = []
+        for s, i in c.self_layers():
+            if not hm.tileable(c.tr, s, "self_attn"):
+                continue
+            lm = hm.LayerMaps(c.tr, s, i)
+            pairs.append((torch.stack([lm.head(h) for h in range(lm.n_heads)]), c.ref_weights(s, i)))
+        assert lm.n > 4  # two tiles at least
+    return _worst(pairs), TOL["weights"]
+
+
+def value_norms(c):
+    """||a_ij v_j W_o^h|| against the reference's a_ij times ||v_j W_o^h|| (v: the fused pass's,
+    W_o: the checkpoint's), in float64 here."""
+    pairs = []
+    for s, i in c.self_layers():
+        attn = c.ours.net.layers(s)[i].self_attn
+        v = c.tr[f"{s}.{i}.self_attn.v"].double()  # (H_kv, n, d_k)
+        w_o = attn.w_o.weight.double()  # (d, H d_k)
+        dk, H = attn.dk, attn.h
+        a = c.ref_weights(s, i).double()
+        ref = torch.stack([a[h] * (v[h // (H // v.shape[0])] @ w_o[:, h * dk:(h + 1) * dk].T).norm(dim=-1)[None, :]
+                           for h in range(H)])
+        pairs.append((c.tr[f"{s}.{i}.self_attn.value_norms"], ref))
+    return _worst(pairs), TOL["weights"] * 10
+
+
+def step(c):
+    """Each step view of greedy decoding (model.steps) against the reference run on that prefix alone."""
+    views = c.ours.steps(SOURCE if c.ours.kind == "encoder-decoder" else STEP_TEXT, max_new_tokens=3)
+    assert len(views) >= 2
+    pairs = []
+    for v in views:
+        dec = v.meta["target_ids"]
+        if c.hf is None:  # the decoder's own pass on the prefix alone
+            alone = c.ours.trace_decoder_input(SOURCE if c.ours.kind == "encoder-decoder" else STEP_TEXT, dec)
+            ref = {("decoder", i): alone[f"decoder.{i}.self_attn.weights"] for i in range(v.layers("decoder"))}
+        else:
+            src = c.ours.encode(SOURCE).ids if c.ours.kind == "encoder-decoder" else dec
+            ref = reference(c.hf, c.ours, src, dec)["attn"]
+        pairs += [(v[f"decoder.{i}.self_attn.weights"], ref[("decoder", i)]) for i in range(v.layers("decoder"))]
+    return _worst(pairs), TOL["weights"]
+
+
+def ablated(c):
+    """Head 1 of layer 0 switched off: the output (logits, or the encoder's last hidden state)
+    against the reference with that head's slice of Concat(heads) zeroed by a torch hook."""
+    stack = c.stack
+    kw = {"target": TARGET} if c.ours.kind == "encoder-decoder" else {}
+    tr = c.ours.trace(SOURCE if kw else TEXT, ablate=[(stack, 0, 1)], **kw)
+    ref = reference(c.hf, c.ours, c.ids, c.dec, ablate=(stack, 0, 1))
+    plain = c.ref["out"]
+    got = tr["logits"] if c.ours.kind != "encoder" else encoder_out(c, tr)
+    assert float((ref["out"] - plain).abs().max()) > 1e-3  # the ablation moves the output, so this can fail
+    return _worst([(got, ref["out"])]), TOL["logits"]
+
+
+def encoder_out(c, tr):
+    """An encoder's output as the reference gives it: masked-LM logits, or the last hidden state."""
+    h = tr[f"encoder.{tr.layers('encoder') - 1}.out"]
+    norm = c.ours.net.final_norm("encoder")  # ModernBERT's final norm comes before its head
+    with torch.no_grad():
+        h = h if norm is None else norm(h)
+        return c.ours.mlm_logits(h) if c.ref.get("mlm") is not None else h
+
+
+def lens(c):
+    """The lens at the last layer is the model's own output: its top probabilities at every
+    position against softmax of the reference's logits (masked-LM logits for an encoder)."""
+    df = ca.lens(c.tr)
+    last = df[df.layer == df.layer.max()].sort_values("position")
+    logits = c.ref["mlm"] if c.ours.kind == "encoder" else c.ref["out"]
+    p = torch.softmax(logits.double(), -1)[last.position.to_numpy()]
+    k = len(last.top_probs.iloc[0])
+    got = torch.tensor([list(t) for t in last.top_probs])
+    return _worst([(got, torch.topk(p, k).values)]), TOL["logits"]
+
+
+def attribution(c):
+    """Direct logit attribution: its terms add up to the reference's logit difference."""
+    logits = c.ref["out"][-1]
+    t, b = torch.topk(logits, 2).indices.tolist()
+    df = ca.logit_attribution(c.tr, t, baseline=b, position=-1)
+    diff = float(logits[t] - logits[b])
+    return abs(float(df.contribution.sum()) - diff) / max(1.0, abs(diff)), TOL["logits"]
+
+
+CLEAN = "the small dog sees the cat near the river"
+SWAPS = ["bank", "mat", "cat", "man", "book", "trophy", "old", "woman", "dog", "suitcase"]
+
+
+def restore(c):
+    """Patching's layer-0 restore: the corrupted run with the clean residual stream entering
+    layer 0 at every differing position is the clean run (restored 1, metric equal). The
+    corrupted input swaps the last word for one of the same token count whose metric (or, for
+    an encoder-decoder, greedy translation) differs."""
+    from core.analysis.activation_patching import restore_check
+    n = len(c.ours.encode(CLEAN).ids)
+    for w in SWAPS:
+        corrupt = CLEAN.rsplit(" ", 1)[0] + " " + w
+        if len(c.ours.encode(corrupt).ids) != n:
+            continue
+        try:
+            r = restore_check(c.ours, CLEAN, corrupt, 3 if c.ours.kind == "decoder" else None,
+                              4 if c.ours.kind == "decoder" else None)
+        except ValueError:  # the same greedy translation: nothing to measure
+            continue
+        if abs(r["clean_metric"] - r["corrupt_metric"]) > 1e-4:  # the inputs differ in the metric
+            return abs(r["patched_metric"] - r["clean_metric"]) / max(1.0, abs(r["clean_metric"])), TOL["logits"]
+    if c.ours.kind == "encoder-decoder" and c.hf is not None:  # toy-translate's real translations cover the kind
+        why = "this tiny random checkpoint translates every swapped source alike: patching has no position to measure"
+        SKIPPED[(c.case, "restore")] = why
+        pytest.skip(f"not applicable: {why}")
+    pytest.fail("no one-word swap of the same token count moves the metric")
+
+
+def kv_cache(c):
+    """Greedy generation through the KV cache against the decoder run on the whole prefix at
+    every step: the same token ids, and the next-token logits of both against the reference's
+    logits on the generated sequence."""
+    text = SOURCE if c.ours.kind == "encoder-decoder" else STEP_TEXT
+    ids, _, cached = c.ours.greedy_run(text, 4, use_cache=True)
+    plain_ids, _, plain = c.ours.greedy_run(text, 4, use_cache=False)
+    assert ids == plain_ids and len(ids) >= 2
+    pairs = [(cached, plain)]
+    if c.hf is not None:
+        if c.ours.kind == "encoder-decoder":
+            prefix = [c.ours.start_id]
+            ref = reference(c.hf, c.ours, c.ours.encode(text).ids, prefix + ids[:-1])["out"]
+        else:
+            prefix = c.ours.encode(text).ids
+            ref = reference(c.hf, c.ours, prefix + ids[:-1])["out"]
+        pairs.append((cached, ref[len(prefix) - 1:]))
+    return _worst(pairs), TOL["logits"]
+
+
+PATHS: Dict[str, Callable] = {"full": full, "pooled_1": pooled_1, "pooled_odd": pooled_odd, "tiles": tiles,
+                              "value_norms": value_norms, "step": step, "ablated": ablated, "lens": lens,
+                              "attribution": attribution, "restore": restore,
+                              "kv_cache": kv_cache}
+
+
+def not_applicable(case, c, path):
+    """Why `path` does not apply to this case (None: it applies)."""
+    ours, cfg = c.ours, c.ours.config
+    if path in ("pooled_1", "pooled_odd", "tiles") and cfg.positional == "relative":
+        if path == "tiles":
+            return "T5's self-attention adds a relative position bias: its maps are read whole, never tiled"
+    if path in ("step", "kv_cache") and ours.kind == "encoder":
+        return "an encoder does not generate: there are no steps"
+    if path in ("ablated", "lens", "attribution") and c.hf is None:
+        return "toy-translate has no transformers counterpart to hold the output against"
+    if path == "lens":
+        try:
+            ca.logit_lens.lens_stack(c.tr, ours)
+        except ValueError as e:
+            return str(e)
+        if ours.kind == "encoder" and c.ref.get("mlm") is None:
+            return "the reference has no masked-LM head"
+    if path == "attribution":
+        from core.analysis.logit_attribution import check_applies
+        try:
+            check_applies(ours)
+        except ValueError as e:
+            return str(e)[:160]
+        if ours.kind == "encoder-decoder":
+            return "direct logit attribution reads decoder-only models"
+    if path == "restore" and ours.kind == "encoder":
+        return "an encoder predicts no next token: patching's metric is a next-token logit difference"
+    return None
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "smollm2" else c for c in CASES])
+def test_cell(get, case, path):
+    c = Cell.of(case, get)
+    why = not_applicable(case, c, path)
+    if why is not None:
+        SKIPPED[(case, path)] = why
+        pytest.skip(f"not applicable: {why}")
+    worst, tol = PATHS[path](c)
+    RESULTS[(case, path)] = worst
+    assert worst < tol, f"{case} x {path}: {worst:.3g} > {tol:g}"
+
+
+def test_zz_summary(capsys):
+    """The matrix's size and the worst figure per path (of the cells run in this session)."""
+    if not RESULTS:
+        pytest.skip("no cell ran in this session")
+    with capsys.disabled():
+        print(f"\nconformance: {len(CASES)} families x {len(PATHS)} paths = {len(CASES) * len(PATHS)} cells; "
+              f"{len(RESULTS)} checked, {len(SKIPPED)} not applicable")
+        for path in PATHS:
+            got = {k[0]: v for k, v in RESULTS.items() if k[1] == path}
+            if got:
+                case = max(got, key=got.get)
+                print(f"  {path:12s} worst {got[case]:.2e} ({case}), {len(got)} cells")
