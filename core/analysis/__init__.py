@@ -58,3 +58,7 @@ from .input_attribution import METHODS as ATTRIBUTION_METHODS, attribute  # noqa
 from .faithfulness_scores import faithfulness  # noqa: E402
 
 __all__ += ["ATTRIBUTION_METHODS", "attribute", "faithfulness"]
+
+from .evict import POLICIES as EVICTION_POLICIES, KeptKeys, evict  # noqa: E402
+
+__all__ += ["EVICTION_POLICIES", "KeptKeys", "evict"]
