@@ -22,6 +22,7 @@ PAGES = [
     st.Page("viz/pages/heads.py", title="Heads", url_path="heads", icon=":material/psychology:"),
     st.Page("viz/pages/patching.py", title="Patching", url_path="patching", icon=":material/healing:"),
     st.Page("viz/pages/lens.py", title="Lens", url_path="lens", icon=":material/stacks:"),
+    st.Page("viz/pages/kvcache.py", title="KV cache", url_path="kvcache", icon=":material/memory:"),
     st.Page("viz/pages/corpus.py", title="Corpus", url_path="corpus", icon=":material/scatter_plot:"),
     st.Page("viz/pages/attribution.py", title="Attribution", url_path="attribution", icon=":material/insights:"),
     st.Page("viz/pages/notes.py", title="Lecture notes", url_path="notes", icon=":material/menu_book:"),

@@ -429,3 +429,41 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
         seconds=time.perf_counter() - t0,
     )
     return df
+
+
+# ------------------------------------------------------------------ how long it will take
+_COST: dict = {}  # model name -> (seconds per token of a 128-token pass, seconds per decoding step)
+SEQUENTIAL_OVERHEAD = 1.6  # an h2o / tova step against the model's own decoding step (bench/evict.py)
+
+
+def unit_costs(model) -> tuple:
+    """(seconds per token of one 128-token pass, seconds per step of token-by-token decoding with
+    a full cache at ~128 cached tokens), measured once per model and process."""
+    got = _COST.get(model.name)
+    if got is not None:
+        return got
+    net = model.net
+    ids = torch.randint(0, model.config.tgt_vocab_size, (1, 129), device=model.device)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        net.decode(ids[:, :128])
+        per_token = (time.perf_counter() - t0) / 128
+        cache: dict = {}
+        net.decode(ids[:, :120], cache=cache)
+        t0 = time.perf_counter()
+        for t in range(120, 128):
+            net.project(net.decode(ids[:, t:t + 1], cache=cache))
+        step = (time.perf_counter() - t0) / 8
+    _COST[model.name] = (per_token, step)
+    return per_token, step
+
+
+def estimate_seconds(model, n: int, policy: str) -> float:
+    """A rough time for evict over n tokens (linear in n: the attention's n^2 share is left out,
+    so long texts may take longer): a static policy reads the text twice (its pass and the
+    full model's), a sequential one decodes it token by token."""
+    per_token, step = unit_costs(model)
+    passes = 1.0 if policy == "full" else 2.5
+    if policy in SEQUENTIAL:
+        return n * step * SEQUENTIAL_OVERHEAD + 1.5 * n * per_token
+    return passes * n * per_token
