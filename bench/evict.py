@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import json
 import os
 import subprocess
@@ -61,7 +62,7 @@ def part_static(n: int) -> dict:
     import torch
 
     import core.analysis as ca
-    from core.analysis import evict as ev
+    ev = importlib.import_module("core.analysis.evict")
 
     model = load()
     rss0 = status_kib("VmRSS")
@@ -93,7 +94,7 @@ def part_sequential(n: int, policy: str) -> dict:
     import numpy as np
     import torch
 
-    from core.analysis import evict as ev
+    ev = importlib.import_module("core.analysis.evict")
 
     model = load()
     text = cut(model, notes_text(), n)

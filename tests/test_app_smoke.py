@@ -6,7 +6,7 @@ import pytest
 from conftest import assert_no_exception
 
 PAGES = ["explore", "inside", "positions", "decoder", "compare", "playground", "heads", "lens", "patching", "attribution",
-         "corpus"]
+         "corpus", "kvcache"]
 LONG = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 
 
