@@ -197,7 +197,7 @@ def table(prompt: int, cont: int, policies=("window", "streaming", "h2o", "tova"
 
 def print_table(rows) -> None:
     print()
-    full_all = next(r["ppl_all_full"] for r in rows if r["policy"] != "snapkv")
+    full_all = next((r["ppl_all_full"] for r in rows if r["policy"] != "snapkv"), float("nan"))
     full_cont = rows[0]["ppl_cont_full"]  # the same positions and tokens for every policy
     print(f"| policy | " + " | ".join(f"budget {b}" for b in BUDGETS) + " |")
     print("|---|" + "---|" * len(BUDGETS))

@@ -62,12 +62,12 @@ def kept_map(weights: np.ndarray, kept: np.ndarray, tokens: Sequence[str], r0: i
     fig = go.Figure()
     fig.add_trace(go.Heatmap(z=shown, x=x, y=y, colorscale=ATTN_SCALE, zmin=0, zmax=float(np.nanmax(weights)) or 1.0,
                              name="attention", colorbar=dict(title="weight"), hoverongaps=False,
-                             text=hover, hovertemplate="%{text}<br>weight %{z:.4f}<extra>held</extra>"
-                             if hover else "query %{y} · key %{x}<br>weight %{z:.4f}<extra>held</extra>"))
+                             text=hover, hovertemplate="%{text}<br>held, weight %{z:.4f}<extra></extra>"
+                             if hover else "query %{y} · key %{x}<br>weight %{z:.4f}<extra></extra>"))
     fig.add_trace(go.Heatmap(z=grey, x=x, y=y, colorscale=[[0, GREY], [1, GREY]], showscale=False, name="evicted",
                              customdata=np.where(np.isnan(grey), np.nan, weights), hoverongaps=False,
                              hovertemplate="query %{y} · key %{x}<br>evicted: the full model gave it %{customdata:.4f}"
-                                           "<extra>evicted</extra>"))
+                                           "<extra></extra>"))
     fig.update_layout(title=title, height=min(900, 260 + 2 * rows), margin=dict(l=60, r=20, t=50, b=50),
                       xaxis=dict(title="key position"), yaxis=dict(title="query position", autorange="reversed"))
     return fig
