@@ -80,3 +80,20 @@ def test_a_slow_run_says_its_time_first(app_test):
     assert any("token by token" in i and "starts when you ask" in i for i in infos), infos
     assert at.button(key="kvcache-run").label.startswith("Run tova at budget 64 (about")
     assert not at.get("plotly_chart")  # nothing ran
+
+
+def test_the_sweep_draws_perplexity_against_budget(app_test):
+    at = app_test("kvcache", model="smollm2", text=TEXT, policy="window", budget="8")
+    at.run(timeout=600)
+    assert_no_exception(at)
+    assert at.button(key="kvcache-sweep").label.startswith("Compute")
+    at.button(key="kvcache-sweep").click().run(timeout=900)
+    assert_no_exception(at)
+    fig = json.loads(chart_by_key(at, "kvcache-ppl").proto.spec)
+    lines = {t["name"]: t for t in fig["data"]}
+    assert set(lines) == {"window (no sinks)", "StreamingLLM (sinks + window)"}
+    model = core.load_model("smollm2", device="cpu")
+    want = ca.evict(model, TEXT, "streaming", 16).attrs["perplexity"]
+    got = dict(zip(decode_array(lines["StreamingLLM (sinks + window)"]["x"]).tolist(),
+                   decode_array(lines["StreamingLLM (sinks + window)"]["y"]).tolist()))
+    assert got[16] == pytest.approx(want, rel=1e-6)
