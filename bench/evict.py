@@ -93,7 +93,7 @@ def part_static(n: int) -> dict:
     return out
 
 
-def part_sequential(n: int, policy: str) -> dict:
+def part_sequential(n: int, policy: str, budget: int = 32) -> dict:
     import numpy as np
     import torch
 
@@ -117,11 +117,11 @@ def part_sequential(n: int, policy: str) -> dict:
             rounds["own_cpu"].append((time.process_time() - c0) / n)
             last = np.zeros((model.config.n_layers, model.config.n_kv_heads or model.config.n_heads, n), np.int32)
             t0, c0 = time.perf_counter(), time.process_time()
-            ev._sequential_pass(model, ids, policy, 128, None, last, None)
+            ev._sequential_pass(model, ids, policy, budget, None, last, None)
             rounds[policy].append((time.perf_counter() - t0) / n)
             rounds[policy + "_cpu"].append((time.process_time() - c0) / n)
     own, pol = min(rounds["own_cpu"]), min(rounds[policy + "_cpu"])
-    return {"tokens": n, "own_ms_per_token": own * 1e3, f"{policy}_ms_per_token": pol * 1e3, "ratio": pol / own,
+    return {"tokens": n, "budget": budget, "own_ms_per_token": own * 1e3, f"{policy}_ms_per_token": pol * 1e3, "ratio": pol / own,
             "wall_ratio": min(rounds[policy]) / min(rounds["own"]),
             "peak_above_model_mib": (status_kib("VmHWM") - rss0) / 1024}
 
@@ -134,21 +134,25 @@ def run_part(args: list) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def speed(tokens: int, seq_tokens: int) -> None:
+def speed(tokens: int, seq_tokens: int, seq_budget: int = 32, parts=("static", "seq")) -> None:
     load_ = os.getloadavg()
     print(f"load average {load_[0]:.1f} {load_[1]:.1f} {load_[2]:.1f}; torch threads as core.device configures")
-    s = run_part(["static", str(tokens)])
-    ratio = s["evict_s"] / s["trace_s"]
-    print(f"static (window, budget 512) at {s['tokens']} tokens, CPU seconds: evict {s['evict_s']:.1f} s, traced pass "
-          f"{s['trace_s']:.1f} s -> {ratio:.2f}x (target <= 1.3x) {'MET' if ratio <= 1.3 else 'NOT MET'}")
-    print(f"  the policy's own pass alone: {s['policy_pass_s']:.1f} s = {s['policy_pass_s'] / s['trace_s']:.2f}x the "
-          "traced pass (evict adds the full model's pass with the mass-lost sums, and both models' logits)")
-    print(f"  peak memory above the loaded model: evict {s['peak_above_model_mib']:.0f} MiB (the trace before it "
-          f"{s['trace_peak_above_model_mib']:.0f} MiB); largest mask {s['largest_mask_mib']:.0f} MiB; a dense n x n "
-          f"mask per head for every head would be {s['dense_masks_every_head_mib']:.0f} MiB")
+    if "static" in parts:
+        s = run_part(["static", str(tokens)])
+        ratio = s["evict_s"] / s["trace_s"]
+        print(f"static (window, budget 512) at {s['tokens']} tokens, CPU seconds: evict {s['evict_s']:.1f} s, traced "
+              f"pass {s['trace_s']:.1f} s -> {ratio:.2f}x (target <= 1.3x) {'MET' if ratio <= 1.3 else 'NOT MET'}")
+        print(f"  the policy's own pass alone: {s['policy_pass_s']:.1f} s = {s['policy_pass_s'] / s['trace_s']:.2f}x "
+              "the traced pass (evict adds the full model's pass with the mass-lost sums, and both models' logits)")
+        print(f"  peak memory above the loaded model: evict {s['peak_above_model_mib']:.0f} MiB (the trace before it "
+              f"{s['trace_peak_above_model_mib']:.0f} MiB); largest mask {s['largest_mask_mib']:.0f} MiB; a dense "
+              f"n x n mask per head for every head would be {s['dense_masks_every_head_mib']:.0f} MiB")
+    if "seq" not in parts:
+        return
     for policy in ("h2o", "tova"):
-        q = run_part(["seq", str(seq_tokens), policy])
-        print(f"{policy} at {q['tokens']} tokens, budget 128: {q[policy + '_ms_per_token']:.1f} ms per token, the "
+        q = run_part(["seq", str(seq_tokens), policy, str(seq_budget)])
+        print(f"{policy} at {q['tokens']} tokens, budget {q['budget']} (evicting from token {q['budget']} on): "
+              f"{q[policy + '_ms_per_token']:.1f} ms per token, the "
               f"model's own decoding with a full cache {q['own_ms_per_token']:.1f} ms -> {q['ratio']:.2f}x "
               f"(target <= 2x) {'MET' if q['ratio'] <= 2 else 'NOT MET'} (CPU time; wall {q['wall_ratio']:.2f}x); "
               f"peak +{q['peak_above_model_mib']:.0f} MiB")
@@ -221,6 +225,8 @@ def main(argv=None):
     ap.add_argument("rest", nargs="*")
     ap.add_argument("--tokens", type=int, default=8000)
     ap.add_argument("--seq-tokens", type=int, default=256)
+    ap.add_argument("--seq-budget", type=int, default=32)
+    ap.add_argument("--parts", default="static,seq")
     ap.add_argument("--prompt", type=int, default=600)
     ap.add_argument("--cont", type=int, default=100)
     ap.add_argument("--policies", default="window,streaming,h2o,tova,snapkv")
@@ -233,10 +239,11 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     if a.what == "_part":
         kind = a.rest[0]
-        res = part_static(int(a.rest[1])) if kind == "static" else part_sequential(int(a.rest[1]), a.rest[2])
+        res = part_static(int(a.rest[1])) if kind == "static" else part_sequential(int(a.rest[1]), a.rest[2],
+                                                                                   int(a.rest[3]))
         print(json.dumps(res))
     elif a.what == "speed":
-        speed(a.tokens, a.seq_tokens)
+        speed(a.tokens, a.seq_tokens, a.seq_budget, tuple(a.parts.split(",")))
     else:
         table(a.prompt, a.cont, tuple(a.policies.split(",")), a.rows_from)
 
