@@ -50,6 +50,8 @@ def test_quickstart_runs_and_shows_every_view(executed):
     assert any("<table" in h and "previous_token" in h and "induction" in h for h in html)  # head scores
     printed = "".join("".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
     assert "plain:" in printed and "ablated:" in printed  # the ablation cell ran
+    assert "perplexity: full cache" in printed and "sinks removed:" in printed  # the KV cache cells ran
+    assert any("<table" in h and "mass_lost" in h for h in html)
     assert (work / "cross-attention.svg").is_file() or any(
         "install Debian's Chromium" in "".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
 

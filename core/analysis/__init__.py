@@ -62,3 +62,7 @@ __all__ += ["ATTRIBUTION_METHODS", "attribute", "faithfulness"]
 from .score_attribution import pattern_attribution, score_attribution  # noqa: E402
 
 __all__ += ["pattern_attribution", "score_attribution"]
+
+from .evict import POLICIES as EVICTION_POLICIES, KeptKeys, evict  # noqa: E402
+
+__all__ += ["EVICTION_POLICIES", "KeptKeys", "evict"]

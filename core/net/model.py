@@ -227,11 +227,14 @@ class Transformer(nn.Module):
         return x
 
     def decode(self, tgt, memory=None, src_pad=None, tgt_pad=None, rec: Rec = None,
-               ablate: Optional[Ablation] = None, cache: Optional[dict] = None):
+               ablate: Optional[Ablation] = None, cache: Optional[dict] = None, extra_mask=None):
         """tgt (B, t) decoder input ids (<start> y_1 ...). Returns hidden states (B, t, d).
 
         cache: a dict kept between calls for greedy decoding: the keys and values of the
-        positions already decoded (tgt then holds only the new ids)."""
+        positions already decoded (tgt then holds only the new ids).
+        extra_mask: an additive mask added to every self-attention's own (broadcast to
+        (B, H, t, n_past + t)), or fn(layer) -> such a mask or None: the keys a KV-cache
+        policy has evicted (core/analysis/evict.py)."""
         t = tgt.shape[1]
         rec = attach(rec, ablate.hooks("decoder") if ablate else {})
         n_past = 0 if cache is None else cache.get("n", 0)
@@ -242,6 +245,12 @@ class Transformer(nn.Module):
         bias = self.position_bias("decoder", n_past + t)
         for i, layer in enumerate(self.decoder):
             masks, angles = per_layer(i)
+            extra = extra_mask(i) if callable(extra_mask) else extra_mask
+            if extra is not None:  # the layer's own mask (the look-ahead one at least) plus the extra one
+                own = masks["self_mask"]
+                if own is None:
+                    own = causal_mask(t, device=tgt.device, dtype=x.dtype, n_k=n_past + t)[None, None]
+                masks = dict(masks, self_mask=combine_masks(own, extra), self_causal=False)
             c = None if cache is None else cache.setdefault(i, {})
             x = layer(x, memory=memory, **masks, rec=scoped(rec, tn.layer("decoder", i)), angles=angles,
                       cache=c, position_bias=bias)

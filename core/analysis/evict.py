@@ -1,0 +1,472 @@
+"""The KV cache and attention sinks: which keys a cache keeps, and what forgetting costs.
+
+    df = core.analysis.evict(model, text, "streaming", budget=128, sinks=4)
+    df.attrs["perplexity_full"], df.attrs["perplexity"]
+    df.attrs["kept"](layer, head)          # (rows x n) bool: the keys each query row saw
+    df.attrs["mass_lost_heads"]            # (L, H): per head mean attention mass lost
+
+A decoder reads `text` with a KV cache per layer and kv head. The query at position t attends
+to at most `budget` keys, its own included (budget - 1 cached from positions < t); then t
+enters the cache and the policy evicts down to budget - 1. Positions are the text's own:
+cached keys keep the rotation of their own position (no re-rotation). Policies:
+
+    full       keep everything (the reference: the plain forward pass)
+    window     positions t - budget + 1 .. t
+    streaming  StreamingLLM (Xiao et al. 2023): 0 .. sinks - 1 and t - (budget - sinks) + 1 .. t
+    h2o        H2O (Zhang et al. 2023): the `recent` most recent (default budget // 2) and the
+               heavy hitters, the keys with the most attention received so far under this
+               cache (summed over the queries so far, mean over the kv group's query heads)
+    tova       TOVA (Oren et al. 2024): once full, evict the key the current query weighs
+               least (mean over the kv group's query heads)
+    snapkv     SnapKV (Li et al. 2024): the prompt `text` is read with the full cache; then per
+               kv head the `budget - observe` prompt positions with the most attention from
+               the last `observe` queries (summed over them, mean over the group; no pooling)
+               are kept with those `observe`; `continuation` is read with that cache (its
+               tokens appended, no more eviction). Rows are the continuation's positions.
+
+How it runs. A key once evicted never returns, so what every query saw is one number per
+(layer, kv head, key): the last query position that saw it (`KeptKeys`, L x H_kv x n
+integers). The eviction is an additive mask (-inf on evicted keys) handed to the network's
+own forward pass (core/net/model.py `decode(extra_mask=...)`), so attention is computed by the
+one formula (core/net/attention.py):
+- window / streaming: the same mask for every head, one pass over the text in blocks of
+  queries (the KV cache of the blocks before; a block's mask is BLOCK x n, never n x n);
+- h2o / tova: token by token over the decoder's KV cache, a per-head mask (1, H, 1, t + 1)
+  at step t; the current query's weights (the policies' scores) are read from the q and k
+  the step recorded, through MultiHeadAttention.weights;
+- snapkv: the prompt in one pass (its last `observe` queries' weights likewise), the
+  continuation in one pass with a per-head mask.
+The reference is one plain pass of the full model; it also gives, layer by layer, the full
+model's attention weights in blocks of query rows, from which `mass_lost` is summed over the
+keys the policy's cache did not hold.
+
+Rows, one per position read under eviction (all positions; snapkv: the continuation's):
+position, token, logprob_full and logprob (of the actual next token; NaN at the last
+position), kl = KL(full || policy) of the next-token distribution (nats), mass_lost (mean
+over layers and heads). df.attrs: policy, budget, sinks, recent, observe, n, perplexity_full,
+perplexity (over the rows with a next token), kept (KeptKeys), mass_lost_heads (L x H mean
+over rows), sink_scores (L x H: the full model's mean attention on the first `sinks` keys).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..net.attention import NEG_INF
+
+POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
+STATIC = ("full", "window", "streaming")
+SEQUENTIAL = ("h2o", "tova")
+BLOCK = 512  # queries per block of a static policy's pass (its mask is BLOCK x n)
+MASS_ROWS = 256  # query rows per block when the full model's weights are summed for mass_lost
+LOGIT_ROWS = 128  # next-token distributions compared this many positions at a time
+
+Progress = Optional[Callable[[float, str], None]]
+
+
+class KeptKeys:
+    """Which keys each query saw, per (layer, head), from one integer per (layer, kv head, key):
+    last[l, g, j], the last query position that saw key j (key j is seen by queries
+    j .. last[l, g, j]; n - 1 if it was never evicted). `group` query heads share a kv head.
+    `first`: the first query row of the analysis (snapkv: the continuation's first)."""
+
+    def __init__(self, last: np.ndarray, group: int, first: int = 0):
+        self.last = np.asarray(last, dtype=np.int32)
+        self.group = int(group)
+        self.first = int(first)
+
+    @property
+    def n(self) -> int:
+        return self.last.shape[-1]
+
+    @property
+    def shape(self):
+        """(layers, query heads, n)"""
+        return (self.last.shape[0], self.last.shape[1] * self.group, self.n)
+
+    def lifetime(self, layer: int, head: int) -> np.ndarray:
+        """last[j] for query head `head` of `layer` (its kv head's)."""
+        return self.last[layer, head // self.group]
+
+    def __call__(self, layer: int, head: int, rows=None) -> np.ndarray:
+        """(len(rows), n) bool for one head: [r, j] True where query rows[r] attended to key j.
+        rows: query positions (default: every row of the analysis, first .. n - 1)."""
+        rows = np.arange(self.first, self.n) if rows is None else np.asarray(rows)
+        last = self.lifetime(layer, head)
+        j = np.arange(self.n)
+        return (j[None, :] <= rows[:, None]) & (rows[:, None] <= last[None, :])
+
+    def runs(self, layer: int, head: int, row: int) -> List[tuple]:
+        """The keys query `row` saw as [start, stop) runs of positions."""
+        seen = self(layer, head, [row])[0]
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], seen.astype(np.int8), [0]])))
+        return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+    def count(self, layer: int, head: int) -> np.ndarray:
+        """How many keys each row saw (its own included)."""
+        return self(layer, head).sum(1)
+
+    def __eq__(self, other):
+        return isinstance(other, KeptKeys) and self.group == other.group and self.first == other.first \
+            and np.array_equal(self.last, other.last)
+
+    def __repr__(self):
+        return f"KeptKeys(layers={self.last.shape[0]}, kv_heads={self.last.shape[1]}, group={self.group}, n={self.n})"
+
+
+def check_args(model, policy: str, budget: int, sinks: int = 4, recent: Optional[int] = None,
+               observe: int = 32) -> None:
+    """ValueError with a message for input evict cannot read."""
+    if getattr(model, "kind", None) != "decoder":
+        raise ValueError(f"{getattr(model, 'name', 'this model')} is not a decoder-only model: a KV cache is what "
+                         "a decoder keeps while it reads; pick a decoder such as smollm2")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    if not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise ValueError(f"the budget must be a whole number of keys, at least 1 (got {budget!r})")
+    if sinks < 0:
+        raise ValueError(f"sinks must be 0 or more (got {sinks})")
+    if policy == "streaming" and budget <= sinks:
+        raise ValueError(f"the budget ({budget}) must be above the sinks ({sinks}): the window needs a key at least")
+    if recent is not None and recent < 0:
+        raise ValueError(f"recent must be 0 or more (got {recent})")
+    if observe < 1:
+        raise ValueError(f"observe must be at least 1 (got {observe})")
+
+
+def token_ids(model, text: str, continuation: Optional[str] = None):
+    """(ids, tokens, n_prompt): the text's ids and, after them, the continuation's ordinary
+    tokens, cut at the model's length."""
+    enc = model.encode(text)
+    ids = list(enc.ids)
+    n_p = len(ids)
+    if continuation:
+        cenc = model.tokenizer.encode(continuation)
+        ids += [i for i, s in zip(cenc.ids, cenc.special) if not s]
+    ids = ids[: model.config.max_len]
+    return ids, model.target_strings(ids), min(n_p, len(ids))
+
+
+def static_last(policy: str, n: int, budget: int, sinks: int) -> np.ndarray:
+    """last[j] of a static policy (the same for every layer and head)."""
+    j = np.arange(n)
+    if policy == "full":
+        last = np.full(n, n - 1)
+    elif policy == "window":
+        last = j + budget - 1
+    else:  # streaming
+        last = np.where(j < sinks, n - 1, j + budget - sinks - 1)
+    return np.minimum(last, n - 1).astype(np.int32)
+
+
+def _rows_mask(last: torch.Tensor, r0: int, r1: int, group: int, dtype) -> torch.Tensor:
+    """Additive mask (1, H or 1, r1 - r0, r1) for query rows r0..r1-1 over keys 0..r1-1: -inf where
+    the row comes after the key's last query. last: (H_kv or 1, n)."""
+    rows = torch.arange(r0, r1)[None, :, None]
+    gone = rows > last[:, None, :r1].long()  # (G, c, r1)
+    m = torch.zeros(gone.shape, dtype=dtype).masked_fill_(gone, NEG_INF)
+    if group > 1 and m.shape[0] > 1:
+        m = m.repeat_interleave(group, dim=0)
+    return m[None]
+
+
+class _QK:
+    """A recorder for the fused path that keeps each self-attention's q and k (B, heads, n, d_k)
+    and hands them to `on_k(layer, q, k)` once both are in."""
+
+    maps = False
+
+    def __init__(self, on_k=None):
+        self.q, self.k = {}, {}
+        self.on_k = on_k
+
+    _name = re.compile(r"^decoder\.(\d+)\.self_attn\.([qk])$")
+
+    def __call__(self, name, t, batched=True):
+        m = self._name.match(name)
+        if not m:
+            return
+        i = int(m.group(1))
+        if m.group(2) == "q":
+            self.q[i] = t
+        else:
+            self.k[i] = t
+            if self.on_k is not None:
+                self.on_k(i, self.q.pop(i), self.k.pop(i))
+
+
+def _ids_tensor(model, ids):
+    return torch.tensor([list(ids)], dtype=torch.long, device=model.device)
+
+
+def _static_pass(model, ids, last: np.ndarray, progress: Progress, frac=(0.0, 0.5)) -> torch.Tensor:
+    """Final hidden states (n, d) of a pass in blocks of BLOCK queries over the KV cache of the
+    blocks before, each block's mask from last (same for every layer and head)."""
+    net, n = model.net, len(ids)
+    x = _ids_tensor(model, ids)
+    lt = torch.as_tensor(last)[None]  # (1, n)
+    cache: dict = {}
+    out = []
+    for r0 in range(0, n, BLOCK):
+        r1 = min(n, r0 + BLOCK)
+        mask = _rows_mask(lt, r0, r1, 1, torch.float32).to(model.device)
+        out.append(net.decode(x[:, r0:r1], cache=cache, extra_mask=mask)[0])
+        _tick(progress, frac, r1 / n, f"policy pass: {r1} of {n} positions")
+    return torch.cat(out)
+
+
+def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int], last: np.ndarray,
+                     progress: Progress, frac=(0.0, 0.8)) -> torch.Tensor:
+    """h2o / tova token by token over the decoder's KV cache; fills last (L, H_kv, n) in place.
+    Returns the final hidden states (n, d)."""
+    net, cfg, n = model.net, model.config, len(ids)
+    L, H = cfg.n_layers, cfg.n_heads
+    hkv = cfg.n_kv_heads or H
+    g = H // hkv
+    cap = budget - 1
+    r = min(budget // 2 if recent is None else recent, cap)
+    x = _ids_tensor(model, ids)
+    dev = model.device
+    held = torch.zeros(L, hkv, n, dtype=torch.bool)
+    gone = torch.zeros(L, hkv, n)  # additive: -inf on evicted keys
+    score = torch.zeros(L, hkv, n, dtype=torch.float64)
+    last_t = torch.full((L, hkv, n), n - 1, dtype=torch.int32)
+    heads = torch.arange(hkv)
+    pos = torch.arange(n)
+    rec = _QK()
+    cache: dict = {}
+    hid = []
+    n_held = 0
+    attn = [layer.self_attn for layer in net.decoder]
+    t_last = time.perf_counter()
+    for t in range(n):
+        masks = gone[:, :, : t + 1].to(dev)
+        if g > 1:
+            masks = masks.repeat_interleave(g, dim=1)
+        masks = masks[:, None, :, None, :]  # (L, 1, H, 1, t + 1)
+        hid.append(net.decode(x[:, t:t + 1], cache=cache, rec=rec, extra_mask=lambda i: masks[i])[0])
+        # the current query's weights in every layer, as the pass computed them (one formula)
+        w = torch.stack([attn[i].weights(None, None, masks[i], qk=(rec.q[i], rec.k[i]))[0, :, 0]
+                         for i in range(L)])  # (L, H, t + 1)
+        w = w.view(L, hkv, g, t + 1).mean(2).double().cpu()
+        held[:, :, t] = True
+        n_held += 1
+        if policy == "h2o":
+            score[:, :, : t + 1] += w
+        if n_held > cap:
+            h = held[:, :, : t + 1]
+            if policy == "h2o":
+                cand = h & (pos[: t + 1] <= t - r)
+                s = score[:, :, : t + 1].masked_fill(~cand, math.inf)
+            else:  # tova: the current query's lowest weight among the held keys (itself included)
+                s = w.masked_fill(~h, math.inf)
+            j = s.argmin(-1)  # (L, H_kv): the first of equal lows
+            for li in range(L):
+                held[li, heads, j[li]] = False
+                gone[li, heads, j[li]] = NEG_INF
+                last_t[li, heads, j[li]] = t
+            n_held -= 1
+        now = time.perf_counter()
+        if progress is not None and (now - t_last > 0.25 or t == n - 1):
+            t_last = now
+            _tick(progress, frac, (t + 1) / n, f"{policy}: token {t + 1} of {n}")
+    last[...] = last_t.numpy()
+    return torch.cat(hid)
+
+
+def _snapkv_pass(model, ids, n_p: int, budget: int, observe: int, last: np.ndarray, progress: Progress,
+                 frac=(0.0, 0.5)) -> torch.Tensor:
+    """The prompt with the full cache, per kv head selection, the continuation over that cache.
+    Fills last (L, H_kv, n) in place; returns the final hidden states (n, d)."""
+    net, cfg, n = model.net, model.config, len(ids)
+    L, H = cfg.n_layers, cfg.n_heads
+    hkv = cfg.n_kv_heads or H
+    g = H // hkv
+    obs = min(observe, n_p, budget)
+    keep = budget - obs
+    x = _ids_tensor(model, ids)
+    chosen = {}
+
+    def select(i, q, k):  # the last `obs` queries' weights over the prompt, summed; mean over the group
+        if n_p <= budget:
+            return
+        w = net.decoder[i].self_attn.weights(None, None, None, is_causal=True, qk=(q[:, :, -obs:], k))[0]
+        s = w.view(hkv, g, obs, n_p).mean(1).sum(1)[:, : n_p - obs].double().cpu()  # (H_kv, n_p - obs)
+        top = s.topk(keep, dim=-1).indices if keep > 0 else torch.zeros(hkv, 0, dtype=torch.long)
+        dropped = torch.ones(hkv, n_p - obs, dtype=torch.bool)
+        dropped[torch.arange(hkv)[:, None], top] = False
+        chosen[i] = dropped
+
+    cache: dict = {}
+    hp = net.decode(x[:, :n_p], cache=cache, rec=_QK(select))[0]
+    for i, dropped in chosen.items():
+        last[i, :, : n_p - obs][dropped.numpy()] = n_p - 1
+    _tick(progress, frac, 0.5, "snapkv: prompt read")
+    if n == n_p:
+        return hp
+    lt = torch.as_tensor(last)
+    masks = [_rows_mask(lt[i], n_p, n, g, torch.float32).to(model.device) for i in range(L)]
+    hc = net.decode(x[:, n_p:], cache=cache, extra_mask=lambda i: masks[i])[0]
+    _tick(progress, frac, 1.0, "snapkv: continuation read")
+    return torch.cat([hp, hc])
+
+
+def _tick(progress: Progress, frac, done: float, what: str):
+    if progress is not None:
+        progress(frac[0] + (frac[1] - frac[0]) * done, what)
+
+
+def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: bool, progress: Progress,
+               frac=(0.8, 0.95)):
+    """The full model's plain pass: final hidden states (n, d), mass lost (L, H, n - first) on
+    the keys `last` says the policy's cache did not hold, and each head's sink score (L, H)."""
+    net, cfg, n = model.net, model.config, len(ids)
+    L, H = cfg.n_layers, cfg.n_heads
+    hkv = cfg.n_kv_heads or H
+    g = H // hkv
+    mass = np.zeros((L, H, n - first))
+    sink = np.zeros((L, H))
+    lt = torch.as_tensor(last)
+    n_s = min(max(sinks, 1), n)
+
+    def on_k(i, q, k):
+        attn = net.decoder[i].self_attn
+        sums = torch.zeros(H, dtype=torch.float64)
+        for r0 in range(first, n, MASS_ROWS):
+            r1 = min(n, r0 + MASS_ROWS)
+            w = attn.weights(None, None, None, is_causal=True, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]
+            sums += w[:, :, :n_s].sum((1, 2)).double().cpu()
+            if need_mass:
+                gone = _rows_mask(lt[i], r0, r1, g, w.dtype)[0].to(w.device).isinf()  # (H, c, r1)
+                mass[i, :, r0 - first:r1 - first] = (w * gone).sum(-1).double().cpu().numpy()
+        sink[i] = (sums / (n - first)).numpy()
+        _tick(progress, frac, (i + 1) / L, f"full model: layer {i + 1} of {L}")
+
+    hid = net.decode(_ids_tensor(model, ids), rec=_QK(on_k))[0]
+    return hid, mass, sink
+
+
+def _compare(model, ref: torch.Tensor, pol: torch.Tensor, ids, first: int):
+    """logprob of the next token under both, and KL(full || policy), per position first..n-1."""
+    net, n = model.net, len(ids)
+    nxt = torch.as_tensor(list(ids[1:]) + [0], dtype=torch.long, device=ref.device)
+    lp_full = np.full(n - first, np.nan)
+    lp = np.full(n - first, np.nan)
+    kl = np.zeros(n - first)
+    for r0 in range(first, n, LOGIT_ROWS):
+        r1 = min(n, r0 + LOGIT_ROWS)
+        a = torch.log_softmax(net.project(ref[r0:r1]).double(), -1)
+        b = torch.log_softmax(net.project(pol[r0:r1]).double(), -1)
+        kl[r0 - first:r1 - first] = (a.exp() * (a - b)).sum(-1).clamp_min(0).cpu().numpy()
+        idx = nxt[r0:r1, None]
+        lp_full[r0 - first:r1 - first] = a.gather(1, idx)[:, 0].cpu().numpy()
+        lp[r0 - first:r1 - first] = b.gather(1, idx)[:, 0].cpu().numpy()
+    lp_full[-1] = lp[-1] = np.nan  # the last position has no next token
+    return lp_full, lp, kl
+
+
+def perplexity(logprobs) -> float:
+    v = np.asarray(logprobs, dtype=float)
+    v = v[~np.isnan(v)]
+    return float(math.exp(-v.mean())) if len(v) else float("nan")
+
+
+def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Optional[int] = None,
+          observe: int = 32, continuation: Optional[str] = None, progress: Progress = None) -> pd.DataFrame:
+    """Read `text` (and `continuation`) under a KV-cache policy with `budget` keys per query;
+    see the module's docstring. progress(fraction, what) as it goes."""
+    check_args(model, policy, budget, sinks, recent, observe)
+    if policy == "snapkv" and not (continuation and continuation.strip()):
+        raise ValueError("snapkv compresses the prompt, then reads a continuation: give one (continuation=...)")
+    ids, tokens, n_p = token_ids(model, text, continuation)
+    n = len(ids)
+    cfg = model.config
+    L, H = cfg.n_layers, cfg.n_heads
+    hkv = cfg.n_kv_heads or H
+    first = n_p if policy == "snapkv" else 0
+    if policy == "snapkv" and n_p >= n:
+        raise ValueError("the continuation has no tokens left within the model's length")
+    last = np.broadcast_to(static_last(policy if policy in STATIC else "full", n, budget, sinks), (L, hkv, n)).copy()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if policy in ("window", "streaming"):
+            hid = _static_pass(model, ids, last[0, 0], progress)
+            frac = (0.5, 0.9)
+        elif policy in SEQUENTIAL:
+            hid = _sequential_pass(model, ids, policy, budget, recent, last, progress)
+            frac = (0.8, 0.95)
+        elif policy == "snapkv":
+            hid = _snapkv_pass(model, ids, n_p, budget, observe, last, progress)
+            frac = (0.5, 0.9)
+        else:
+            hid, frac = None, (0.0, 0.9)
+        ref, mass, sink = _reference(model, ids, last, first, sinks, policy != "full", progress, frac)
+        if hid is None:
+            hid = ref
+        lp_full, lp, kl = _compare(model, ref, hid, ids, first)
+    _tick(progress, (0.0, 1.0), 1.0, "done")
+    df = pd.DataFrame({
+        "position": np.arange(first, n),
+        "token": tokens[first:],
+        "logprob_full": lp_full,
+        "logprob": lp,
+        "kl": kl,
+        "mass_lost": mass.mean((0, 1)) if n > first else np.zeros(0),
+    })
+    df.attrs.update(
+        policy=policy, budget=int(budget), sinks=int(sinks), observe=int(observe),
+        recent=(min(budget // 2 if recent is None else recent, budget - 1) if policy == "h2o" else recent),
+        n=n, n_prompt=n_p, model=model.name,
+        perplexity_full=perplexity(lp_full), perplexity=perplexity(lp),
+        kept=KeptKeys(last, H // hkv, first), mass_lost_heads=mass.mean(-1), sink_scores=sink,
+        seconds=time.perf_counter() - t0,
+    )
+    return df
+
+
+# ------------------------------------------------------------------ how long it will take
+_COST: dict = {}  # model name -> (seconds per token of a 128-token pass, seconds per decoding step)
+SEQUENTIAL_OVERHEAD = 1.6  # an h2o / tova step against the model's own decoding step (bench/evict.py)
+
+
+def unit_costs(model) -> tuple:
+    """(seconds per token of one 128-token pass, seconds per step of token-by-token decoding with
+    a full cache at ~128 cached tokens), measured once per model and process."""
+    got = _COST.get(model.name)
+    if got is not None:
+        return got
+    net = model.net
+    ids = torch.randint(0, model.config.tgt_vocab_size, (1, 129), device=model.device)
+    with torch.inference_mode():
+        net.decode(ids[:, :16])  # warm-up: first calls pack weights and allocate
+        t0 = time.perf_counter()
+        net.decode(ids[:, :128])
+        per_token = (time.perf_counter() - t0) / 128
+        cache: dict = {}
+        net.decode(ids[:, :120], cache=cache)
+        steps = []
+        for t in range(120, 128):
+            t0 = time.perf_counter()
+            net.project(net.decode(ids[:, t:t + 1], cache=cache))
+            steps.append(time.perf_counter() - t0)
+        step = sorted(steps)[len(steps) // 2]
+    _COST[model.name] = (per_token, step)
+    return per_token, step
+
+
+def estimate_seconds(model, n: int, policy: str) -> float:
+    """A rough time for evict over n tokens (linear in n: the attention's n^2 share is left out,
+    so long texts may take longer): a static policy reads the text twice (its pass and the
+    full model's), a sequential one decodes it token by token."""
+    per_token, step = unit_costs(model)
+    passes = 1.0 if policy == "full" else 2.5
+    if policy in SEQUENTIAL:
+        return n * step * SEQUENTIAL_OVERHEAD + 1.5 * n * per_token
+    return passes * n * per_token
