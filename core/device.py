@@ -56,8 +56,7 @@ KEEP_FREED_VAR = "ATTENTION_LAB_KEEP_FREED_MEMORY"
 _kept_freed: Optional[bool] = None
 
 
-def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2**31 - 1,
-                      arenas: Optional[int] = None) -> bool:
+def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2**31 - 1) -> bool:
     """Ask glibc's malloc to keep freed memory in the process for the next allocation.
 
     A trace of n tokens allocates H x n x n float32 buffers per layer (12 MiB each for
@@ -68,13 +67,6 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
     kept), the next pass reuses the same pages. The price: the process's resident memory
     stays at its high-water mark instead of shrinking after a long input; the app bounds
     what it keeps (its trace cache is bounded in bytes), so the high-water mark is bounded too.
-
-    arenas (M_ARENA_MAX): how many malloc arenas the process's threads share. A server runs each
-    session in a thread of its own, and glibc gives threads arenas of their own (up to 8 per
-    core); with freed memory kept, each arena would keep its own high-water mark, and the
-    process's memory would grow with the number of sessions that ever ran a long input (7.7 GB
-    above the model for twelve 4,400-token smollm2 sessions under a 2.5 GB admission budget,
-    bench/load_test.py). With a few shared arenas, one session's freed trace is the next one's.
 
     Call it once at start-up, in the app process and in benchmarks (bench/ does); importing
     core never calls it.
@@ -98,10 +90,8 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # <malloc.h>
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
     ok = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
-    if arenas is not None:
-        ok = ok and bool(mallopt(M_ARENA_MAX, int(arenas)))
     _kept_freed = ok
     return ok
 

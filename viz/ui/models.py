@@ -77,9 +77,6 @@ INPUT_LIMITS: dict = {}
 log = logging.getLogger("attention_lab")
 
 
-SERVER_ARENAS = 2  # malloc arenas the sessions' threads share (core.device.keep_freed_memory)
-
-
 def setup_process() -> None:
     """What the app does once per server process, before any page runs (app.py calls it):
     torch threads as core.device chooses, freed trace buffers reused rather than
@@ -88,7 +85,7 @@ def setup_process() -> None:
     (core.device.freeze_heap; Streamlit collects after every script run). Calling it again
     changes nothing."""
     core.device.configure_threads()
-    core.device.keep_freed_memory(arenas=SERVER_ARENAS)
+    core.device.keep_freed_memory()
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
