@@ -415,7 +415,8 @@ def main(argv=None) -> int:
     doc = write_doc(info, results, core_runs, mem, browser, args.quick, started, time.time() - t_start, load_end)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(doc)
+    load = ROOT / "docs" / "load.md"  # bench.load_test's figures, measured on their own (minutes of every core)
+    out.write_text(doc + ("\n" + load.read_text() if load.exists() else ""))
     (out.with_suffix(".json")).write_text(json.dumps({"machine": info, "results": [r.to_dict() for r in results],
                                                       "core": core_runs, "memory": mem.get("details"),
                                                       "browser": browser.get("details")}, indent=1, default=str))
