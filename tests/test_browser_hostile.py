@@ -22,6 +22,8 @@ PAGES = [p.key for p in registry.with_text() if p.main_chart]
 MAIN_CHART = {p.key: p.main_chart for p in registry.PAGES}
 TEXT_BOX = {p.key: f"{p.text_box} (press Ctrl+Enter)" for p in registry.PAGES if p.text_box}
 # pages that read a pair of texts: the second text's URL parameter, and an ordinary pair
+# pages whose run over a whole context waits for a click, its time said first (as in test_hostile_input.py)
+CLICK_FIRST = {"kvcache": "It starts when you ask"}
 PAIR = {"compare": ("text2", "the dog sees the cat", "the cat sees the dog"),
         "patching": ("corrupt", "the small dog sees the cat", "the small cat sees the dog")}
 NORMAL = "the small dog sees the cat"
@@ -82,7 +84,8 @@ PAGE_PARAMS = {"playground": {"tab": "free"}}
 
 def url(server, page_name: str, **params) -> str:
     params = {**PAGE_PARAMS.get(page_name, {}), **params}
-    return f"{server.url}/{page_name}?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
+    path = "" if registry.page(page_name).default else page_name  # the home page lives at /
+    return f"{server.url}/{path}?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
 
 
 def open_url(pg, address: str):
@@ -123,7 +126,7 @@ def text_params(page_name: str, text: str) -> dict:
     return {"text": text, PAIR[page_name][0]: text} if page_name in PAIR else {"text": text}
 
 
-NO_HEAD_PICKER = {"heads", "patching", "lens", "attribution"}  # they read no layer, head, d or n from the URL
+NO_HEAD_PICKER = {"heads", "patching", "lens", "attribution", "home"}  # they read no layer, head, d or n from the URL
 
 
 # ------------------------------------------------------------------ hostile text from the URL, every page
@@ -156,8 +159,15 @@ def test_pasted_100kB_then_an_ordinary_sentence(server, page, page_name):
     said = alerts(page)
     assert TOKENS_NOTE in said and "tokens" in said and "characters long" not in said, said
     # Patching: the cut clean prompt and the short corrupted one differ in length, and it says so
-    drawn = (lambda: "must have the same number of tokens" in alerts(page)) if page_name == "patching" else \
-        (lambda: chart_drawn(page, MAIN_CHART[page_name]))
+    if page_name == "patching":
+        def drawn():
+            return "must have the same number of tokens" in alerts(page)
+    elif page_name in CLICK_FIRST:  # the whole context's run is announced with its time, not started
+        def drawn():
+            return CLICK_FIRST[page_name] in alerts(page)
+    else:
+        def drawn():
+            return chart_drawn(page, MAIN_CHART[page_name])
     assert drawn(), said
     # a reload (or the shared link) opens: the URL holds what the model read, not all 100 kB
     assert len(page.url) < 40_000, len(page.url)
