@@ -64,11 +64,9 @@ state.publish(**url)
 state.show_messages()
 
 st.subheader(f"{stop}. {spec.title}")
-fill = {}
 fig = None
 if stop == 1:
     fig, hand = hp.hand_figure()
-    fill = {}
     st.markdown(spec.text)
     s, w = hand["scaled"][0], hand["weights"][0]
     st.caption(f"Computed here: the scores of “help” are {hand['scores'][0][0]:g} and {hand['scores'][0][1]:g}, scaled "
