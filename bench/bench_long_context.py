@@ -14,7 +14,7 @@ smollm2 at 8,000 tokens (the notes' passage repeated; the same ids on both sides
     traced pass / untraced forward (model.net) -- target <= 1.10x
     stored trace (Trace.nbytes) -- target <= 1.25 GiB
     trace.pooled of one head (layer 15, head 4) at size 128 / the traced pass -- <= 0.25x
-    the 270-map model view pooled one head and a tile at a time (viz.model_view.pooled_layers,
+    the 270-map model view pooled one head and a tile at a time (viz.figures.model_view.pooled_layers,
       every layer) / the traced pass -- <= 1.5x
 memory (smollm2, a fresh process; VmHWM reset through /proc/self/clear_refs):
     peak resident memory during the 8,000-token traced pass above the loaded model -- <= 3 GiB
@@ -70,7 +70,7 @@ def part_smollm2(rounds: int, n: int = TOKENS) -> dict:
     import torch
 
     import core
-    from viz.model_view import pooled_layers
+    from viz.figures.model_view import pooled_layers
 
     model = core.load_model("smollm2", device="cpu")
     ids = smol_ids(model, n)

@@ -15,7 +15,7 @@ maps, one more decoder row...). The page is polled every animation frame.
 1. sentence: type a new 20-token sentence (minilm: [CLS] + 18 words + [SEP]) + Ctrl+Enter on
    /explore -> the heatmap shows its tokens; also toy-translate (20 words), the app's default;
 2. model view: click the tab "Model view (all layers × heads)" -> the 72-map grid (minilm,
-   6 layers x 12 heads, 20 tokens, tiled into one heatmap by viz.grid) is drawn;
+   6 layers x 12 heads, 20 tokens, tiled into one heatmap by viz.figures.grid) is drawn;
 3. head: choose another head in the "Head" selectbox -> the heatmap's title says that head;
 4. decoder step: press "Next" on /decoder (toy-translate, inference) -> "decoder-weights"
    shows one more row (the target's figure); also reported: until all five of the step's

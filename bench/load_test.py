@@ -130,7 +130,7 @@ print(n, round(peak - before), round(gate.trace_bytes(m.config, n) / 2**20))
 
 def calibrate(lengths=(1200, 4000)) -> int:
     """A smollm2 trace's peak memory above the loaded model (VmHWM in a fresh child per length)
-    against the gate's estimate from shapes (viz.gate.trace_bytes)."""
+    against the gate's estimate from shapes (viz.ui.gate.trace_bytes)."""
     import subprocess
 
     rows = []

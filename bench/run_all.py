@@ -274,17 +274,17 @@ def write_doc(info: dict, results: list, core_runs: dict, mem: dict, browser: di
              "that shows the new data (the typed tokens on the axis, the chosen head in the title, 72 maps, one "
              "more decoder row). The browser shares the 2 cores with the server and with the machine's other load.")
     L.append("")
-    L.append("The model view is one heatmap: viz.grid tiles every layer x head map into one matrix (a blank row and "
+    L.append("The model view is one heatmap: viz.figures.grid tiles every layer x head map into one matrix (a blank row and "
              "column between maps) with an invisible click target per map, instead of 72 plotly subplots (their "
              f"figures are in [{HISTORY}]({HISTORY})). The decoder's and the explore heatmaps use fixed "
-             "margins fitted to their token labels (viz.figures.fix_margins) instead of plotly's automargin, which "
+             "margins fitted to their token labels (viz.figures.heatmaps.fix_margins) instead of plotly's automargin, which "
              "measured every label and drew each chart twice when the margins moved. A decoder step redraws five "
              "charts; the target figure is the weights chart, and the time until all five are new is reported too. "
              "The floor rows time the same press of Next on bench/floor/app.py, a bare Streamlit fragment (no "
              "model, none of the app's code) with no chart and with five plain heatmaps of the decoder's sizes, "
              "each on its own server in the same run: the second is what Streamlit and plotly.js cost for five "
              "charts on this machine, which the decoder's figure cannot go under without drawing fewer charts. "
-             "\"Step in the browser\" (the stepper's toggle, viz/decoder_steps.py) goes under it by not rerunning: "
+             "\"Step in the browser\" (the stepper's toggle, viz/decoder/steps.py) goes under it by not rerunning: "
              "one figure holds every step's three maps and its own slider restyles them in the page; its row is a "
              "click on that slider until the weights panel holds one more row, with the number of Streamlit runs "
              "the clicks started.")

@@ -70,7 +70,7 @@ def part_smollm2(rounds: int, n: int = 2048) -> dict:
     import torch
 
     import core
-    from viz.model_view import pooled_layers
+    from viz.figures.model_view import pooled_layers
 
     model = core.load_model("smollm2", device="cpu")
     ids = smol_ids(model, n)

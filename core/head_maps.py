@@ -24,10 +24,10 @@ the loaders accept to the full map.
 `pooled` (the contract of docs/design.md, "Long inputs"): block means of size x size cells;
 a cell masked to -inf counts as 0 in `weights` (its weight is 0) and is left out of the
 means of `scores`, `scaled` and `masked` (a block with no allowed cell is -inf, as
-viz.reduce.block_means has it). `profile`: per head, from the same tiles, the mean attention
+viz.figures.reduce.block_means has it). `profile`: per head, from the same tiles, the mean attention
 distance sum_j a_ij |i - j|, the mass on the first token a_i0, the mass within the last
 LOCAL tokens (|i - j| < LOCAL), the mean row entropy (bits), and the mean weight on the
-previous token and on itself (viz.model_view, head profiles, core.analysis.head_scoring).
+previous token and on itself (viz.figures.model_view, head profiles, core.analysis.head_scoring).
 
 Tiling applies to self-attention with no relative position bias (every decoder and encoder
 here but T5's); cross-attention and T5's self-attention fall back to the layer's full map
@@ -37,6 +37,7 @@ here but T5's); cross-attention and T5's self-attention fall back to the layer's
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -251,15 +252,19 @@ def _profile_tile(acc: dict, w: torch.Tensor, r0: int, r1: int, c0: int = 0, cau
 
 # ------------------------------------------------------------------ through a trace
 _DERIVED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_DERIVED_LOCK = threading.Lock()
 
 
 def derived(trace) -> dict:
-    """Results core's analyses compute from a trace (head profiles, pooled tiles, surprisal),
-    kept while the trace object lives and dropped with it; not part of the trace's pickle."""
-    got = _DERIVED.get(trace)
-    if got is None:
-        got = _DERIVED[trace] = {}
-    return got
+    """The one per-trace memo: results computed from a trace (head profiles, pooled tiles,
+    surprisal, and the viewers' pooled maps, checks and lens tables), kept while the trace object
+    lives and dropped with it; keyed by the object (each decoder step view has its own); not part
+    of the trace's pickle. Values must not hold the trace itself (it would never be freed)."""
+    with _DERIVED_LOCK:
+        got = _DERIVED.get(trace)
+        if got is None:
+            got = _DERIVED[trace] = {}
+        return got
 
 
 def _memo(trace) -> dict:

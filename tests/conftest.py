@@ -16,7 +16,7 @@ import pytest
 import core
 import core.device
 
-# Texts too long for a URL are kept on disk (viz.text_store): the tests' go to a folder of their own
+# Texts too long for a URL are kept on disk (viz.ui.text_store): the tests' go to a folder of their own
 os.environ.setdefault("ATTENTION_LAB_TEXT_STORE", os.path.join(tempfile.mkdtemp(prefix="attention-lab-texts-")))
 
 # Tests share the machine with a browser and an app server: one intra-op thread keeps
@@ -58,7 +58,7 @@ def heatmap_z(chart, trace_index: int = 0) -> np.ndarray:
 
 
 def grid_tile(fig: dict, layer: int, head: int) -> np.ndarray:
-    """One map of a tiled model view (viz.grid.tiled_head_grid), given its real layer number.
+    """One map of a tiled model view (viz.figures.grid.tiled_head_grid), given its real layer number.
 
     Reads the layout from the heatmap's category names ("layer l · query q", "head h · key k"),
     independently of the figure builder's own arithmetic."""
@@ -82,6 +82,20 @@ def assert_no_exception(at):
     assert not at.exception, [e.message for e in at.exception]
 
 
+def switch_to(at, key: str):
+    """Open page `key` (viz/<key>/page.py) on the next run of `at`, before or after its first run.
+    AppTest.switch_page finds a page by its file's name until the app has run once, and every
+    page's file is page.py; st.Page hashes its url_path, which is the page's key (app.py), so the
+    hash is set from the key directly (the home page, at /, is the app's default)."""
+    from streamlit.util import calc_hash
+
+    from viz.ui.registry import page
+
+    if not page(key).default:
+        at._page_hash = calc_hash(key)
+    return at
+
+
 @pytest.fixture
 def app_test():
     from streamlit.testing.v1 import AppTest
@@ -89,7 +103,7 @@ def app_test():
     def make(page: str = "", **params):
         at = AppTest.from_file(APP, default_timeout=120)
         if page:
-            at.switch_page(f"viz/pages/{page}.py")
+            switch_to(at, page)
         for k, v in params.items():
             at.query_params[k] = v
         return at

@@ -1,7 +1,7 @@
 """Head ablation against transformers: our model.trace(text, ablate=...) equals transformers'
 forward with a forward pre-hook on the output projection that zeroes (or mean-replaces) the
 head's slice of Concat(heads), for smollm2 (LlamaForCausalLM) and minilm (BertModel).
-Also the pure helpers of viz.head_knockout (URL form, toggling, what changed)."""
+Also the pure helpers of viz.explore.knockout (URL form, toggling, what changed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import core
-from viz import head_knockout as va
+from viz.explore import knockout as va
 
 TOL = 1e-4
 
@@ -124,7 +124,7 @@ def test_minilm_ablation_matches_bert_hook(mode):
     assert (ours["encoder.4.self_attn.weights"] - ref.attentions[4][0]).abs().max().item() < TOL
 
 
-# ------------------------------------------------------------------ viz.head_knockout
+# ------------------------------------------------------------------ viz.explore.knockout
 SIZES = {"decoder": (30, 9)}
 
 
@@ -157,7 +157,7 @@ def test_cosines_and_table():
 
 
 def test_mark_grid_crosses_out_only_ablated_heads():
-    from viz.grid import tiled_head_grid
+    from viz.figures.grid import tiled_head_grid
 
     maps = [torch.softmax(torch.randn(3, 4, 4), -1) for _ in range(2)]
     fig = tiled_head_grid(maps, first_layer=0)

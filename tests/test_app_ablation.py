@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import core
-from conftest import assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
-from viz import head_knockout as va
+from conftest import switch_to, assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
+from viz.explore import knockout as va
 
 TEXT = "the small dog sees the cat"
 TAB_MODEL = "Model view (all layers × heads)"
@@ -117,8 +117,8 @@ def test_mode_survives_a_trip_to_another_page(app_test):
     at = app_test("explore", text=TEXT)
     at.run()
     assert at.selectbox(key="explore.ablation").value == "zero"
-    at.switch_page("viz/pages/positions.py").run()
-    at.switch_page("viz/pages/explore.py").run()
+    switch_to(at, "positions").run()
+    switch_to(at, "explore").run()
     assert_no_exception(at)
     assert at.selectbox(key="explore.ablation").value == "zero"
     at.multiselect(key="explore.ablate").select("encoder.0.1").run()

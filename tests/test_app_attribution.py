@@ -95,7 +95,7 @@ def test_an_encoder_without_an_output_is_pointed_to_compare(app_test):
 
 
 def test_word_scores_sum_pieces():
-    from viz.attribution_figures import word_scores
+    from viz.attribution.figures import word_scores
 
     scores, labels = word_scores([1.0, 2.0, 3.0, 4.0], ["[CLS]", "em", "##bed", "cat"], [None, 0, 0, 1],
                                  [True, False, False, False])

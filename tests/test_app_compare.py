@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
-from viz import word_pair as cmp
+from viz.compare import figures as cmp
 
 BANK_A, BANK_B = cmp.BANK_A, cmp.BANK_B
 

@@ -103,9 +103,9 @@ def test_play_runs_to_the_end(app_test, greedy):
 
 
 def test_step_in_the_browser_holds_every_step(app_test, greedy):
-    """The toggle swaps the step's charts for one figure of every step (viz/decoder_steps.py),
+    """The toggle swaps the step's charts for one figure of every step (viz/decoder/steps.py),
     opened on the URL's step: its maps for that step are the ones the step's own charts draw."""
-    from viz.ui.stepper import IN_BROWSER
+    from viz.decoder.stepper_panel import IN_BROWSER
 
     at = app_test("decoder", model="toy-translate", text=TEXT, step="3", layer="1", head="2")
     at.run()
@@ -129,7 +129,7 @@ def test_step_in_the_browser_holds_every_step(app_test, greedy):
 
 
 def test_step_in_the_browser_is_for_inference(app_test, greedy):
-    from viz.ui.stepper import IN_BROWSER
+    from viz.decoder.stepper_panel import IN_BROWSER
 
     at = app_test("decoder", model="toy-translate", text=TEXT, step="2")
     at.run()
@@ -290,7 +290,7 @@ def test_smollm2_stepper_with_a_1024_token_prompt(app_test):
     generation and one traced pass; the maps come in blocks; Next moves one step and the
     drawn weights are the core's, in blocks."""
     from bench.common import PASSAGE
-    from viz import decoder_maps as dv
+    from viz.decoder import figures as dv
 
     model = core.load_model("smollm2", device="cpu")
     text = PASSAGE * 40
@@ -314,8 +314,8 @@ def test_smollm2_stepper_with_a_1024_token_prompt(app_test):
     z2 = heatmap_z(chart_by_key(at, "decoder-weights"))
     np.testing.assert_allclose(z2, want, atol=1e-4)
     # stepped in the browser: each step's last 48 rows, the keys before them summed into column 0
-    from viz.decoder_steps import WINDOW
-    from viz.ui.stepper import IN_BROWSER
+    from viz.decoder.steps import WINDOW
+    from viz.decoder.stepper_panel import IN_BROWSER
 
     at.toggle(key=IN_BROWSER).set_value(True).run(timeout=300)
     assert_no_exception(at)

@@ -9,8 +9,8 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, grid_shape, grid_tile, heatmap_z
-from viz import model_view as ex
-from viz.figures import HOVER_LABEL_CELLS, safe_labels
+from viz.figures import model_view as ex
+from viz.figures.heatmaps import HOVER_LABEL_CELLS, safe_labels
 from viz.ui.widgets import NOTES_EXAMPLES
 
 TEXT = "the small dog sees the cat"

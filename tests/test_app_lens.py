@@ -6,7 +6,7 @@ import pytest
 
 import core.analysis as ca
 from conftest import assert_no_exception, chart_by_key, heatmap_z
-from viz import lens_figures as lf
+from viz.lens import figures as lf
 
 IOI = "When Mary and John went to the store, John gave a drink to"
 URL = {"model": "smollm2", "text": IOI, "target": " Mary", "baseline": " John"}

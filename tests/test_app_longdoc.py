@@ -11,7 +11,7 @@ import torch
 
 import core.head_maps as hm
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
-from viz import long_maps as lm
+from viz.figures import long_maps as lm
 
 TEXT = ("The river bank was steep. Children played near the water! Their parents watched from the bridge. "
         "Was the current strong? Nobody knew.\n\nA second paragraph starts here. It has two sentences.")

@@ -1,7 +1,7 @@
 """The patching page under AppTest: the map draws the numbers core.analysis.patch computes, every
 control round-trips through the URL, a pair of different token counts gets a message naming both
 counts with both tokenisations, a clicked cell opens Explore, and the layer-0 check shows. Also
-the pure helpers of viz.patching_maps."""
+the pure helpers of viz.patching.figures."""
 
 import numpy as np
 import pandas as pd
@@ -9,7 +9,7 @@ import pytest
 
 import core.analysis as ca
 from conftest import assert_no_exception, chart_by_key, heatmap_z
-from viz import patching_maps as pm
+from viz.patching import figures as pm
 
 TOY_CLEAN, TOY_CORRUPT = "the small dog sees the cat", "the small cat sees the dog"
 
@@ -84,7 +84,7 @@ def test_clicked_cell_opens_explore(app_test, toy):
     assert at.query_params["attn"] == "encoder.self_attn" and at.query_params["text"] == TOY_CLEAN
 
 
-# ------------------------------------------------------------------ viz.patching_maps
+# ------------------------------------------------------------------ viz.patching.figures
 def test_swap_and_default_corrupt():
     assert pm.default_corrupt(pm.IOI_CLEAN) == pm.IOI_CORRUPT
     assert pm.default_corrupt("When Anna met Tom, she smiled") == "When Anna met Anna, she smiled"

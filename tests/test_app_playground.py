@@ -7,7 +7,7 @@ import numpy as np
 
 import core
 from conftest import assert_no_exception, chart_by_key, figure, heatmap_z
-from viz.ui.playground_controls import PLAY_TABS
+from viz.playground.controls_panel import PLAY_TABS
 
 LONG_TEXT = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 EDIT = "playground.Q.v0"

@@ -5,7 +5,7 @@ goes when the run ends (and the Lens announces a long input too); the swap list 
 
 
 from conftest import assert_no_exception, chart_by_key, figure
-from viz import patching_maps as pm
+from viz.patching import figures as pm
 from viz.ui import explore_links, longdoc
 
 IOI = "When Mary and John went to the store, John gave a drink to"

@@ -227,7 +227,7 @@ def test_state_survives_every_model_switch(app_test, page):
 
 # ------------------------------------------------------------------ shared links
 def test_decoder_step_in_the_browser_round_trips(app_test):
-    from viz.ui.stepper import IN_BROWSER
+    from viz.decoder.stepper_panel import IN_BROWSER
 
     at = app_test("decoder", model="toy-translate", text=TEXT)
     at.run()

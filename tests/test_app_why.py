@@ -10,7 +10,7 @@ import pytest
 import core
 import core.analysis as ca
 from conftest import assert_no_exception
-from viz import why_figures as wf
+from viz.figures import why as wf
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 

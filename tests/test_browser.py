@@ -128,8 +128,8 @@ def test_decoder_steps_in_the_browser(server, page):
     import numpy as np
 
     from bench.browser_bench import SLIDER_STEP_AT_JS
-    from viz.decoder_steps import ZWSP
-    from viz.figures import safe_labels
+    from viz.decoder.steps import ZWSP
+    from viz.figures.heatmaps import safe_labels
 
     sentence = "the small dog sees the cat"
     page.goto(f"{server.url}/decoder?model=toy-translate&step=2&text=" + urllib.parse.quote(sentence))
@@ -200,7 +200,7 @@ def test_block_map_hover_names_both_blocks(page):
     import torch
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from viz import decoder_maps as dv
+    from viz.decoder import figures as dv
 
     n = 300
     mask = core.causal_mask(n).numpy()
@@ -251,7 +251,7 @@ def test_full_resolution_hover_names_the_tokens(page):
     (120, 35) names both tokens."""
     import numpy as np
 
-    from viz.figures import HOVER_LABEL_CELLS, attention_heatmap
+    from viz.figures.heatmaps import HOVER_LABEL_CELLS, attention_heatmap
 
     n = 210
     words = "the river bank was closed so she walked".split()

@@ -10,7 +10,7 @@ import pytest
 import core
 from browser_utils import SCREENSHOTS, chart_data, no_exception, require_browser, start_server, wait_idle
 from core.head_maps import long_layer, pool_full
-from viz.text import clean_text
+from viz.figures.text import clean_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

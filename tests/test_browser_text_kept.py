@@ -1,6 +1,6 @@
 """A 50,000-character document in a real browser (issue 41): pasted into Explore's box, it comes
 back whole after Back, a reload and in a new tab opened with the page's link (the URL carries
-its first part and a key; the server keeps the whole text, viz.text_store); a link whose key
+its first part and a key; the server keeps the whole text, viz.ui.text_store); a link whose key
 this server does not hold says so and shows what the URL carries."""
 
 import urllib.parse
@@ -8,8 +8,8 @@ import urllib.parse
 import pytest
 
 from browser_utils import no_exception, require_browser, start_server, wait_idle
-from viz import text_store
-from viz.text import url_text
+from viz.ui import text_store
+from viz.figures.text import url_text
 
 pytestmark = pytest.mark.browser
 

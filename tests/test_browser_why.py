@@ -8,7 +8,7 @@ import pytest
 import core
 import core.analysis as ca
 from browser_utils import SCREENSHOTS, no_exception, wait_idle
-from viz import why_figures as wf
+from viz.figures import why as wf
 
 pytestmark = pytest.mark.browser
 
@@ -17,7 +17,7 @@ LAYER, HEAD, QUERY, KEY = 5, 2, 12, 3
 
 
 def _click_cell(page, key, row, col):
-    """Click the click target of cell (row, col) (viz.why_figures.add_cell_targets) in chart `key`."""
+    """Click the click target of cell (row, col) (viz.figures.why.add_cell_targets) in chart `key`."""
     sel = f'.st-key-{key}[data-stale="false"] .js-plotly-plot'
     page.wait_for_selector(sel, timeout=60_000)
     page.locator(sel).scroll_into_view_if_needed()

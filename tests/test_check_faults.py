@@ -216,21 +216,21 @@ def positions_off_by_one(mp):
 def pe_formula_without_cosines(mp):
     """Not the core: the page's own formula with its cosines replaced by sines, so PE·PEᵀ is no
     longer constant along its diagonals (section 3's check is about the formula itself)."""
-    import viz.position_figures
+    import viz.figures.positions
 
-    real = viz.position_figures.pe_matrix
+    real = viz.figures.positions.pe_matrix
 
     def broken(n, d, layout="interleaved", base=10000.0):
         pe = real(n, d, layout, base)
         pe[:, 1::2] = pe[:, 0::2][:, : d // 2] * 0.5 + 0.1
         return pe
 
-    mp.setattr(viz.position_figures, "pe_matrix", broken)
+    mp.setattr(viz.figures.positions, "pe_matrix", broken)
 
 
 POSITIONS = {"model": "toy-translate", "text": TEXT}
 add(Fault("model's P = the formula in numpy", "positions", POSITIONS,
-          "the recorded P vs the sinusoid formula written out again in float64 numpy (viz.position_figures.pe_matrix)",
+          "the recorded P vs the sinusoid formula written out again in float64 numpy (viz.figures.positions.pe_matrix)",
           positions_off_by_one, fails="the recorded P equals the sinusoid formula",
           holds="the recorded P equals the sinusoid formula"))
 add(Fault("model's X = X' + P in numpy", "positions", POSITIONS,
@@ -398,7 +398,7 @@ def test_registry_names_every_check_of_the_inside_page(toy, smollm2):
     least one entry above per step (as many as the step shows checks)."""
     from collections import Counter
 
-    from viz.checks import layer_checks
+    from viz.figures.checks import layer_checks
 
     shown: Counter = Counter()
     for model in (toy, smollm2):

@@ -1,4 +1,4 @@
-"""viz.word_pair: words found in traces (pieces included), cosines layer by layer checked
+"""viz.compare.figures: words found in traces (pieces included), cosines layer by layer checked
 against torch.nn.functional.cosine_similarity on the trace tensors, attention from a word."""
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import core
 from core import trace_names as tn
 from core.trace import Trace
-from viz import word_pair as cmp
+from viz.compare import figures as cmp
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 

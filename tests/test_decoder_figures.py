@@ -1,4 +1,4 @@
-"""viz.decoder_maps: the stepper's figure functions and bookkeeping, without a browser or Streamlit."""
+"""viz.decoder.figures: the stepper's figure functions and bookkeeping, without a browser or Streamlit."""
 
 import math
 
@@ -9,9 +9,9 @@ import torch
 
 import core
 from core import ModelConfig
-from viz import decoder_maps as dv
-from viz import prefix_check as pc
-from viz.figures import matrix_heatmap
+from viz.decoder import figures as dv
+from viz.figures import prefix_check as pc
+from viz.figures.heatmaps import matrix_heatmap
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
@@ -63,7 +63,7 @@ def test_large_mask_keeps_colours_but_drops_cell_text():
 def test_large_masked_scores_draw_no_text_per_cell():
     """Beyond NEG_INF_TEXT_UP_TO rows the '-∞' cells are grey without text: plotly draws one
     SVG text per cell, which took seconds for the stepper's 96 x 96 block maps."""
-    from viz.figures import NEG_INF_TEXT_UP_TO
+    from viz.figures.heatmaps import NEG_INF_TEXT_UP_TO
 
     for n, written in ((NEG_INF_TEXT_UP_TO, True), (NEG_INF_TEXT_UP_TO + 1, False)):
         masked = torch.randn(n, n) + core.causal_mask(n)
@@ -260,7 +260,7 @@ def test_long_prefixes_are_drawn_in_blocks():
     """A 200-position causal map in blocks of 3: weights rows sum to 1, the block means of
     the scores and the mask are those of a direct loop, blocks wholly above the diagonal -inf."""
     import core
-    from viz import decoder_maps as dv
+    from viz.decoder import figures as dv
 
     n = 200
     g = torch.Generator().manual_seed(0)
@@ -327,7 +327,7 @@ def test_maps_have_fixed_margins_and_their_outline():
     assert (shape.y0, shape.y1, shape.x0, shape.x1) == (1.5, 2.5, -0.5, 2.5)
     for ax in (fig.layout.xaxis, fig.layout.yaxis):
         assert ax.automargin is False and ax.ticklabeloverflow == "allow" and ax.zeroline is False
-    from viz.figures import label_margins
+    from viz.figures.heatmaps import label_margins
 
     assert fig.layout.margin.l == label_margins(run, run)["l"] > label_margins(toks, toks)["l"]
     assert fig.layout.title.yref == "container" and fig.layout.yaxis.autorange == "reversed"
@@ -339,7 +339,7 @@ def test_maps_have_fixed_margins_and_their_outline():
 def test_fix_margins_fixes_every_axis_of_a_figure_with_subplots():
     from plotly.subplots import make_subplots
 
-    from viz.figures import fix_margins
+    from viz.figures.heatmaps import fix_margins
 
     fig = make_subplots(rows=1, cols=2)
     fig.add_trace(go.Heatmap(z=[[1, 2]]), row=1, col=1)
@@ -351,8 +351,8 @@ def test_fix_margins_fixes_every_axis_of_a_figure_with_subplots():
 
 def test_space_tokens_show_a_visible_space():
     """A next token that is a space reads as the token chips show it (␣), not as the quoted ' '."""
-    from viz import head_knockout as va
-    from viz.text import token_text
+    from viz.explore import knockout as va
+    from viz.figures.text import token_text
 
     fig = dv.next_token_figure([" ", "the", "  "], [0.5, 0.3, 0.2])
     assert list(fig.layout.yaxis.ticktext) == ["␣", "the", "␣␣"]

@@ -1,4 +1,4 @@
-"""viz.decoder_steps: every inference step in one figure, stepped by its own slider.
+"""viz.decoder.steps: every inference step in one figure, stepped by its own slider.
 
 Each step's three maps are read back from the slider's restyle (what the browser applies)
 and compared with an independent pass per step: the decoder run on that step's prefix alone
@@ -8,9 +8,9 @@ also the softmax of the shown scores, row by row."""
 import numpy as np
 import pytest
 
-from viz import decoder_maps as dv
-from viz import decoder_steps as ds
-from viz.figures import safe_labels
+from viz.decoder import figures as dv
+from viz.decoder import steps as ds
+from viz.figures.heatmaps import safe_labels
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 TEXT = "the small dog sees the cat"

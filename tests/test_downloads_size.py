@@ -1,4 +1,4 @@
-"""Download sizes are told before the download (viz.downloads): the estimate from one layer's
+"""Download sizes are told before the download (viz.ui.download_sizes): the estimate from one layer's
 shapes matches the arrays actually written, and one layer alone is offered."""
 
 import io
@@ -8,7 +8,7 @@ import pytest
 
 import core
 from core import trace_names as tn
-from viz import downloads as vd
+from viz.ui import download_sizes as vd
 
 
 @pytest.fixture(scope="module")

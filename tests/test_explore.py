@@ -1,4 +1,4 @@
-"""viz.model_view: pieces read as words, long maps drawn in blocks, layer ranges of the model view,
+"""viz.figures.model_view: pieces read as words, long maps drawn in blocks, layer ranges of the model view,
 and the cap on decoder-only prompts. Pure functions, checked against the core's tensors."""
 
 import json
@@ -9,8 +9,8 @@ import torch
 
 import core
 from conftest import grid_shape, grid_tile
-from viz import model_view as ex
-from viz.select import View, attention_matrix
+from viz.figures import model_view as ex
+from viz.figures.select import View, attention_matrix
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
@@ -105,7 +105,7 @@ def test_grid_click_targets_name_their_maps():
 
 
 def test_block_ticks():
-    from viz.figures import attention_heatmap
+    from viz.figures.heatmaps import attention_heatmap
 
     m = torch.softmax(torch.randn(128, 128), -1)
     labels = [f"tok{i}… [{i}–{i + 3}]" for i in range(128)]

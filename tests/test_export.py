@@ -1,4 +1,4 @@
-"""Figures for papers: viz.export (kaleido + Chromium) and the app's chart downloads."""
+"""Figures for papers: viz.figures.export (kaleido + Chromium) and the app's chart downloads."""
 
 import base64
 import io
@@ -14,8 +14,8 @@ from plotly.colors import convert_colors_to_same_type, unlabel_rgb
 
 from browser_utils import SKIP_VAR
 from conftest import assert_no_exception
-from viz import export
-from viz.figures import attention_heatmap
+from viz.figures import export
+from viz.figures.heatmaps import attention_heatmap
 
 ROOT = Path(__file__).resolve().parent.parent
 SVG_NS = "{http://www.w3.org/2000/svg}"

@@ -214,8 +214,8 @@ def test_wheel_ships_the_app_and_the_command(tmp_path):
         names = set(z.namelist())
         entry = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "app.py" in names and "core/cli.py" in names and "core/frames.py" in names
-    pages = {f.replace("\\", "/") for f in files if f.startswith("viz/pages/") and f.endswith(".py")}
-    assert pages <= names
+    pages = {f.replace("\\", "/") for f in files if f.startswith("viz/") and f.endswith("/page.py")}
+    assert len(pages) >= 12 and pages <= names
     assert {f for f in files if f.startswith("assets/toy-translate/")} <= names
     assert "attention-lab = core.cli:main" in entry
 

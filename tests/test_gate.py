@@ -1,4 +1,4 @@
-"""The admission gate (viz/gate.py): heavy jobs enter within the memory budget, in order of
+"""The admission gate (viz/ui/gate.py): heavy jobs enter within the memory budget, in order of
 arrival; one that does not fit waits (saying how many jobs are ahead) and then runs; a
 cancelled one leaves the queue and frees its place; the caches give back room first; and
 through the app, a page whose trace does not fit waits and then draws its map."""
@@ -10,8 +10,8 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key
-from viz import gate as vg
-from viz.cache import ByteLRU
+from viz.ui import gate as vg
+from viz.ui.cache import ByteLRU
 
 MB = 2**20
 

@@ -1,4 +1,4 @@
-"""The heads page and its figures (viz.score_maps): the drawn numbers are core.analysis's, a click
+"""The heads page and its figures (viz.heads.figures): the drawn numbers are core.analysis's, a click
 on a score cell opens that head in Explore, and the URL holds model and text."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
 from core import analysis
-from viz import score_maps as hv
-from viz.figures import CHAR_PX
+from viz.heads import figures as hv
+from viz.figures.heatmaps import CHAR_PX
 
 TEXT = "the small dog sees the cat"
 

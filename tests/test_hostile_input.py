@@ -16,10 +16,10 @@ import urllib.parse
 import pytest
 
 import core
-import viz.text
+import viz.figures.text
 from conftest import assert_no_exception, chart_by_key
-from viz.cache import ByteLRU
-from viz.figures import attention_heatmap, head_view, safe_label
+from viz.ui.cache import ByteLRU
+from viz.figures.heatmaps import attention_heatmap, head_view, safe_label
 from viz.ui import models, registry
 
 # every page of the registry that takes free text and draws a chart (viz/ui/registry.py)
@@ -138,13 +138,13 @@ def test_hostile_text(app_test, page, case):
     if case in ("empty", "whitespace"):
         assert any("empty" in m for m in msgs), (page, case, msgs)
     elif case == "100kB":
-        assert len(BIG) <= viz.text.MAX_CHARS  # no character cap: the model's context is the limit
+        assert len(BIG) <= viz.figures.text.MAX_CHARS  # no character cap: the model's context is the limit
         assert any(f"maximum of {core.load_model(model).max_input_tokens} tokens" in m for m in msgs), msgs
         # the URL keeps what the models read, short enough for a reload or a shared link to open
         url_text = at.query_params["text"]
         url_text = url_text[0] if isinstance(url_text, list) else url_text
-        assert BIG.startswith(url_text) and len(url_text) <= viz.text.MAX_CHARS
-        assert len(urllib.parse.quote(url_text)) <= viz.text.URL_VALUE_BYTES
+        assert BIG.startswith(url_text) and len(url_text) <= viz.figures.text.MAX_CHARS
+        assert len(urllib.parse.quote(url_text)) <= viz.figures.text.URL_VALUE_BYTES
     elif case == "control+NUL":
         assert any("Control characters" in m for m in msgs), msgs
     if case == "100kB" and page in CLICK_FIRST:  # a long run is announced with its time, not started
@@ -240,7 +240,7 @@ def test_decoder_stepper_caps_long_prompts(app_test, monkeypatch):
     said = [w.value for w in at.warning if "runs on the prompt's last 256 tokens" in w.value]
     assert said, messages(at)
     # past the tokenizer's own max_len (which keeps the first tokens), counted by the Rust tokenizer
-    total = len(model.tokenizer._tk.encode(viz.text.clean_text(BIG)[0], add_special_tokens=False).ids)
+    total = len(model.tokenizer._tk.encode(viz.figures.text.clean_text(BIG)[0], add_special_tokens=False).ids)
     assert total > model.config.max_len
     assert f"The prompt has {total:,} tokens" in said[0] and f"the first {total - 256:,} are cut" in said[0], said
     chart_by_key(at, "decoder-weights")
@@ -316,14 +316,14 @@ def test_inside_long_token_axes_are_escaped(app_test):
 @pytest.mark.parametrize("text", ["a" * 50_000, "the dog " * 5000, "小狗" * 10_000, "🐶" * 9000, "é" * 30_000,
                                   "The dog, who saw ~3 cats (é/小狗/🐶) — ran.\n" * 900])
 def test_url_keeps_a_prefix_that_fits(text):
-    kept = viz.text.url_text(text)
-    assert text.startswith(kept) and len(kept) <= viz.text.MAX_CHARS
-    assert len(urllib.parse.quote(kept, safe="")) <= viz.text.URL_VALUE_BYTES
-    assert len(kept) >= min(len(text), viz.text.MAX_CHARS, viz.text.URL_VALUE_BYTES // 12)
+    kept = viz.figures.text.url_text(text)
+    assert text.startswith(kept) and len(kept) <= viz.figures.text.MAX_CHARS
+    assert len(urllib.parse.quote(kept, safe="")) <= viz.figures.text.URL_VALUE_BYTES
+    assert len(kept) >= min(len(text), viz.figures.text.MAX_CHARS, viz.figures.text.URL_VALUE_BYTES // 12)
     # the longest such prefix: one more character, quoted by urllib itself, would not fit
-    if len(kept) < min(len(text), viz.text.MAX_CHARS):
-        assert len(urllib.parse.quote(text[:len(kept) + 1], safe="")) > viz.text.URL_VALUE_BYTES
-    assert viz.text.url_text("the small dog") == "the small dog"
+    if len(kept) < min(len(text), viz.figures.text.MAX_CHARS):
+        assert len(urllib.parse.quote(text[:len(kept) + 1], safe="")) > viz.figures.text.URL_VALUE_BYTES
+    assert viz.figures.text.url_text("the small dog") == "the small dog"
 
 
 def test_trace_cache_is_bounded():

@@ -1,4 +1,4 @@
-"""The joint query-key embedding (core.analysis.joint) and its figures (viz.joint_scatter)."""
+"""The joint query-key embedding (core.analysis.joint) and its figures (viz.corpus.figures)."""
 
 import numpy as np
 import pandas as pd
@@ -6,7 +6,7 @@ import pytest
 
 import core.analysis.joint as cj
 from conftest import decode_array
-from viz import joint_scatter as vc
+from viz.corpus import figures as vc
 
 
 def _qk(n=200, d=16, seed=0):

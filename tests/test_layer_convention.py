@@ -8,8 +8,8 @@ import pytest
 
 import core.analysis as ca
 from conftest import assert_no_exception, chart_by_key, figure
-from viz import lens_figures as lf
-from viz import patching_maps as pm
+from viz.lens import figures as lf
+from viz.patching import figures as pm
 
 IOI = "When Mary and John went to the store, John gave a drink to"
 

@@ -1,4 +1,4 @@
-"""The lecture notes are cited by name (viz.citations), and "seed" is left to random seeds."""
+"""The lecture notes are cited by name (viz.figures.citations), and "seed" is left to random seeds."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 
 import core
 
-from viz.citations import NOTES, cite_text
+from viz.figures.citations import NOTES, cite_text
 
 # The notes live beside the checkout: <dir>/main (the project) and <dir>/shared/seeds.
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def test_every_concept_of_the_notes_links_to_a_page_that_opens_on_it(app_test):
     page on its example and model with no warning and no exception."""
     from conftest import assert_no_exception
 
-    from viz.citations import CONCEPTS, NOTES
+    from viz.figures.citations import CONCEPTS, NOTES
     from viz.ui import registry
 
     assert {c.notes for c in CONCEPTS} == set(NOTES)  # every set of notes has its concepts

@@ -1,4 +1,4 @@
-"""The Inside page's pieces (viz.steps, viz.checks, viz.step_figures) on random core models:
+"""The Inside page's pieces (viz.figures.steps, viz.figures.checks, viz.figures.step_figures) on random core models:
 steps hold the trace's real tensors, the column notation is the transpose of the row one,
 the checks hold (and catch tampering), and large inputs are drawn reduced."""
 
@@ -10,14 +10,14 @@ import torch
 
 import core
 from core import trace_names as tn
-from viz.checks import head_checks, residual_checks, row_sum_error
-from viz.figures import to_numpy
-from viz.reduce import block_means
-from viz.step import COLS, ROWS, Step, kv_head, mask_kind
-from viz.step_figures import (
+from viz.figures.checks import head_checks, residual_checks, row_sum_error
+from viz.figures.heatmaps import to_numpy
+from viz.figures.reduce import block_means
+from viz.figures.step import COLS, ROWS, Step, kv_head, mask_kind
+from viz.figures.step_figures import (
     MAX_CELLS_DRAWN, MAX_TOKENS_DRAWN, MIN_FEATURES_DRAWN, colour_limit, drawn_matrix, step_figure,
 )
-from viz.steps import layer_steps, shapes_table, steps_by_key
+from viz.figures.steps import layer_steps, shapes_table, steps_by_key
 
 TEXT = "the small dog sees the cat"
 
@@ -286,7 +286,7 @@ def test_shapes_table_uses_the_notes_symbols(llama_like):
 
 def test_block_means_of_finite_maps_equal_a_direct_loop():
     """The reshape path (no -inf) against plain Python over blocks, partial blocks included."""
-    from viz.reduce import block_means
+    from viz.figures.reduce import block_means
 
     g = torch.Generator().manual_seed(4)
     m = torch.rand(2, 23, 17, generator=g, dtype=torch.float64)

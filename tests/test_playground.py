@@ -1,4 +1,4 @@
-"""viz.by_hand: attention by hand, parameter-free and symmetric attention, the scaling
+"""viz.figures.by_hand: attention by hand, parameter-free and symmetric attention, the scaling
 argument, the parameter-count formula and the cost measurement, against independent numpy."""
 
 import math
@@ -11,7 +11,7 @@ import torch
 import core
 from core import trace_names as tn
 from core.net import cost
-from viz import by_hand as vg
+from viz.figures import by_hand as vg
 
 
 def softmax_rows(a):

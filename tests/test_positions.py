@@ -1,4 +1,4 @@
-"""viz.position_figures: the sinusoidal matrix, its relative-distance property and the notes' example,
+"""viz.figures.positions: the sinusoidal matrix, its relative-distance property and the notes' example,
 checked against the formula written out independently here (radians, Vaswani et al. 2017)."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import core
-from viz import position_figures as vp
+from viz.figures import positions as vp
 
 
 def formula(n: int, d: int) -> np.ndarray:

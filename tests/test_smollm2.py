@@ -148,7 +148,7 @@ def test_a_trace_at_the_full_context_fits_the_apps_trace_cache(model):
     is stored and the stored bytes grow linearly with a small constant: a 1,100-token trace's
     bytes per token times the context bound them from above."""
     import core.trace
-    from viz.cache import ByteLRU
+    from viz.ui.cache import ByteLRU
     from viz.ui import models as app_models
 
     t = model.trace(" ".join(["the river bank was quiet"] * 240))

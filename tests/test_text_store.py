@@ -1,12 +1,12 @@
-"""Texts too long for a URL are kept (issue 41): the bounded store (viz.text_store) and the
+"""Texts too long for a URL are kept (issue 41): the bounded store (viz.ui.text_store) and the
 pages' URL state, which puts the key in the URL and reads the whole text back through it, or
 says that this server does not hold it."""
 
 import pytest
 
 from conftest import assert_no_exception
-from viz import text_store
-from viz.text import url_text
+from viz.ui import text_store
+from viz.figures.text import url_text
 
 LONG = "".join(f"Sentence {i} of a long pasted document, with words. " for i in range(1000))[:50_000]
 

@@ -15,7 +15,7 @@ from core.toy import toy_steps, toy_task
 from core.__main__ import main as cli
 from core.toy.evaluate import evaluate_toy
 from core.registry import TOY_DIR
-from viz import training as tv
+from viz.figures import training as tv
 
 # sha256 of assets/toy-translate/model.safetensors as shipped (commit 026bec4): the final step must stay it
 SHIPPED_SHA256 = "e9196859c7618d744c4f7c52c9bd989affbab1b23d798f7a01b19bcea1775734"
@@ -162,7 +162,7 @@ def test_chance_alignment_is_the_mean_inverse_length():
 
 # ------------------------------------------------------------------ figures
 def test_alignment_cells_and_hits_agree_with_evaluate():
-    """viz.training's outlined cells and argmax hits on one sentence = core.toy.evaluate's scoring."""
+    """viz.figures.training's outlined cells and argmax hits on one sentence = core.toy.evaluate's scoring."""
     model = core.load_model("toy-translate", device="cpu", step=0)
     s, y, a = toy_task.test_examples(1, seed=5)[0]
     trace = model.trace(" ".join(s), target=" ".join(y))

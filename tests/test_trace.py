@@ -1,6 +1,6 @@
 """Traces: what a traced pass stores (O(n d) only), layers recomputed on access, decoder
 steps as views of one pass, head ablation, save/load, and the app's byte-bounded trace
-cache (viz.cache.ByteLRU). No timings here: bench/trace_bench.py prints those."""
+cache (viz.ui.cache.ByteLRU). No timings here: bench/trace_bench.py prints those."""
 
 import pickle
 import threading
@@ -13,7 +13,7 @@ import core
 from core import trace_names as tn
 from core import ModelConfig, Recorder
 from core.trace import MAPS, Trace, nbytes_of
-from viz.cache import ByteLRU
+from viz.ui.cache import ByteLRU
 
 PER_ATTN = ["q", "k", "v", "mask", "scores", "scaled", "masked", "weights", "value_norms", "heads", "out"]
 TEXT = "the small dog sees the cat"

@@ -56,7 +56,7 @@ def cpu_delta(before: dict, after: dict) -> dict:
 
 
 CORPUS_SENTENCES, CORPUS_SENTENCE_LEN = 500, 20  # pasted: 10,000 minilm tokens -> 20,000 points
-# "Colour by" options as the page names them (viz.joint_scatter.COLOR_BY), in the order the scenario cycles
+# "Colour by" options as the page names them (viz.corpus.figures.COLOR_BY), in the order the scenario cycles
 CORPUS_COLOURS = [("position", "position"), ("token", "token (most frequent)"), ("type", "query / key")]
 # the joint scatter: two traces (queries, keys) of arg[0] points each, coloured by arg[1], head arg[2]
 CORPUS_CHECK = ("e.data.length === 2 && window.__len(e.data[0].x) === arg[0] && window.__len(e.data[1].x) === arg[0] "

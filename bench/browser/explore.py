@@ -31,7 +31,7 @@ def other_head(page, i: int, n_heads: int = 12) -> int:
     return (h + 1) % n_heads if str(h) == current else h
 
 
-# the tiled model view (viz.grid): one heatmap + one click target per map
+# the tiled model view (viz.figures.grid): one heatmap + one click target per map
 GRID_CHECK = "e.data.length === 2 && (e.data[1].customdata || []).length === arg && window.__ticks(e).length === 12"
 HEAD_CHECK = "new RegExp('head ' + arg + '(\\\\D|$)').test(window.__title(e))"
 

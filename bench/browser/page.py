@@ -204,7 +204,7 @@ def toy_sentences(n: int, length: int = 20, seed: int = 1) -> list:
 
 
 def expected_ticks(tokens) -> list:
-    from viz.figures import safe_labels
+    from viz.figures.heatmaps import safe_labels
 
     return safe_labels(tokens)
 

@@ -2,7 +2,7 @@
 and the measured time of its forward pass against O(N²D) + O(N·D²) (seed 004).
 
 Pure torch/numpy/pandas (no plotting); the Playground page draws the results
-(viz/by_hand.py).
+(viz/figures/by_hand.py).
 """
 
 from __future__ import annotations

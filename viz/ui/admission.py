@@ -1,4 +1,4 @@
-"""The admission gate as a page shows it (the gate itself: viz/gate.py): one Gate per process,
+"""The admission gate as a page shows it (the gate itself: viz/ui/gate.py): one Gate per process,
 over the memory budget, with the trace cache counted against it. A job that has to wait says
 so in the page ("Waiting: 2 jobs ahead, about 40 s") with a Cancel button; a cancelled job
 leaves the queue, and the page offers to run it again. A job never stops once it runs."""
@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
-from viz import gate as vg
+from viz.ui import gate as vg
 
 CANCELLED = "_gate.cancelled"  # session flag: the user cancelled a waiting job
 LOG = logging.getLogger("attention_lab")

@@ -2,7 +2,7 @@
 
 The chart's own camera button (plotly's modebar) downloads a PNG at twice the shown size;
 an "SVG" button under the chart downloads the same figure as SVG, drawn by plotly's own
-export (viz.export, kaleido and Chromium) only when it is clicked. Where no browser is
+export (viz.figures.export, kaleido and Chromium) only when it is clicked. Where no browser is
 installed the SVG button is disabled and its tooltip says what to install.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from viz import export
+from viz.figures import export
 
 PNG_SCALE = 2
 

@@ -1,6 +1,6 @@
 """Downloads under a map, in one "Download this map's data" popover: the map (CSV), its layer
 (NPZ), the whole trace (NPZ), each labelled with what it holds and its size, and named for it; a file over the download budget
-(viz.downloads.download_budget) is not offered, and the page says why."""
+(viz.ui.download_sizes.download_budget) is not offered, and the page says why."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import io
 
 import streamlit as st
 
-from viz import downloads as vd
-from viz.figures import attention_frame
+from viz.ui import download_sizes as vd
+from viz.figures.heatmaps import attention_frame
 
 WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
 

@@ -4,7 +4,7 @@ maps from ||a_ij v_j W_o^h||, and the head view's window on a long input."""
 
 import streamlit as st
 
-from viz import model_view as ex
+from viz.figures import model_view as ex
 from viz.ui import urlflags
 
 
@@ -12,11 +12,11 @@ def head_links(col, model, model_name: str, text: str, stack: str, kind: str, la
     """A link to patch the selected head (where the model has an output to measure) and to the
     logit lens of the sentence."""
     if kind == "self_attn" and stack == {"decoder": "decoder", "encoder-decoder": "encoder"}.get(model.kind):
-        st.page_link("viz/pages/patching.py", label=f"Patch this head (layer {layer}, head {head}): does the output "
+        st.page_link("viz/patching/page.py", label=f"Patch this head (layer {layer}, head {head}): does the output "
                      "need it?", query_params={"model": model_name, "text": text, "what": "head",
                                                "layer": str(int(layer)), "head": str(int(head))},
                      icon=":material/healing:")
-    col.page_link("viz/pages/lens.py", label="logit lens", query_params={"model": model_name, "text": text})
+    col.page_link("viz/lens/page.py", label="logit lens", query_params={"model": model_name, "text": text})
 
 
 def norms_toggle(state) -> bool:
@@ -49,7 +49,7 @@ def map_caption(norms: bool) -> None:
 
 def head_view_window(n_q: int, n_k: int, unit: str):
     """(query slice, key slice, title suffix) of the head view: everything up to
-    viz.model_view.HEAD_VIEW_MAX positions, else a window the user moves along the input."""
+    viz.figures.model_view.HEAD_VIEW_MAX positions, else a window the user moves along the input."""
     qs = ks = slice(None)
     where = ""
     if max(n_q, n_k) > ex.HEAD_VIEW_MAX:  # a window of the input the user moves along it

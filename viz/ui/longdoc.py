@@ -1,6 +1,6 @@
 """Explore's long-document parts (Streamlit): the time warning and progress bar of a long
 trace, the overview + zoom heatmap that replaces a full map past core.head_maps.LONG_LAYER_BYTES,
-and the "Long document" tab (spans, head profiles, surprisal). Figures: viz.long_maps;
+and the "Long document" tab (spans, head profiles, surprisal). Figures: viz.figures.long_maps;
 numbers: core.head_maps and core.analysis.surprisal (one head and a tile of rows at a time).
 """
 
@@ -16,11 +16,11 @@ import torch
 from core.analysis.surprisal import surprisal
 from core.analysis.spans import block, span_mass
 from core.head_maps import long_layer, profiles
-from viz import long_maps as lm
-from viz.cache import per_trace
-from viz.figures import attention_heatmap, fix_margins
-from viz.reduce import block_size
-from viz.text import clean_text
+from viz.figures import long_maps as lm
+from core.head_maps import derived as per_trace
+from viz.figures.heatmaps import attention_heatmap, fix_margins
+from viz.figures.reduce import block_size
+from viz.figures.text import clean_text
 from viz.ui import charts, dl
 
 SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
@@ -225,8 +225,8 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
 
 def pooled_layers(trace, stack: str, kind: str, layers, text: str, words: bool, long_input: bool,
                   what: str = "weights"):
-    """viz.model_view.pooled_layers, with a progress bar for a long input (one head at a time)."""
-    from viz import model_view as ex
+    """viz.figures.model_view.pooled_layers, with a progress bar for a long input (one head at a time)."""
+    from viz.figures import model_view as ex
 
     bar = st.progress(0.0, text="Pooling the maps layer by layer…") if long_input else None
     with st.spinner("Computing the maps layer by layer…"):

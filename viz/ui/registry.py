@@ -32,7 +32,7 @@ class PageSpec:
 
     @property
     def file(self) -> str:
-        return f"viz/pages/{self.key}.py"
+        return f"viz/{self.key}/page.py"
 
     @property
     def default(self) -> bool:

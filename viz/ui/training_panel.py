@@ -16,9 +16,9 @@ import streamlit as st
 
 from core import trace_names as tn
 from core.toy import toy_steps, toy_task
-from viz import training as tv
+from viz.figures import training as tv
 from viz.ui import charts, models, url_state
-from viz.text import clean_text
+from viz.figures.text import clean_text
 
 TOY = "toy-translate"
 

@@ -21,8 +21,8 @@ from typing import Callable, Dict, Optional, Sequence
 
 import streamlit as st
 
-from viz import text_store
-from viz.text import MAX_CHARS, url_text, url_value
+from viz.ui import text_store
+from viz.figures.text import MAX_CHARS, url_text, url_value
 
 TEXT_FIELDS = ("text", "text2", "target")  # typed text: a longer URL value is cut to MAX_CHARS
 KEY_SUFFIX = "_key"  # field + KEY_SUFFIX: the key of a value too long for the URL, kept whole on this server
@@ -140,7 +140,7 @@ class PageState:
 
     def _whole(self, field: str, raw):
         """The URL's value of `field`, whole: a value too long for the URL comes with a key
-        (field_key=) under which publish kept it on this server (viz.text_store); where this
+        (field_key=) under which publish kept it on this server (viz.ui.text_store); where this
         server does not hold it, the part the URL carries, with a message asking for the rest."""
         stored = self.qp.get(field + KEY_SUFFIX)
         if stored is None:

@@ -3,7 +3,7 @@ query-side x key-side terms (core.analysis.score_attribution): the terms as a he
 by layer, opened to heads or summed to kinds), the two marginals, the top terms in words, the
 score among its row's other scores and the softmax that turns them into weights, the same terms
 for the score's lead over another key ("versus", default the next-heaviest key), and the check
-that the terms add up to the model's own score. Figures: viz/why_figures.py.
+that the terms add up to the model's own score. Figures: viz/figures/why.py.
 
 URL fields (the pages list them among theirs): why=i,j (query, key), versus=j2 | none (left out:
 the next-heaviest key), why_group=layers | heads | kinds (left out: layers).
@@ -18,8 +18,8 @@ import streamlit as st
 from core import analysis
 from core import trace_names as tn
 from core.head_maps import long_layer
-from viz import gate
-from viz import why_figures as wf
+from viz.ui import gate
+from viz.figures import why as wf
 from viz.ui import admission, charts, models
 from viz.ui.url_state import PageState
 

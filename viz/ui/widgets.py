@@ -13,12 +13,12 @@ from typing import Dict
 import streamlit as st
 
 import core
-from viz.citations import cite_text
+from viz.figures.citations import cite_text
 from viz.ui import registry
 from viz.ui.models import get_model, model_kind, model_label, model_names
 from viz.ui.url_state import PageState, int_from_url
-from viz.select import attention_views
-from viz.text import _md_code
+from viz.figures.select import attention_views
+from viz.figures.text import _md_code
 
 
 DEFAULT_MODEL = "toy-translate"
@@ -155,7 +155,7 @@ def token_chips(tokens, special=None, title: str = "") -> None:
 
 
 def show_checks(checks) -> None:
-    """Checks (viz.checks.Check) as the pages show them: a green caption within the tolerance,
+    """Checks (viz.figures.checks.Check) as the pages show them: a green caption within the tolerance,
     an st.error past it, each with its error and tolerance."""
     for chk in checks:
         if chk.ok:

@@ -1,0 +1,241 @@
+"""Explore: type a sentence, see every head of every layer.
+
+Heatmap of one (stack, attention, layer, head); model view (layer x head grid, click a map
+to enlarge it); head view (lines from queries to keys, one colour per head). Word-piece
+models can be read in words (core.tokens.words); long inputs are drawn in blocks and deep models
+show a range of layers in the model view (viz.figures.model_view). Only the open tab is computed.
+"""
+
+import streamlit as st
+
+from viz.figures import model_view as ex
+from viz.figures.heatmaps import attention_heatmap, fix_margins, head_view
+from viz.explore import knockout as va
+from viz.figures import why as why_figures
+from viz.ui import charts, dl, explore_links, longdoc, models, training_panel, url_state, urlflags, vocab, why_panel, widgets
+from viz.explore import knockout_panel as knockout
+from viz.figures.select import View, attention_matrix, axis_tokens
+from viz.figures.text import _md_code
+
+TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × heads)", "Head view", "Long document"
+
+widgets.header("explore")
+state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
+                                             "words", "full", "heads", "ablate", "ablation", "step_train", "norms",
+                                             "section") + why_panel.FIELDS)
+
+model_name, model, text_col = widgets.model_header(state)
+if model is None:
+    st.stop()
+
+default_text = model.examples[0] if model.examples else widgets.NOTES_EXAMPLES["bank (river)"]
+text_key = state.seeded_key("text", default_text)
+# A new model gets its own default sentence, unless the user typed one of their own.
+previous = st.session_state.get("explore._model")
+if previous is not None and previous != model_name and not (state.external and "text" in state.qp):
+    if st.session_state.get(text_key, "") in ("", st.session_state.get("explore._default_text")):
+        st.session_state[text_key] = default_text
+st.session_state["explore._model"] = model_name
+st.session_state["explore._default_text"] = default_text
+
+examples = vocab.dedupe_examples(list(widgets.NOTES_EXAMPLES.items()) + [(s, s) for s in model.examples[:6]])
+# each example opens on a model that reads it: the notes' English sentences leave toy-translate for minilm
+opens_on = {label: vocab.model_for_example(model, model_name, s) for label, s in examples.items()}
+examples = {(label if opens_on[label] == model_name else f"{label} → {opens_on[label]}"): (s, opens_on[label])
+            for label, s in examples.items()}
+
+
+def _use_example(choice) -> None:
+    sentence, on = choice
+    st.session_state[text_key] = sentence
+    if on != model_name:
+        st.session_state[state.key("model")] = on
+
+
+with text_col:
+    text = widgets.text_box("Sentence", text_key)
+st.caption("Examples from the lecture notes and for this model:")
+widgets.example_buttons(examples, "explore-ex", _use_example, shown=len(widgets.NOTES_EXAMPLES))
+run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
+
+ablate_key, ablation_key = knockout.seeded_keys(state, model)
+off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
+url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
+trace = models.get_trace(run_model, text, ablate=off, ablation=ablation, progress=longdoc.announce(model, model_name, text))
+if trace is None:
+    state.end_here(model=model_name, text=text, **url_ablation)
+
+vocab.offer_reader(state, model_name, trace, key="explore-reader")
+n_source = len(trace.tokens("source"))
+if n_source <= 64:
+    widgets.token_chips(trace.tokens("source"), title=f"{n_source} source tokens")
+else:
+    with st.expander(f"{n_source} source tokens"):
+        widgets.token_chips(trace.tokens("source"))
+if trace.tokens("target") and model.kind == "encoder-decoder":
+    widgets.token_chips(trace.tokens("target"), title=f"decoder input ({trace.meta.get('mode', '')}), "
+                       f"then predicts: {' '.join(trace.tokens('next')[:1])}")
+elif model.kind == "decoder" and trace.tokens("next"):
+    st.caption(f"Next-token prediction after the prompt: `{_md_code(trace.tokens('next')[0])}`")
+
+c = st.columns([2, 1, 1, 1.3])
+attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
+n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
+flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
+with c[3]:
+    mean_heads = st.toggle("Average over heads", key=flags["mean"])
+    per_map = st.toggle("Scale colours per map", key=flags["permap"])
+    log_scale = st.toggle("Log colour scale", key=flags["log"],
+                          help="Colour by log10(weight): shows the small weights beside an attention sink (a first "
+                               "token that takes most of the weight in long prompts of decoder models).")
+    hide_special = st.toggle("Hide special tokens", key=flags["hide"])
+    norms = explore_links.norms_toggle(state)
+    what = "value_norms" if norms else "weights"
+    words = False
+    long_input = longdoc.is_long(trace, stack, kind)  # maps read pooled, in blocks and per head (viz.ui.longdoc)
+    if not ex.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
+        state.ignored("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
+    if ex.reads_pieces(model) and not long_input:
+        words = st.toggle("Read in words", key=flags["words"],
+                          help="Merge word pieces into the words you typed: a word's column is the sum over its "
+                               "pieces (total attention to the word), its row the mean over its pieces.")
+heads_key = urlflags.heads(state, "heads", n_heads, f"{model_name} has heads 0–{n_heads - 1}")
+TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS, "long": TAB_LONG}
+tab_key = urlflags.tab(state, "tab", TABS)
+section_key = urlflags.tab(state, "section", longdoc.SECTIONS)  # the Long document tab's own tabs
+q_side, k_side = axis_tokens(trace, stack, kind)
+why_keys = why_panel.seed(state, len(q_side), len(k_side), causal=stack == "decoder" and kind == "self_attn")
+state.show_messages()
+url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
+url_view["words"] = urlflags.flag_url(words)
+url_view["norms"] = urlflags.flag_url(norms)
+url_view["section"] = urlflags.tab_url(state, "section", longdoc.SECTIONS)
+if st.session_state[heads_key] != list(range(min(n_heads, 4))):
+    url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
+state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
+              **url_view, **url_ablation, **why_panel.url(why_keys))
+# what the research pages do with this head, and switching heads off, behind one "more" (open while heads are
+# off): the first view keeps the map and its plain controls; the widgets stay mounted, as the script sets them
+with st.expander("More: switch heads off, patch this head, the logit lens", expanded=bool(off),
+                 icon=":material/tune:"):
+    explore_links.head_links(st, model, model_name, text, stack, kind, layer, head)
+    knockout.controls(model, ablate_key, ablation_key)
+if off:
+    knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
+                          trace, off, ablation)
+
+view = View(stack, kind, layer, None if mean_heads else head, what)
+per_map = explore_links.norms_scale(norms, per_map)
+if long_input:  # never the whole map: the heatmap tab draws its overview and a block (viz.ui.longdoc)
+    (matrix, (q_toks, k_toks)) = None, axis_tokens(trace, stack, kind)
+elif words:
+    matrix, q_toks, k_toks = ex.word_matrix(trace, view, text, hide_special=hide_special)
+    st.caption("Read in words: each word's column is the **sum** over its pieces' columns (how much a query attends "
+               "to the whole word) and each word's row is the **mean** over its pieces' rows, so every row still "
+               f"sums to 1 ({len(trace.tokens(ex.view_sides(stack, kind)[0]))} tokens → {matrix.shape[-2]} words).")
+else:
+    matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
+unit = "words" if words else "tokens"
+map_name = dl.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
+
+tab_map, tab_model, tab_heads, tab_long = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG], key=tab_key,
+                                                  on_change="rerun")
+with tab_map:
+    if tab_map.open is not False and long_input:
+        longdoc.heatmap_tab(trace, view, q_toks, k_toks, n_heads, model_name=model_name, per_map=per_map,
+                            log_scale=log_scale)
+    elif tab_map.open is not False:
+        full = False
+        if max(matrix.shape) > ex.MAX_HEATMAP_SIDE:
+            full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key=flags["full"])
+        z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else ex.reduce_map(matrix, q_toks, k_toks)
+        title = view.label() + (" · in words" if words else "") + (" · what is added (value norms)" if norms else "")
+        if fq > 1 or fk > 1:
+            title += f" · blocks of {max(fq, fk)}"
+            st.info(f"Long input ({matrix.shape[-2]} × {matrix.shape[-1]} {unit}): drawn as blocks of up to "
+                    f"{max(fq, fk)} neighbouring {unit} so the page stays responsive — within a block the keys' "
+                    "weights are summed and the queries' rows averaged, so each drawn row still sums to 1. Hover a "
+                    "cell for its block; the CSV download has every token.")
+        fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map, log_scale=log_scale,
+                                            value_name="norm" if norms else "weight"),
+                          zq, zk, min_top=90)
+        if fq > 1 or fk > 1:
+            ex.fit_block_ticks(fig)
+        clickable = not (words or hide_special or mean_heads or fq > 1 or fk > 1) and why_figures.add_cell_targets(fig)
+        if clickable:  # a click on a cell opens "Why here?" below the map
+            charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name, selection_mode="points",
+                         on_select=lambda: why_panel.pick("explore-heatmap", why_keys["why"]))
+            st.caption("Click a cell to see **why** the head puts its score there: the score taken apart into what "
+                       "earlier heads, MLPs and the embeddings wrote at the query and at the key.")
+        else:
+            charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
+        explore_links.map_caption(norms)
+        why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, view.head, q_side, k_side,
+                        key="explore")
+        dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
+                 head=view.head, key="explore-dl", suffix="-words" if words else "")
+
+
+def _pick_from_grid() -> None:
+    sel = st.session_state.get("explore-grid")
+    pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
+    picked = ex.grid_pick(pts[0]) if pts else None
+    if picked is not None and st.session_state.get("explore.knockout"):
+        knockout.toggle_head(ablate_key, stack, *picked)
+    elif picked is not None:
+        st.session_state[layer_key], st.session_state[head_key] = picked
+        st.session_state["explore.mean"] = False
+
+
+with tab_model:
+    if tab_model.open is not False:
+        lo, hi = 0, n_layers - 1
+        if n_layers > ex.MAX_GRID_LAYERS:
+            range_key = "explore.grid_layers"
+            current = st.session_state.get(range_key)
+            if current is None or st.session_state.get("explore.grid_for") != (stack, layer):
+                # opened, or another layer picked: centre the grid on the selected layer
+                if current is None or not current[0] <= layer <= current[1]:
+                    current = ex.layer_range_around(layer, n_layers)
+            st.session_state["explore.grid_for"] = (stack, layer)
+            st.session_state[range_key] = ex.clamp_range(current, n_layers)
+            lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
+                               help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
+                                    "layers to draw (fewer layers draw faster).")
+        st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red), or, "
+                   "with “Clicks switch heads off” on, to switch that head off or back on (crossed out); "
+                   f"the enlarged map is on the Heatmap tab and below. Maps wider than {ex.MAX_GRID_SIDE} cells are "
+                   "drawn in blocks (keys summed, queries averaged).")
+        layers = list(range(lo, hi + 1))
+        pooled = longdoc.pooled_layers(trace, stack, kind, layers, text, words, long_input, what)
+        grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
+                              title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
+                                    f"{n_heads} heads" + (" · in words" if words else ""))
+        va.mark_grid(grid, off, stack)
+        charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,
+                     selection_mode="points", width="stretch")
+        if not lo <= layer <= hi:
+            st.caption(f"The selected layer {layer} is outside the layers drawn.")
+        small = (longdoc.overview(trace, view, n_heads, log_scale)[0].update_layout(height=420) if long_input else
+                 ex.selected_figure(matrix, q_toks, k_toks, view.label() + (" · in words" if words else ""),
+                                    fixed_scale=not per_map, log_scale=log_scale))
+        charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
+
+with tab_heads:
+    if tab_heads.open is not False:
+        chosen = st.multiselect("Heads shown", list(range(n_heads)), key=heads_key, format_func=lambda h: f"head {h}")
+        if hide_special:
+            st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
+        else:
+            w_all = None if long_input else ex.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
+            if norms and w_all is not None:
+                w_all = w_all / w_all.max().clamp_min(1e-30)
+            n_q, n_k = (len(q_toks), len(k_toks)) if w_all is None else (w_all.shape[-2], w_all.shape[-1])
+            qs, ks, where = explore_links.head_view_window(n_q, n_k, unit)
+            w = longdoc.head_view_weights(trace, view, n_heads, qs, ks) if w_all is None else w_all[:, qs, ks]
+            charts.chart(head_view(w, q_toks[qs], k_toks[ks], heads=chosen,
+                                   title=f"layer {layer}{where}: queries (left) → keys (right)"),
+                         key="explore-headview", width="stretch")
+with tab_long:  # spans, head profiles, surprisal (viz.ui.longdoc)
+    _ = tab_long.open is not False and longdoc.long_tab(trace, text, view, n_heads, n_layers, model_name=model_name,
+                                                        log_scale=log_scale, section_key=section_key)

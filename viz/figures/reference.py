@@ -1,0 +1,302 @@
+"""One layer of the model, computed again in float64 numpy from the layer's stored input and
+the checkpoint's own weight tensors: the other side of the Inside page's checks (viz/figures/checks.py).
+
+Nothing here calls the core's forward code. The weights are read from the model's modules as
+plain arrays (W_q, W_k, W_v, W_o and their biases, the norms' gains and shifts, the FFN's
+matrices); the norms, RoPE (partial rotary included), QK-norm, the masks (look-ahead, padding,
+sliding window), the scale, softmax, head ablation, the FFN and the block's arrangement (pre-
+or post-norm, norms after the sub-layers, the parallel block) are written out here again. T5's relative position bias is
+read from the trace as an input of the attention (its buckets are a model input, not the
+formula being checked).
+
+Also written out here: QK-norm (RMSNorm of each head's q and k, or of the whole projection),
+soft-capping c tanh(scaled / c) before the mask, the norms after the sub-layers (Gemma 2/3),
+per-layer kinds (layer_types: a sliding layer's window, causal or symmetric in an encoder, and
+its own RoPE base), a layer without its attention norm (ModernBERT's layer 0) and exact-GELU
+GeGLU.
+
+`reference_layer(trace, stack, i, heads={kind: h})` returns the layer's names as the core
+records them ('self_attn.q', 'residual1', 'out', ...): per-head tensors for the heads asked
+for (H x n x d_k kept for q, k, v and the maps of those heads only), whole tensors for the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import numpy as np
+
+from core import trace_names as tn
+
+try:  # exact GELU needs erf; scipy is installed with the project's dependencies
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover
+    _erf = np.vectorize(math.erf)
+
+
+class NoReference(Exception):
+    """The layer cannot be recomputed independently (the reason is the message)."""
+
+
+def _a(t) -> np.ndarray:
+    """A tensor (parameter or recorded) as a float64 numpy array."""
+    if t is None:
+        return None
+    return t.detach().to("cpu").double().numpy()
+
+
+# ------------------------------------------------------------------ building blocks
+def layer_norm(x: np.ndarray, gain, shift, eps: float) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    out = (x - mu) / np.sqrt(var + eps) * gain
+    return out if shift is None else out + shift
+
+
+def rms_norm(x: np.ndarray, gain, eps: float) -> np.ndarray:
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * gain
+
+
+def norm(module, cfg, x: np.ndarray) -> np.ndarray:
+    if getattr(module, "weight", None) is None:  # an identity (ModernBERT's layer 0 has no attention norm)
+        return x
+    gain = _a(module.weight)
+    if cfg.norm == "rmsnorm":
+        return rms_norm(x, gain, float(module.eps))
+    return layer_norm(x, gain, _a(getattr(module, "bias", None)), float(module.eps))
+
+
+def linear(module, x: np.ndarray) -> np.ndarray:
+    """x W^T + b with the module's own weight (out x in) and bias."""
+    out = x @ _a(module.weight).T
+    return out if module.bias is None else out + _a(module.bias)
+
+
+def rope_inv_freq(d_k: int, theta: float, scaling: Optional[dict] = None) -> np.ndarray:
+    """theta^(-2j/d_k), rescaled as the config says (linear; llama3's three bands)."""
+    inv = theta ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)
+    if not scaling:
+        return inv
+    factor = float(scaling["factor"])
+    if scaling.get("type") == "linear":
+        return inv / factor
+    if scaling.get("type") == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * np.pi / inv
+        out = inv.copy()
+        long_ = wavelen > old / low
+        out[long_] = inv[long_] / factor
+        mid = (wavelen >= old / high) & (wavelen <= old / low)
+        smooth = (old / wavelen[mid] - low) / (high - low)
+        out[mid] = (1 - smooth) * inv[mid] / factor + smooth * inv[mid]
+        return out
+    raise NoReference(f"RoPE scaling {scaling.get('type')!r} has no reference here")
+
+
+def rope(x: np.ndarray, n_pos: int, cfg, local: bool = False) -> np.ndarray:
+    """Rotate the feature pairs of x (..., n, d_k) at positions 0..n-1 (the layout of cfg); a
+    local layer with its own base (rope_theta_local) takes it, unscaled."""
+    d_k = x.shape[-1]
+    r = getattr(cfg, "rotary_dim", None) or d_k
+    if r < d_k:  # partial rotary: the first r features rotate, the rest pass unchanged
+        return np.concatenate([rope(x[..., :r], n_pos, cfg, local), x[..., r:]], axis=-1)
+    theta, scaling = cfg.rope_theta, cfg.rope_scaling
+    if local and getattr(cfg, "rope_theta_local", None) is not None:
+        theta, scaling = cfg.rope_theta_local, None
+    ang = np.arange(n_pos, dtype=np.float64)[:, None] * rope_inv_freq(d_k, theta, scaling)[None]
+    cos, sin = np.cos(ang), np.sin(ang)
+    if cfg.rope_layout == "half":
+        h = d_k // 2
+        a, b = x[..., :h], x[..., h:]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * cos - b * sin
+    out[..., 1::2] = b * cos + a * sin
+    return out
+
+
+def mask(n_q: int, n_k: int, causal: bool = False, window: Optional[int] = None, key_pad=None) -> np.ndarray:
+    """Additive n_q x n_k mask: -inf where query i may not see key j (queries are the last n_q
+    of n_k positions): keys after the query (causal), `window` or more positions back
+    (sliding window; without causal, an encoder's: more than window // 2 away either way),
+    padding keys."""
+    i = np.arange(n_k - n_q, n_k)[:, None]
+    j = np.arange(n_k)[None, :]
+    blocked = np.zeros((n_q, n_k), dtype=bool)
+    if causal:
+        blocked |= j > i
+    if window is not None and causal:
+        blocked |= i - j >= window
+    elif window is not None:
+        blocked |= np.abs(i - j) > window // 2
+    if key_pad is not None:
+        blocked |= np.asarray(key_pad, dtype=bool)[None, :]
+    return np.where(blocked, -np.inf, 0.0)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    top = np.max(x, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.exp(x - top)
+    return e / e.sum(-1, keepdims=True)
+
+
+def activation(kind: str, a: np.ndarray, gate: Optional[np.ndarray]) -> np.ndarray:
+    def gelu_tanh(z):
+        return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+
+    def silu(z):
+        return z / (1 + np.exp(-z))
+
+    if kind == "relu":
+        return np.maximum(a, 0.0)
+    if kind == "gelu":
+        return 0.5 * a * (1 + _erf(a / math.sqrt(2)))
+    if kind == "gelu_tanh":
+        return gelu_tanh(a)
+    if kind == "silu":
+        return silu(a)
+    if kind == "geglu_tanh":
+        return gelu_tanh(a) * gate
+    if kind == "geglu":
+        return 0.5 * a * (1 + _erf(a / math.sqrt(2))) * gate
+    if kind == "swiglu":
+        return silu(a) * gate
+    raise NoReference(f"activation {kind!r} has no reference here")
+
+
+# ------------------------------------------------------------------ attention and a layer
+def _heads(mod, lin, norm_name: str, x: np.ndarray, n_heads: int, d_k: int, qk_norm, eps: float):
+    """(x W + b as heads x n x d_k after QK-norm, the same before it)."""
+    flat = linear(lin, x)
+    split = lambda y: y.reshape(x.shape[0], n_heads, d_k).transpose(1, 0, 2)  # noqa: E731
+    if qk_norm is None:
+        return split(flat), None
+    gain = _a(getattr(mod, norm_name).weight)
+    if qk_norm == "full":
+        return split(rms_norm(flat, gain, eps)), split(flat)
+    return rms_norm(split(flat), gain, eps), split(flat)
+
+
+def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_rope: bool, bias=None,
+              keep=(), off=(), ablation: str = "zero", local: bool = False) -> Dict[str, np.ndarray]:
+    """One multi-head attention: q, k, v (H or H_kv x n x d_k), the maps of the heads in `keep`
+    ({head: {scores, scaled, [capped,] masked, weights}}), every head's output and Concat(heads) W_o."""
+    h, hkv = cfg.n_heads, cfg.n_kv_heads
+    d_k = mod.w_q.weight.shape[0] // h
+    n_q, n_k = x_q.shape[0], x_kv.shape[0]
+    out: Dict[str, np.ndarray] = {}
+    qk_norm = getattr(cfg, "qk_norm", None)
+    q, q_pre = _heads(mod, mod.w_q, "q_norm", x_q, h, d_k, qk_norm, float(cfg.norm_eps))
+    k, k_pre = _heads(mod, mod.w_k, "k_norm", x_kv, hkv, d_k, qk_norm, float(cfg.norm_eps))
+    if qk_norm is not None:
+        out["q_pre_norm"], out["k_pre_norm"] = q_pre, k_pre
+    v = linear(mod.w_v, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
+    if use_rope:
+        out["q_pre_rope"], out["k_pre_rope"] = q, k
+        q, k = rope(q, n_q, cfg, local), rope(k, n_k, cfg, local)
+    out.update(q=q, k=k, v=v, mask=m)
+    scale = 1.0 / math.sqrt(d_k) if cfg.attn_scale is None else float(cfg.attn_scale)
+    cap = getattr(cfg, "attn_softcap", None)
+    heads = np.empty((h, n_q, d_k))
+    for hd in range(h):  # one head at a time: only the heads asked for keep their n_q x n_k maps
+        g = hd // (h // hkv)
+        scores = q[hd] @ k[g].T
+        scaled = scores * scale
+        capped = scaled if cap is None else cap * np.tanh(scaled / cap)
+        masked = capped + m + (0.0 if bias is None else bias[hd])
+        weights = softmax(masked)
+        heads[hd] = weights @ v[g]
+        if hd in keep:
+            out[f"maps{hd}"] = {"scores": scores, "scaled": scaled, "masked": masked, "weights": weights}
+            if cap is not None:
+                out[f"maps{hd}"]["capped"] = capped
+    out["heads"] = heads
+    mixed = heads.copy()
+    for hd in off or ():
+        mixed[hd] = heads[hd].mean(0, keepdims=True) if ablation == "mean" else 0.0
+    out["out"] = linear(mod.w_o, mixed.transpose(1, 0, 2).reshape(n_q, h * d_k))
+    return out
+
+
+def ffn(mod, cfg, x: np.ndarray) -> Dict[str, np.ndarray]:
+    gate = linear(mod.w_3, x) if mod.w_3 is not None else None
+    hidden = activation(cfg.activation, linear(mod.w_1, x), gate)
+    return {"hidden": hidden, "out": linear(mod.w_2, hidden)}
+
+
+def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] = None) -> Dict[str, object]:
+    """Layer i of `stack` in float64 numpy from its stored input and the model's weights.
+
+    heads: {attention kind: head} whose n_q x n_k maps to keep. Raises NoReference (with the
+    reason) where the trace has no model or the model has a part this file does not write out."""
+    runner = getattr(trace, "runner", None)
+    model = getattr(runner, "model", None)
+    if model is None:
+        raise NoReference("this trace has no model to recompute from (loaded from a file)")
+    net, cfg = model.net, model.config
+    layer = net.layers(stack)[i]
+    heads = heads or {}
+    x = _a(trace.layer_input(stack, i))
+    n = x.shape[0]
+    pad = getattr(runner, "src_pad", None)
+    pad = None if pad is None else _a(pad)[0].astype(bool)
+    abl = getattr(runner, "ablate", None)
+    memory = None
+    if stack == "decoder" and cfg.kind == "encoder-decoder":
+        memory = _a(trace[tn.stack_output(trace, "encoder")])
+    rope_ = cfg.positional == "rope"
+    bias = None
+    if cfg.positional == "relative":
+        name = tn.self_attn(stack, i, "position_bias")
+        if name not in trace:
+            raise NoReference("the trace does not hold T5's position bias for this layer")
+        bias = _a(trace[name])
+    decoder = stack == "decoder"
+    types = getattr(cfg, "layer_types", None)
+    local = bool(types) and types[i] == "sliding_attention"
+    if types:  # per-layer kinds: the sliding layers alone have the window
+        window = cfg.sliding_window if local else None
+    else:  # one window for every decoder layer (Mistral)
+        window = cfg.sliding_window if decoder else None
+    masks = {"self_attn": mask(n, n, causal=decoder, window=window, key_pad=None if decoder else pad)}
+    if memory is not None:
+        masks["cross_attn"] = mask(n, memory.shape[0], key_pad=pad)
+    out: Dict[str, object] = {}
+    pre_norms = layer.pre and getattr(cfg, "pre_sublayer_norm", True)
+    post_norms = layer.pre and getattr(cfg, "post_sublayer_norm", False)
+    parallel = getattr(cfg, "parallel_block", False)
+    x_in = x  # the parallel block: every sub-layer reads the layer's input
+    for j, sub in enumerate(layer.sublayers(), start=1):
+        src = x_in if parallel else x
+        normed = norm(layer.norms[j - 1], cfg, src) if pre_norms else None
+        y = normed if pre_norms else src
+        if sub == tn.FFN:
+            res = ffn(layer.ffn, cfg, y)
+        else:
+            mod = getattr(layer, sub)
+            kv = y if sub == "self_attn" else memory
+            off = (abl.heads(stack, i, sub) if abl else None) or ()
+            res = attention(mod, cfg, y, kv, masks[sub], rope_ and sub == "self_attn",
+                            bias if sub == "self_attn" else None, keep=(heads[sub],) if sub in heads else (),
+                            off=off, ablation=getattr(abl, "mode", "zero"), local=local and sub == "self_attn")
+        out.update({tn.local(sub, k): v for k, v in res.items()})
+        if layer.pre:
+            f = res["out"]
+            if pre_norms:
+                out[f"norm{j}"] = normed
+            if post_norms:  # a norm on the sub-layer's output before the residual add
+                f = norm(layer.post_norms[j - 1], cfg, f)
+                out[f"post_norm{j}"] = f
+            x = x + f
+            out[f"residual{j}"] = x
+        else:
+            r = x + res["out"]
+            out[f"residual{j}"] = r
+            x = norm(layer.norms[j - 1], cfg, r)
+            out[f"norm{j}"] = x
+    out["out"] = x
+    return out

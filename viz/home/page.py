@@ -1,0 +1,107 @@
+"""The home page at /: a path through the lecture notes' ideas, in their order, on one sentence
+the student can change. One stop at a time (its number in the URL, `stop`): a few sentences,
+one small live figure for the sentence, and a link that opens the full page on the same
+sentence and model. The stops and their figures: viz/home/path.py."""
+
+import streamlit as st
+
+from viz.home import path as hp
+from viz.ui import charts, models, registry, url_state, widgets
+
+EXAMPLES = {  # each example opens on the model that reads it (no <unk>): the notes' "bank" pair is English
+    "the small dog sees the cat": ("toy-translate", "the small dog sees the cat"),
+    "bank (river)": ("minilm", widgets.NOTES_EXAMPLES["bank (river)"]),
+    "bank (cash)": ("minilm", widgets.NOTES_EXAMPLES["bank (cash)"]),
+    "When Mary and John…": ("smollm2", "When Mary and John went to the store, John gave a drink to"),
+}
+
+widgets.header("home")
+state = url_state.PageState("home", fields=("model", "text", "stop"))
+stop_key = url_state.int_from_url(state, "stop", 1, 1, len(hp.STOPS), of="the path")
+
+
+def _example(choice) -> None:
+    model_name, sentence = choice
+    if model_name in models.model_names():
+        st.session_state[state.key("model")] = model_name
+    st.session_state[text_key] = sentence
+
+
+model_name, model, text_col = widgets.model_header(state)
+if model is None:
+    st.stop()
+text_key = state.seeded_key("text", "the small dog sees the cat")
+with text_col:
+    text = widgets.text_box("Sentence", text_key, help="Every stop's figure is drawn for this sentence.")
+available = {label: v for label, v in EXAMPLES.items() if v[0] in models.model_names()}
+st.caption("Examples (each opens on the model that reads it):")
+cols = st.columns(len(available))
+for i, (label, choice) in enumerate(available.items()):
+    cols[i].button(label, key=f"home-example-{i}", on_click=_example, args=(choice,), width="stretch",
+                   help=f"{choice[1]} — on {choice[0]}")
+
+stop = st.session_state[stop_key]
+nav = st.columns([1, 6, 1])
+
+
+def _go(to: int) -> None:
+    st.session_state[stop_key] = to
+
+
+nav[0].button("← Previous", key="home-prev", on_click=_go, args=(stop - 1,), disabled=stop <= 1, width="stretch")
+nav[1].radio("Stop", list(range(1, len(hp.STOPS) + 1)), key=stop_key, horizontal=True, label_visibility="collapsed",
+             format_func=lambda i: f"{i}. {hp.STOPS[i - 1].title.split(',')[0]}")
+nav[2].button("Next →", key="home-next", on_click=_go, args=(stop + 1,), disabled=stop >= len(hp.STOPS),
+              width="stretch")
+stop = st.session_state[stop_key]
+spec = hp.STOPS[stop - 1]
+url = dict(model=model_name, text=text, stop=stop if stop != 1 else None)
+
+trace = models.get_trace(model_name, text)
+if trace is None:
+    state.end_here(**url)
+state.publish(**url)
+state.show_messages()
+
+st.subheader(f"{stop}. {spec.title}")
+fig = None
+if stop == 1:
+    fig, hand = hp.hand_figure()
+    st.markdown(spec.text)
+    s, w = hand["scaled"][0], hand["weights"][0]
+    st.caption(f"Computed here: the scores of “help” are {hand['scores'][0][0]:g} and {hand['scores'][0][1]:g}, scaled "
+               f"{s[0]:g} and {s[1]:g}; softmax gives {w[0]:.2f} and {w[1]:.2f} (they sum to {w.sum():g}).")
+elif stop == 2:
+    fig, where = hp.scores_figure(trace)
+    st.markdown(spec.text.format(where=where))
+elif stop == 3:
+    n = len(trace.tokens("source"))
+    fig = hp.positions_figure(n, model.config.d_model)
+    st.markdown(spec.text.format(n=n))
+    st.caption(f"{model_name}'s own positions: {model.config.positional} "
+               f"({'added to the embeddings' if model.config.positional in ('sinusoidal', 'learned') else 'applied inside each head' if model.config.positional == 'rope' else 'none added'}); "
+               "the Positions page shows them.")
+elif stop == 4:
+    fig, mask_where = hp.mask_figure(trace)
+    st.markdown(spec.text.format(mask_where=mask_where))
+else:
+    prof = hp.head_profile(trace)
+    st.markdown(spec.text)
+    if prof is None:
+        st.info(f"Your sentence is longer than {hp.MAX_PROFILE_TOKENS:,} tokens: this stop's figure is left out; the "
+                "linked page reads long inputs a tile at a time.")
+    elif stop == 5:
+        fig = hp.grid_figure(prof["entropy"], f"mean row entropy (bits), {prof['stack']} self-attention",
+                             "entropy (bits)")
+    else:
+        fig = hp.grid_figure(prof["previous"], f"previous-token weight, {prof['stack']} self-attention",
+                             "mean weight on the previous token", zmax=1.0)
+if fig is not None:
+    charts.chart(fig, key="home-fig", width="stretch", name=f"{model_name}-path-stop{stop}")
+
+link_params = {"model": model_name, "text": text, **dict(spec.params)}
+st.page_link(registry.page(spec.page).file, label=spec.link + " →", query_params=link_params,
+             icon=registry.page(spec.page).icon)
+for key, what in spec.extra:
+    st.page_link(registry.page(key).file, label=f"{registry.page(key).title}: {what} →",
+                 query_params={"model": model_name, "text": text}, icon=registry.page(key).icon)

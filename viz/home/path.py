@@ -1,0 +1,148 @@
+"""The home page's path through the lecture notes' ideas: its stops, in the notes' order, and
+the small figure each one draws for the student's sentence. Pure (Trace -> plotly Figure);
+the page is viz/home/page.py.
+
+Each stop names the full page that shows its idea (a key of viz/ui/registry.py), so the path
+and the sidebar cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+import plotly.graph_objects as go
+
+from core import trace_names as tn
+from core.head_maps import profiles
+from core.net.attention import causal_mask
+from viz.figures import by_hand
+from viz.figures.heatmaps import attention_heatmap, matrix_heatmap, safe_labels
+from viz.figures.positions import pe_matrix, positional_heatmap
+from viz.figures.select import attention_views
+
+SMALL = 300  # height of a stop's figure (px)
+MAX_PROFILE_TOKENS = 2048  # stop 5's and 6's head profiles are read a tile at a time; past this the stop says so
+
+
+@dataclass(frozen=True)
+class Stop:
+    title: str
+    text: str  # a few sentences, Markdown; {placeholders} filled by the page
+    page: str  # the registry key of the page that shows it in full
+    link: str  # the link's words
+    extra: Tuple[Tuple[str, str], ...] = ()  # more pages: (registry key, what it answers)
+    params: Tuple[Tuple[str, str], ...] = ()  # extra URL values for the linked page
+
+
+STOPS: List[Stop] = [
+    Stop("Attention is a weighted average",
+         "A token's new vector is a **weighted average** of the value vectors of the tokens it looks at: "
+         "y_n = Σ_m a_nm v_m, with every weight a_nm ≥ 0 and each row summing to 1 (Bishop ch. 12). "
+         "The notes work one example by hand, “help me!”: the query of “help” scores 6 against its own key and "
+         "4 against “me!”'s; both scores are divided by √16 = 4, and the softmax turns them into the weights "
+         "below. This figure is computed from those numbers, not copied from the notes.",
+         "playground", "Do it by hand in the Playground", params=(("tab", "hand"),)),
+    Stop("Queries, keys and values, and the scaled scores",
+         "Each token is projected three ways: a **query** (what it looks for), a **key** (what it offers) and a "
+         "**value** (what it passes on). The score of query i against key j is q_i · k_j, divided by √d_k so "
+         "that it does not grow with the vectors' size; a softmax over each row gives the weights. "
+         "Below: the scaled scores Q Kᵀ / √d_k of {where}, head 0, on your sentence.",
+         "inside", "Follow one head step by step in Inside a head"),
+    Stop("Positions",
+         "Attention by itself does not know the order of the words: shuffle them and every weight moves with "
+         "its word. So the model adds a **positional encoding** to each token's embedding. The notes' "
+         "sinusoidal encoding gives position i the values sin(i / 10000^(2j/d)) and cos(...) at each pair of "
+         "features: below for the {n} positions of your sentence.",
+         "positions", "See the positional encodings in Positions"),
+    Stop("The mask, and the decoder one token at a time",
+         "A decoder writes its output one token at a time, so a position may only look at the tokens before "
+         "it: the **look-ahead mask** adds −∞ above the diagonal, and the softmax gives those keys a weight of "
+         "exactly 0. {mask_where}",
+         "decoder", "Step through the decoder in the Decoder stepper"),
+    Stop("Many heads, many layers",
+         "A layer runs several heads side by side, each with its own W_q, W_k and W_v, and concatenates what "
+         "they find; the model stacks such layers. Heads differ: below, how spread out each head's attention "
+         "is on your sentence (the mean entropy of its rows, in bits: 0 = each token looks at one token).",
+         "explore", "See every head of every layer in Explore", params=(("tab", "model"),)),
+    Stop("Beyond the notes: what heads do, and what matters",
+         "Maps say where a head looks. The research pages ask what that does: which heads look at the previous "
+         "token or copy an earlier match (below: the previous-token score of every head on your sentence), "
+         "where the answer forms layer by layer, which activations and which input tokens the output needs.",
+         "heads", "Which heads do what, in Heads",
+         extra=(("lens", "where the prediction forms"), ("patching", "which activations the output needs"),
+                ("attribution", "which input tokens the output depends on"))),
+]
+
+
+def hand_figure() -> Tuple[go.Figure, dict]:
+    """Stop 1: the notes' "help me!" weights, computed from its Q, K and V."""
+    ex = by_hand.help_me_example()
+    Q, K, V = (by_hand.to_matrix(ex[m], m)[0] for m in ("Q", "K", "V"))
+    out = by_hand.attention_by_hand(Q, K, V)
+    w = out["weights"]
+    fig = matrix_heatmap(w, y_labels=safe_labels(by_hand.row_labels(ex["Q"], "q")),
+                         x_labels=safe_labels(by_hand.row_labels(ex["K"], "k")), zmin=0, zmax=1,
+                         title="softmax(Q Kᵀ / √16): the weights of “help me!”", show_values=True, height=SMALL,
+                         x_title="key", y_title="query", value_name="weight")
+    return fig, out
+
+
+def first_attention(trace) -> Tuple[str, str]:
+    """The first attention of the model (encoder self-attention where there is one)."""
+    return attention_views(trace)[0]
+
+
+def scores_figure(trace) -> Tuple[go.Figure, str]:
+    stack, kind = first_attention(trace)
+    where = f"{stack} layer 0's {'self' if kind == 'self_attn' else 'cross'}-attention"
+    s = trace.head(tn.attn(stack, 0, kind, "scaled"), 0)
+    q_tok = trace.tokens("target" if stack == "decoder" else "source")
+    k_tok = trace.tokens("source" if kind == "cross_attn" or stack == "encoder" else "target")
+    fig = matrix_heatmap(s, y_labels=safe_labels(q_tok), x_labels=safe_labels(k_tok),
+                         title=f"scaled scores, {where}, head 0", height=SMALL, x_title="key", y_title="query",
+                         value_name="score")
+    return fig, where
+
+
+def positions_figure(n: int, d: int) -> go.Figure:
+    d = max(4, min(64, d - d % 2))  # the first 64 features are enough to see the waves
+    return positional_heatmap(pe_matrix(n, d), title=f"sinusoidal PE, {n} positions × {d} features", height=SMALL)
+
+
+def mask_figure(trace) -> Tuple[go.Figure, str]:
+    """Stop 4: the decoder's own masked self-attention where the model has a decoder, else the
+    look-ahead mask a decoder would use on this many tokens."""
+    if "decoder" in trace.stacks() and trace.layers("decoder"):
+        w = trace.head(tn.self_attn("decoder", 0, "weights"), 0)
+        tok = trace.tokens("target") or trace.tokens("source")
+        fig = attention_heatmap(w, tok, tok, title="decoder layer 0, head 0: weights under the look-ahead mask",
+                                height=SMALL)
+        return fig, ("Below: your sentence's decoder self-attention, layer 0, head 0: every weight above the "
+                     "diagonal is 0.")
+    n = len(trace.tokens("source"))
+    m = causal_mask(n).numpy()
+    tok = trace.tokens("source")
+    fig = matrix_heatmap(np.where(np.isinf(m), np.nan, m), y_labels=safe_labels(tok), x_labels=safe_labels(tok),
+                         title="the look-ahead mask M for your sentence (blank: −∞)", height=SMALL,
+                         x_title="key", y_title="query", value_name="M")
+    return fig, (f"{trace.meta.get('model', 'This model')} is an encoder: every token sees every other, so it has "
+                 "no such mask. Below: the mask a decoder would add on your sentence's tokens.")
+
+
+def head_profile(trace) -> Optional[dict]:
+    """Stops 5 and 6: every head's mean row entropy and previous-token weight, read a tile of rows
+    at a time (core.head_maps.profiles), for the model's first self-attention stack."""
+    stack = "encoder" if "encoder" in trace.stacks() else "decoder"
+    n = len(trace.tokens("source" if stack == "encoder" else "target") or trace.tokens("source"))
+    if n > MAX_PROFILE_TOKENS:
+        return None
+    return {"stack": stack, **{k: v.numpy() for k, v in profiles(trace, stack).items()}}
+
+
+def grid_figure(values: np.ndarray, title: str, value_name: str, zmax: Optional[float] = None) -> go.Figure:
+    L, H = values.shape
+    return matrix_heatmap(values, y_labels=[f"L{i}" for i in range(L)], x_labels=[f"H{h}" for h in range(H)],
+                          zmin=0, zmax=zmax, title=title, height=max(SMALL, 22 * L + 90), x_title="head",
+                          y_title="layer", value_name=value_name, colorscale="Viridis")
