@@ -1,18 +1,22 @@
-"""Print the figures that say how the code base is laid out, so anyone can check the house
-stays the way docs/design.md describes it: `python scripts/structure.py [--json]`.
+"""Print the figures that say how the code base is laid out, and check its rules, so anyone can
+see the house stays the way docs/design.md describes it: `python scripts/structure.py [--json]`.
 
-Counted from the source with `ast` and file listings only (nothing is imported or run):
-- modules at core's top level, `__init__` and `__main__` not counted (target: at most 14);
-- import cycles among the project's modules, counting imports inside functions too (target: none);
-- modules in viz/pages that app.py does not register as pages (target: none);
-- module file names used more than once in core/ and viz/ (target: at most two);
-- head counts read from a map (`trace[...weights"].shape[0]` and the like, target: none):
-  each recomputes a whole layer of maps to read one integer;
-- modules over their size limit (400 lines; pages 220; bench 500);
-- hand-spelled trace names: string literals and f-strings that spell a trace name
-  (`.self_attn.`, `.cross_attn.`, `embed.{stack}`, `{stack}.{i}.out|residual|norm|ffn.`,
-  `{stack}.final_norm`), outside core/trace_names.py; docstrings and core/loaders/ (checkpoint
-  and parameter names) are not counted (target: none).
+Counted from the source with `ast` and file listings only (nothing is imported or run). The
+rules (tests/test_structure.py holds each at its target):
+- only a page (`viz/<feature>/page.py`), a page's Streamlit parts (`*_panel.py`) and `viz/ui/`
+  import Streamlit;
+- no feature folder imports another; `viz/figures/` (shared pure pieces) imports no feature and
+  not `viz/ui/`; `viz/ui/` (shared Streamlit parts) imports no feature;
+- core never imports viz;
+- no import cycle among the project's modules, counting imports inside functions;
+- every feature folder's page.py is in the page registry (viz/ui/registry.py), and every
+  registered page has its page.py;
+- no head count read from a map (`trace[...weights"].shape[0]`: it recomputes a layer's maps);
+- no trace name spelled by hand outside core/trace_names.py (`.self_attn.`, `embed.{stack}`,
+  `{stack}.{i}.out|residual|norm|ffn.`, `{stack}.final_norm`); docstrings and core/loaders/
+  (checkpoint and parameter names) are not counted.
+Figures only (no target): modules at core's top level and viz's, the feature folders, core's
+longest import chain.
 """
 
 from __future__ import annotations
@@ -22,13 +26,12 @@ import ast
 import json
 import re
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "viz", "bench")
-LIMITS = {"viz/pages": 220, "bench": 500}
-DEFAULT_LIMIT = 400
+SHARED = ("figures", "ui")  # viz's shared layers; every other folder in viz/ is a feature (a page)
 HEAD_COUNT = re.compile(r"""\[[^\[\]]*(weights|scores|scaled|masked)["'][^\[\]]*\]\s*\.shape\[0\]""")
 # A trace name spelled out: an attention's step, an embedding, a layer's own names, a final norm.
 # Not counted: docstrings and messages that describe the pattern ("{stack}.{i}..."), and core/loaders/,
@@ -114,15 +117,75 @@ def cycles(graph: dict) -> list:
 
 
 def registered_pages() -> set:
-    text = (ROOT / "app.py").read_text(encoding="utf-8")
-    return set(re.findall(r"st\.Page\(\s*[\"']([^\"']+\.py)[\"']", text))
+    """The page keys viz/ui/registry.py lists (`PageSpec("lens", ...)`)."""
+    path = ROOT / "viz" / "ui" / "registry.py"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return set(re.findall(r"PageSpec\(\s*[\"']([a-z_]+)[\"']", text))
 
 
-def limit_for(rel: str) -> int:
-    for prefix, n in LIMITS.items():
-        if rel.startswith(prefix + "/"):
-            return n
-    return DEFAULT_LIMIT
+def viz_layer(rel: str):
+    """(kind, folder) of a module under viz/: ("top", None), ("shared", "figures"|"ui") or ("feature", name)."""
+    parts = rel.split("/")
+    if len(parts) == 2:
+        return "top", None
+    return ("shared" if parts[1] in SHARED else "feature"), parts[1]
+
+
+def imports_streamlit(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "streamlit" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "streamlit":
+            return True
+    return False
+
+
+def streamlit_allowed(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return rel.startswith("viz/ui/") or (rel.startswith("viz/") and (name == "page.py" or name.endswith("_panel.py")))
+
+
+def layer_breaks(graph: dict, rel_of: dict) -> list:
+    """Imports that break the layers, as "importer -> imported": a feature importing another
+    feature, viz/figures or viz/ui importing a feature, viz/figures importing viz/ui, core
+    importing viz."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        rel = rel_of[mod]
+        for dep in sorted(deps):
+            drel = rel_of[dep]
+            if rel.startswith("core/") and drel.startswith("viz/"):
+                out.append(f"{mod} -> {dep}")
+            if not (rel.startswith("viz/") and drel.startswith("viz/")):
+                continue
+            (_, name), (dkind, dname) = viz_layer(rel), viz_layer(drel)
+            if dkind == "feature" and name != dname:
+                out.append(f"{mod} -> {dep}")
+            elif name == "figures" and dname == "ui":
+                out.append(f"{mod} -> {dep}")
+    return out
+
+
+def longest_chain(graph: dict, prefix: str) -> list:
+    """The longest chain of imports among the modules under `prefix`, importer first."""
+    nodes = {m for m in graph if m.startswith(prefix + ".")}
+    best: dict = {}
+
+    def chain(m, seen):
+        if m in best:
+            return best[m]
+        if m in seen:  # a cycle: stop (the cycle count reports it)
+            return [m]
+        longest: list = []
+        for d in graph.get(m, ()):
+            if d in nodes:
+                c = chain(d, seen | {m})
+                if len(c) > len(longest):
+                    longest = c
+        best[m] = [m] + longest
+        return best[m]
+
+    return max((chain(m, frozenset()) for m in sorted(nodes)), key=len, default=[])
 
 
 def name_literals(path: Path) -> int:
@@ -148,36 +211,40 @@ def name_literals(path: Path) -> int:
 def figures() -> dict:
     files = {p: p.relative_to(ROOT).as_posix() for pkg in PACKAGES for p in py_files(pkg)}
     known = {module_name(p) for p in files}
+    rel_of = {module_name(p): rel for p, rel in files.items()}
     graph = {module_name(p): imports_of(p, known) for p in files}
     core_top = sorted(p.name for p in (ROOT / "core").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
-    pages = registered_pages()
-    page_files = sorted(rel for rel in files.values() if rel.startswith("viz/pages/") and rel.count("/") == 2)
-    not_pages = [rel for rel in page_files if rel not in pages and not rel.endswith("__init__.py")]
-    names = Counter(p.name for p, rel in files.items() if rel.split("/")[0] in ("core", "viz")
-                    and p.name not in ("__init__.py", "__main__.py"))
-    twice = {n: c for n, c in sorted(names.items()) if c > 1}
-    head_counts = []
-    over = []
+    viz_top = sorted(p.name for p in (ROOT / "viz").glob("*.py") if p.name != "__init__.py")
+    folders = sorted(p.name for p in (ROOT / "viz").iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    features = [f for f in folders if f not in SHARED]
+    pages = {f for f in features if (ROOT / "viz" / f / "page.py").exists()}
+    registered = registered_pages()
+    head_counts, streamlit = [], []
     spelled = defaultdict(int)
     for p, rel in sorted(files.items(), key=lambda kv: kv[1]):
         text = p.read_text(encoding="utf-8")
         for i, line in enumerate(text.splitlines(), 1):
             if HEAD_COUNT.search(line):
                 head_counts.append(f"{rel}:{i}")
-        n_lines = text.count("\n") + 1
-        if n_lines > limit_for(rel):
-            over.append(f"{rel} ({n_lines} > {limit_for(rel)})")
         if rel.split("/")[0] in ("core", "viz") and rel != "core/trace_names.py" and not rel.startswith("core/loaders/"):
             k = name_literals(p)
             if k:
                 spelled[rel] = k
+        if rel.split("/")[0] in ("core", "viz") and not streamlit_allowed(rel) and imports_streamlit(p):
+            streamlit.append(rel)
+    chain = longest_chain(graph, "core")
     return {
         "core_top_level_modules": len(core_top),
+        "viz_top_level_modules": viz_top,
+        "viz_feature_folders": features,
         "import_cycles": cycles(graph),
-        "viz_pages_not_pages": not_pages,
-        "file_names_used_twice": twice,
+        "streamlit_outside_pages_panels_ui": streamlit,
+        "layer_breaks": layer_breaks(graph, rel_of),
+        "pages_not_registered": sorted(pages - registered),
+        "registered_without_page": sorted(registered - pages),
+        "core_longest_import_chain": len(chain),
+        "core_longest_import_chain_modules": chain,
         "head_counts_from_a_map": head_counts,
-        "modules_over_limit": over,
         "hand_spelled_trace_names": sum(spelled.values()),
         "hand_spelled_by_module": dict(sorted(spelled.items(), key=lambda kv: -kv[1])),
     }
@@ -192,20 +259,24 @@ def main(argv=None) -> int:
         print(json.dumps(f, indent=1))
         return 0
     print(f"modules at core's top level: {f['core_top_level_modules']} (target <= 14)")
+    print(f"modules at viz's top level: {len(f['viz_top_level_modules'])} ({', '.join(f['viz_top_level_modules'])})")
+    print(f"feature folders in viz: {len(f['viz_feature_folders'])} ({', '.join(f['viz_feature_folders'])})")
+    print(f"core's longest import chain: {f['core_longest_import_chain']} modules")
     print(f"import cycles (imports inside functions included): {len(f['import_cycles'])} (target 0)")
     for c in f["import_cycles"]:
         print(f"  {len(c)} modules: {', '.join(c)}")
-    print(f"modules in viz/pages that are not pages: {len(f['viz_pages_not_pages'])} (target 0)")
-    if f["viz_pages_not_pages"]:
-        print("  " + ", ".join(Path(r).name for r in f["viz_pages_not_pages"]))
-    print(f"file names used more than once in core/ and viz/: {len(f['file_names_used_twice'])} (target <= 2)")
-    for n, c in f["file_names_used_twice"].items():
-        print(f"  {n} x{c}")
+    print("modules outside page.py, *_panel.py and viz/ui that import Streamlit: "
+          f"{len(f['streamlit_outside_pages_panels_ui'])} (target 0)")
+    for w in f["streamlit_outside_pages_panels_ui"]:
+        print(f"  {w}")
+    print(f"imports that break the layers (feature -> another feature, shared -> feature, figures -> ui, "
+          f"core -> viz): {len(f['layer_breaks'])} (target 0)")
+    for w in f["layer_breaks"]:
+        print(f"  {w}")
+    print(f"pages not in the registry: {len(f['pages_not_registered'])}; registered pages with no page.py: "
+          f"{len(f['registered_without_page'])} (target 0 and 0)")
     print(f"head counts read from a map: {len(f['head_counts_from_a_map'])} (target 0)")
     for w in f["head_counts_from_a_map"]:
-        print(f"  {w}")
-    print(f"modules over their size limit (400; pages 220; bench 500): {len(f['modules_over_limit'])}")
-    for w in f["modules_over_limit"]:
         print(f"  {w}")
     print(f"trace names spelled by hand in core/ and viz/: {f['hand_spelled_trace_names']} (target 0)")
     for rel, n in f["hand_spelled_by_module"].items():

@@ -111,6 +111,46 @@ def test_structure_figures_hold():
     assert f["core_top_level_modules"] <= 14, f["core_top_level_modules"]
     assert f["import_cycles"] == [], f["import_cycles"]
     assert f["hand_spelled_trace_names"] == 0, f["hand_spelled_by_module"]  # core.trace_names builds them
+    assert f["head_counts_from_a_map"] == [], f["head_counts_from_a_map"]
+
+
+def test_the_layer_rules_hold():
+    """Only page.py, *_panel.py and viz/ui import Streamlit; no feature folder imports another,
+    viz/figures imports neither viz/ui nor a feature, viz/ui no feature, core never viz; every
+    feature folder is a registered page and every registered page has its folder."""
+    f = load_structure().figures()
+    assert len(f["viz_feature_folders"]) >= 14, f["viz_feature_folders"]  # the scan sees the folders
+    assert f["streamlit_outside_pages_panels_ui"] == [], f["streamlit_outside_pages_panels_ui"]
+    assert f["layer_breaks"] == [], f["layer_breaks"]
+    assert f["pages_not_registered"] == [] and f["registered_without_page"] == [], f
+
+
+def _tree(tmp_path, files: dict):
+    for rel, text in {"viz/__init__.py": "", "viz/ui/__init__.py": "", "viz/figures/__init__.py": "",
+                      "core/__init__.py": "", "bench/__init__.py": "", **files}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+
+
+def test_structure_sees_each_broken_rule(tmp_path, monkeypatch):
+    """Each rule can fail: a feature importing another, figures importing ui, ui importing a
+    feature, core importing viz, Streamlit in a figures module, a page missing from the registry."""
+    s = load_structure()
+    _tree(tmp_path, {
+        "viz/ui/registry.py": 'PAGES = [PageSpec("lens", "Lens"), PageSpec("gone", "Gone")]\n',
+        "viz/ui/widgets.py": "from viz.lens import figures\n",
+        "viz/figures/grid.py": "import streamlit as st\nfrom viz.ui import widgets\n",
+        "viz/lens/__init__.py": "", "viz/lens/page.py": "import streamlit\nfrom viz.heads import figures\n",
+        "viz/lens/figures.py": "", "viz/lens/run_panel.py": "import streamlit\n",
+        "viz/heads/__init__.py": "", "viz/heads/page.py": "", "viz/heads/figures.py": "",
+        "core/a.py": "def f():\n    from viz.figures import grid\n",
+    })
+    monkeypatch.setattr(s, "ROOT", tmp_path)
+    f = s.figures()
+    assert f["streamlit_outside_pages_panels_ui"] == ["viz/figures/grid.py"]
+    assert sorted(f["layer_breaks"]) == ["core.a -> viz.figures.grid", "viz.figures.grid -> viz.ui.widgets",
+                                         "viz.lens.page -> viz.heads.figures", "viz.ui.widgets -> viz.lens.figures"]
+    assert f["pages_not_registered"] == ["heads"] and f["registered_without_page"] == ["gone"]
 
 
 def test_structure_counts_a_hand_spelled_trace_name(tmp_path):
