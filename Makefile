@@ -19,9 +19,9 @@ lint: setup
 # The README's screenshots: the browser tests that take them, writing into docs/screenshots/
 # (a plain `make test` writes them under test-artifacts/ and leaves docs/ as it was).
 screenshots: setup
-	ATTENTION_LAB_SCREENSHOTS="$(CURDIR)/docs/screenshots" .venv/bin/python -m pytest -q tests/test_browser.py \
-		tests/test_browser_corpus.py tests/test_browser_heads.py tests/test_browser_long.py \
-		tests/test_browser_newcomer.py tests/test_browser_training.py
+	ATTENTION_LAB_SCREENSHOTS="$(CURDIR)/docs/screenshots" .venv/bin/python -m pytest -q tests/browser/test_browser.py \
+		tests/browser/test_browser_corpus.py tests/browser/test_browser_heads.py tests/browser/test_browser_long.py \
+		tests/browser/test_browser_newcomer.py tests/browser/test_browser_training.py
 
 setup:
 	bash scripts/setup.sh --test

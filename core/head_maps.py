@@ -14,7 +14,7 @@ with g the key/value head h reads (grouped-query), Norm(x) what the layer's atte
 mask (Transformer.attn_spec: look-ahead, this layer's window or global kind, ModernBERT's
 symmetric window, key padding). No formula is written here (core/net/attention.py holds it).
 Nothing larger than one head's tile (rows x n_k) and the layer's O(n d) input is ever
-allocated (tests/test_head_maps.py measures it); tests/test_one_formula.py holds every family
+allocated (tests/core/test_head_maps.py measures it); tests/parity/test_one_formula.py holds every family
 the loaders accept to the full map.
 
     LayerMaps(trace, stack, i).head(h, "weights")        # one head's n_q x n_k map

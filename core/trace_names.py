@@ -282,7 +282,7 @@ def attention_names(stack: str, i: int, kind: str, steps=ATTN_STEPS) -> Iterator
 
 def patterns() -> List[str]:
     """Every name this module knows, with {stack}, {i}, {attn} and {j} as placeholders: the
-    list docs/design.md's table must cover (tests/test_trace_names.py)."""
+    list docs/design.md's table must cover (tests/core/test_trace_names.py)."""
     out = [f"embed.{{stack}}.{p}" for p in EMBED_PARTS]
     out += [f"{{stack}}.{{i}}.{{attn}}.{s}" for s in ATTN_STEPS]
     out += [f"{{stack}}.{{i}}.ffn.{s}" for s in FFN_STEPS]

@@ -2,7 +2,7 @@
 see the house stays the way docs/design.md describes it: `python scripts/structure.py [--json]`.
 
 Counted from the source with `ast` and file listings only (nothing is imported or run). The
-rules (tests/test_structure.py holds each at its target):
+rules (tests/core/test_structure.py holds each at its target):
 - only a page (`viz/<feature>/page.py`), a page's Streamlit parts (`*_panel.py`) and `viz/ui/`
   import Streamlit;
 - no feature folder imports another; `viz/figures/` (shared pure pieces) imports no feature and

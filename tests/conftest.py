@@ -178,6 +178,8 @@ def pytest_collection_modifyitems(config, items):
     and test_browser.test_block_map_hover_names_both_blocks). A test whose check is wrong fails
     both times. The other tests are not retried."""
     for item in items:
+        if Path(str(item.fspath)).parent.name == "browser" and not item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)  # tests/browser/ is the browser tier, marked or not
         if item.get_closest_marker("browser") and not item.get_closest_marker("flaky"):
             item.add_marker(pytest.mark.flaky(reruns=BROWSER_RERUNS, reruns_delay=2))
 

@@ -1,5 +1,5 @@
 """Every model family the loaders accept, as a tiny random checkpoint built by transformers
-at test time (tests/hf_builders.py, tests/gemma_builders.py, tests/test_hf_seq2seq.py) and
+at test time (tests/hf_builders.py, tests/gemma_builders.py, tests/parity/test_hf_seq2seq.py) and
 loaded through core.load_model: one list, shared by the formula and conformance tests.
 
 FAMILIES maps a case name to how it is built; `zoo(tmp_path_factory)` returns a loader that

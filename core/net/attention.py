@@ -213,7 +213,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Ten
                       scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
     """softmax(Q K^T * scale + M) alone, for views that need only the weights (the model
     view): the explicit path's operations in the same order, so the weights are bit for bit
-    the explicit path's (tests/test_trace.py).
+    the explicit path's (tests/core/test_trace.py).
 
     For q and k (B, H, n, d_k), a block of heads at a time. On a CPU a block holds
     HEADS_BLOCK_BYTES of scores (one head at least): Q K^T of a block is written into one

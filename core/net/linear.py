@@ -9,7 +9,7 @@ minilm's shapes, and applies the FFN's activation while the output is still in c
 (`act`), which saves a pass over the n x d_ff hidden layer (`python -m bench.core_bench`
 measures the whole pass against transformers'). The results differ from torch's GEMM by
 float rounding only, the summation order of the dot products: max |diff| ~4e-6 on outputs
-of size ~2, the size of either's error against a float64 product (tests/test_linear.py).
+of size ~2, the size of either's error against a float64 product (tests/core/test_linear.py).
 
 The packed copy doubles a weight's memory, so only a model whose linear weights fit BUDGET
 turns this on (`use_onednn`, called by core.net.model.Transformer: minilm, the toy models,
@@ -101,7 +101,7 @@ class Linear(nn.Linear):
     def rows(self, x: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
         """Output features r0:r1 alone (one head's q or k, core/head_maps.py): bit for bit
         those columns of forward(x) (oneDNN on a slice of the weight gives the packed full
-        product's columns, as torch's GEMM gives its own; tests/test_linear.py)."""
+        product's columns, as torch's GEMM gives its own; tests/core/test_linear.py)."""
         w = self.weight[r0:r1]
         b = None if self.bias is None else self.bias[r0:r1]
         return self._onednn(x, w, b) if self._fast(x) else F.linear(x, w, b)

@@ -37,7 +37,7 @@ SENTENCES = [
     "我爱自然语言处理",
 ]
 TOL = 1e-4
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import assert_no_exception
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / ".streamlit" / "config.toml"
 APP_SOURCES = [ROOT / "app.py", *sorted((ROOT / "viz").rglob("*.py"))]
 CORE_SOURCES = sorted((ROOT / "core").rglob("*.py"))

@@ -53,7 +53,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def llama():
-    """transformers' LlamaForCausalLM (eager, float32) from the same GGUF (as tests/test_smollm2.py)."""
+    """transformers' LlamaForCausalLM (eager, float32) from the same GGUF (as tests/parity/test_smollm2.py)."""
     _need("smollm2")
     from hf_builders import smollm2_llama
 

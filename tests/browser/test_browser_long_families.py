@@ -2,7 +2,7 @@
 checkpoint (soft-capping, a window of 4 keys on layer 0, norms after the sub-layers): the long
 path (one head and a tile of rows at a time, core/head_maps.py) draws the head's overview, and
 the overview equals the block means of the full map, the explicit path's whole layer
-(tests/test_one_formula.py holds the same equality for every family at small sizes)."""
+(tests/parity/test_one_formula.py holds the same equality for every family at small sizes)."""
 
 import numpy as np
 import pytest

@@ -1,14 +1,14 @@
 """On a CUDA GPU: the core there against the CPU and against independent implementations.
 
 Run where CUDA is present (`pytest -m gpu`), skipped with "no CUDA device" elsewhere:
-- the parity suite's key comparisons (tests/test_core_parity.py) on the GPU: our random
+- the parity suite's key comparisons (tests/parity/test_core_parity.py) on the GPU: our random
   encoder-decoder against torch.nn.Transformer, our attention function against PyTorch's
   F.scaled_dot_product_attention, in float64;
 - one trace per bundled model (toy-translate, minilm, smollm2) loaded with device="cuda":
   it ran there (the trace's meta says so, no CPU fallback), and every stored tensor, every
   layer's attention weights and the logits match the same trace on the CPU;
 - minilm and smollm2 on the GPU against transformers on the GPU (eager attention,
-  output_attentions), as tests/test_minilm.py and tests/test_smollm2.py do on the CPU.
+  output_attentions), as tests/parity/test_minilm.py and tests/parity/test_smollm2.py do on the CPU.
 
 Float32 on the GPU (TF32 off, PyTorch's default for matmuls) differs from the CPU by
 rounding only; the tolerances below leave room for that and for nothing else.
@@ -28,7 +28,7 @@ from core.toy import toy_task
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
 DEVICE = "cuda"  # conftest's toy / minilm / smollm2 fixtures load there for this module
-TOL64 = 1e-5  # float64, as tests/test_core_parity.py
+TOL64 = 1e-5  # float64, as tests/parity/test_core_parity.py
 MAPS_TOL = 1e-4  # attention weights (in [0, 1]), float32
 LOGITS_TOL = 1e-3  # logits (|x| up to ~30), float32
 REL_TOL = 1e-4  # any other tensor: max |gpu - cpu| / max |cpu|
@@ -173,7 +173,7 @@ def test_smollm2_on_cuda_matches_transformers_on_cuda(smollm2):
     if importlib.util.find_spec("accelerate") is not None:
         ref = LlamaForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32,
                                                attn_implementation="eager")
-    else:  # as tests/test_smollm2.py's reference: transformers' own GGUF reader, no accelerate
+    else:  # as tests/parity/test_smollm2.py's reference: transformers' own GGUF reader, no accelerate
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
         cfg = AutoConfig.from_pretrained(folder, gguf_file=name)

@@ -45,14 +45,14 @@ def test_sidebar_sections_follow_the_registry():
     import ast
     from pathlib import Path
 
-    tree = ast.parse((Path(__file__).resolve().parents[1] / "app.py").read_text(encoding="utf-8"))
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "app.py").read_text(encoding="utf-8"))
     assert "registry" in ast.unparse(tree) and "st.Page(p.file" in ast.unparse(tree)
     sections = registry.by_section()
     assert list(sections) == ["Learn", "Explore", "Research"]
     assert sum(len(v) for v in sections.values()) == len(registry.PAGES)
     assert all(p.section in registry.SECTIONS for p in registry.PAGES)
     from pathlib import Path as P
-    assert all((P(__file__).resolve().parents[1] / p.file).is_file() for p in registry.PAGES)
+    assert all((P(__file__).resolve().parents[2] / p.file).is_file() for p in registry.PAGES)
 
 
 def test_root_url_opens_the_path(app_test):

@@ -2,8 +2,8 @@
 what core computes on the same trace by another path (the explicit re-run of the layer, or
 core.head_maps on a trace of our own). The long-input path is taken on short inputs by
 lowering core.head_maps.LONG_LAYER_BYTES, so these tests cost seconds; the long lengths
-themselves are in tests/test_head_maps.py (memory), tests/test_smollm2.py (8,000 tokens) and
-tests/test_browser_longdoc.py."""
+themselves are in tests/core/test_head_maps.py (memory), tests/parity/test_smollm2.py (8,000 tokens) and
+tests/browser/test_browser_longdoc.py."""
 
 import numpy as np
 import pytest

@@ -9,7 +9,7 @@ import core
 from viz.figures.citations import NOTES, cite_text
 
 # The notes live beside the checkout: <dir>/main (the project) and <dir>/shared/seeds.
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT.parent / "shared" / "seeds"
 
 

@@ -31,7 +31,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def llama(smollm2):
-    """transformers' LlamaForCausalLM (eager, float32) from smollm2's GGUF (as tests/test_ablation.py)."""
+    """transformers' LlamaForCausalLM (eager, float32) from smollm2's GGUF (as tests/core/test_ablation.py)."""
     from hf_builders import smollm2_llama
 
     return smollm2_llama()

@@ -19,7 +19,7 @@ from core.frames import attention_names, frame, frames, select_names
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "the small dog sees the cat"
 
 

@@ -1,7 +1,7 @@
 """A long document typed into Explore in a real browser (smollm2, ~1,500 tokens: long enough
 for the long-input path, which starts past 32 MiB of one layer's maps, ~970 tokens; the
 8,000-token figures are bench.bench_long_context's and the 8,000-token parity is
-tests/test_smollm2.py's): the span view drawn, a box dragged over a cell that zooms to the two
+tests/parity/test_smollm2.py's): the span view drawn, a box dragged over a cell that zooms to the two
 sentences' tokens, the overview of a head and a box dragged over it that opens its blocks."""
 
 import numpy as np

@@ -16,7 +16,7 @@ from core import trace_names as tn
 from core.net.config import ModelConfig
 from core.registry import load_random
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "the small dog sees the cat"
 
 

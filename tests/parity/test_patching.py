@@ -116,7 +116,7 @@ def _compare(model, patcher, clean, corrupt, answer, wrong, what, cells=None):
 # ------------------------------------------------------------------ smollm2 / LlamaForCausalLM
 @pytest.fixture(scope="module")
 def llama(smollm2):
-    """transformers' LlamaForCausalLM (eager, float32) from smollm2's GGUF (as tests/test_ablation.py)."""
+    """transformers' LlamaForCausalLM (eager, float32) from smollm2's GGUF (as tests/core/test_ablation.py)."""
     from hf_builders import smollm2_llama
 
     ref = smollm2_llama()

@@ -147,7 +147,7 @@ def test_every_page_with_a_model_picker_is_in_the_model_switch_matrix():
 
     from viz.ui import registry
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
 
     pickers = {p.key for p in registry.PAGES
                if re.search(r"model_header\(|model_picker\(", (root / p.file).read_text(encoding="utf-8"))}

@@ -216,7 +216,7 @@ def test_markup_in_tokens_is_escaped_on_other_pages(app_test, page, model):
                          [pytest.param("minilm", marks=pytest.mark.skip(reason="no large model installed"))])
 def test_input_limit_message_per_model(app_test, model):
     """100 kB of text is cut at the model's context in tokens, never at a number of characters
-    (smollm2's context, 8,192 tokens from its GGUF: tests/test_smollm2.py)."""
+    (smollm2's context, 8,192 tokens from its GGUF: tests/parity/test_smollm2.py)."""
     at = open_page(app_test, "explore", BIG, model=model)
     assert_no_exception(at)
     msgs = messages(at)

@@ -17,7 +17,7 @@ from conftest import assert_no_exception
 from viz.figures import export
 from viz.figures.heatmaps import attention_heatmap
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SVG_NS = "{http://www.w3.org/2000/svg}"
 XLINK = "{http://www.w3.org/1999/xlink}href"
 
