@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from viz.ui import registry
+
 from conftest import assert_no_exception
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,10 +158,10 @@ def test_figures_are_built_without_streamlit():
 SENTINEL = "zq7sentinel <b>bold</b> <img src=x onerror=alert(1)>"
 
 
-@pytest.mark.parametrize("page", ["explore", "inside", "positions", "decoder", "compare", "playground", "heads"])
+@pytest.mark.parametrize("page", [p.key for p in registry.with_text()])  # every page that takes text
 def test_user_text_never_reaches_html_elements(app_test, page):
     """At run time: no element rendered with HTML allowed carries the typed text."""
-    params = {"text": SENTINEL}
+    params = {**registry.page(page).params, "text": SENTINEL}
     if page == "compare":
         params["text2"] = SENTINEL
     at = app_test(page, **params)
