@@ -73,7 +73,7 @@ def load_toy(device=None, folder: Path = TOY_DIR, step: Optional[int] = None) ->
         weights_path = toy_steps.weights_file(folder, step)
     if not weights_path.exists():
         raise ModelUnavailable(
-            f"the toy-translate checkpoint is missing ({weights_path}); rebuild it with: python -m core.train_toy"
+            f"the toy-translate checkpoint is missing ({weights_path}); rebuild it with: python -m core.cli.train_toy"
         )
     cfg = ModelConfig.from_dict(json.loads(cfg_path.read_text()))
     vocab = json.loads(vocab_path.read_text())
