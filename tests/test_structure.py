@@ -34,7 +34,7 @@ PUBLIC = [
     ("core.analysis", "top_heads"),
     ("core.frames", "frame"),
     ("core.frames", "frames"),
-    ("core.registry", "load_toy"),
+    ("core.toy.toy_model", "load_toy"),
     ("core.registry", "load_random"),
     ("core.registry", "ModelSpec"),
     ("core.loaders.hf_seq2seq", "load"),
