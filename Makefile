@@ -30,7 +30,7 @@ bench: setup
 	.venv/bin/python -m bench.run_all
 
 train: setup
-	.venv/bin/python -m core.train_toy
+	.venv/bin/python -m core.cli.train_toy
 
 eval: setup
 	.venv/bin/python -m core eval --model toy-translate

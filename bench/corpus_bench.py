@@ -3,7 +3,7 @@
     python -m bench.corpus_bench [--model minilm] [--n 1000] [--layers all] [--single 200] [--threads 1]
 
 Prints, with the load average beside them (the machine may be shared):
-  - the corpus job (core.analysis.corpus_job.run: padded batches) over the first n bundled sentences,
+  - the corpus job (core.cli.corpus_job.run: padded batches) over the first n bundled sentences,
     seconds (target <= 60 s for minilm, 1,000 sentences, on a 2-core CPU);
   - its cost per sentence against tracing the sentences one at a time (model.trace(s), then
     reading the same layers' q and k), timed on the first `single` sentences (target <= 0.5x);
@@ -42,9 +42,9 @@ def main(argv=None) -> int:
     import torch
 
     import core
-    import core.analysis.corpus_job as cc
+    import core.cli.corpus_job as cc
     import core.analysis.joint as cj
-    from core.corpus_data import load as load_bundled
+    from core.cli.corpus_data import load as load_bundled
 
     torch.set_num_threads(args.threads)
     model = core.load_model(args.model, device="cpu")

@@ -11,8 +11,8 @@ Only self-attention maps are read (`{stack}.{i}.self_attn.weights`), one layer a
 trace that computes attention on access never holds every layer's maps at once.
 
 The analyses, by job: head_scoring.py (what heads do), attention_flow.py (rollout and flow),
-corpus_job.py (a corpus traced in batches, per-head vectors), joint.py (AttentionViz's joint
-query-key projection), patching.py (activation patching: which activations the output needs),
+joint.py (AttentionViz's joint query-key projection; the corpus job that traces a corpus in
+batches is core/cli/corpus_job.py), patching.py (activation patching: which activations the output needs),
 lens.py (the logit lens), logit_attribution.py (direct logit attribution).
 """
 

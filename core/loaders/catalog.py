@@ -52,7 +52,7 @@ MODELS: Dict[str, ModelSpec] = {
             "toy-translate",
             "encoder-decoder",
             "the notes' transformer (post-norm, ReLU, sinusoidal), trained here on a synthetic translation task",
-            "core.registry:load_toy",
+            "core.toy.toy_model:load_toy",
         ),
         ModelSpec(
             "minilm",

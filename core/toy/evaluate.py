@@ -105,7 +105,7 @@ def evaluate_steps(folder: Path = TOY_DIR, n: int = 1000, log=print, results: Op
     """Evaluate every saved step (as it loads: float16 files in float32) and write steps/metrics.json.
     `results`: core.toy.evaluate.evaluate_toy(model, n) of some steps, already computed; `note`: where
     the checkpoints come from, when that needs saying (kept in the file, shown by the app)."""
-    from ..registry import load_toy
+    from .toy_model import load_toy
 
     folder = Path(folder)
     losses = load_losses(folder) or {}

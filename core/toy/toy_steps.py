@@ -1,6 +1,6 @@
 """toy-translate at every stage of its training: the checkpoints saved along the way.
 
-`python -m core.train_toy` keeps the weights after 0, 50, ... 400 updates as float16 files in
+`python -m core.cli.train_toy` keeps the weights after 0, 50, ... 400 updates as float16 files in
 assets/toy-translate/steps/ (the final weights stay model.safetensors, float32), every step's
 training loss in steps/losses.json, and, for each saved step, the held-out exact match and
 the alignment accuracy of every cross-attention head in steps/metrics.json. Load one with

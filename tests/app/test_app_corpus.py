@@ -3,9 +3,9 @@ projected; URL state (model, layer, head, projection); pasted corpora and bad in
 
 import numpy as np
 
-import core.analysis.corpus_job as cc
+import core.cli.corpus_job as cc
 from conftest import assert_no_exception, chart_by_key, decode_array, figure
-from core.corpus_data import load as load_bundled
+from core.cli.corpus_data import load as load_bundled
 
 
 def _xy(trace):

@@ -8,7 +8,7 @@ import pytest
 
 import core
 from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
-from core.corpus_data import load as load_bundled
+from core.cli.corpus_data import load as load_bundled
 
 pytestmark = pytest.mark.browser
 

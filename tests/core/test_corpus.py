@@ -1,4 +1,4 @@
-"""The corpus job (core.analysis.corpus_job): its q and k equal single-sentence traces', padding excluded;
+"""The corpus job (core.cli.corpus_job): its q and k equal single-sentence traces', padding excluded;
 the Parquet file and the CLI; Ray Data's run gives the same rows as the in-process one."""
 
 import numpy as np
@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 import core
-import core.analysis.corpus_job as cc
+import core.cli.corpus_job as cc
 from core import trace_names as tn
 from core.net.config import ModelConfig
-from core.corpus_data import load as load_bundled
+from core.cli.corpus_data import load as load_bundled
 
 MIXED = [  # lengths from 1 word to 12, so every batch pads
     "the small dog sees the cat",

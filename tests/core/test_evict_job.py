@@ -1,4 +1,4 @@
-"""The KV-cache sweep over a corpus (core.analysis.evict_job): its rows are evict's own numbers
+"""The KV-cache sweep over a corpus (core.cli.evict_job): its rows are evict's own numbers
 for each (document, policy, budget), unreadable documents and refused budgets are listed, and
 Ray Data (a local Ray) gives the same rows."""
 
@@ -7,7 +7,7 @@ import pytest
 
 import core
 import core.analysis as ca
-from core.analysis import evict_job
+from core.cli import evict_job
 
 
 @pytest.fixture(scope="module")

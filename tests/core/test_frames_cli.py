@@ -13,7 +13,7 @@ import pytest
 
 import core
 from core import trace_names as tn
-from core import cli
+from core.cli import attention_lab as cli
 from core.__main__ import main as core_main
 from core.frames import attention_names, frame, frames, select_names
 
@@ -213,7 +213,7 @@ def test_wheel_ships_the_app_and_the_command(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         entry = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert "app.py" in names and "core/cli.py" in names and "core/frames.py" in names
+    assert "app.py" in names and "core/cli/attention_lab.py" in names and "core/frames.py" in names
     pages = {f.replace("\\", "/") for f in files if f.startswith("viz/") and f.endswith("/page.py")}
     assert len(pages) >= 12 and pages <= names
     assert {f for f in files if f.startswith("assets/toy-translate/")} <= names

@@ -34,7 +34,7 @@ PUBLIC = [
     ("core.analysis", "top_heads"),
     ("core.frames", "frame"),
     ("core.frames", "frames"),
-    ("core.registry", "load_toy"),
+    ("core.toy.toy_model", "load_toy"),
     ("core.registry", "load_random"),
     ("core.registry", "ModelSpec"),
     ("core.loaders.hf_seq2seq", "load"),
@@ -46,8 +46,8 @@ PUBLIC = [
     ("core.net.attention", "scaled_dot_product_attention"),
     ("core.net.cost", "param_formula"),
     ("core.cli", "main"),
-    ("core.train_toy", "main"),
-    ("core.corpus_data", "main"),
+    ("core.cli.train_toy", "main"),
+    ("core.cli.corpus_data", "main"),
     ("core.__main__", "main"),
 ]
 
@@ -97,7 +97,7 @@ def test_every_dotted_core_path_in_the_docs_resolves():
 
 
 def test_python_dash_m_modules_and_the_entry_point():
-    for mod in ("core", "core.train_toy", "core.corpus_data"):
+    for mod in ("core", "core.cli.train_toy", "core.cli.corpus_data"):
         spec = importlib.util.find_spec(mod if mod != "core" else "core.__main__")
         assert spec is not None, f"python -m {mod} has no module"
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

@@ -37,7 +37,7 @@ def test_test_set_is_never_trained_on():
     # the trainer draws through _sample_train, which rejects held-out sentences
     import random
 
-    from core.train_toy import _sample_train
+    from core.cli.train_toy import _sample_train
 
     rng = random.Random(0)
     assert not any(toy_task.is_test(_sample_train(rng)[0]) for _ in range(3000))

@@ -211,7 +211,7 @@ def test_the_corpus_command_on_ray_gives_the_local_rows(gpt2, tmp_path):
     ray = pytest.importorskip("ray")
     import pandas as pd
     from core.__main__ import main
-    from core.analysis import faithfulness_job as job
+    from core.cli import faithfulness_job as job
 
     _, ours = gpt2
     sentences = ["the small dog sees the old cat near the", "alice gave the tired cat a book because it"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import core
-import core.registry
+import core.toy.toy_model
 from conftest import assert_no_exception, chart_by_key
 from core.api import AttentionModel
 from viz.ui import models
@@ -67,8 +67,8 @@ def test_compare_falls_back_when_its_default_model_is_missing(app_test, no_minil
 
 def test_missing_toy_checkpoint_says_how_to_rebuild(tmp_path):
     with pytest.raises(core.ModelUnavailable) as err:
-        core.registry.load_toy(device="cpu", folder=tmp_path)
-    assert "python -m core.train_toy" in str(err.value)
+        core.toy.toy_model.load_toy(device="cpu", folder=tmp_path)
+    assert "python -m core.cli.train_toy" in str(err.value)
 
 
 # ------------------------------------------------------------------ the GPU runs out of memory

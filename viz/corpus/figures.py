@@ -1,6 +1,6 @@
 """Queries and keys of a whole corpus in one scatter per head (AttentionViz's joint view).
 
-    rows, q, k = core.analysis.corpus_job.head_vectors(table, layer, head)
+    rows, q, k = core.cli.corpus_job.head_vectors(table, layer, head)
     xy = core.analysis.joint.joint_embedding(q, k, "pca")          # (2N, 2): queries, then keys
     fig = joint_scatter(xy, rows, color_by="type")         # plotly WebGL scatter
 

@@ -1,6 +1,6 @@
 """Corpus: one head's queries and keys over a whole corpus (AttentionViz's joint view).
 
-The corpus job (core.analysis.corpus_job) runs once per (model, corpus, layer) and is cached; the joint
+The corpus job (core.cli.corpus_job) runs once per (model, corpus, layer) and is cached; the joint
 embedding (core.analysis.joint: AttentionViz's normalisation, then PCA / t-SNE / UMAP) once per head
 and projection. Clicking a point opens its sentence in Explore at this layer and head.
 """
@@ -11,9 +11,9 @@ import re
 import numpy as np
 import streamlit as st
 
-import core.analysis.corpus_job as cc
+import core.cli.corpus_job as cc
 import core.analysis.joint as cj
-from core.corpus_data import CORPUS_FILE
+from core.cli.corpus_data import CORPUS_FILE
 from viz.corpus import figures as vc
 from viz.ui import charts, url_state, widgets
 

@@ -114,7 +114,7 @@ def training_step(state: url_state.PageState, model_name: str, model, text: str,
                 charts.chart(_curve(step), key=f"{key}-training-curve", width="stretch")
             else:
                 st.info("No training metrics found (assets/toy-translate/steps/metrics.json); "
-                        "python -m core.train_toy writes them.")
+                        "python -m core.cli.train_toy writes them.")
         run_key = models.model_key(model_name, None if step == final else step)
         _alignment_maps(run_key, model, text, row, metrics or {}, key)
     state.extra["step_train"] = step

@@ -2,8 +2,8 @@
 
     python -m core faithfulness --model smollm2 --input corpus.txt --out table.csv [--ray [ADDRESS]]
 
-    rows = core.analysis.faithfulness_job.run(model, sentences)     # one row per (sentence, method)
-    table = core.analysis.faithfulness_job.summary(rows)            # one row per method: mean and spread
+    rows = core.cli.faithfulness_job.run(model, sentences)     # one row per (sentence, method)
+    table = core.cli.faithfulness_job.summary(rows)            # one row per method: mean and spread
 
 Each sentence gets core.analysis.faithfulness (every method and the seeded random floor, the
 model's own top-1 next token as the target; random the mean of seeded draws, each method's
@@ -24,8 +24,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from ..errors import InputError
-from .input_attribution import FRACTIONS
-from .faithfulness_scores import faithfulness
+from ..analysis.input_attribution import FRACTIONS
+from ..analysis.faithfulness_scores import faithfulness
 
 ROW_COLUMNS = ["sentence_id", "method", "comprehensiveness", "sufficiency", "difference", "margin", "random_sd",
                "verdict", "target", "tokens"]
@@ -110,7 +110,7 @@ def run_ray(model_name: str, sentences: Sequence[str], methods=None, fractions=F
 
 
 def main(args) -> int:
-    """`python -m core faithfulness` (core/__main__.py parses the arguments)."""
+    """`python -m core faithfulness` (core/cli/commands.py parses the arguments)."""
     from pathlib import Path
 
     from ..registry import load_model

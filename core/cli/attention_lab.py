@@ -1,6 +1,6 @@
 """The installed `attention-lab` command: `run` (the app), `trace`, `models`, `eval`.
 
-`trace`, `models` and `eval` are `python -m core`'s commands (core/__main__.py). `run` starts
+`trace`, `models` and `eval` are `python -m core`'s commands (core/cli/commands.py). `run` starts
 the Streamlit app on the app.py that sits beside the `core` package: the repository's in a
 checkout or an editable install, the one `pip install .` puts in site-packages otherwise.
 Streamlit replaces the process (core never imports streamlit), with the settings of the
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import __main__ as core_cli
+from . import commands as core_cli
 
 # .streamlit/config.toml as flags (tests/test_cli.py keeps the two equal).
 STREAMLIT_SETTINGS = {
@@ -34,7 +34,7 @@ STREAMLIT_SETTINGS = {
 
 def app_path() -> Path:
     """app.py: beside the `core` package (repository root, or site-packages)."""
-    return Path(__file__).resolve().parent.parent / "app.py"
+    return Path(__file__).resolve().parents[2] / "app.py"
 
 
 def _flag_value(value) -> str:

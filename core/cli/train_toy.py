@@ -1,7 +1,7 @@
 """Train toy-translate, the bundled model, and write it to assets/toy-translate/.
 
-    python -m core.train_toy                 # the shipped recipe (fixed seed, one thread)
-    python -m core.train_toy --steps 200 --out /tmp/toy   # a quick run elsewhere
+    python -m core.cli.train_toy             # the shipped recipe (fixed seed, one thread)
+    python -m core.cli.train_toy --steps 200 --out /tmp/toy   # a quick run elsewhere
 
 Along the way it keeps the weights after 0, 50, 100, 150, 200, 400 updates (core.toy.toy_steps:
 float16, in steps/), every update's loss (steps/losses.json), and then scores each saved
@@ -39,15 +39,15 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .loaders.catalog import TOY_DIR
-from . import trace_names as tn
-from .net.config import ModelConfig
-from .net.model import Transformer
-from .net.recorder import Recorder
-from .toy import toy_task
-from .toy.evaluate import evaluate_steps
-from .toy.toy_steps import CHECKPOINT_STEPS, LOSSES, STEPS_DIR, step_file
-from .toy.toy_task import encode_batch
+from ..loaders.catalog import TOY_DIR
+from .. import trace_names as tn
+from ..net.config import ModelConfig
+from ..net.model import Transformer
+from ..net.recorder import Recorder
+from ..toy import toy_task
+from ..toy.evaluate import evaluate_steps
+from ..toy.toy_steps import CHECKPOINT_STEPS, LOSSES, STEPS_DIR, step_file
+from ..toy.toy_task import encode_batch
 
 GUIDED = (tn.cross_attn("decoder", 1, "weights"), 0)  # (trace name, head) supervised with the alignment
 

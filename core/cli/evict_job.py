@@ -1,8 +1,8 @@
 """The KV-cache sweep over a corpus: perplexity against budget for several policies on many
-documents, in-process or on Ray (as core/analysis/corpus_job.py runs the corpus job).
+documents, in-process or on Ray (as core/cli/corpus_job.py runs the corpus job).
 
-    table = core.analysis.evict_job.run(model, documents, policies=("window", "streaming"), budgets=(64, 128))
-    table = core.analysis.evict_job.run_ray("smollm2", documents, ...)   # one task per (document, policy, budget)
+    table = core.cli.evict_job.run(model, documents, policies=("window", "streaming"), budgets=(64, 128))
+    table = core.cli.evict_job.run_ray("smollm2", documents, ...)   # one task per (document, policy, budget)
 
 One row per (document, policy, budget): doc_id, policy, budget, n (positions read),
 perplexity_full, perplexity, mean_kl, mean_mass_lost, seconds. A document the model cannot read
@@ -19,7 +19,7 @@ from typing import Iterable, Optional, Sequence
 import pandas as pd
 
 from ..errors import InputError
-from .evict import evict
+from ..analysis.evict import evict
 
 COLUMNS = ["doc_id", "policy", "budget", "n", "perplexity_full", "perplexity", "mean_kl", "mean_mass_lost", "seconds"]
 

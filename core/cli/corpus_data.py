@@ -1,6 +1,6 @@
 """The bundled corpus: assets/corpus/sentences.txt, one English sentence a line.
 
-    python -m core.corpus_data            # (re)writes the file; the same bytes every time
+    python -m core.cli.corpus_data        # (re)writes the file; the same bytes every time
 
 Every sentence is the project's own: the lecture notes' example sentences (seeds 000-004),
 the example sentences the app's models show, then sentences drawn with a fixed seed from the
@@ -14,9 +14,9 @@ import argparse
 import random
 from pathlib import Path
 
-from .toy import toy_task
+from ..toy import toy_task
 
-CORPUS_DIR = Path(__file__).resolve().parent.parent / "assets" / "corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "assets" / "corpus"
 CORPUS_FILE = CORPUS_DIR / "sentences.txt"
 N_GRAMMAR = 1200
 SEED = 2023
@@ -65,7 +65,7 @@ def load(path: Path = CORPUS_FILE) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m core.corpus_data", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m core.cli.corpus_data", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=CORPUS_FILE)
     ap.add_argument("--n", type=int, default=N_GRAMMAR, help="sentences drawn from the toy grammar")
     args = ap.parse_args(argv)

@@ -2,7 +2,7 @@
 
     python -m core corpus --model minilm --input corpus.txt --layers 0,3 --out vectors.parquet [--ray [ADDRESS]]
 
-    result = core.analysis.corpus_job.run(model, sentences, layers=[0, 3])
+    result = core.cli.corpus_job.run(model, sentences, layers=[0, 3])
     result.table                       # pyarrow Table, one row per (sentence, layer, head, position)
 
 Sentences are traced in padded batches (shortest first, so a batch holds sentences of
