@@ -168,27 +168,34 @@ def _page_fields() -> dict:
     import ast
     import importlib
 
-    def fields_of(expr) -> list:
-        """A literal tuple, a shared tuple of a viz.ui module (why_panel.FIELDS), or their sum."""
+    def fields_of(expr, modules) -> list:
+        """A literal tuple, a shared tuple of an imported module (why_panel.FIELDS), or their sum."""
         if isinstance(expr, ast.Tuple):
             return [e.value for e in expr.elts if isinstance(e, ast.Constant)]
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
-            return fields_of(expr.left) + fields_of(expr.right)
-        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
-            return list(getattr(importlib.import_module(f"viz.ui.{expr.value.id}"), expr.attr))
+            return fields_of(expr.left, modules) + fields_of(expr.right, modules)
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in modules:
+            return list(getattr(importlib.import_module(modules[expr.value.id]), expr.attr))
         return []
 
     out = {}
     for path in sorted((ROOT / "viz").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = {}  # the names this file binds to a module: `from viz.ui import why_panel as wp`
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+            elif isinstance(node, ast.Import):
+                modules.update({a.asname: a.name for a in node.names if a.asname})
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
                 continue
             func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if func not in ("PageState", "__init__"):
                 continue
             for kw in node.keywords:
-                if kw.arg == "fields" and fields_of(kw.value):
-                    out.setdefault(node.args[0].value, set()).update(fields_of(kw.value))
+                if kw.arg == "fields" and fields_of(kw.value, modules):
+                    out.setdefault(node.args[0].value, set()).update(fields_of(kw.value, modules))
     return out
 
 
