@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/design.md", "examples/quickstart.ipynb")
+DOCS = ("README.md", "docs/design.md", "docs/decisions.md", "examples/quickstart.ipynb")
 
 # (module, name) pairs the README, docs/design.md and examples/quickstart.ipynb use, listed by hand
 PUBLIC = [
