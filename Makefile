@@ -9,9 +9,10 @@ run:
 test:
 	bash scripts/test.sh
 
-# The loop while coding: the linter, then every test but the browser ones and those marked slow.
+# The loop while coding: the linter, then the tests that need no browser, no AppTest page run and no
+# smollm2, Ray, subprocess or training run (tests/conftest.py marks app and slow from what a test uses).
 test-fast:
-	bash scripts/test.sh -m "not browser and not slow"
+	bash scripts/test.sh -m "not browser and not slow and not app"
 
 lint: setup
 	.venv/bin/ruff check .

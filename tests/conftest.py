@@ -170,14 +170,31 @@ def pytest_sessionfinish(session, exitstatus):
 BROWSER_RERUNS = 1
 
 
+_SOURCES: dict = {}
+
+
+def _source(item) -> str:
+    path = str(item.fspath)
+    if path not in _SOURCES:
+        _SOURCES[path] = Path(path).read_text(encoding="utf-8")
+    return _SOURCES[path]
+
+
 def pytest_collection_modifyitems(config, items):
     """A browser test that fails is run once more, and the run's summary lists it as rerun.
 
     The browser tests drive a real server and Chromium on a shared machine, where a click can
     meet the page mid-render (the two races found so far are written up in browser_utils.wait_idle
     and test_browser.test_block_map_hover_names_both_blocks). A test whose check is wrong fails
-    both times. The other tests are not retried."""
+    both times. The other tests are not retried.
+
+    The tiers `make test-fast` leaves out are marked here from what a test uses, not by hand:
+    `app` for a test that runs a page through AppTest, `slow` for one that loads smollm2."""
     for item in items:
+        if "app_test" in item.fixturenames or "AppTest" in _source(item):
+            item.add_marker(pytest.mark.app)
+        if any("smol" in f for f in item.fixturenames):
+            item.add_marker(pytest.mark.slow)
         if Path(str(item.fspath)).parent.name == "browser" and not item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.browser)  # tests/browser/ is the browser tier, marked or not
         if item.get_closest_marker("browser") and not item.get_closest_marker("flaky"):

@@ -105,6 +105,7 @@ def test_cli_writes_parquet(tmp_path):
     assert main(["corpus", "--model", "toy-translate", "--input", str(tmp_path / "none.txt"), "--out", str(out)]) == 2
 
 
+@pytest.mark.slow
 def test_ray_local_gives_the_same_rows():
     ray = pytest.importorskip("ray")
     sentences = load_bundled()[:30] + ["!!!"]

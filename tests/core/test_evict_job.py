@@ -40,6 +40,7 @@ def test_rows_are_evicts_numbers(tiny):
     assert len(snap) == 4 and (snap.n < table[table.policy == "window"].n.max()).all()  # the continuation only
 
 
+@pytest.mark.slow
 def test_ray_local_gives_the_same_rows(tiny):
     ray = pytest.importorskip("ray")
     model, folder = tiny

@@ -146,6 +146,7 @@ def _entry(*args):
                           timeout=120, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_entry_help_names_every_command():
     res = _entry("--help")
     assert res.returncode == 0, res.stderr
@@ -156,6 +157,7 @@ def test_entry_help_names_every_command():
         assert r.returncode == 0 and phrase in r.stdout, (sub, r.stdout)
 
 
+@pytest.mark.slow
 def test_entry_models_lists_every_model():
     res = _entry("models")
     assert res.returncode == 0, res.stderr

@@ -128,6 +128,7 @@ PER_ATTN = ["q", "k", "v", "scores", "scaled", "mask", "masked", "weights", "hea
 PER_LAYER = ["residual1", "norm1", "ffn.hidden", "ffn.out", "residual2", "norm2", "out"]
 
 
+@pytest.mark.slow
 def test_cli_trace_writes_design_names(tmp_path):
     out = tmp_path / "run.npz"
     env = {**os.environ, "ATTENTION_LAB_DEVICE": "cpu"}
@@ -154,6 +155,7 @@ def test_cli_trace_writes_design_names(tmp_path):
     assert torch.equal(loaded["decoder.2.cross_attn.weights"], torch.from_numpy(z["decoder.2.cross_attn.weights"]))
 
 
+@pytest.mark.slow
 def test_cli_models_and_eval_errors(tmp_path):
     res = subprocess.run([sys.executable, "-m", "core", "models"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0
@@ -164,6 +166,7 @@ def test_cli_models_and_eval_errors(tmp_path):
     assert res.returncode == 2 and "unknown model" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_cli_eval_prints_one_json_line():
     res = subprocess.run([sys.executable, "-m", "core", "eval", "--model", "toy-translate", "--n", "200"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, env={**os.environ, "ATTENTION_LAB_DEVICE": "cpu"})

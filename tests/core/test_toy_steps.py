@@ -108,6 +108,7 @@ def test_exact_match_rises_over_the_saved_steps(steps, scores):
     assert len(set(seq)) >= 4  # through intermediate stages, not a jump
 
 
+@pytest.mark.slow
 def test_metrics_json_agrees_with_an_independent_scoring(steps, scores):
     """metrics.json (core.toy.evaluate: greedy decoding) against the teacher-forced scoring above,
     every step; and core.toy.evaluate itself re-run on two steps."""

@@ -204,6 +204,7 @@ def test_the_corpus_command_writes_mean_and_spread_per_method(gpt2, tmp_path):
     assert main(["faithfulness", "--model", str(ours.folder), "--input", str(tmp_path / "none.txt")]) == 2
 
 
+@pytest.mark.slow
 def test_the_corpus_command_on_ray_gives_the_local_rows(gpt2, tmp_path):
     """`python -m core faithfulness --ray`: Ray Data maps the same per-sentence function over the
     sentences in worker processes (each loads the model by name); the rows equal the local run's,
