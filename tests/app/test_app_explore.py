@@ -347,3 +347,17 @@ def test_a_notes_example_opens_on_a_model_that_reads_it(app_test):
     assert not at.warning and not [b for b in at.button if b.key == "explore-reader"]
     ticks = json.loads(chart_by_key(at, "explore-heatmap").proto.spec)["layout"]["xaxis"]["ticktext"]
     assert "bank" in ticks and not any("unk" in t.lower() for t in ticks), ticks
+
+
+def test_first_view_controls_say_in_plain_words_what_they_do(app_test):
+    """Explore's first view: every control on it carries a plain-words tooltip (the research
+    controls live behind the "More" expander)."""
+    at = app_test("explore", model="minilm", text="the bank of the river")
+    at.run()
+    assert_no_exception(at)
+    first_view = {"Attention", "Layer", "Head", "Average over heads", "Scale colours per map", "Log colour scale",
+                  "Hide special tokens", "Weights → what is added (norms)", "Read in words"}
+    shown = {w.label: w.help for w in list(at.selectbox) + list(at.toggle) if w.label in first_view}
+    assert len(shown) >= 8, sorted(shown)
+    bare = sorted(label for label, tip in shown.items() if not (tip and len(tip) > 30))
+    assert not bare, f"no plain-words tooltip: {bare}"

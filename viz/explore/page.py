@@ -83,12 +83,17 @@ attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(s
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
-    mean_heads = st.toggle("Average over heads", key=flags["mean"])
-    per_map = st.toggle("Scale colours per map", key=flags["permap"])
+    mean_heads = st.toggle("Average over heads", key=flags["mean"],
+                           help="One map: the mean of this layer's heads, instead of the head chosen.")
+    per_map = st.toggle("Scale colours per map", key=flags["permap"],
+                        help="Off: every map uses one colour scale, 0 to 1, so maps compare. On: each map's own "
+                             "largest weight is the darkest colour, so faint patterns show.")
     log_scale = st.toggle("Log colour scale", key=flags["log"],
                           help="Colour by log10(weight): shows the small weights beside an attention sink (a first "
                                "token that takes most of the weight in long prompts of decoder models).")
-    hide_special = st.toggle("Hide special tokens", key=flags["hide"])
+    hide_special = st.toggle("Hide special tokens", key=flags["hide"],
+                             help="Leave out the markers the model adds around the text ([CLS], [SEP], <s>, "
+                                  "</s>): they often take much of the weight and hide the words' pattern.")
     norms = explore_links.norms_toggle(state)
     what = "value_norms" if norms else "weights"
     words = False

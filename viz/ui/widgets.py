@@ -45,14 +45,21 @@ def attention_picker(state: PageState, trace, cols):
     if st.session_state[attn_key] not in view_names:
         st.session_state[attn_key] = view_names[0]
     attn = cols[0].selectbox("Attention", view_names, key=attn_key,
-                             format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v))
+                             format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v),
+                             help="Which attention to show. Self-attention: the sentence's words look at each other. "
+                                  "Cross-attention (translation models): each output word looks at the input "
+                                  "sentence.")
     stack, kind = attn.split(".")
     n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
     of = f"{model}'s {KIND_LABEL.get((stack, kind), attn)}"
     layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
     head_key = int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
-    layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key)
-    head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key)
+    layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key,
+                              help="The model is a stack of layers, each reading what the one below wrote; "
+                                   "0 is the first, nearest the words.")
+    head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key,
+                             help="Each layer has several heads: separate attentions side by side, each free to "
+                                  "look for something different (the previous word, the verb, the same word).")
     return attn, stack, kind, layer, head, layer_key, head_key
 
 
