@@ -204,7 +204,7 @@ def test_core_never_unpickles():
 
 def test_weights_load_through_safetensors():
     sources = {p.name: p.read_text() for p in CORE_SOURCES}
-    assert "safetensors.torch import load_file" in sources["registry.py"]  # toy-translate
+    assert "safetensors.torch import load_file" in sources["toy_model.py"]  # toy-translate
     assert "safetensors.torch import load_file" in sources["minilm.py"]  # all-MiniLM-L6-v2
     assert "GGUFReader" in sources["smollm2.py"]  # SmolLM2: GGUF, read as arrays
     assert not list((ROOT / "assets").rglob("*.bin")) and not list((ROOT / "assets").rglob("*.pt")) \

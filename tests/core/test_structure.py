@@ -52,6 +52,16 @@ PUBLIC = [
 ]
 
 
+_FIGURES: dict = {}
+
+
+def figures() -> dict:
+    """scripts/structure.py's figures for this checkout, computed once per run."""
+    if not _FIGURES:
+        _FIGURES.update(load_structure().figures())
+    return _FIGURES
+
+
 def load_structure():
     spec = importlib.util.spec_from_file_location("structure", ROOT / "scripts" / "structure.py")
     mod = importlib.util.module_from_spec(spec)
@@ -107,7 +117,7 @@ def test_python_dash_m_modules_and_the_entry_point():
 
 
 def test_structure_figures_hold():
-    f = load_structure().figures()
+    f = figures()
     assert f["core_top_level_modules"] <= 14, f["core_top_level_modules"]
     assert f["import_cycles"] == [], f["import_cycles"]
     assert f["hand_spelled_trace_names"] == 0, f["hand_spelled_by_module"]  # core.trace_names builds them
@@ -118,7 +128,7 @@ def test_the_layer_rules_hold():
     """Only page.py, *_panel.py and viz/ui import Streamlit; no feature folder imports another,
     viz/figures imports neither viz/ui nor a feature, viz/ui no feature, core never viz; every
     feature folder is a registered page and every registered page has its folder."""
-    f = load_structure().figures()
+    f = figures()
     assert len(f["viz_feature_folders"]) >= 14, f["viz_feature_folders"]  # the scan sees the folders
     assert f["streamlit_outside_pages_panels_ui"] == [], f["streamlit_outside_pages_panels_ui"]
     assert f["layer_breaks"] == [], f["layer_breaks"]

