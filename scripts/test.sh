@@ -7,4 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 .venv/bin/ruff check .  # the linter first ([tool.ruff] in pyproject.toml): a finding fails the run
-exec .venv/bin/python -m pytest -q --durations=20 "$@"  # the 20 slowest: the suite is a time budget (35 min here)
+# Two workers (pytest-xdist), each test file kept on one worker so its module-scoped models and app
+# server are loaded once; ATTENTION_LAB_TEST_WORKERS=0 runs everything in this one process.
+# --durations: the 20 slowest, since the suite is a time budget (35 min here).
+exec .venv/bin/python -m pytest -q -n "${ATTENTION_LAB_TEST_WORKERS:-2}" --dist loadfile --durations=20 "$@"
