@@ -77,7 +77,9 @@ def test_bad_answer_and_encoder_model_get_messages(app_test):
 
 def test_clicked_cell_opens_explore(app_test, toy):
     at = _run(app_test, model="toy-translate", text=TOY_CLEAN, corrupt=TOY_CORRUPT, what="head")
-    at.session_state["patching._open"] = pm.explore_params("toy-translate", TOY_CLEAN, "encoder", 2, 1)
+    from viz.ui.explore_links import explore_params
+
+    at.session_state["patching._open"] = explore_params("toy-translate", TOY_CLEAN, "encoder", 2, 1)
     at.run()
     assert_no_exception(at)
     assert at.query_params["layer"] == "2" and at.query_params["head"] == "1"

@@ -50,8 +50,12 @@ def test_head_pick_and_explore_params():
     assert hv.head_pick({"customdata": [3, 4, 0.9], "x": 4, "y": 3}) == (3, 4)
     assert hv.head_pick({"x": 2, "y": 5}) == (5, 2)
     assert hv.head_pick({}) is None
-    assert hv.explore_params("smollm2", "hi", "decoder", 18, 6) == {
+    from viz.ui.explore_links import explore_params
+
+    assert explore_params("smollm2", "hi", "decoder", 18, 6) == {
         "model": "smollm2", "text": "hi", "attn": "decoder.self_attn", "layer": "18", "head": "6"}
+    assert explore_params("smollm2", "hi", "decoder", 18, -1)["head"] == "0"  # a layer cell: its first head
+    assert explore_params("gpt2", "hi", "decoder", 1, 2, "cross_attn")["attn"] == "decoder.cross_attn"
 
 
 def test_rollout_heatmap_and_side_by_side_show_the_rows(toy):
@@ -132,7 +136,9 @@ def test_top_heads_link_to_explore(app_test, toy):
 def test_clicked_head_opens_in_explore(app_test, toy):
     at = app_test("heads", text=TEXT)
     at.run()
-    at.session_state["heads._open"] = hv.explore_params("toy-translate", TEXT, "encoder", 2, 3)
+    from viz.ui.explore_links import explore_params
+
+    at.session_state["heads._open"] = explore_params("toy-translate", TEXT, "encoder", 2, 3)
     at.run()
     assert_no_exception(at)
     assert at.query_params["layer"] == "2" and at.query_params["head"] == "3"

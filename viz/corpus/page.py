@@ -15,7 +15,7 @@ import core.cli.corpus_job as cc
 import core.analysis.joint as cj
 from core.cli.corpus_data import CORPUS_FILE
 from viz.corpus import figures as vc
-from viz.ui import charts, url_state, widgets
+from viz.ui import charts, explore_links, url_state, widgets
 
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus
 MAX_SENTENCES = 2_000  # sentences one run reads (more are cut, with a warning)
@@ -169,9 +169,8 @@ st.caption("Queries and keys of one head, projected together after AttentionViz'
            "open the sentence in Explore at this layer and head.")
 picked = vc.picked_point(event.selection.points if event else None, rows)
 if picked is not None and 0 <= picked["sentence_id"] < len(sentences):
-    st.switch_page("viz/explore/page.py", query_params={
-        "model": model_name, "text": sentences[picked["sentence_id"]], "attn": f"{stack}.self_attn",
-        "layer": str(layer), "head": str(head)})
+    st.switch_page(explore_links.EXPLORE, query_params=explore_links.explore_params(
+        model_name, sentences[picked["sentence_id"]], stack, layer, head))
 
 
 def _pick_head() -> None:

@@ -8,7 +8,7 @@ invisible square marker over each cell; head_pick reads (layer, head) from a cli
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -89,11 +89,6 @@ def head_pick(point: dict) -> Optional[Tuple[int, int]]:
         return int(point["y"]), int(point["x"])
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def explore_params(model: str, text: str, stack: str, layer: int, head: int) -> Dict[str, str]:
-    """The Explore page's URL for one self-attention head."""
-    return {"model": model, "text": text, "attn": f"{stack}.self_attn", "layer": str(int(layer)), "head": str(int(head))}
 
 
 def _token_axis(tokens: Sequence[str]):

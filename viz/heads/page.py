@@ -9,15 +9,12 @@ from core import analysis
 from core import trace_names as tn
 from viz.heads import figures as hv
 from viz.figures.model_view import view_sides
-from viz.ui import charts, models, url_state, urlflags, why_panel, widgets
+from viz.ui import charts, explore_links, models, url_state, urlflags, why_panel, widgets
 
-OPEN_KEY = "heads._open"  # a clicked head: the Explore URL to open on the next run
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
 ROLLOUT_MAX_TOKENS = 512  # rollout keeps L x n x n float64 and multiplies n x n maps: 30 x 512^2 x 8 B = 63 MB
 
-pending = st.session_state.pop(OPEN_KEY, None)
-if pending:
-    st.switch_page("viz/explore/page.py", query_params=pending)
+explore_links.follow("heads")  # a head clicked on the last run opens in Explore
 
 widgets.header("heads")
 st.caption("Five standard scores for every self-attention head, read from the attention maps; then how attention "
@@ -83,7 +80,7 @@ def _open(chart_key: str) -> None:
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
     picked = hv.head_pick(pts[0]) if pts else None
     if picked is not None:
-        st.session_state[OPEN_KEY] = hv.explore_params(model_name, text, stack, *picked)
+        explore_links.open_next_run("heads", explore_links.explore_params(model_name, text, stack, *picked))
 
 
 st.subheader("Head scores")
@@ -105,11 +102,11 @@ with cols[2]:
     top = analysis.top_heads(scores[scores["stack"] == stack], score, 5)
     rep = _repeat_text(model_name, stack, model) if score in hv.REPEAT_SCORES else None
     for row in top.itertuples():
-        st.page_link("viz/explore/page.py", label=f"layer {row.layer} · head {row.head}: {getattr(row, score):.3f}",
-                     query_params=hv.explore_params(model_name, text, stack, row.layer, row.head))
+        explore_links.link(st, f"layer {row.layer} · head {row.head}: {getattr(row, score):.3f}",
+                           explore_links.explore_params(model_name, text, stack, row.layer, row.head))
         if rep is not None and rep["text"] is not None:
-            st.page_link("viz/explore/page.py", label="↳ on the repeated sequence it was scored on",
-                         query_params=hv.explore_params(model_name, rep["text"], stack, row.layer, row.head),
+            explore_links.link(st, "↳ on the repeated sequence it was scored on",
+                               explore_links.explore_params(model_name, rep["text"], stack, row.layer, row.head),
                          help=f"Explore this head on the {2 * rep['r']} random tokens (R = {rep['r']}, repeated "
                               "twice) its score was read on: an induction head's stripe sits one below the "
                               "diagonal of the earlier copy.")

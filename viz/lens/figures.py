@@ -190,12 +190,6 @@ def head_pick(point: dict) -> Optional[Tuple[int, int, str]]:
     return None
 
 
-def explore_params(model: str, text: str, layer: int, head: int, attn: str = "self_attn",
-                   stack: str = "decoder") -> Dict[str, str]:
-    """The Explore page's URL for one head."""
-    return {"model": model, "text": text, "attn": f"{stack}.{attn}", "layer": str(int(layer)), "head": str(int(head))}
-
-
 def attribution_table(df: pd.DataFrame) -> pd.DataFrame:
     """Direct logit attribution as a CSV table by the convention (CONVENTION): `block` (the
     block a head, MLP or attention bias belongs to; -1 for the embeddings and the final norm's

@@ -10,16 +10,13 @@ from core.analysis.token_ids import output_token_id
 from viz.lens import figures as lf
 from core.head_maps import derived as per_trace
 from viz.figures.text import _md_code
-from viz.ui import charts, longdoc, models, url_state, urlflags, widgets
+from viz.ui import charts, explore_links, longdoc, models, url_state, urlflags, widgets
 from core import trace_names as tn
 
-OPEN_KEY = "lens._open"  # a clicked head: the Explore URL to open on the next run
 IOI = "When Mary and John went to the store, John gave a drink to"
 COLOUR_DEFAULT = "target"
 
-pending = st.session_state.pop(OPEN_KEY, None)
-if pending:
-    st.switch_page("viz/explore/page.py", query_params=pending)
+explore_links.follow("lens")  # a head clicked on the last run opens in Explore
 
 widgets.header("lens")
 st.caption("The **logit lens** reads the residual stream after every layer through the model's own output head (final "
@@ -131,7 +128,8 @@ def _open() -> None:
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
     picked = lf.head_pick(pts[0]) if pts else None
     if picked is not None:
-        st.session_state[OPEN_KEY] = lf.explore_params(model_name, text, picked[0], picked[1], picked[2])
+        explore_links.open_next_run("lens", explore_links.explore_params(model_name, text, "decoder", picked[0], picked[1],
+                                                                            picked[2]))
 
 
 try:
@@ -177,9 +175,9 @@ if attr is not None:
             if not len(rows):
                 st.caption("No head works against it here.")
             for row in rows.itertuples():
-                st.page_link("viz/explore/page.py", label=f"{lf.head_label(row.layer, row.head)} (layer {row.layer} · "
+                explore_links.link(st, f"{lf.head_label(row.layer, row.head)} (layer {row.layer} · "
                                                            f"head {row.head}): {row.contribution:+.3f}",
-                             query_params=lf.explore_params(model_name, text, row.layer, row.head, row.attn))
+                             explore_links.explore_params(model_name, text, "decoder", row.layer, row.head, row.attn))
     st.download_button("The attribution (CSV)", lambda: lf.attribution_table(attr).to_csv(index=False).encode(),
                        help="One row per part: block (-1 for the embeddings and the final biases), head (-1 where not "
                             "a head) and label ('L23H3', 'L23 MLP', 'embed').",

@@ -11,7 +11,7 @@ restored]; cell_pick reads (layer, head, position) from a clicked one.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -174,12 +174,6 @@ def cell_pick(point: dict) -> Optional[Tuple[int, int, int]]:
         except (TypeError, ValueError):
             return None
     return None
-
-
-def explore_params(model: str, text: str, stack: str, layer: int, head: int) -> Dict[str, str]:
-    """The Explore page's URL for a layer's (and head's) self-attention; head 0 for a position cell."""
-    return {"model": model, "text": text, "attn": f"{stack}.self_attn", "layer": str(int(layer)),
-            "head": str(max(0, int(head)))}
 
 
 def top_cells(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:

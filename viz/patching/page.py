@@ -15,17 +15,14 @@ from core.analysis.token_ids import output_token_id
 from viz.patching import figures as pm
 from viz.figures.checks import Check
 from viz.figures.text import clean_text
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, explore_links, models, url_state, urlflags, widgets
 from viz.patching import run_panel as patching_run
 
-OPEN_KEY = "patching._open"  # a clicked cell: the Explore URL to open on the next run
 MAX_TOKENS = 128  # a grid is layers x tokens patched runs: longer prompts are refused with a message
 CHECK_TOL = 1e-4  # |restored - 1| allowed for the layer-0 check (float32 through every layer)
 WHATS = list(cp.WHATS)
 
-pending = st.session_state.pop(OPEN_KEY, None)
-if pending:
-    st.switch_page("viz/explore/page.py", query_params=pending)
+explore_links.follow("patching")  # a cell clicked on the last run opens its head in Explore
 
 widgets.header("patching")
 st.caption("Activation patching (Meng et al. 2022; Wang et al. 2022): run the corrupted prompt, put back one activation "
@@ -222,7 +219,7 @@ def _open() -> None:
     picked = pm.cell_pick(pts[0]) if pts else None
     if picked is not None:
         layer, head, _ = picked
-        st.session_state[OPEN_KEY] = pm.explore_params(model_name, text, stack, layer, head)
+        explore_links.open_next_run("patching", explore_links.explore_params(model_name, text, stack, layer, head))
 
 
 st.caption("Rows are layers, columns " + ("heads (each patched at every position)" if what == "head" else

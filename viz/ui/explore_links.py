@@ -1,11 +1,43 @@
-"""Parts of the Explore page: links from the selected head to the analyses that say what it
-does (Patching, Lens), the value-norms switch (Kobayashi et al. 2020) that redraws the same
-maps from ||a_ij v_j W_o^h||, and the head view's window on a long input."""
+"""Opening a head in Explore, from any page (one helper: its URL, a link to it, and a click on a
+figure that opens it on the next run); and parts of the Explore page: links from the selected
+head to the analyses that say what it does (Patching, Lens), the value-norms switch (Kobayashi
+et al. 2020) that redraws the same maps from ||a_ij v_j W_o^h||, and the head view's window on
+a long input."""
 
 import streamlit as st
 
 from viz.figures import model_view as ex
-from viz.ui import urlflags
+from viz.ui import registry, urlflags
+
+EXPLORE = registry.page("explore").file
+
+
+def explore_params(model: str, text: str, stack: str, layer: int, head: int,
+                   attn: str = "self_attn") -> dict:
+    """The Explore page's URL for one head (head 0 where a cell names a layer only: head -1)."""
+    return {"model": model, "text": text, "attn": f"{stack}.{attn}", "layer": str(int(layer)),
+            "head": str(max(0, int(head)))}
+
+
+def link(container, label: str, params: dict, **kw) -> None:
+    """A link that opens Explore on `params` (explore_params)."""
+    container.page_link(EXPLORE, label=label, query_params=params, **kw)
+
+
+def _open_key(page: str) -> str:
+    return f"{page}._open"
+
+
+def open_next_run(page: str, params: dict) -> None:
+    """A click on `page`'s figure picked a head: Explore opens on it on the next run (follow)."""
+    st.session_state[_open_key(page)] = params
+
+
+def follow(page: str) -> None:
+    """At the top of `page`: if the last run picked a head, go to Explore on it now."""
+    pending = st.session_state.pop(_open_key(page), None)
+    if pending:
+        st.switch_page(EXPLORE, query_params=pending)
 
 
 def head_links(col, model, model_name: str, text: str, stack: str, kind: str, layer: int, head: int) -> None:
