@@ -12,7 +12,7 @@ from core.analysis.token_ids import output_token_id
 from core.errors import InputError
 from viz.attribution import figures as af
 from viz.attribution import run_panel as attribution_run
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, registry, url_state, urlflags, widgets
 
 STEPS = (8, 16, 32, 64, 128, 256, 512)
 STEPS_DEFAULT = 64
@@ -39,7 +39,7 @@ if model.kind == "encoder" and getattr(model, "mlm_head", None) is None:
     st.info(f"Attribution needs an output: {model_name} is an encoder without an output head (no masked-LM head), "
             "so there is no prediction whose inputs could be weighed. Its attention can be read on Explore and "
             "compared with another model's on Compare.")
-    st.page_link("viz/compare/page.py", label="Compare its attention with another model's", icon=":material/compare_arrows:")
+    st.page_link(registry.page("compare").file, label="Compare its attention with another model's", icon=":material/compare_arrows:")
     # the user's sentence stays in the URL (and the session) for the next model
     state.end_here(model=model_name, text=st.session_state.get(state.key("text")))
 

@@ -9,7 +9,7 @@ from core import analysis
 from core import trace_names as tn
 from viz.heads import figures as hv
 from viz.figures.model_view import view_sides
-from viz.ui import charts, explore_links, models, url_state, urlflags, why_panel, widgets
+from viz.ui import charts, explore_links, models, registry, url_state, urlflags, why_panel, widgets
 
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
 ROLLOUT_MAX_TOKENS = 512  # rollout keeps L x n x n float64 and multiplies n x n maps: 30 x 512^2 x 8 B = 63 MB
@@ -110,10 +110,10 @@ with cols[2]:
                          help=f"Explore this head on the {2 * rep['r']} random tokens (R = {rep['r']}, repeated "
                               "twice) its score was read on: an induction head's stripe sits one below the "
                               "diagonal of the earlier copy.")
-    st.page_link("viz/lens/page.py", label="logit lens: what the heads add to the output",
+    st.page_link(registry.page("lens").file, label="logit lens: what the heads add to the output",
                  query_params={"model": model_name, "text": text})
     if model.kind in ("decoder", "encoder-decoder"):  # a model with an output to measure
-        st.page_link("viz/patching/page.py", label="activation patching: which heads the output needs",
+        st.page_link(registry.page("patching").file, label="activation patching: which heads the output needs",
                      query_params={"model": model_name, "text": text, "what": "head"})
     if rep is not None and rep["why"]:
         st.caption(f"The repeated sequence cannot be opened as it was scored: {rep['why']}.")

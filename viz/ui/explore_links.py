@@ -44,11 +44,11 @@ def head_links(col, model, model_name: str, text: str, stack: str, kind: str, la
     """A link to patch the selected head (where the model has an output to measure) and to the
     logit lens of the sentence."""
     if kind == "self_attn" and stack == {"decoder": "decoder", "encoder-decoder": "encoder"}.get(model.kind):
-        st.page_link("viz/patching/page.py", label=f"Patch this head (layer {layer}, head {head}): does the output "
+        st.page_link(registry.page("patching").file, label=f"Patch this head (layer {layer}, head {head}): does the output "
                      "need it?", query_params={"model": model_name, "text": text, "what": "head",
                                                "layer": str(int(layer)), "head": str(int(head))},
                      icon=":material/healing:")
-    col.page_link("viz/lens/page.py", label="logit lens", query_params={"model": model_name, "text": text})
+    col.page_link(registry.page("lens").file, label="logit lens", query_params={"model": model_name, "text": text})
 
 
 def norms_toggle(state) -> bool:
