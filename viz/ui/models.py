@@ -160,7 +160,7 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
         label = f"{model_name}, {n:,} tokens"
         admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
         with admission.admitted(gate.trace_bytes(model.config, n), admission.expected_seconds(model, model_name, n),
-                                label):
+                                label, kind=key[0]):  # "trace" or "steps"
             return run(model, text)
 
     try:
