@@ -4,7 +4,7 @@ so in the page ("Waiting: 2 jobs ahead, about 40 s") with a Cancel button; a can
 leaves the queue, and the page offers to run it again. A job never stops once it runs.
 
 The wait's estimate is the gate's own (Gate.expected: the last jobs of the same kind, measured);
-expected_seconds below, from the long-trace calibration, is its starting point only."""
+viz.ui.longdoc.trace_seconds, from the long-trace calibration, is its starting point only."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from viz.ui import gate as vg
 
 CANCELLED = "_gate.cancelled"  # session flag: the user cancelled a waiting job
 LOG = logging.getLogger("attention_lab")
-SECONDS_PER_FLOP = 2e-10  # before a model's cost is measured (viz.ui.longdoc.calibrate): ~5 GFLOP/s
+SECONDS_PER_FLOP = 2e-10  # a job's first estimate before anything is measured: ~5 GFLOP/s
 
 
 @st.cache_resource(show_spinner=False)
@@ -29,17 +29,6 @@ def gate() -> vg.Gate:
     g = vg.Gate(vg.default_budget(), release=core.device.release_freed_memory)
     LOG.info("gate: budget %d MiB", g.budget // 2**20)
     return g
-
-
-def expected_seconds(model, model_name: str, n: int) -> float:
-    """The job's expected time: the long-trace cost model where this model's cost was measured in
-    this process, else a rough rate (it only orders the queue's estimate)."""
-    from viz.ui import longdoc
-
-    cost = longdoc._COST.get(model_name)
-    if cost is not None:
-        return longdoc.expected_seconds(model, n, cost)
-    return longdoc.flops(model, n) * SECONDS_PER_FLOP
 
 
 def _cancel() -> None:

@@ -92,6 +92,16 @@ def expected_seconds(model, n: int, cost: tuple) -> float:
     return seconds + slope * (flops(model, n) - flops(model, at))
 
 
+def trace_seconds(model, model_name: str, n: int) -> float:
+    """A trace's first time estimate for the admission gate: the long-trace cost model where this
+    model's cost was measured in this process, else a rough rate (the gate then corrects it by
+    the times it measures)."""
+    cost = _COST.get(model_name)
+    if cost is not None:
+        return expected_seconds(model, n, cost)
+    return flops(model, n) * admission.SECONDS_PER_FLOP
+
+
 def _timed_pass(model, n: int) -> float:
     cfg = model.config  # ids within every vocabulary the pass reads (a tiny checkpoint's has a few hundred)
     vocab = min(v for v in (cfg.src_vocab_size, cfg.tgt_vocab_size) if v) if (cfg.src_vocab_size or cfg.tgt_vocab_size) else 11
