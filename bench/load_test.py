@@ -116,7 +116,7 @@ import sys
 import core
 from bench.common import status_kib
 from bench.load_test import long_text
-from viz import gate
+from viz.ui import gate
 m = core.load_model("smollm2", device="cpu")
 m.trace("warm up")
 text = long_text(int(sys.argv[1]), "calibration")

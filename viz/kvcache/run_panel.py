@@ -66,7 +66,7 @@ def run(model, model_name: str, text: str, policy: str, budget: int, sinks: int 
         n = models._tokens(model, text + (continuation or ""))
         admission.gate().count(evict_cache())
         with admission.admitted(2 * gate.trace_bytes(model.config, n), estimate(model, n, policy),
-                                f"{model_name} {policy} at budget {budget}, {n:,} tokens"):
+                                f"{model_name} {policy} at budget {budget}, {n:,} tokens", kind="kvcache"):
             return ca.evict(model, text, policy, int(budget), sinks=int(sinks), recent=recent, observe=int(observe),
                             continuation=continuation or None, progress=progress)
 

@@ -39,7 +39,7 @@ def grid(model, model_name: str, text: str, corrupt: str, answer_id: int, wrong_
     label = f"{model_name} patching grid ({what_})"
     # the two runs' activations are what it holds (measured on smollm2's 14-token indirect-object pair:
     # 30 MiB above the model at its peak; this estimate says 160): a trace of the prompt's length
-    with admission.admitted(gate.trace_bytes(model.config, models._tokens(model, text)), 0.0, label):
+    with admission.admitted(gate.trace_bytes(model.config, models._tokens(model, text)), 0.0, label, kind="patching"):
         df, chk = _grid(model, text, corrupt, answer_id, wrong_id, what_)
     store[key] = (df, chk)
     while len(store) > 8:

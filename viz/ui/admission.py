@@ -1,7 +1,10 @@
 """The admission gate as a page shows it (the gate itself: viz/ui/gate.py): one Gate per process,
 over the memory budget, with the trace cache counted against it. A job that has to wait says
 so in the page ("Waiting: 2 jobs ahead, about 40 s") with a Cancel button; a cancelled job
-leaves the queue, and the page offers to run it again. A job never stops once it runs."""
+leaves the queue, and the page offers to run it again. A job never stops once it runs.
+
+The wait's estimate is the gate's own (Gate.expected: the last jobs of the same kind, measured);
+viz.ui.longdoc.trace_seconds, from the long-trace calibration, is its starting point only."""
 
 from __future__ import annotations
 
@@ -15,26 +18,17 @@ from viz.ui import gate as vg
 
 CANCELLED = "_gate.cancelled"  # session flag: the user cancelled a waiting job
 LOG = logging.getLogger("attention_lab")
-SECONDS_PER_FLOP = 2e-10  # before a model's cost is measured (viz.ui.longdoc.calibrate): ~5 GFLOP/s
+SECONDS_PER_FLOP = 2e-10  # a job's first estimate before anything is measured: ~5 GFLOP/s
 
 
 @st.cache_resource(show_spinner=False)
 def gate() -> vg.Gate:
     """The process's gate; the caches that count against its budget join it with `count`."""
-    g = vg.Gate(vg.default_budget())
+    import core.device
+
+    g = vg.Gate(vg.default_budget(), release=core.device.release_freed_memory)
     LOG.info("gate: budget %d MiB", g.budget // 2**20)
     return g
-
-
-def expected_seconds(model, model_name: str, n: int) -> float:
-    """The job's expected time: the long-trace cost model where this model's cost was measured in
-    this process, else a rough rate (it only orders the queue's estimate)."""
-    from viz.ui import longdoc
-
-    cost = longdoc._COST.get(model_name)
-    if cost is not None:
-        return longdoc.expected_seconds(model, n, cost)
-    return longdoc.flops(model, n) * SECONDS_PER_FLOP
 
 
 def _cancel() -> None:
@@ -42,10 +36,12 @@ def _cancel() -> None:
 
 
 @contextmanager
-def admitted(cost: int, seconds: float, label: str):
+def admitted(cost: int, seconds: float, label: str, kind: str = "", first: bool = False):
     """Run the block once the gate admits a job of `cost` bytes. While it waits, the page shows
     its place and a Cancel button; a click reruns the page, which ends the wait (the job leaves
-    the queue) and shows that it was cancelled, with a button to run it again."""
+    the queue) and shows that it was cancelled, with a button to run it again. kind: what the
+    gate times it by (default: the label); first: the page's work on a result it
+    holds (Gate.admit)."""
     if st.session_state.pop(CANCELLED, False):
         st.info(f"Cancelled before it started: {label}. Nothing was computed.")
         st.button("Run it again", key="gate-again")
@@ -60,7 +56,8 @@ def admitted(cost: int, seconds: float, label: str):
         note.info(f"Waiting: {ahead} job{'s' if ahead != 1 else ''} ahead, about {max(1, round(secs))} s "
                   f"({label}; the server runs heavy work within its memory budget).")
 
-    with gate().admit(cost, seconds, label, on_wait=on_wait) as ticket:
+    with gate().admit(cost, seconds, label, on_wait=on_wait, kind=kind or label,
+                      first=first) as ticket:
         waited = ticket.entered - ticket.queued
         LOG.info("gate: admitted %s (%.0f MiB)%s", label, cost / 2**20,
                  f" after waiting {waited:.1f} s" if shown else "")

@@ -13,8 +13,19 @@ shows a waiting job's place in the queue with a way to cancel.
   the budget beside what the process-wide caches hold; cached results are dropped first (least
   recently used), so caches count against the same budget without making anyone wait. A job
   larger than the whole budget runs alone.
+- A page's work on a result it already holds (a long input's maps, surprisal and head profiles after
+  its trace: `maps_bytes`, `surprisal_bytes`) is admitted with first=True: it goes ahead of the
+  jobs waiting (new traces), behind the others of its kind, so a session that has its trace
+  finishes with it instead of waiting behind every trace queued after its own.
 - A waiting job calls on_wait(ahead, seconds) about every POLL seconds: the jobs ahead of it and
-  the time they are expected to take. on_wait may raise (a page's rerun: the user pressed
+  the time they are expected to take. The time comes from the gate's own measurements: the wall
+  time of the last RECENT jobs of the same kind against their estimates (or, where they had
+  none, their bytes), so a slow machine or a busy one is seen from the second job on; the
+  caller's estimate (a calibration) is used alone only before any job of that kind has ended.
+- After a large job ends (TRIM_BYTES or more) and after the caches give back room, `release`
+  (the app passes core.device.release_freed_memory) hands the freed memory back to the system:
+  the process keeps freed memory for speed (core.device.keep_freed_memory), in one malloc arena
+  per thread, so without it memory given back by one session's job is not there for another's. on_wait may raise (a page's rerun: the user pressed
   Cancel, or typed something else); the job then leaves the queue and its place is freed. A job
   is never stopped once it has entered.
 - Identical requests share one computation before they reach the gate: the trace cache's
@@ -29,11 +40,14 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 POLL = 0.25  # seconds between a waiting job's on_wait calls
 BUDGET_ENV = "ATTENTION_LAB_MEMORY_BUDGET_MB"
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available when the process starts
+RECENT = 8  # the time estimate: the last this many jobs of a kind that ended
+TRIM_BYTES = 256 * 2**20  # a job this large hands its freed memory back to the system when it ends
 
 
 def machine_memory() -> int:
@@ -102,12 +116,41 @@ def pattern_bytes(cfg, n_tokens: int) -> int:
     return int(MARGIN * 8 * 2 * components * n_tokens * 2 * d_k)
 
 
+def maps_bytes(cfg, n_tokens: int) -> int:
+    """Peak bytes of a long input's views after its trace (overview and zoom, the model view's
+    pooled maps, head profiles: core.head_maps.LayerMaps, one head and a tile of rows at a time):
+    the layer's normed input and RoPE angles (n d + 2 n d_k floats), one head's q and each kv
+    head's k (n d_k (1 + kv) floats), kept with the trace, and a tile of TILE_ROWS x n cells in
+    up to 16 copies while it is pooled (scores to weights, the mask, padding, block sums, the
+    profile's temporaries). Times MARGIN. Measured (smollm2, 4,400 tokens, VmRSS after the trace
+    and the overview + zoom, one thread): 51 MiB; this gives 58."""
+    from core.head_maps import TILE_ROWS
+
+    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+    kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    n = int(n_tokens)
+    held = n * cfg.d_model + 2 * n * d_k + n * d_k * (1 + kv)
+    return int(MARGIN * 4 * (held + 16 * TILE_ROWS * n))
+
+
+def surprisal_bytes(cfg, n_tokens: int) -> int:
+    """Peak bytes of a decoder's surprisal over a trace (core.analysis.surprisal): the logits of
+    ROWS positions at a time over the vocabulary, in float64 with their log-softmax and its
+    exponent, 3 x 8 bytes a cell, times MARGIN; the same at any length past ROWS. Measured
+    (smollm2, 4,400 tokens, VmHWM above the resident trace): 288 MiB; this gives 332."""
+    from core.analysis.surprisal import ROWS
+
+    return int(MARGIN * 3 * 8 * min(ROWS, max(1, int(n_tokens))) * cfg.tgt_vocab_size)
+
+
 @dataclass
 class Ticket:
     cost: int
     seconds: float
     label: str
     number: int
+    kind: str = ""
+    first: bool = False  # work on a result the page holds: ahead of the other waiting jobs
     entered: Optional[float] = None  # when it started running (None while it waits)
     queued: float = field(default_factory=time.monotonic)
 
@@ -117,9 +160,12 @@ class Cancelled(Exception):
 
 
 class Gate:
-    def __init__(self, budget: int, caches: Sequence = ()):
+    def __init__(self, budget: int, caches: Sequence = (), release: Optional[Callable[[], object]] = None):
         self.budget = int(budget)
         self.caches: List = list(caches)  # objects with .nbytes and .shrink_to(bytes) (viz.ui.cache.ByteLRU)
+        self.release = release  # hands freed memory back to the system (core.device.release_freed_memory)
+        self._done: Dict[str, Deque[tuple]] = {}  # kind -> (seconds, estimate, cost) of its last RECENT jobs
+        self.released = 0
         self._cond = threading.Condition()
         self._queue: List[Ticket] = []  # waiting, in order of arrival
         self._running: List[Ticket] = []
@@ -157,26 +203,59 @@ class Gate:
             room = self.budget - self.running_bytes - t.cost
             if room < 0:
                 return False
+        freed = 0
         for c in self.caches:  # cached results make room before anyone waits
             over = self.cached_bytes() - max(0, room)
             if over > 0:
-                c.shrink_to(max(0, int(c.nbytes) - over))
+                before = int(c.nbytes)
+                c.shrink_to(max(0, before - over))
+                freed += before - int(c.nbytes)
+        if freed:
+            self._release()
         return True
+
+    def _release(self) -> None:
+        if self.release is not None:
+            self.release()
+            self.released += 1
+
+    # -------------------------------------------------------------- time
+    def expected(self, t: Ticket) -> float:
+        """Seconds job t is expected to take: its kind's last jobs' measured time against their
+        estimates, times t's estimate (or, where they had none, per byte, times t's cost); t's
+        own estimate before any job of its kind has ended."""
+        done = self._done.get(t.kind)
+        if not done:
+            return t.seconds
+        spent = sum(s for s, _, _ in done)
+        estimated = sum(e for _, e, _ in done)
+        if t.seconds > 0 and estimated > 0:
+            return t.seconds * spent / estimated
+        cost = sum(c for _, _, c in done)
+        return t.cost * spent / cost if cost > 0 else spent / len(done)
+
+    def _ended(self, t: Ticket) -> None:
+        self._done.setdefault(t.kind, deque(maxlen=RECENT)).append(
+            (time.monotonic() - (t.entered or time.monotonic()), t.seconds, t.cost))
 
     def ahead(self, t: Ticket) -> tuple:
         """(jobs ahead of t: running and waiting before it, seconds they are expected to take)."""
         now = time.monotonic()
-        running = sum(max(0.0, r.seconds - (now - (r.entered or now))) for r in self._running)
-        before = [w for w in self._queue if w.number < t.number]
-        return len(self._running) + len(before), running + sum(w.seconds for w in before)
+        running = sum(max(0.0, self.expected(r) - (now - (r.entered or now))) for r in self._running)
+        before = self._queue[:self._queue.index(t)] if t in self._queue else []
+        return len(self._running) + len(before), running + sum(self.expected(w) for w in before)
 
     # -------------------------------------------------------------- admission
     @contextmanager
     def admit(self, cost: int, seconds: float = 0.0, label: str = "",
-              on_wait: Optional[Callable[[int, float], None]] = None):
-        t = Ticket(int(max(0, cost)), float(max(0.0, seconds)), label, next(self._numbers))
+              on_wait: Optional[Callable[[int, float], None]] = None, kind: str = "", first: bool = False):
+        """Hold the block until a job of `cost` bytes fits (see the module docstring). seconds: the
+        caller's estimate of its time; kind: what the gate measures its times by ("trace",
+        "surprisal"...); first: work on a result the page holds, ahead of the other waiting jobs."""
+        t = Ticket(int(max(0, cost)), float(max(0.0, seconds)), label, next(self._numbers), kind, bool(first))
         with self._cond:
-            self._queue.append(t)
+            at = sum(1 for w in self._queue if w.first) if first else len(self._queue)
+            self._queue.insert(at, t)
         waited = False
         try:
             while True:
@@ -206,4 +285,7 @@ class Gate:
         finally:
             with self._cond:
                 self._running.remove(t)
+                self._ended(t)
                 self._cond.notify_all()
+            if t.cost >= TRIM_BYTES:
+                self._release()

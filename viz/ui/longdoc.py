@@ -2,11 +2,16 @@
 trace, the overview + zoom heatmap that replaces a full map past core.head_maps.LONG_LAYER_BYTES,
 and the "Long document" tab (spans, head profiles, surprisal). Figures: viz.figures.long_maps;
 numbers: core.head_maps and core.analysis.surprisal (one head and a tile of rows at a time).
+
+What these views compute after the trace passes the admission gate too (`work`: costed from
+shapes by viz.ui.gate.maps_bytes and surprisal_bytes, admitted ahead of the waiting traces,
+since the page already holds its trace).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import numpy as np
@@ -21,7 +26,8 @@ from core.head_maps import derived as per_trace
 from viz.figures.heatmaps import attention_heatmap, fix_margins
 from viz.figures.reduce import block_size
 from viz.figures.text import clean_text
-from viz.ui import charts, dl
+from viz.ui import admission, charts, dl
+from viz.ui import gate as vg
 
 SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
 OVERVIEW_SIDE = 128  # the overview's blocks per side (as a long token map is drawn)
@@ -37,6 +43,30 @@ SECTIONS = {"spans": "Spans", "profiles": "Head profiles", "surprisal": "Surpris
 
 def is_long(trace, stack: str, kind: str) -> bool:
     return long_layer(trace, stack, kind)
+
+
+@contextmanager
+def work(trace, what: str, stack: str = "decoder", maps: int = 1):
+    """Run a long input's view work (`what`: "surprisal", or what reads `maps` heads' maps one
+    at a time) once the admission gate admits it: its cost from shapes (gate.maps_bytes,
+    gate.surprisal_bytes), its first time estimate from its FLOPs (then the gate's measurements),
+    ahead of the waiting traces (the page holds its trace already). A trace with no model
+    (loaded from a file) computes nothing heavy and passes."""
+    model = trace.model
+    if model is None:
+        yield
+        return
+    cfg = model.config
+    n = len(trace.tokens("source" if stack == "encoder" else "target")) or len(trace.tokens("source"))
+    if what == "surprisal":
+        cost, flop = vg.surprisal_bytes(cfg, n), 2.0 * n * cfg.tgt_vocab_size * cfg.d_model
+    else:
+        d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+        cost, flop = vg.maps_bytes(cfg, n), 4.0 * n * n * d_k * max(1, maps)
+    name = trace.meta.get("model") or getattr(model, "name", "model")
+    with admission.admitted(cost, flop * admission.SECONDS_PER_FLOP, f"{name} {what}, {n:,} tokens", kind=what,
+                            first=True):
+        yield
 
 
 # ------------------------------------------------------------------ before and during a long trace
@@ -60,6 +90,16 @@ def expected_seconds(model, n: int, cost: tuple) -> float:
     if slope is None or slope <= 0:
         return seconds * flops(model, n) / flops(model, at)
     return seconds + slope * (flops(model, n) - flops(model, at))
+
+
+def trace_seconds(model, model_name: str, n: int) -> float:
+    """A trace's first time estimate for the admission gate: the long-trace cost model where this
+    model's cost was measured in this process, else a rough rate (the gate then corrects it by
+    the times it measures)."""
+    cost = _COST.get(model_name)
+    if cost is not None:
+        return expected_seconds(model, n, cost)
+    return flops(model, n) * admission.SECONDS_PER_FLOP
 
 
 def _timed_pass(model, n: int) -> float:
@@ -164,7 +204,9 @@ def _blocks(trace, view):
 def overview(trace, view, n_heads: int, log_scale: bool = False, fixed_scale: bool = True, selected=None):
     """(figure, size, n, pooled nb x nb) of one head's (or the mean of heads') pooled map."""
     n, size = _blocks(trace, view)
-    p = trace.pooled(view.name, size, heads=_heads(view, n_heads)).mean(0)
+    heads = _heads(view, n_heads)
+    with work(trace, "overview", view.stack, len(heads)):
+        p = trace.pooled(view.name, size, heads=heads).mean(0)
     fig = lm.overview_figure(p, size, n, title=f"{view.label()} · overview, blocks of {size} tokens",
                              log_scale=log_scale, fixed_scale=fixed_scale, selected=selected)
     return fig, size, n, p
@@ -208,7 +250,8 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
                                   head=view.head, suffix="-overview"))
     (r0, r1), (c0, c1) = lm.zoom_rows(box, size, n, ZOOM_TOKENS)
     cut = lm.zoom_rows(box, size, n) != ((r0, r1), (c0, c1))
-    z = block(trace, view.name, (r0, r1), (c0, c1), _heads(view, n_heads))
+    with work(trace, "zoom", view.stack, len(_heads(view, n_heads))):
+        z = block(trace, view.name, (r0, r1), (c0, c1), _heads(view, n_heads))
     title = f"{view.label()} · queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1} (full resolution)"
     zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=False,
                                          log_scale=log_scale), q_toks[r0:r1], k_toks[c0:c1], min_top=90)
@@ -229,7 +272,8 @@ def pooled_layers(trace, stack: str, kind: str, layers, text: str, words: bool, 
     from viz.figures import model_view as ex
 
     bar = st.progress(0.0, text="Pooling the maps layer by layer…") if long_input else None
-    with st.spinner("Computing the maps layer by layer…"):
+    with (work(trace, "model view", stack, len(layers) * trace.n_heads(stack)) if long_input else nullcontext()), \
+            st.spinner("Computing the maps layer by layer…"):
         pooled = ex.pooled_layers(trace, stack, kind, layers, text, words, what=what, progress=bar and (
             lambda k, t: bar.progress(k / t, text=f"Pooling the maps one head at a time: layer {k + 1} of {t}")))
     if bar is not None:
@@ -239,7 +283,9 @@ def pooled_layers(trace, stack: str, kind: str, layers, text: str, words: bool, 
 
 def head_view_weights(trace, view, n_heads: int, qs: slice, ks: slice) -> torch.Tensor:
     """Every head's weights on a window (H x |qs| x |ks|), each head's rows computed alone."""
-    return torch.stack([block(trace, view.name, (qs.start, qs.stop), (ks.start, ks.stop), [h]) for h in range(n_heads)])
+    with work(trace, "head view", view.stack, n_heads):
+        return torch.stack([block(trace, view.name, (qs.start, qs.stop), (ks.start, ks.stop), [h])
+                            for h in range(n_heads)])
 
 
 # ------------------------------------------------------------------ the Long document tab
@@ -317,7 +363,8 @@ def _span_zoom(trace, view, tokens, span_of, cell, heads, mode: str, *, model_na
     (r0, r1), (c0, c1) = (tr[a0][0], tr[a1][1]), (tr[b0][0], tr[b1][1])
     cut = r1 - r0 > ZOOM_TOKENS or c1 - c0 > ZOOM_TOKENS
     r1, c1 = min(r1, r0 + ZOOM_TOKENS), min(c1, c0 + ZOOM_TOKENS)
-    z = block(trace, view.name, (r0, r1), (c0, c1), heads)
+    with work(trace, "span zoom", view.stack, len(heads) if heads else trace.n_heads(view.stack)):
+        z = block(trace, view.name, (r0, r1), (c0, c1), heads)
     word = mode[:-1]
     what = (f"{word} {a0}" if a0 == a1 else f"{mode} {a0}–{a1}") + " → " + (f"{word} {b0}" if b0 == b1 else f"{mode} {b0}–{b1}")
     fig = fix_margins(attention_heatmap(z, tokens[r0:r1], tokens[c0:c1], fixed_scale=False,
@@ -340,9 +387,10 @@ def _profiles_section(trace, view, n_heads: int, n_layers: int, n: int, *, model
         bar = st.progress(0.0, text="Profiling heads…")
         prof = {}
         rows = []
-        for i in range(n_layers):
-            bar.progress(i / n_layers, text=f"Profiling heads: layer {i + 1} of {n_layers}")
-            rows.append(profiles(trace, stack, size=size, layers=[i]))
+        with work(trace, "head profiles", stack, n_layers * n_heads):
+            for i in range(n_layers):
+                bar.progress(i / n_layers, text=f"Profiling heads: layer {i + 1} of {n_layers}")
+                rows.append(profiles(trace, stack, size=size, layers=[i]))
         bar.empty()
         for k in rows[0]:
             prof[k] = torch.cat([r[k] for r in rows]).numpy()
@@ -357,7 +405,8 @@ def _surprisal_section(trace, tokens, *, model_name: str, key: str) -> None:
         st.info("Surprisal is what a decoder (a model that predicts the next token) makes of each token: "
                 "pick a decoder such as smollm2.")
     else:
-        got = surprisal(trace)
+        with work(trace, "surprisal") if ("surprisal",) not in per_trace(trace) else nullcontext():
+            got = surprisal(trace)
         s_bits = got["surprisal"]
         st.caption(f"Each token coloured by its surprisal −log₂ p(token | the tokens before it) under "
                    f"{model_name} (white 0 bits, dark red {lm.SURPRISAL_TOP:.0f} or more); hover a token for its "
@@ -377,6 +426,8 @@ def _span_mass(trace, name: str, span_of, heads) -> np.ndarray:
     key = ("span_mass", name, tuple(span_of), None if heads is None else tuple(heads))
     memo = per_trace(trace)
     if key not in memo:
-        with st.spinner("Summing attention between spans, one head and a tile of rows at a time…"):
+        stack = name.split(".")[0]
+        with work(trace, "spans", stack, len(heads) if heads else trace.n_heads(stack)), \
+                st.spinner("Summing attention between spans, one head and a tile of rows at a time…"):
             memo[key] = span_mass(trace, name, span_of, heads).numpy()
     return memo[key]

@@ -20,7 +20,7 @@ import core.trace
 from core.errors import InputError
 from viz.ui import gate
 from viz.ui.cache import ByteLRU
-from viz.ui import admission
+from viz.ui import admission, longdoc
 from viz.figures.text import _md_code, clean_text
 
 # A trace larger than the budget is served and never kept (every rerun would trace again):
@@ -159,8 +159,8 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
         n = _tokens(model, text)
         label = f"{model_name}, {n:,} tokens"
         admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
-        with admission.admitted(gate.trace_bytes(model.config, n), admission.expected_seconds(model, model_name, n),
-                                label):
+        with admission.admitted(gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n),
+                                label, kind=key[0]):  # "trace" or "steps"
             return run(model, text)
 
     try:
