@@ -29,8 +29,10 @@ How it runs. A key once evicted never returns, so what every query saw is one nu
 integers). The eviction is an additive mask (-inf on evicted keys) handed to the network's
 own forward pass (core/net/model.py `decode(extra_mask=...)`), so attention is computed by the
 one formula (core/net/attention.py):
-- window / streaming: the same mask for every head, one pass over the text in blocks of
-  queries (the KV cache of the blocks before; a block's mask is BLOCK x n, never n x n);
+- window / streaming: the full model's pass first; then the policy's from the first eviction
+  (row `budget`) on, from the full model's cache of the rows before, in blocks of queries over
+  the KV cache of the blocks before, which drops the keys no later query reads (the same mask
+  for every head; a block's is BLOCK x (budget + BLOCK) at most, never n x n);
 - h2o / tova: token by token over the decoder's KV cache, a per-head mask (1, H, 1, t + 1)
   at step t; the current query's weights (the policies' scores) are read from the q and k
   the step recorded, through MultiHeadAttention.weights;
@@ -220,17 +222,39 @@ def _static_pass(model, ids, last: np.ndarray, progress: Progress, frac=(0.0, 0.
     """Final hidden states (n - start, d) of positions start..n-1, read in blocks of BLOCK queries
     over the KV cache of the blocks before, each block's mask from last (same for every layer and
     head). start > 0: `cache` holds the keys and values of positions 0..start-1 (a decoder
-    cache as decode(cache=) keeps it), taken from the full model's pass where no key
-    has been evicted yet, so those positions are not read twice."""
+    cache as decode(cache=) keeps it), taken from the full model's pass where no key has been
+    evicted yet, so those positions are not read twice.
+
+    Before each block the cache drops the keys no query of the block (or after it) reads, as a
+    decoder with that policy does (decode's cache["dropped"]): a block attends to its budget
+    and itself, not to every key before it. Not for a model whose positions are not the cache's
+    own business (sliding windows, a relative position bias): there the evicted keys stay in
+    the cache, masked."""
     net, n = model.net, len(ids)
     x = _ids_tensor(model, ids)
-    lt = torch.as_tensor(last)[None]  # (1, n)
+    L = model.config.n_layers
+    trim = model.config.positional != "relative" and all(net.window("decoder", i) is None for i in range(L))
+    last_t = torch.as_tensor(last).long()
     cache = {} if cache is None else cache
+    pos = torch.arange(start)  # the positions of the keys the cache holds
     out = []
     for r0 in range(start, n, BLOCK):
         r1 = min(n, r0 + BLOCK)
-        mask = _rows_mask(lt, r0, r1, 1, torch.float32).to(model.device)
+        if trim:
+            keep = last_t[pos] >= r0  # keys that a query r0.. still reads
+            if not bool(keep.all()):
+                idx = keep.nonzero()[:, 0].to(model.device)
+                for i in range(L):
+                    c = cache[i]["self_attn"]
+                    c["k"], c["v"] = c["k"][:, :, idx], c["v"][:, :, idx]
+                    c["dropped"] = r0 - len(idx)
+                cache["dropped"] = r0 - len(idx)
+                pos = pos[keep]
+        keys = torch.cat([pos, torch.arange(r0, r1)])
+        gone = torch.arange(r0, r1)[:, None] > last_t[keys][None, :]  # (c, keys)
+        mask = torch.zeros(gone.shape).masked_fill_(gone, NEG_INF)[None, None].to(model.device)
         out.append(net.decode(x[:, r0:r1], cache=cache, extra_mask=mask)[0])
+        pos = keys
         _tick(progress, frac, (r1 - start) / (n - start), f"policy pass: {r1} of {n} positions")
     return torch.cat(out)
 
