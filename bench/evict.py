@@ -98,7 +98,8 @@ def part_static(n: int) -> dict:
     out["peak_above_model_mib"] = (status_kib("VmHWM") - rss0) / 1024
     out["trace_peak_above_model_mib"] = (rss_trace - rss0) / 1024
     cfg = model.config
-    out["largest_mask_mib"] = ev.BLOCK * len(ids) * 4 / 2**20
+    out["largest_mask_mib"] = ev.BLOCK * min(len(ids), 512 + ev.BLOCK) * 4 / 2**20  # a block over its budget and itself
+    out["largest_weights_mib"] = ev.MASS_ROWS * len(ids) * cfg.n_heads * 4 / 2**20  # the reference's block of rows
     out["dense_masks_every_head_mib"] = cfg.n_layers * cfg.n_heads * len(ids) ** 2 * 4 / 2**20
     return out
 
@@ -160,7 +161,8 @@ def speed(tokens: int, seq_tokens: int, seq_budget: int = 32, parts=("static", "
         print(f"  the full model's pass with the weights for mass lost and sink scores (evict's reference, no "
               f"logits): {s['reference_s']:.1f} s = {s['reference_s'] / s['trace_s']:.2f}x")
         print(f"  peak memory above the loaded model: evict {s['peak_above_model_mib']:.0f} MiB (the trace before it "
-              f"{s['trace_peak_above_model_mib']:.0f} MiB); largest mask {s['largest_mask_mib']:.0f} MiB; a dense "
+              f"{s['trace_peak_above_model_mib']:.0f} MiB); largest mask {s['largest_mask_mib']:.0f} MiB, largest block "
+              f"of the full model's weights {s.get('largest_weights_mib', 0):.0f} MiB; a dense "
               f"n x n mask per head for every head would be {s['dense_masks_every_head_mib']:.0f} MiB")
     if "seq" not in parts:
         return

@@ -40,7 +40,10 @@ one formula (core/net/attention.py):
   continuation in one pass with a per-head mask.
 The reference is one plain pass of the full model; it also gives, layer by layer, the full
 model's attention weights in blocks of query rows, from which `mass_lost` is summed over the
-keys the policy's cache did not hold.
+keys the policy's cache did not hold (a static cache: 1 - the mass on the keys it holds, its
+sinks and window) from the first eviction on. The next-token comparison (logprobs, KL) runs
+on float32 logits with float64 sums, LOGIT_ROWS positions at a time; positions before the
+first eviction are the full model's under every policy and are not projected twice.
 
 Rows, one per position read under eviction (all positions; snapkv: the continuation's):
 position, token, logprob_full and logprob (of the actual next token; NaN at the last
