@@ -29,8 +29,10 @@ How it runs. A key once evicted never returns, so what every query saw is one nu
 integers). The eviction is an additive mask (-inf on evicted keys) handed to the network's
 own forward pass (core/net/model.py `decode(extra_mask=...)`), so attention is computed by the
 one formula (core/net/attention.py):
-- window / streaming: the same mask for every head, one pass over the text in blocks of
-  queries (the KV cache of the blocks before; a block's mask is BLOCK x n, never n x n);
+- window / streaming: the full model's pass first; then the policy's from the first eviction
+  (row `budget`) on, from the full model's cache of the rows before, in blocks of queries over
+  the KV cache of the blocks before, which drops the keys no later query reads (the same mask
+  for every head; a block's is BLOCK x (budget + BLOCK) at most, never n x n);
 - h2o / tova: token by token over the decoder's KV cache, a per-head mask (1, H, 1, t + 1)
   at step t; the current query's weights (the policies' scores) are read from the q and k
   the step recorded, through MultiHeadAttention.weights;
@@ -38,7 +40,10 @@ one formula (core/net/attention.py):
   continuation in one pass with a per-head mask.
 The reference is one plain pass of the full model; it also gives, layer by layer, the full
 model's attention weights in blocks of query rows, from which `mass_lost` is summed over the
-keys the policy's cache did not hold.
+keys the policy's cache did not hold (a static cache: 1 - the mass on the keys it holds, its
+sinks and window) from the first eviction on. The next-token comparison (logprobs, KL) runs
+on float32 logits with float64 sums, LOGIT_ROWS positions at a time; positions before the
+first eviction are the full model's under every policy and are not projected twice.
 
 Rows, one per position read under eviction (all positions; snapkv: the continuation's):
 position, token, logprob_full and logprob (of the actual next token; NaN at the last
@@ -179,46 +184,81 @@ def _rows_mask(last: torch.Tensor, r0: int, r1: int, group: int, dtype) -> torch
 
 class _QK:
     """A recorder for the fused path that keeps each self-attention's q and k (B, heads, n, d_k)
-    and hands them to `on_k(layer, q, k)` once both are in."""
+    and hands them to `on_k(layer, q, k)` once both are in. keep_kv > 0: also a copy of each
+    layer's keys and values of the first keep_kv positions (`kv`: {layer: a decoder layer's cache})."""
 
     maps = False
 
-    def __init__(self, on_k=None):
+    def __init__(self, on_k=None, keep_kv: int = 0):
         self.q, self.k = {}, {}
         self.on_k = on_k
+        self.keep_kv = keep_kv
+        self.kv: dict = {}
 
-    _name = re.compile(r"^decoder\.(\d+)\.self_attn\.([qk])$")
+    _name = re.compile(r"^decoder\.(\d+)\.self_attn\.([qkv])$")
 
     def __call__(self, name, t, batched=True):
         m = self._name.match(name)
         if not m:
             return
-        i = int(m.group(1))
-        if m.group(2) == "q":
+        i, what = int(m.group(1)), m.group(2)
+        if what == "q":
             self.q[i] = t
+        elif what == "v":
+            if self.keep_kv:
+                self.kv[i]["self_attn"]["v"] = t[:, :, : self.keep_kv].clone()
         else:
-            self.k[i] = t
+            if self.keep_kv:  # as core/net/layers.py keeps a layer's cache
+                self.kv[i] = {"self_attn": {"static": False, "k": t[:, :, : self.keep_kv].clone()}}
             if self.on_k is not None:
-                self.on_k(i, self.q.pop(i), self.k.pop(i))
+                self.on_k(i, self.q.pop(i), t)
+            else:
+                self.k[i] = t
 
 
 def _ids_tensor(model, ids):
     return torch.tensor([list(ids)], dtype=torch.long, device=model.device)
 
 
-def _static_pass(model, ids, last: np.ndarray, progress: Progress, frac=(0.0, 0.5)) -> torch.Tensor:
-    """Final hidden states (n, d) of a pass in blocks of BLOCK queries over the KV cache of the
-    blocks before, each block's mask from last (same for every layer and head)."""
+def _static_pass(model, ids, last: np.ndarray, progress: Progress, frac=(0.0, 0.5), start: int = 0,
+                 cache: Optional[dict] = None) -> torch.Tensor:
+    """Final hidden states (n - start, d) of positions start..n-1, read in blocks of BLOCK queries
+    over the KV cache of the blocks before, each block's mask from last (same for every layer and
+    head). start > 0: `cache` holds the keys and values of positions 0..start-1 (a decoder
+    cache as decode(cache=) keeps it), taken from the full model's pass where no key has been
+    evicted yet, so those positions are not read twice.
+
+    Before each block the cache drops the keys no query of the block (or after it) reads, as a
+    decoder with that policy does (decode's cache["dropped"]): a block attends to its budget
+    and itself, not to every key before it. Not for a model whose positions are not the cache's
+    own business (sliding windows, a relative position bias): there the evicted keys stay in
+    the cache, masked."""
     net, n = model.net, len(ids)
     x = _ids_tensor(model, ids)
-    lt = torch.as_tensor(last)[None]  # (1, n)
-    cache: dict = {}
+    L = model.config.n_layers
+    trim = model.config.positional != "relative" and all(net.window("decoder", i) is None for i in range(L))
+    last_t = torch.as_tensor(last).long()
+    cache = {} if cache is None else cache
+    pos = torch.arange(start)  # the positions of the keys the cache holds
     out = []
-    for r0 in range(0, n, BLOCK):
+    for r0 in range(start, n, BLOCK):
         r1 = min(n, r0 + BLOCK)
-        mask = _rows_mask(lt, r0, r1, 1, torch.float32).to(model.device)
+        if trim:
+            keep = last_t[pos] >= r0  # keys that a query r0.. still reads
+            if not bool(keep.all()):
+                idx = keep.nonzero()[:, 0].to(model.device)
+                for i in range(L):
+                    c = cache[i]["self_attn"]
+                    c["k"], c["v"] = c["k"][:, :, idx], c["v"][:, :, idx]
+                    c["dropped"] = r0 - len(idx)
+                cache["dropped"] = r0 - len(idx)
+                pos = pos[keep]
+        keys = torch.cat([pos, torch.arange(r0, r1)])
+        gone = torch.arange(r0, r1)[:, None] > last_t[keys][None, :]  # (c, keys)
+        mask = torch.zeros(gone.shape).masked_fill_(gone, NEG_INF)[None, None].to(model.device)
         out.append(net.decode(x[:, r0:r1], cache=cache, extra_mask=mask)[0])
-        _tick(progress, frac, r1 / n, f"policy pass: {r1} of {n} positions")
+        pos = keys
+        _tick(progress, frac, (r1 - start) / (n - start), f"policy pass: {r1} of {n} positions")
     return torch.cat(out)
 
 
@@ -324,9 +364,14 @@ def _tick(progress: Progress, frac, done: float, what: str):
 
 
 def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: bool, progress: Progress,
-               frac=(0.8, 0.95)):
+               frac=(0.8, 0.95), band: Optional[tuple] = None, keep_kv: int = 0):
     """The full model's plain pass: final hidden states (n, d), mass lost (L, H, n - first) on
-    the keys `last` says the policy's cache did not hold, and each head's sink score (L, H)."""
+    the keys `last` says the policy's cache did not hold, each head's sink score (L, H), and
+    (keep_kv > 0) the decoder cache of its first keep_kv positions (what decode(cache=) keeps).
+
+    Rows before the first eviction lose nothing and are not summed. band = (s, w), a static
+    policy's cache (keys 0..s-1 and the w most recent): the mass lost is 1 - the mass on those
+    keys, summed over s + w keys a row instead of over every key before it."""
     net, cfg, n = model.net, model.config, len(ids)
     L, H = cfg.n_layers, cfg.n_heads
     hkv = cfg.n_kv_heads or H
@@ -335,26 +380,52 @@ def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: 
     sink = np.zeros((L, H))
     lt = torch.as_tensor(last)
     n_s = min(max(sinks, 1), n)
+    evicts = max(first, int(last.min()) + 1)  # rows before it: every key still held, nothing lost
 
     def on_k(i, q, k):
         attn = net.decoder[i].self_attn
         sums = torch.zeros(H, dtype=torch.float64)
         for r0 in range(first, n, MASS_ROWS):
             r1 = min(n, r0 + MASS_ROWS)
-            w = attn.weights(None, None, None, is_causal=True, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]
+            w = attn.weights(None, None, None, is_causal=True, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]  # (H, c, r1)
             sums += w[:, :, :n_s].sum((1, 2)).double().cpu()
-            if need_mass:
-                gone = _rows_mask(lt[i], r0, r1, g, w.dtype)[0].to(w.device).isinf()  # (H, c, r1)
-                mass[i, :, r0 - first:r1 - first] = (w * gone).sum(-1).double().cpu().numpy()
+            if not need_mass or r1 <= evicts:
+                continue
+            a = max(r0, evicts)
+            w = w[:, a - r0:]
+            if band is not None:  # rows a.. hold keys 0..s-1 and t-bw+1..t (disjoint: a >= s + bw)
+                s, bw = band
+                cols = torch.arange(a, r1, device=w.device)[:, None] - bw + 1 + torch.arange(bw, device=w.device)
+                held = w.gather(-1, cols.expand(H, -1, -1)).double().sum(-1) + w[:, :, :s].double().sum(-1)
+                lost = (1.0 - held).clamp_min_(0.0)
+            else:
+                gone = torch.arange(a, r1)[None, :, None] > lt[i][:, None, :r1].long()  # (H_kv, c, r1)
+                lost = (w.view(hkv, g, r1 - a, r1) * gone.to(w.device)[:, None]).sum(-1).view(H, r1 - a).double()
+            mass[i, :, a - first:r1 - first] = lost.cpu().numpy()
         sink[i] = (sums / (n - first)).numpy()
         _tick(progress, frac, (i + 1) / L, f"full model: layer {i + 1} of {L}")
 
-    hid = net.decode(_ids_tensor(model, ids), rec=_QK(on_k))[0]
-    return hid, mass, sink
+    rec = _QK(on_k, keep_kv)
+    hid = net.decode(_ids_tensor(model, ids), rec=rec)[0]
+    kv = dict(rec.kv, n=keep_kv) if keep_kv else None
+    return hid, mass, sink, kv
 
 
-def _compare(model, ref: torch.Tensor, pol: torch.Tensor, ids, first: int):
-    """logprob of the next token under both, and KL(full || policy), per position first..n-1."""
+def _lse(x: torch.Tensor):
+    """(exp(x - lse), lse) per row of float32 logits x: the exponentials in float32, their sum
+    and its log in float64 (a float32 log-softmax is off by ~1e-5 over a 49,152-token
+    vocabulary; this, by ~1e-7, at a fraction of a float64 log-softmax's cost)."""
+    m = x.max(-1, keepdim=True).values
+    e = (x - m).exp_()
+    return e, m[:, 0].double() + e.sum(-1, dtype=torch.float64).log()
+
+
+def _compare(model, ref: torch.Tensor, pol: torch.Tensor, ids, first: int, same: int = 0):
+    """logprob of the next token under both, and KL(full || policy), per position first..n-1.
+    Positions before `same` are read alike by both (no key evicted yet): the policy's are the
+    full model's there, and their KL is 0. LOGIT_ROWS positions at a time, over float32
+    logits: KL = sum_j p_j (x_j - y_j) - (lse(x) - lse(y)) for the full model's logits x and
+    the policy's y, the sums in float64."""
     net, n = model.net, len(ids)
     nxt = torch.as_tensor(list(ids[1:]) + [0], dtype=torch.long, device=ref.device)
     lp_full = np.full(n - first, np.nan)
@@ -362,12 +433,21 @@ def _compare(model, ref: torch.Tensor, pol: torch.Tensor, ids, first: int):
     kl = np.zeros(n - first)
     for r0 in range(first, n, LOGIT_ROWS):
         r1 = min(n, r0 + LOGIT_ROWS)
-        a = torch.log_softmax(net.project(ref[r0:r1]).double(), -1)
-        b = torch.log_softmax(net.project(pol[r0:r1]).double(), -1)
-        kl[r0 - first:r1 - first] = (a.exp() * (a - b)).sum(-1).clamp_min(0).cpu().numpy()
         idx = nxt[r0:r1, None]
-        lp_full[r0 - first:r1 - first] = a.gather(1, idx)[:, 0].cpu().numpy()
-        lp[r0 - first:r1 - first] = b.gather(1, idx)[:, 0].cpu().numpy()
+        x = net.project(ref[r0:r1]).float()
+        e, lse_x = _lse(x)
+        lp_full[r0 - first:r1 - first] = (x.gather(1, idx)[:, 0].double() - lse_x).cpu().numpy()
+        b0 = max(r0, same)  # rows b0..r1-1 differ
+        if b0 < r1:
+            k = b0 - r0
+            y = net.project(pol[b0:r1]).float()
+            _, lse_y = _lse(y)
+            p = e[k:].div_(e[k:].sum(-1, keepdim=True))  # the full model's distribution
+            d = (p * (x[k:] - y)).sum(-1, dtype=torch.float64) - (lse_x[k:] - lse_y)
+            kl[b0 - first:r1 - first] = d.clamp_min(0).cpu().numpy()
+            lp[b0 - first:r1 - first] = (y.gather(1, idx[k:])[:, 0].double() - lse_y).cpu().numpy()
+        if r0 < same:
+            lp[r0 - first:min(r1, same) - first] = lp_full[r0 - first:min(r1, same) - first]
     lp_full[-1] = lp[-1] = np.nan  # the last position has no next token
     return lp_full, lp, kl
 
@@ -395,22 +475,29 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
         raise ValueError("the continuation has no tokens left within the model's length")
     last = np.broadcast_to(static_last(policy if policy in STATIC else "full", n, budget, sinks), (L, hkv, n)).copy()
     t0 = time.perf_counter()
+    same = first
     with torch.inference_mode():
         if policy in ("window", "streaming"):
-            hid = _static_pass(model, ids, last[0, 0], progress)
-            frac = (0.5, 0.9)
-        elif policy in SEQUENTIAL:
-            hid = _sequential_pass(model, ids, policy, budget, recent, last, progress)
-            frac = (0.8, 0.95)
-        elif policy == "snapkv":
-            hid = _snapkv_pass(model, ids, n_p, budget, observe, last, progress)
-            frac = (0.5, 0.9)
+            # the full model first: the policy's pass starts from its cache at the first eviction
+            same = min(n, int(last.min()) + 1)
+            s = sinks if policy == "streaming" else 0
+            ref, mass, sink, kv = _reference(model, ids, last, first, sinks, True, progress, (0.0, 0.5),
+                                             band=(s, budget - s), keep_kv=same if same < n else 0)
+            hid = ref if same >= n else torch.cat([ref[:same], _static_pass(model, ids, last[0, 0], progress,
+                                                                            (0.5, 0.9), same, kv)])
         else:
-            hid, frac = None, (0.0, 0.9)
-        ref, mass, sink = _reference(model, ids, last, first, sinks, policy != "full", progress, frac)
-        if hid is None:
-            hid = ref
-        lp_full, lp, kl = _compare(model, ref, hid, ids, first)
+            if policy in SEQUENTIAL:
+                hid = _sequential_pass(model, ids, policy, budget, recent, last, progress)
+                frac = (0.8, 0.95)
+            elif policy == "snapkv":
+                hid = _snapkv_pass(model, ids, n_p, budget, observe, last, progress)
+                frac = (0.5, 0.9)
+            else:
+                hid, frac = None, (0.0, 0.9)
+            ref, mass, sink, _ = _reference(model, ids, last, first, sinks, policy != "full", progress, frac)
+            if hid is None:
+                hid, same = ref, n
+        lp_full, lp, kl = _compare(model, ref, hid, ids, first, same)
     _tick(progress, (0.0, 1.0), 1.0, "done")
     df = pd.DataFrame({
         "position": np.arange(first, n),

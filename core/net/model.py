@@ -233,14 +233,18 @@ class Transformer(nn.Module):
         cache: a dict kept between calls for greedy decoding: the keys and values of the
         positions already decoded (tgt then holds only the new ids).
         extra_mask: an additive mask added to every self-attention's own (broadcast to
-        (B, H, t, n_past + t)), or fn(layer) -> such a mask or None: the keys a KV-cache
-        policy has evicted (core/analysis/evict.py)."""
+        (B, H, t, n_keys + t)), or fn(layer) -> such a mask or None: the keys a KV-cache
+        policy has evicted (core/analysis/evict.py). A caller may also remove keys no later
+        query reads from every self-attention's cache: cache["dropped"] (and each layer's
+        cache["self_attn"]["dropped"]) counts them; n_keys = n_past - dropped keys remain,
+        and the new positions stay n_past.. (no sliding window or position bias then)."""
         t = tgt.shape[1]
         rec = attach(rec, ablate.hooks("decoder") if ablate else {})
         n_past = 0 if cache is None else cache.get("n", 0)
+        n_keys = n_past - (0 if cache is None else cache.get("dropped", 0))  # keys each self-attention holds
         x = self.tgt_embed(tgt, scoped(rec, tn.embed_scope("decoder")), offset=n_past)
         per_layer = self._per_layer(
-            "decoder", lambda i: self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_past, layer=i),
+            "decoder", lambda i: self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_keys, layer=i),
             n_past + t, 0, tgt.device)
         bias = self.position_bias("decoder", n_past + t)
         for i, layer in enumerate(self.decoder):
@@ -249,7 +253,7 @@ class Transformer(nn.Module):
             if extra is not None:  # the layer's own mask (the look-ahead one at least) plus the extra one
                 own = masks["self_mask"]
                 if own is None:
-                    own = causal_mask(t, device=tgt.device, dtype=x.dtype, n_k=n_past + t)[None, None]
+                    own = causal_mask(t, device=tgt.device, dtype=x.dtype, n_k=n_keys + t)[None, None]
                 masks = dict(masks, self_mask=combine_masks(own, extra), self_causal=False)
             c = None if cache is None else cache.setdefault(i, {})
             x = layer(x, memory=memory, **masks, rec=scoped(rec, tn.layer("decoder", i)), angles=angles,

@@ -176,13 +176,16 @@ class MultiHeadAttention(nn.Module):
                             rec if explicit else None, "k_pre_norm")  # (B, Hkv, n_new, d_k)
             v = self.w_v(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
         n_k = k.shape[2] + (cache["k"].shape[2] if cache is not None and "k" in cache and not cache.get("static") else 0)
-        if angles is not None:  # RoPE: self-attention only; angles cover positions 0..n_k-1
+        if angles is not None:  # RoPE: self-attention only; angles cover positions 0..n_pos-1
             if rec:
                 rec("q_pre_rope", q)
                 rec("k_pre_rope", k)
-            q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
+            # cache["dropped"]: earlier keys a caller removed from the cache (a KV-cache policy,
+            # core/analysis/evict.py): the new positions run that far past the kept keys
+            n_pos = n_k + (cache.get("dropped", 0) if cache is not None else 0)
+            q = apply_rope(q, angles[n_pos - n_q : n_pos], self.rope_layout)
             if not (cache is not None and cache.get("static") and "k" in cache):
-                k = apply_rope(k, angles[n_k - k.shape[2] : n_k], self.rope_layout)
+                k = apply_rope(k, angles[n_pos - k.shape[2] : n_pos], self.rope_layout)
         if cache is not None:
             if cache.get("static"):
                 cache["k"], cache["v"] = k, v

@@ -312,3 +312,22 @@ def test_bad_input_is_refused_with_a_message(tiny):
     enc = core.load_model("minilm", device="cpu")  # an encoder
     with pytest.raises(ValueError, match="decoder"):
         ca.evict(enc, "The cat sat.", "window", 8)
+
+
+@pytest.mark.parametrize("policy,kw", [("window", dict(budget=5)), ("streaming", dict(budget=7, sinks=2)),
+                                       ("window", dict(budget=1))])
+def test_a_static_pass_in_small_blocks_drops_keys_and_reads_the_same(tiny, monkeypatch, policy, kw):
+    """Blocks of 3 queries: before each, the cache drops the keys no later query reads (the
+    positions of the rest unchanged); every column as with one block over the whole cache,
+    and as the reference."""
+    import importlib
+
+    ev = importlib.import_module("core.analysis.evict")  # the module (core.analysis.evict is also the function)
+    model, ref, text, _ = tiny
+    whole = ca.evict(model, text, policy, **kw)
+    monkeypatch.setattr(ev, "BLOCK", 3)
+    small = ca.evict(model, text, policy, **kw)
+    for col in ("logprob_full", "logprob", "kl", "mass_lost"):
+        np.testing.assert_allclose(small[col], whole[col], atol=1e-5, equal_nan=True)
+    cols = reference(ref, _ids(model, text), policy, n_prompt=len(_ids(model, text)), **kw)
+    _compare(small, cols, 0, 1e-4, 1e-5)
