@@ -45,6 +45,13 @@ sinks and window) from the first eviction on. The next-token comparison (logprob
 on float32 logits with float64 sums, LOGIT_ROWS positions at a time; positions before the
 first eviction are the full model's under every policy and are not projected twice.
 
+With trace= (a Trace of the same token ids by the same model, as the KV cache page holds) the
+full model's pass is not run again: its final hidden states are the trace's decoder output,
+each layer's q and k (for mass lost and the sink scores) are projected from the trace's stored
+layer input (MultiHeadAttention.qkv; taken as they are where the trace kept them), and so are
+the keys and values of the first rows a static policy's pass starts from. The layers' attention
+outputs and FFNs are what is saved; the columns are the same (tests/parity/test_evict.py).
+
 Rows, one per position read under eviction (all positions; snapkv: the continuation's):
 position, token, logprob_full and logprob (of the actual next token; NaN at the last
 position), kl = KL(full || policy) of the next-token distribution (nats), mass_lost (mean
@@ -64,6 +71,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import trace_names as tn
 from ..net.attention import NEG_INF
 
 POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
@@ -363,15 +371,59 @@ def _tick(progress: Progress, frac, done: float, what: str):
         progress(frac[0] + (frac[1] - frac[0]) * done, what)
 
 
+def trace_mismatch(model, trace, ids) -> Optional[str]:
+    """Why `trace` cannot stand for the full model's pass over `ids` (a sentence), or None when
+    it can: it must be this model's, unablated, of exactly these token ids, with its layers'
+    inputs and the decoder's output there to read (stored, or recomputable on the model)."""
+    meta = getattr(trace, "meta", None)
+    if meta is None or not hasattr(trace, "layer_input"):
+        return f"trace= takes a core.trace.Trace (got {type(trace).__name__})"
+    if meta.get("model") != model.name:
+        return f"the trace is of {meta.get('model')!r}, not of {model.name!r}"
+    if meta.get("ablate"):
+        return "the trace has heads switched off: it is not the full model's pass"
+    if model.config.positional == "relative":
+        return f"{model.name} adds a relative position bias: its attention is not read from a trace here"
+    got = meta.get("target_ids")
+    if got is None or [int(i) for i in got] != [int(i) for i in ids]:
+        n = "no" if got is None else f"{len(got):,}"
+        return (f"the trace is of other token ids ({n} decoder ids, evict reads {len(ids):,}): trace the same "
+                "text (and continuation) with the same model")
+    names = [tn.stack_output(trace, "decoder")] + [tn.stored_input("decoder", i) for i in range(model.config.n_layers)]
+    if trace.runner is None and not all(trace.is_stored(x) for x in names):
+        return "the trace lacks the decoder's layer inputs and output, and has no model to recompute them"
+    return None
+
+
+def _trace_qkv(model, trace, i: int, keep_kv: int):
+    """Layer i's self-attention q (1, H, n, d_k), k (1, Hkv, n, d_k) after RoPE, and v of the
+    first keep_kv positions, from the trace: the q, k, v its pass kept (short inputs), else
+    projected from its stored layer input as the pass did (MultiHeadAttention.qkv)."""
+    net, dev = model.net, model.device
+    kept = getattr(trace.runner, "qk", None) or {}
+    got = [kept.get(tn.self_attn("decoder", i, s)) for s in ("q", "k", "v")]
+    if all(t is not None for t in got):
+        q, k, v = (t.to(dev)[None] for t in got)
+        return q, k, v[:, :, :keep_kv]
+    layer = net.decoder[i]
+    y = layer.attn_input(trace.layer_input("decoder", i).to(dev)[None])  # (1, n, d)
+    return layer.self_attn.qkv(y, net._angles(y.shape[1], device=dev, layer=i), v_rows=keep_kv)
+
+
 def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: bool, progress: Progress,
-               frac=(0.8, 0.95), band: Optional[tuple] = None, keep_kv: int = 0):
+               frac=(0.8, 0.95), band: Optional[tuple] = None, keep_kv: int = 0, trace=None):
     """The full model's plain pass: final hidden states (n, d), mass lost (L, H, n - first) on
     the keys `last` says the policy's cache did not hold, each head's sink score (L, H), and
     (keep_kv > 0) the decoder cache of its first keep_kv positions (what decode(cache=) keeps).
 
     Rows before the first eviction lose nothing and are not summed. band = (s, w), a static
     policy's cache (keys 0..s-1 and the w most recent): the mass lost is 1 - the mass on those
-    keys, summed over s + w keys a row instead of over every key before it."""
+    keys, summed over s + w keys a row instead of over every key before it.
+
+    trace: a Trace of the same ids (trace_mismatch says None): the pass is not run again; its
+    final hidden states are the trace's decoder output, each layer's q and k are projected
+    from the trace's stored layer input (or taken where the trace kept them), and the cache's
+    keys and values likewise."""
     net, cfg, n = model.net, model.config, len(ids)
     L, H = cfg.n_layers, cfg.n_heads
     hkv = cfg.n_kv_heads or H
@@ -405,6 +457,16 @@ def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: 
         sink[i] = (sums / (n - first)).numpy()
         _tick(progress, frac, (i + 1) / L, f"full model: layer {i + 1} of {L}")
 
+    if trace is not None:
+        kv: Optional[dict] = {}
+        for i in range(L):
+            q, k, v = _trace_qkv(model, trace, i, keep_kv)
+            if keep_kv:  # as core/net/layers.py keeps a layer's cache
+                kv[i] = {"self_attn": {"static": False, "k": k[:, :, :keep_kv].clone(), "v": v}}
+            on_k(i, q, k)
+            del q, k, v
+        hid = trace[tn.stack_output(trace, "decoder")].to(model.device)
+        return hid, mass, sink, (dict(kv, n=keep_kv) if keep_kv else None)
     rec = _QK(on_k, keep_kv)
     hid = net.decode(_ids_tensor(model, ids), rec=rec)[0]
     kv = dict(rec.kv, n=keep_kv) if keep_kv else None
@@ -459,9 +521,15 @@ def perplexity(logprobs) -> float:
 
 
 def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Optional[int] = None,
-          observe: int = 32, continuation: Optional[str] = None, progress: Progress = None) -> pd.DataFrame:
+          observe: int = 32, continuation: Optional[str] = None, progress: Progress = None,
+          trace=None) -> pd.DataFrame:
     """Read `text` (and `continuation`) under a KV-cache policy with `budget` keys per query;
-    see the module's docstring. progress(fraction, what) as it goes."""
+    see the module's docstring. progress(fraction, what) as it goes.
+
+    trace: a Trace of the same token ids by the same model (model.trace(text, target=continuation)):
+    the full model's pass is then not run again (its final states, q, k and the cache of the
+    first rows come from the trace; the results are the same). ValueError if it is of other
+    ids or another model (trace_mismatch says why)."""
     check_args(model, policy, budget, sinks, recent, observe)
     if policy == "snapkv" and not (continuation and continuation.strip()):
         raise ValueError("snapkv compresses the prompt, then reads a continuation: give one (continuation=...)")
@@ -473,6 +541,10 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
     first = n_p if policy == "snapkv" else 0
     if policy == "snapkv" and n_p >= n:
         raise ValueError("the continuation has no tokens left within the model's length")
+    if trace is not None:
+        why = trace_mismatch(model, trace, ids)
+        if why is not None:
+            raise ValueError(f"this trace cannot stand for the full model's pass: {why}")
     last = np.broadcast_to(static_last(policy if policy in STATIC else "full", n, budget, sinks), (L, hkv, n)).copy()
     t0 = time.perf_counter()
     same = first
@@ -482,7 +554,7 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
             same = min(n, int(last.min()) + 1)
             s = sinks if policy == "streaming" else 0
             ref, mass, sink, kv = _reference(model, ids, last, first, sinks, True, progress, (0.0, 0.5),
-                                             band=(s, budget - s), keep_kv=same if same < n else 0)
+                                             band=(s, budget - s), keep_kv=same if same < n else 0, trace=trace)
             hid = ref if same >= n else torch.cat([ref[:same], _static_pass(model, ids, last[0, 0], progress,
                                                                             (0.5, 0.9), same, kv)])
         else:
@@ -494,7 +566,8 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
                 frac = (0.5, 0.9)
             else:
                 hid, frac = None, (0.0, 0.9)
-            ref, mass, sink, _ = _reference(model, ids, last, first, sinks, policy != "full", progress, frac)
+            ref, mass, sink, _ = _reference(model, ids, last, first, sinks, policy != "full", progress, frac,
+                                          trace=trace)
             if hid is None:
                 hid, same = ref, n
         lp_full, lp, kl = _compare(model, ref, hid, ids, first, same)

@@ -93,6 +93,21 @@ class MultiHeadAttention(nn.Module):
                 t = norm(t)
         return t if angles is None else apply_rope(t, angles, self.rope_layout)
 
+    def qkv(self, x, angles=None, v_rows: Optional[int] = None):
+        """Every head's q (B, H, n, d_k) and k, v (B, Hkv, n, d_k) of x (B, n, d), as forward
+        computes them for a self-attention with no cache: projections, QK-norm, RoPE with
+        `angles` (positions 0..n-1; None: none); k after RoPE, as a decoder's cache keeps it.
+        v_rows: v of the first v_rows positions only (0: no v)."""
+        b, n, _ = x.shape
+        q = self._split(self.w_q, getattr(self, "q_norm", None), x, self.h)
+        k = self._split(self.w_k, getattr(self, "k_norm", None), x, self.hkv)
+        if angles is not None:
+            q = apply_rope(q, angles[:n], self.rope_layout)
+            k = apply_rope(k, angles[:n], self.rope_layout)
+        m = n if v_rows is None else min(n, v_rows)
+        v = self.w_v(x[:, :m]).view(b, m, self.hkv, self.dk).transpose(1, 2) if m else None
+        return q, k, v
+
     def head_map(self, q, k, mask=None, what: str = "weights"):
         """One head's map `what` (core/net/attention.py's STEPS) for its q rows (n_q, d_k) and k
         (n_k, d_k): this attention's scale and soft-cap, mask additive or boolean (True:

@@ -331,3 +331,54 @@ def test_a_static_pass_in_small_blocks_drops_keys_and_reads_the_same(tiny, monke
         np.testing.assert_allclose(small[col], whole[col], atol=1e-5, equal_nan=True)
     cols = reference(ref, _ids(model, text), policy, n_prompt=len(_ids(model, text)), **kw)
     _compare(small, cols, 0, 1e-4, 1e-5)
+
+
+def _same_columns(a, b, tol, mtol):
+    assert list(a.position) == list(b.position) and list(a.token) == list(b.token)
+    for col in ("logprob_full", "logprob", "kl"):
+        np.testing.assert_allclose(a[col], b[col], atol=tol, equal_nan=True, err_msg=col)
+    np.testing.assert_allclose(a.mass_lost, b.mass_lost, atol=mtol)
+    np.testing.assert_allclose(a.attrs["sink_scores"], b.attrs["sink_scores"], atol=mtol)
+    np.testing.assert_allclose(a.attrs["mass_lost_heads"], b.attrs["mass_lost_heads"], atol=mtol)
+    assert a.attrs["kept"] == b.attrs["kept"]
+
+
+TRACE_CASES = [("window", dict(budget=6)), ("streaming", dict(budget=7, sinks=2)), ("h2o", dict(budget=6))]
+
+
+@pytest.mark.parametrize("policy,kw", TRACE_CASES, ids=[p for p, _ in TRACE_CASES])
+def test_a_trace_of_the_text_gives_the_same_columns(tiny, policy, kw, monkeypatch):
+    """evict(trace=) takes the full model's pass from a trace of the same ids: every column as
+    without it, and as the reference; the forward pass itself is not run again."""
+    model, ref, text, _ = tiny
+    plain = ca.evict(model, text, policy, **kw)
+    for keep in (True, False):  # the trace's kept q, k, v (short inputs) / projected from its layer inputs
+        import core.api as api
+
+        monkeypatch.setattr(api, "QK_KEEP_BYTES", 2**40 if keep else 0)
+        tr = model.trace(text)
+        assert bool(tr.runner.qk) == keep
+        calls = []
+        real = model.net.decode
+        monkeypatch.setattr(model.net, "decode", lambda tgt, *a, **k: calls.append(tgt.shape[1]) or real(tgt, *a, **k))
+        got = ca.evict(model, text, policy, trace=tr, **kw)
+        monkeypatch.undo()
+        assert len(_ids(model, text)) not in calls  # no pass over the whole text: the trace stands for it
+        _same_columns(got, plain, 1e-5, 1e-6)
+        cols = reference(ref, _ids(model, text), policy, n_prompt=len(_ids(model, text)), **kw)
+        _compare(got, cols, 0, 1e-4, 1e-5)
+
+
+def test_a_trace_of_other_ids_is_refused(tiny):
+    model, _, text, _ = tiny
+    with pytest.raises(ValueError, match="other token ids"):
+        ca.evict(model, text, "window", 6, trace=model.trace(text + " and more"))
+    with pytest.raises(ValueError, match="switched off"):
+        ca.evict(model, text, "window", 6, trace=model.trace(text, ablate=[("decoder", 0, 1)]))
+
+
+@pytest.mark.parametrize("policy,kw", [("streaming", dict(budget=7, sinks=2)), ("h2o", dict(budget=6))], ids=str)
+def test_smollm2_with_its_trace_gives_the_same_columns(smol, policy, kw):
+    model, _, text, _ = smol
+    _same_columns(ca.evict(model, text, policy, trace=model.trace(text), **kw), ca.evict(model, text, policy, **kw),
+                  2e-3, 1e-3)
