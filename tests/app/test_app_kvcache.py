@@ -97,3 +97,38 @@ def test_the_sweep_draws_perplexity_against_budget(app_test):
     got = dict(zip(decode_array(lines["StreamingLLM (sinks + window)"]["x"]).tolist(),
                    decode_array(lines["StreamingLLM (sinks + window)"]["y"]).tolist()))
     assert got[16] == pytest.approx(want, rel=1e-6)
+
+
+def test_the_run_reads_the_pages_trace_for_the_full_model(app_test, monkeypatch):
+    """The page traces the text for its map first and hands that trace to evict, which then does
+    not run the full model again; the numbers are evict's without a trace."""
+    text = TEXT + " The page traced this text first."
+    seen = []
+    real = ca.evict
+
+    def spy(*a, **k):
+        seen.append(k.get("trace"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(ca, "evict", spy)
+    at = app_test("kvcache", model="smollm2", text=text, policy="streaming", budget="10")
+    at.run(timeout=600)
+    assert_no_exception(at)
+    assert seen and seen[0] is not None and seen[0].meta["model"] == "smollm2"
+    model = core.load_model("smollm2", device="cpu")
+    want = real(model, text, "streaming", 10)
+    got = seen[0]  # the trace the run got: of the same ids
+    assert got.meta["target_ids"] == list(model.encode(text).ids)
+    metric = next(m for m in at.metric if m.label.startswith("Perplexity, streaming"))
+    assert float(metric.value) == pytest.approx(want.attrs["perplexity"], abs=1e-3)
+
+
+def test_a_trace_of_other_ids_is_left_out_of_the_run():
+    from viz.kvcache import run_panel as kr
+
+    model = core.load_model("smollm2", device="cpu")
+    tr = model.trace(TEXT)
+    assert kr.usable_trace(model, TEXT, None, tr) is tr
+    assert kr.usable_trace(model, TEXT + " more", None, tr) is None
+    assert kr.usable_trace(model, TEXT, " and a continuation", tr) is None
+    assert kr.usable_trace(model, TEXT, None, None) is None

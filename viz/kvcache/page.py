@@ -112,7 +112,10 @@ if df is None:
                 f"{model.device.type.upper()}. It starts when you ask.")
         if not st.button(f"Run {policy} at budget {budget} ({said})", key="kvcache-run", type="primary"):
             st.stop()
-    df = kr.run(model, model_name, clean, policy, budget, label=f"{policy} at budget {budget} ({said})", **args)
+    # the map below reads the full model's trace of this text: traced first, it stands for evict's full-model pass
+    ref_trace = models.get_trace(model_name, clean, target=cont if policy == "snapkv" else None, notes=False)
+    df = kr.run(model, model_name, clean, policy, budget, label=f"{policy} at budget {budget} ({said})",
+                trace=ref_trace, **args)
     if df is None:
         st.stop()
 
@@ -171,7 +174,7 @@ st.dataframe(kf.loss_frame(df), key="kvcache-text", height=300)
 st.subheader("What removing the sinks does")
 if budget > sinks and sinks > 0 and policy in ("window", "streaming"):
     other = "window" if policy == "streaming" else "streaming"
-    od = kr.run(model, model_name, clean, other, budget, **args)
+    od = kr.run(model, model_name, clean, other, budget, trace=trace, **args)
     if od is not None:
         win, stream = (df, od) if policy == "window" else (od, df)
         st.dataframe(kf.sinks_effect(win, stream), hide_index=True, key="kvcache-sinks-table")
@@ -197,7 +200,7 @@ else:
     results = {}
     for k, (p, b) in enumerate([(p, b) for p in sweep_policies for b in budgets]):
         got = kr.run(model, model_name, clean, p, b, bar=bar, label=f"{k + 1}/{len(sweep_policies) * len(budgets)} "
-                     f"{p} at {b}", **args)
+                     f"{p} at {b}", trace=trace, **args)
         if got is not None:
             results[(p, b)] = got
     bar.empty()

@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 import core.analysis as ca
-from core.analysis.evict import estimate_seconds
+from core.analysis.evict import estimate_seconds, token_ids, trace_mismatch
 from core.errors import InputError
 from viz.ui import gate
 from viz.ui.cache import ByteLRU
@@ -47,8 +47,10 @@ def cached(model_name, text, policy, budget, sinks=4, recent=None, observe=32, c
 
 
 def run(model, model_name: str, text: str, policy: str, budget: int, sinks: int = 4, recent: Optional[int] = None,
-        observe: int = 32, continuation: Optional[str] = None, bar=None, label: str = ""):
+        observe: int = 32, continuation: Optional[str] = None, bar=None, label: str = "", trace=None):
     """evict through the shared cache; progress on `bar` (an st.progress) or a bar of its own.
+    trace: the page's trace of the same text, which then stands for evict's full-model pass
+    (left out where it is of other ids; never part of the cache key: the results are the same).
     Returns the frame, or None after a message."""
     key = key_of(model_name, text, policy, budget, sinks, recent, observe, continuation)
     got = evict_cache().get(key)
@@ -68,7 +70,8 @@ def run(model, model_name: str, text: str, policy: str, budget: int, sinks: int 
         with admission.admitted(2 * gate.trace_bytes(model.config, n), estimate(model, n, policy),
                                 f"{model_name} {policy} at budget {budget}, {n:,} tokens", kind="kvcache"):
             return ca.evict(model, text, policy, int(budget), sinks=int(sinks), recent=recent, observe=int(observe),
-                            continuation=continuation or None, progress=progress)
+                            continuation=continuation or None, progress=progress,
+                            trace=usable_trace(model, text, continuation, trace))
 
     try:
         return evict_cache().get_or_compute(key, admitted)
@@ -80,6 +83,17 @@ def run(model, model_name: str, text: str, policy: str, budget: int, sinks: int 
         if own:
             bar.empty()
     return None
+
+
+def usable_trace(model, text: str, continuation: Optional[str], trace):
+    """The trace where it stands for evict's full-model pass over (text, continuation), else None."""
+    if trace is None:
+        return None
+    try:
+        ids = token_ids(model, text, continuation or None)[0]
+        return trace if trace_mismatch(model, trace, ids) is None else None
+    except Exception:  # a trace that cannot be checked is not used; evict runs the full model itself
+        return None
 
 
 def seconds_text(seconds: float) -> str:
