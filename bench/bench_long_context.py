@@ -18,6 +18,9 @@ smollm2 at 8,000 tokens (the notes' passage repeated; the same ids on both sides
       every layer) / the traced pass -- <= 1.5x
 memory (smollm2, a fresh process; VmHWM reset through /proc/self/clear_refs):
     peak resident memory during the 8,000-token traced pass above the loaded model -- <= 3 GiB
+      (with what glibc's heap holds free after the pass: this row comes out at ~1.3 or ~1.8-1.9
+      GiB from one run to the next of the same code, by how many freed per-layer buffers are
+      left as holes in the heap; docs/benchmarks-history.md)
     peak during trace.pooled of one head above the process before it -- <= 512 MiB
 """
 
@@ -101,6 +104,24 @@ def _reset_peak() -> None:
         f.write("5")  # VmHWM, the peak resident set, back to the current one
 
 
+def heap_free_mib() -> float:
+    """What glibc's main heap holds free (mallinfo2's fordblks; resident where it was touched),
+    in MiB; -1 where there is no mallinfo2."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return -1.0
+    fn.restype = MallInfo2
+    return fn().fordblks / MIB
+
+
 def part_memory(n: int = TOKENS) -> dict:
     import torch
 
@@ -116,11 +137,13 @@ def part_memory(n: int = TOKENS) -> dict:
     tr = trace_from_ids(model, ids, toks)
     peak_pass = status_kib("VmHWM")
     before = status_kib("VmRSS")
+    heap_free = heap_free_mib()
     _reset_peak()
     tr.pooled(f"decoder.{LAYER}.self_attn.weights", size=128, heads=[HEAD])
     peak_pooled = status_kib("VmHWM")
     return {"tokens": len(ids), "loaded_rss_mib": loaded / 1024, "peak_above_loaded_mib": (peak_pass - loaded) / 1024,
-            "stored_mib": tr.nbytes() / MIB, "pooled_peak_above_mib": (peak_pooled - before) / 1024,
+            "stored_mib": tr.nbytes() / MIB, "heap_free_after_mib": heap_free,
+            "rss_after_above_loaded_mib": (before - loaded) / 1024, "pooled_peak_above_mib": (peak_pooled - before) / 1024,
             "threads": torch.get_num_threads()}
 
 
@@ -163,7 +186,9 @@ def run(quick: bool = False, tokens: int = TOKENS) -> dict:
         results += [
             Result("long inputs", f"smollm2 peak process memory during a {mm['tokens']}-token traced pass, above the "
                                   "loaded model", mm["peak_above_loaded_mib"] / 1024, "GiB", 3.0,
-                   note=f"loaded model {mm['loaded_rss_mib']:.0f} MiB resident; trace stores {mm['stored_mib']:.0f} MiB"),
+                   note=f"loaded model {mm['loaded_rss_mib']:.0f} MiB resident; trace stores {mm['stored_mib']:.0f} MiB; "
+                        f"the heap holds {mm.get('heap_free_after_mib', -1):.0f} MiB free after the pass "
+                        "(freed buffers between stored ones)"),
             Result("long inputs", f"smollm2 peak memory during trace.pooled of one head at {mm['tokens']} tokens, above "
                                   "the process before it", mm["pooled_peak_above_mib"], "MiB", 512,
                    note="one head's map would be 244 MiB, the layer's nine 2.1 GiB"),
