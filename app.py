@@ -1,7 +1,10 @@
-"""Attention Lab: process setup, page configuration and navigation. Nothing else lives here."""
+"""Attention Lab: process setup, page configuration and navigation, each page run inside the
+admission gate's page-run scope (what it holds counts against the memory budget until it ends).
+Nothing else lives here."""
 
 import streamlit as st
 
+from viz.ui.admission import page_run
 from viz.ui.models import setup_process
 from viz.ui.history import one_entry_per_action
 from viz.ui.registry import by_section
@@ -15,4 +18,5 @@ one_entry_per_action()  # Back undoes one action (a page switch included), not h
 NAV = {section: [st.Page(p.file, title=p.title, url_path=None if p.default else p.key, icon=p.icon, default=p.default)
                   for p in pages] for section, pages in by_section().items()}
 
-st.navigation(NAV, position="sidebar", expanded=True).run()
+with page_run():
+    st.navigation(NAV, position="sidebar", expanded=True).run()

@@ -152,6 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-gate", action="store_true", help="a budget far above the machine: no job ever waits")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a session may take")
     ap.add_argument("--calibrate", action="store_true", help="the gate's estimate against a measured trace, and exit")
+    ap.add_argument("--server-log", default="", help="keep the server's log (the gate's admissions and waits) here")
     args = ap.parse_args(argv)
     if args.calibrate:
         return calibrate()
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
             sampler.stop_flag.set()
             sampler.join()
             log = server.log.read_text(errors="replace")
+            if args.server_log:
+                Path(args.server_log).write_text(log, encoding="utf-8")
             alive = server.proc.poll() is None
         finally:
             server.stop()

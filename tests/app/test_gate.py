@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import core
 from conftest import assert_no_exception, chart_by_key
@@ -257,9 +258,9 @@ def test_a_long_input_s_views_take_their_own_reservation_and_release_it(app_test
     seen = []
 
     class Recording(vg.Gate):
-        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False):
+        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
             seen.append((kind, cost, first, self.running_bytes))
-            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first)
+            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
 
     g = Recording(1 * MB, caches=[models.trace_cache()])
     monkeypatch.setattr(admission, "gate", lambda: g)
@@ -278,3 +279,168 @@ def test_a_long_input_s_views_take_their_own_reservation_and_release_it(app_test
             assert first and cost == vg.maps_bytes(cfg, n) and running == 0  # alone: the trace had ended
     assert g.running_bytes == 0 and g.status()["waiting"] == 0 and g.status()["admitted"] == len(seen)
     assert models.trace_cache().nbytes == 0  # the 1 MB budget left no room to keep the trace
+
+
+def test_a_result_a_page_run_holds_counts_until_the_run_ends():
+    """A page run's trace counts against the budget while the run draws from it, once however
+    many runs hold it and whether or not the cache keeps it too."""
+    cache = ByteLRU(1000 * MB, size_of=lambda v: v.nbytes)
+    g = vg.Gate(100 * MB, caches=[cache])
+    trace = torch.zeros(60 * MB, dtype=torch.uint8)
+    cache.put("trace", trace)
+    run_a, run_b = object(), object()
+    g.hold(trace, 60 * MB, run_a)
+    g.hold(trace, 60 * MB, run_b)  # a second session drawing from the same cached trace
+    assert g.resident_bytes() == 60 * MB and g.status()["holds"] == 1  # counted once
+    with g.admit(40 * MB, owner=object()):  # 60 + 40 fit
+        assert cache.holds(trace)
+    cache.clear()  # dropped from the cache: the runs still hold it, so it still counts
+    assert g.resident_bytes() == 60 * MB
+    held = []
+    th, out = _run_in_thread(lambda: _enter(g.admit(50 * MB, 1.0, "next trace", owner=object()), held) and "entered")
+    time.sleep(4 * vg.POLL)
+    assert th.is_alive(), "60 MB held + 50 MB exceed the 100 MB budget: the next trace waits"
+    assert g.release_holds(run_a) == 0  # the other run still holds it
+    time.sleep(2 * vg.POLL)
+    assert th.is_alive()
+    assert g.release_holds(run_b) == 60 * MB  # no run holds it and no cache keeps it: freed
+    th.join(5)
+    assert out.get("value") == "entered" and g.status()["holds"] == 0
+
+
+def test_a_held_result_stays_in_the_cache_and_the_others_make_room():
+    cache = ByteLRU(1000 * MB, size_of=lambda v: v.nbytes)
+    g = vg.Gate(100 * MB, caches=[cache])
+    held_trace, old = torch.zeros(40 * MB, dtype=torch.uint8), torch.zeros(40 * MB, dtype=torch.uint8)
+    cache.put("held", held_trace)  # the least recently used...
+    cache.put("old", old)
+    run = object()
+    g.hold(held_trace, 40 * MB, run)
+    with g.admit(50 * MB, owner=object()):  # ...but held: dropping it would free nothing, so "old" goes
+        assert cache.holds(held_trace) and not cache.holds(old)
+    g.release_holds(run)
+    with g.admit(70 * MB, owner=object()):  # no longer held: it makes room like any cached result
+        assert cache.nbytes == 0
+
+
+def test_runs_that_hold_results_and_wait_do_not_stop_each_other():
+    """Two page runs each hold 60 MB of a 100 MB budget and each asks for 10 MB more: neither hold
+    can end while its run waits, so with nothing running the first in the queue enters."""
+    g = vg.Gate(100 * MB)
+    run_a, run_b = object(), object()
+    g.hold("trace a", 60 * MB, run_a)
+    g.hold("trace b", 60 * MB, run_b)
+    order = []
+
+    def work(run, name):
+        with g.admit(10 * MB, 0.1, name, owner=run, first=True):
+            order.append(name)
+            time.sleep(2 * vg.POLL)
+        return name
+
+    th_a, out_a = _run_in_thread(lambda: work(run_a, "a"))
+    time.sleep(4 * vg.POLL)
+    assert th_a.is_alive() and order == [], "run b holds 60 MB and is not waiting: it may still end and make room"
+    th_b, out_b = _run_in_thread(lambda: work(run_b, "b"))
+    th_a.join(5)  # both holders wait: a, first in the queue, enters
+    assert out_a.get("value") == "a" and order == ["a"]
+    time.sleep(2 * vg.POLL)
+    assert th_b.is_alive(), "run a still holds its 60 MB and may end: b waits for it"
+    g.release_holds(run_a)  # run a ends
+    th_b.join(5)
+    assert out_b.get("value") == "b" and order == ["a", "b"]
+
+
+def test_a_holder_blocked_elsewhere_lets_the_queue_move_after_a_while(monkeypatch):
+    monkeypatch.setattr(vg, "STALL", 6 * vg.POLL)
+    g = vg.Gate(100 * MB)
+    g.hold("trace", 90 * MB, object())  # a run that neither ends nor waits in the queue
+    th, out = _run_in_thread(lambda: _enter(g.admit(50 * MB, owner=object()), []) and "entered")
+    time.sleep(3 * vg.POLL)
+    assert th.is_alive()
+    th.join(5)
+    assert out.get("value") == "entered"
+
+
+def test_jobs_running_together_share_the_machine_s_time(monkeypatch):
+    """Two jobs running side by side for 10 s each had half the machine: 5 s each is what the next
+    job of their kind is expected to take, and a job waiting behind two such is told 10 s."""
+    clock = [1000.0]
+    monkeypatch.setattr(vg.time, "monotonic", lambda: clock[0])
+    g = vg.Gate(100 * MB)
+    a, b = g.admit(40 * MB, 20.0, kind="trace"), g.admit(40 * MB, 20.0, kind="trace")
+    a.__enter__()
+    b.__enter__()
+    clock[0] += 10.0
+    a.__exit__(None, None, None)
+    b.__exit__(None, None, None)
+    assert g.expected(vg.Ticket(40 * MB, 20.0, "next", 99, "trace")) == pytest.approx(5.0)
+    w1, w2, me = (vg.Ticket(40 * MB, 20.0, f"w{i}", 100 + i, "trace") for i in range(3))
+    g._queue.extend([w1, w2, me])
+    assert g.ahead(me) == (2, pytest.approx(10.0))
+
+
+def test_the_explore_page_holds_its_trace_while_it_draws_and_lets_go_after(app_test, minilm, monkeypatch):
+    """Through the app: the page's work after its trace is admitted beside the trace it holds, and
+    when the page run ends nothing is held."""
+    import core.head_maps as hm
+    from viz.ui import admission, models
+
+    seen = []
+
+    class Recording(vg.Gate):
+        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
+            seen.append((kind, self.held_bytes(), owner))
+            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
+
+    g = Recording(10_000 * MB, caches=[models.trace_cache()])
+    monkeypatch.setattr(admission, "gate", lambda: g)
+    monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
+    text = "a document the page holds while it draws its overview"
+    at = app_test("explore", model="minilm", text=text)
+    at.run(timeout=120)
+    assert_no_exception(at)
+    chart_by_key(at, "explore-heatmap")
+    size = models._size_of(models.trace_cache().get(("minilm", text, "trace", None, None)))
+    assert size > 0
+    held = {kind: b for kind, b, _ in seen}
+    assert held["trace"] == 0 and held["overview"] == size, seen  # the trace held while the overview is computed
+    assert len({owner for _, _, owner in seen}) == 1 and seen[0][2] is not None  # one page run asked for all
+    assert g.status()["holds"] == 0 and g.held_bytes() == 0  # the run ended: nothing held
+
+
+def test_a_page_run_releases_what_it_holds_however_it_ends():
+    from viz.ui import admission
+
+    g = vg.Gate(100 * MB)
+    original = admission.gate
+    admission.gate = lambda: g
+    try:
+        with pytest.raises(RuntimeError):
+            with admission.page_run() as run:
+                g.hold("trace", 30 * MB, admission.current_run())
+                assert admission.current_run() is run and g.held_bytes() == 30 * MB
+                raise RuntimeError("the page stopped halfway")
+        assert g.held_bytes() == 0 and admission.current_run() is None
+    finally:
+        admission.gate = original
+
+
+def test_a_page_run_that_waits_twice_shows_no_traceback(app_test, minilm, monkeypatch):
+    """A long input's page can wait for its trace and then for its maps in one run: each wait has
+    its own Cancel button (the same key twice stopped the page with a traceback)."""
+    import core.head_maps as hm
+    from viz.ui import admission, models
+
+    class WaitsOnce(vg.Gate):
+        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
+            if on_wait is not None:
+                on_wait(1, 5.0)  # as if one job were ahead
+            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
+
+    monkeypatch.setattr(admission, "gate", lambda: WaitsOnce(10_000 * MB, caches=[models.trace_cache()]))
+    monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
+    at = app_test("explore", model="minilm", text="a document whose trace and overview both wait")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    chart_by_key(at, "explore-heatmap")

@@ -69,13 +69,24 @@ class ByteLRU:
             self._key_locks.pop(key, None)
         return value
 
-    def shrink_to(self, max_bytes: int) -> int:
-        """Drop the least recently used entries until at most max_bytes are held (the admission
-        gate's room for a job, viz/ui/gate.py); returns the bytes freed."""
+    def holds(self, value) -> bool:
+        """Whether this very object is kept (the admission gate counts a held result once)."""
+        with self._lock:
+            return any(v is value for v, _ in self._data.values())
+
+    def shrink_to(self, max_bytes: int, keep: Callable[[Any], bool] = lambda v: False) -> int:
+        """Drop the least recently used entries until at most max_bytes are held, leaving those
+        keep(value) spares (the admission gate's room for a job, viz/ui/gate.py: dropping a
+        result a page still draws from frees nothing); returns the bytes freed."""
         freed = 0
         with self._lock:
-            while self._data and self._bytes > max_bytes:
-                _, (_, s) = self._data.popitem(last=False)
+            for key in list(self._data):
+                if self._bytes <= max_bytes:
+                    break
+                value, s = self._data[key]
+                if keep(value):
+                    continue
+                del self._data[key]
                 self._bytes -= s
                 freed += s
         return freed

@@ -18,10 +18,11 @@ shows a waiting job's place in the queue with a way to cancel.
   jobs waiting (new traces), behind the others of its kind, so a session that has its trace
   finishes with it instead of waiting behind every trace queued after its own.
 - A waiting job calls on_wait(ahead, seconds) about every POLL seconds: the jobs ahead of it and
-  the time they are expected to take. The time comes from the gate's own measurements: the wall
-  time of the last RECENT jobs of the same kind against their estimates (or, where they had
-  none, their bytes), so a slow machine or a busy one is seen from the second job on; the
-  caller's estimate (a calibration) is used alone only before any job of that kind has ended.
+  the time they are expected to take. The time comes from the gate's own measurements: the share
+  of the machine the last RECENT jobs of the same kind had (see below) against their estimates
+  (or, where they had none, their bytes), so a slow machine or a busy one is seen from the
+  second job on; the caller's estimate (a calibration) is used alone only before any job of
+  that kind has ended.
 - After a large job ends (TRIM_BYTES or more) and after the caches give back room, `release`
   (the app passes core.device.release_freed_memory) hands the freed memory back to the system:
   the process keeps freed memory for speed (core.device.keep_freed_memory), in one malloc arena
@@ -30,6 +31,17 @@ shows a waiting job's place in the queue with a way to cancel.
   is never stopped once it has entered.
 - Identical requests share one computation before they reach the gate: the trace cache's
   get_or_compute runs one computation per key, the others wait for its result.
+- A result a page run holds (its trace, from the cache or just computed) counts against the budget
+  until the run ends (`hold` ... `release_holds(owner)`), whether or not a cache still keeps it:
+  dropping it from a cache frees nothing while a page draws from it. Held results are counted
+  once however many runs hold them, and are never dropped from a cache to make room (that would
+  free nothing). So that holds cannot stop every run (each waiting for room its own hold takes),
+  the first job in the queue enters with nothing running when every run that holds something is
+  itself waiting in the queue, or when nothing has changed for STALL seconds (a holder blocked
+  elsewhere: on another session's identical computation).
+- The time a job is expected to take is its share of the machine: while k jobs run, each is
+  charged 1/k of the wall time (the cores are shared), so the jobs ahead of a waiting one are
+  expected to take the sum of their shares, whether they run one at a time or several at once.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ BUDGET_ENV = "ATTENTION_LAB_MEMORY_BUDGET_MB"
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available when the process starts
 RECENT = 8  # the time estimate: the last this many jobs of a kind that ended
 TRIM_BYTES = 256 * 2**20  # a job this large hands its freed memory back to the system when it ends
+STALL = 10.0  # seconds with nothing running and nothing changed before the first waiting job enters anyway
 
 
 def machine_memory() -> int:
@@ -151,8 +164,10 @@ class Ticket:
     number: int
     kind: str = ""
     first: bool = False  # work on a result the page holds: ahead of the other waiting jobs
+    owner: object = None  # the page run that asked (Gate.hold's owner), if any
     entered: Optional[float] = None  # when it started running (None while it waits)
     queued: float = field(default_factory=time.monotonic)
+    share: float = 0.0  # seconds of the machine it has had: wall time / the jobs running beside it
 
 
 class Cancelled(Exception):
@@ -164,7 +179,10 @@ class Gate:
         self.budget = int(budget)
         self.caches: List = list(caches)  # objects with .nbytes and .shrink_to(bytes) (viz.ui.cache.ByteLRU)
         self.release = release  # hands freed memory back to the system (core.device.release_freed_memory)
-        self._done: Dict[str, Deque[tuple]] = {}  # kind -> (seconds, estimate, cost) of its last RECENT jobs
+        self._done: Dict[str, Deque[tuple]] = {}  # kind -> (share, estimate, cost) of its last RECENT jobs
+        self._holds: Dict[int, list] = {}  # id(value) -> [value, bytes, {owner: count}]
+        self._changed = time.monotonic()  # the last admission, end or released hold
+        self._shared_at = time.monotonic()  # when the running jobs' shares were last brought up to date
         self.released = 0
         self._cond = threading.Condition()
         self._queue: List[Ticket] = []  # waiting, in order of arrival
@@ -187,32 +205,94 @@ class Gate:
     def cached_bytes(self) -> int:
         return sum(int(c.nbytes) for c in self.caches)
 
+    def held_bytes(self) -> int:
+        """Bytes of the results page runs hold now, each once."""
+        return sum(b for _, b, _ in self._holds.values())
+
+    def _in_caches(self, value) -> bool:
+        return any(c.holds(value) for c in self.caches if hasattr(c, "holds"))
+
+    def _held_in_caches(self) -> int:
+        """Of the held bytes, those a cache counts too (so that they are not counted twice)."""
+        return sum(b for v, b, _ in self._holds.values() if self._in_caches(v))
+
+    def resident_bytes(self) -> int:
+        """What the budget holds now: running jobs, cached results and held results, each once."""
+        with self._cond:
+            return self.running_bytes + self.cached_bytes() + self.held_bytes() - self._held_in_caches()
+
     def status(self) -> dict:
         with self._cond:
             return {"budget": self.budget, "running": len(self._running), "running_bytes": self.running_bytes,
                     "waiting": len(self._queue), "cached_bytes": self.cached_bytes(), "admitted": self.admitted,
+                    "held_bytes": self.held_bytes(), "holds": len(self._holds),
                     "cancelled": self.cancelled, "waited": self.waited, "peak_running_bytes": self.peak_running}
 
-    def _fits(self, t: Ticket) -> bool:
-        """Whether `t`, first in the queue, may enter now: nothing runs (a job larger than the
-        budget runs alone), or it fits beside the running jobs once the caches give back what
-        they must."""
-        if not self._running:
-            room = self.budget - t.cost
-        else:
-            room = self.budget - self.running_bytes - t.cost
-            if room < 0:
-                return False
+    # -------------------------------------------------------------- results a page run holds
+    def hold(self, value, nbytes: int, owner) -> None:
+        """Count `value` (nbytes) against the budget until release_holds(owner): a page run draws
+        from it. Several owners holding one value count it once."""
+        if value is None or owner is None:
+            return
+        with self._cond:
+            entry = self._holds.setdefault(id(value), [value, int(max(0, nbytes)), {}])
+            entry[2][owner] = entry[2].get(owner, 0) + 1
+
+    def release_holds(self, owner) -> int:
+        """End every hold of `owner` (its page run ended); returns the bytes no run holds any more
+        and no cache keeps: when they are many, the freed memory is handed back."""
         freed = 0
-        for c in self.caches:  # cached results make room before anyone waits
-            over = self.cached_bytes() - max(0, room)
-            if over > 0:
-                before = int(c.nbytes)
-                c.shrink_to(max(0, before - over))
-                freed += before - int(c.nbytes)
-        if freed:
+        with self._cond:
+            for key in list(self._holds):
+                entry = self._holds[key]
+                if entry[2].pop(owner, None) is not None and not entry[2]:
+                    del self._holds[key]
+                    if not self._in_caches(entry[0]):
+                        freed += entry[1]
+            entry = None  # no reference left here when the memory is handed back
+            freed += self._make_room(self.budget - self.running_bytes - self.held_bytes())  # kept while held
+            if freed:
+                self._changed = time.monotonic()
+                self._cond.notify_all()
+        if freed >= TRIM_BYTES:
+            self._release()
+        return freed
+
+    def _fits(self, t: Ticket) -> bool:
+        """Whether `t`, first in the queue, may enter now: it fits beside the running jobs and the
+        held results once the caches give back what they must (cached results not held make
+        room before anyone waits); or it may run alone (_alone)."""
+        pinned = self.running_bytes + self.held_bytes()
+        if pinned + t.cost > self.budget and not self._alone(t):
+            return False
+        if self._make_room(self.budget - pinned - t.cost):
             self._release()
         return True
+
+    def _make_room(self, room: int) -> int:
+        """Drop cached results no run holds (least recently used first) until the caches keep at
+        most `room` bytes beyond the held results; returns the bytes dropped."""
+        room, held, freed = max(0, room), self._held_in_caches(), 0
+        for c in self.caches:
+            over = self.cached_bytes() - held - room
+            if over > 0:
+                before = int(c.nbytes)
+                if hasattr(c, "holds"):
+                    c.shrink_to(max(0, before - over), keep=lambda v: id(v) in self._holds)
+                else:
+                    c.shrink_to(max(0, before - over))
+                freed += before - int(c.nbytes)
+        return freed
+
+    def _alone(self, t: Ticket) -> bool:
+        """A job that does not fit enters anyway when nothing runs and waiting would not make room:
+        no run holds anything, or every run that holds something is waiting in the queue (its
+        own job included), or nothing has changed for STALL seconds."""
+        if self._running:
+            return False
+        waiting = {w.owner for w in self._queue if w.owner is not None}
+        holders = {o for _, _, owners in self._holds.values() for o in owners}
+        return holders <= waiting or time.monotonic() - self._changed >= STALL
 
     def _release(self) -> None:
         if self.release is not None:
@@ -220,10 +300,20 @@ class Gate:
             self.released += 1
 
     # -------------------------------------------------------------- time
+    def _share(self) -> None:
+        """Bring the running jobs' shares up to date: each is charged the wall time since the last
+        update divided by the jobs running (call before the running set changes)."""
+        now = time.monotonic()
+        if self._running:
+            each = (now - self._shared_at) / len(self._running)
+            for r in self._running:
+                r.share += each
+        self._shared_at = now
+
     def expected(self, t: Ticket) -> float:
-        """Seconds job t is expected to take: its kind's last jobs' measured time against their
-        estimates, times t's estimate (or, where they had none, per byte, times t's cost); t's
-        own estimate before any job of its kind has ended."""
+        """Seconds of the machine job t is expected to take: its kind's last jobs' measured shares
+        against their estimates, times t's estimate (or, where they had none, per byte, times t's
+        cost); t's own estimate before any job of its kind has ended."""
         done = self._done.get(t.kind)
         if not done:
             return t.seconds
@@ -235,24 +325,28 @@ class Gate:
         return t.cost * spent / cost if cost > 0 else spent / len(done)
 
     def _ended(self, t: Ticket) -> None:
-        self._done.setdefault(t.kind, deque(maxlen=RECENT)).append(
-            (time.monotonic() - (t.entered or time.monotonic()), t.seconds, t.cost))
+        self._done.setdefault(t.kind, deque(maxlen=RECENT)).append((t.share, t.seconds, t.cost))
 
     def ahead(self, t: Ticket) -> tuple:
-        """(jobs ahead of t: running and waiting before it, seconds they are expected to take)."""
-        now = time.monotonic()
-        running = sum(max(0.0, self.expected(r) - (now - (r.entered or now))) for r in self._running)
+        """(jobs ahead of t: running and waiting before it, seconds until they are done: the
+        machine time the running ones have left and the waiting ones' whole, however many run
+        at once)."""
+        self._share()
+        running = sum(max(0.0, self.expected(r) - r.share) for r in self._running)
         before = self._queue[:self._queue.index(t)] if t in self._queue else []
         return len(self._running) + len(before), running + sum(self.expected(w) for w in before)
 
     # -------------------------------------------------------------- admission
     @contextmanager
     def admit(self, cost: int, seconds: float = 0.0, label: str = "",
-              on_wait: Optional[Callable[[int, float], None]] = None, kind: str = "", first: bool = False):
+              on_wait: Optional[Callable[[int, float], None]] = None, kind: str = "", first: bool = False,
+              owner=None):
         """Hold the block until a job of `cost` bytes fits (see the module docstring). seconds: the
-        caller's estimate of its time; kind: what the gate measures its times by ("trace",
-        "surprisal"...); first: work on a result the page holds, ahead of the other waiting jobs."""
-        t = Ticket(int(max(0, cost)), float(max(0.0, seconds)), label, next(self._numbers), kind, bool(first))
+        caller's estimate of its time alone on the machine; kind: what the gate measures its times
+        by ("trace", "surprisal"...); first: work on a result the page holds, ahead of the other
+        waiting jobs; owner: the page run asking (what it holds: `hold`)."""
+        t = Ticket(int(max(0, cost)), float(max(0.0, seconds)), label, next(self._numbers), kind, bool(first),
+                   owner)
         with self._cond:
             at = sum(1 for w in self._queue if w.first) if first else len(self._queue)
             self._queue.insert(at, t)
@@ -262,7 +356,8 @@ class Gate:
                 with self._cond:
                     if self._queue[0] is t and self._fits(t):
                         self._queue.remove(t)
-                        t.entered = time.monotonic()
+                        self._share()
+                        t.entered = self._changed = time.monotonic()
                         self._running.append(t)
                         self.admitted += 1
                         self.waited += waited
@@ -284,8 +379,10 @@ class Gate:
             yield t
         finally:
             with self._cond:
+                self._share()
                 self._running.remove(t)
                 self._ended(t)
+                self._changed = time.monotonic()
                 self._cond.notify_all()
             if t.cost >= TRIM_BYTES:
                 self._release()

@@ -10,6 +10,7 @@ since the page already holds its trace).
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Optional
@@ -37,6 +38,7 @@ MIN_TOKENS = 1000  # shorter inputs are never announced (no calibration run for 
 CALIBRATION_TOKENS = (128, 512)  # two timed passes at each length (the faster kept)
 ATTN_SPEEDUP = 1.45  # causal attention's FLOPs ran ~1.45x faster than the linear layers' (smollm2, one thread,
 #                      traced passes of 512-4,096 tokens on this CPU: fitted a n + b n^2 against the FLOP counts)
+_CALIBRATING = threading.Lock()
 _COST: dict = {}  # model name -> (tokens, seconds, seconds per FLOP or None): a measured traced pass
 SECTIONS = {"spans": "Spans", "profiles": "Head profiles", "surprisal": "Surprisal"}  # the Long document tab's tabs
 
@@ -93,10 +95,13 @@ def expected_seconds(model, n: int, cost: tuple) -> float:
 
 
 def trace_seconds(model, model_name: str, n: int) -> float:
-    """A trace's first time estimate for the admission gate: the long-trace cost model where this
-    model's cost was measured in this process, else a rough rate (the gate then corrects it by
-    the times it measures)."""
+    """A trace's first time estimate for the admission gate: the long-trace cost model, from this
+    model's cost measured in this process (measured now, once, for a long input: a waiting
+    session is told its wait before any trace has ended), else a rough rate for a short one (the
+    gate then corrects it by the times it measures)."""
     cost = _COST.get(model_name)
+    if cost is None and n >= MIN_TOKENS:
+        cost = calibrate(model, model_name)
     if cost is not None:
         return expected_seconds(model, n, cost)
     return flops(model, n) * admission.SECONDS_PER_FLOP
@@ -120,6 +125,13 @@ def calibrate(model, model_name: str) -> tuple:
     """The model's measured cost (tokens, seconds, seconds per FLOP): the longest traced pass of
     this model measured in this process, else passes run now at the two CALIBRATION_TOKENS
     lengths (about 4 s for smollm2 on this CPU), whose difference gives the cost of a FLOP without the per-pass overhead."""
+    with _CALIBRATING:  # once per model: sessions arriving together wait for the first one's passes
+        if model_name not in _COST:
+            _calibrate(model, model_name)
+    return _COST[model_name]
+
+
+def _calibrate(model, model_name: str) -> None:
     if model_name not in _COST:
         short, long_ = (min(t, model.max_input_tokens) for t in CALIBRATION_TOKENS)
         # each twice, the faster kept: the first pass of a process also allocates and starts threads, and
@@ -129,7 +141,6 @@ def calibrate(model, model_name: str) -> tuple:
         slope = (t_long - t_short) / max(1.0, flops(model, long_) - flops(model, short))
         floor = 0.5 * t_long / flops(model, long_)  # a noisy difference (a busy machine) falls back to a ratio
         _COST[model_name] = (long_, t_long, slope if slope >= floor else None)
-    return _COST[model_name]
 
 
 def before_trace(model, model_name: str, text: str):

@@ -165,7 +165,9 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
 
     try:
         with st.spinner(spinner):
-            return trace_cache().get_or_compute((model_name, text) + key, admitted_run)
+            value = trace_cache().get_or_compute((model_name, text) + key, admitted_run)
+        admission.hold(value, _size_of(value))  # counted against the budget while this page run draws from it
+        return value
     except InputError as exc:
         st.warning(str(exc))
     except Exception as exc:
