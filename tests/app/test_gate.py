@@ -444,3 +444,41 @@ def test_a_page_run_that_waits_twice_shows_no_traceback(app_test, minilm, monkey
     at.run(timeout=120)
     assert_no_exception(at)
     chart_by_key(at, "explore-heatmap")
+
+
+def test_a_download_s_deferred_file_does_not_keep_its_trace_alive():
+    """What outlives a page run (a download button's deferred file function) holds a getter: the
+    trace is returned as it is while it lives, and after it is freed it comes from the cache or is
+    computed again; the getter alone does not keep it alive."""
+    import gc
+    import weakref
+
+    from viz.ui import results_again
+
+    class Result:
+        def __init__(self, tag):
+            self.tag = tag
+
+    made = []
+
+    def compute():
+        made.append(1)
+        return Result("again")
+
+    cache = ByteLRU(1000 * MB, size_of=lambda v: 1)
+    first = cache.get_or_compute(("m", "text"), lambda: Result("first"))
+    results_again.remember(first, cache, ("m", "text"), compute)
+    get = results_again.getter(first)
+    assert get() is first and made == []
+    ref = weakref.ref(first)
+    cache.clear()
+    del first
+    gc.collect()
+    assert ref() is None, "the getter must not keep the result alive"
+    assert get().tag == "again" and made == [1]  # computed again, through the cache
+    assert get().tag == "again" and made == [1]  # and kept there
+    steps = [Result("step 0"), Result("step 1")]
+    results_again.remember(steps, cache, ("m", "text", "steps"), lambda: steps)
+    assert results_again.getter(steps[1])().tag == "step 1"
+    other = Result("not made by the cache")
+    assert results_again.getter(other)() is other  # kept as it is

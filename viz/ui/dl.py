@@ -9,6 +9,7 @@ import io
 import streamlit as st
 
 from viz.ui import download_sizes as vd
+from viz.ui import results_again
 from viz.figures.heatmaps import attention_frame
 
 WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
@@ -27,7 +28,10 @@ def map_name(*, model: str, stack: str, kind: str, layer: int, head, suffix: str
 
 def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: str, layer: int, head, key: str,
           suffix: str = "") -> None:
-    """head None: the map is the mean over heads."""
+    """head None: the map is the mean over heads. The files are built when clicked, from
+    results_again.getter(trace): Streamlit keeps a deferred file's function until the session's next run,
+    and that must not keep the trace alive outside the memory budget."""
+    get = results_again.getter(trace)
     base = _base(model, stack, kind, layer)
     sizes = vd.trace_bytes(trace, at={stack: layer})
     # One popover: a closed popover mounts nothing, so the page's first view has one button here, not three.
@@ -43,7 +47,7 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
     layer_size = sizes.get(f"layer:{stack}", 0)
     budget, why = vd.download_budget()
     box.download_button(f"Layer {layer}, all heads (NPZ, ≈{vd.human(layer_size)})",
-                        lambda: vd.layer_npz(trace, stack, layer), file_name=f"{base}-all-heads.npz",
+                        lambda: vd.layer_npz(get(), stack, layer), file_name=f"{base}-all-heads.npz",
                         mime="application/octet-stream", key=f"{key}-layer", on_click="ignore",
                         disabled=layer_size > budget,
                         help="Every tensor of this layer (each head's queries, keys, values, scores and "
@@ -52,7 +56,7 @@ def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: st
 
     def npz() -> bytes:  # built only when clicked
         buf = io.BytesIO()
-        trace.save(buf)
+        get().save(buf)
         return buf.getvalue()
 
     total = sizes["total"]

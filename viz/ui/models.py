@@ -20,7 +20,7 @@ import core.trace
 from core.errors import InputError
 from viz.ui import gate
 from viz.ui.cache import ByteLRU
-from viz.ui import admission, longdoc
+from viz.ui import admission, longdoc, results_again
 from viz.figures.text import _md_code, clean_text
 
 # A trace larger than the budget is served and never kept (every rerun would trace again):
@@ -147,8 +147,10 @@ def _size_of(value) -> int:
     return core.trace.nbytes_of(value if isinstance(value, list) else [value])
 
 
-def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
-    """run(model, text) through the shared cache, turning every failure into a message."""
+def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain=None):
+    """run(model, text) through the shared cache, turning every failure into a message. plain:
+    the same computation without the page (no progress bar), for a result asked for again once
+    its page run has ended (viz.ui.results_again); default: run."""
     model = get_model(model_name)
     if model is None:
         return None
@@ -163,10 +165,17 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str):
                                 label, kind=key[0]):  # "trace" or "steps"
             return run(model, text)
 
+    def again():  # the same, outside a page run: admitted by the gate alone (nothing to show a wait in)
+        n = _tokens(model, text)
+        with admission.gate().admit(gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n),
+                                    f"{model_name}, {n:,} tokens, again", kind=key[0]):
+            return (plain or run)(model, text)
+
     try:
         with st.spinner(spinner):
             value = trace_cache().get_or_compute((model_name, text) + key, admitted_run)
         admission.hold(value, _size_of(value))  # counted against the budget while this page run draws from it
+        results_again.remember(value, trace_cache(), (model_name, text) + key, again)
         return value
     except InputError as exc:
         st.warning(str(exc))
@@ -207,7 +216,10 @@ def get_trace(model_name: str, text: str, target: Optional[str] = None, pad_to: 
                     if getattr(cb, part, None) is not None:
                         getattr(cb, part).empty()
 
-    trace = _cached_run(model_name, text, key, run, "Running the model…")
+    def plain(m, t):
+        return m.trace(t, target=target or None, pad_to=pad_to, ablate=off, ablation=ablation)
+
+    trace = _cached_run(model_name, text, key, run, "Running the model…", plain=plain)
     if trace is not None and notes:
         show_trace_notes(trace)
     return trace
