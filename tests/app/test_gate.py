@@ -482,3 +482,26 @@ def test_a_download_s_deferred_file_does_not_keep_its_trace_alive():
     assert results_again.getter(steps[1])().tag == "step 1"
     other = Result("not made by the cache")
     assert results_again.getter(other)() is other  # kept as it is
+
+
+@pytest.mark.parametrize("page", ["explore", "inside"])
+def test_a_finished_page_run_keeps_no_trace_alive(app_test, minilm, page):
+    """Streamlit keeps a page script's globals after its run (the widgets' callbacks are functions
+    defined in it): the page's trace must not stay alive with them, or every open tab pins its
+    trace outside the memory budget. Once the cache lets go, the trace is freed."""
+    import gc
+    import weakref
+
+    from viz.ui import models
+
+    text = f"the trace of this {page} page goes when the run ends"
+    at = app_test(page, model="minilm", text=text)
+    at.run(timeout=120)
+    assert_no_exception(at)
+    kept = [weakref.ref(v) for v, _ in models.trace_cache()._data.values() if hasattr(v, "meta")]
+    assert kept, "the page traced its text through the cache"
+    models.trace_cache().clear()
+    gc.collect()
+    assert [r() for r in kept] == [None] * len(kept)
+    at.run(timeout=120)  # the page's callbacks and state still work on the next run
+    assert_no_exception(at)

@@ -12,8 +12,10 @@ viz.ui.longdoc.trace_seconds, from the long-trace calibration, is its starting p
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+import types
 from contextlib import contextmanager
 
 import streamlit as st
@@ -44,6 +46,54 @@ class _Run:
 
     def __init__(self):
         self.waits = 0
+        self.namespaces: list = []  # the page scripts' globals that took a held result
+
+
+def _page_namespace():
+    """The globals of the page script running on this thread (Streamlit runs a page file as a
+    fresh module named __main__), found up the stack; None outside a page."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        g = frame.f_globals
+        if g.get("__name__") == "__main__" and str(g.get("__file__", "")).endswith("page.py"):
+            return g
+        frame = frame.f_back
+    return None
+
+
+def _heavy(value, depth: int = 0) -> bool:
+    """A trace, a tensor, an array, a data frame or a figure, or a container or object holding one
+    (looked into two levels deep)."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    from plotly.basedatatypes import BaseFigure
+
+    from core.trace import Trace
+
+    if isinstance(value, (Trace, torch.Tensor, np.ndarray, pd.DataFrame, pd.Series, BaseFigure)):
+        return True
+    if depth >= 2 or isinstance(value, (str, bytes, int, float, bool, type, types.ModuleType, types.FunctionType)):
+        return False
+    if isinstance(value, dict):
+        items = list(value.values())[:64]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)[:64]
+    else:
+        items = list(getattr(value, "__dict__", {}).values())[:64]
+    return any(_heavy(v, depth + 1) for v in items)
+
+
+def _empty_heavy(namespace: dict) -> int:
+    """Drop the heavy values from a finished page script's globals; returns how many. Streamlit
+    keeps that namespace alive after the run: the callbacks the page gave its widgets are functions
+    defined in it, kept until the session's next run, and each holds the page's globals. Left
+    there, a page's trace outlived the run for as long as its tab stayed open, outside the
+    memory budget. Names a callback reads (keys, the session's state, modules) are not heavy."""
+    gone = [k for k, v in list(namespace.items()) if not k.startswith("__") and _heavy(v)]
+    for k in gone:
+        namespace.pop(k, None)
+    return len(gone)
 
     def __repr__(self) -> str:
         return f"page run {id(self):x}"
@@ -62,12 +112,21 @@ def page_run():
         yield _RUN.owner
     finally:
         owner, _RUN.owner = _RUN.owner, outer
+        for namespace in owner.namespaces:
+            _empty_heavy(namespace)
+        owner.namespaces.clear()
         gate().release_holds(owner)
 
 
 def hold(value, nbytes: int) -> None:
-    """Count `value` (nbytes) against the budget until this page run ends (nothing outside one)."""
-    gate().hold(value, nbytes, current_run())
+    """Count `value` (nbytes) against the budget until this page run ends (nothing outside one),
+    and have the page script that asked for it let go of it then (_empty_heavy)."""
+    run = current_run()
+    gate().hold(value, nbytes, run)
+    if run is not None:
+        namespace = _page_namespace()
+        if namespace is not None and not any(namespace is ns for ns in run.namespaces):
+            run.namespaces.append(namespace)
 
 
 WAIT_LOG_SECONDS = 30.0
@@ -80,7 +139,11 @@ def _state() -> str:
             rss = next((int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS")), 0)
     except OSError:
         rss = 0
-    return (f"rss {rss} MiB; running {g['running']} ({g['running_bytes'] / 2**20:.0f} MiB), held {g['holds']} "
+    from core.trace import nbytes_of
+    from viz.ui import results_again
+
+    live = results_again.alive()
+    return (f"rss {rss} MiB; traces alive {len(live)} ({nbytes_of(live) / 2**20:.0f} MiB); running {g['running']} ({g['running_bytes'] / 2**20:.0f} MiB), held {g['holds']} "
             f"({g['held_bytes'] / 2**20:.0f} MiB), cached {g['cached_bytes'] / 2**20:.0f} MiB, waiting {g['waiting']}")
 
 

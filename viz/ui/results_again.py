@@ -17,6 +17,11 @@ from typing import Callable
 _AGAIN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def alive() -> list:
+    """The remembered results still alive (whoever holds them): the server log counts them."""
+    return list(_AGAIN.keys())
+
+
 def remember(value, cache, cache_key: tuple, compute: Callable[[], object]) -> None:
     """How `value` (a trace, or a list of decoder steps: each step) is made again:
     cache.get_or_compute(cache_key, compute)."""
