@@ -116,11 +116,14 @@ import sys
 import core
 from bench.common import status_kib
 from bench.load_test import long_text
+import core.device
 from viz.ui import gate
+core.device.keep_freed_memory()  # as the app runs (viz.ui.models.setup_process): freed memory kept for speed
 m = core.load_model("smollm2", device="cpu")
 m.trace("warm up")
 text = long_text(int(sys.argv[1]), "calibration")
 n = len(m.tokenizer.encode(text).ids)
+core.device.release_freed_memory()  # the server at rest: what earlier passes freed handed back
 before = status_kib("VmRSS") / 1024
 trace = m.trace(text)
 peak = status_kib("VmHWM") / 1024

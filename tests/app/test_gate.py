@@ -478,28 +478,30 @@ def test_a_download_s_deferred_file_does_not_keep_its_trace_alive():
     assert get().tag == "again" and made == [1]  # computed again, through the cache
     assert get().tag == "again" and made == [1]  # and kept there
     steps = [Result("step 0"), Result("step 1")]
-    results_again.remember(steps, cache, ("m", "text", "steps"), lambda: steps)
+    results_again.remember(steps, cache, ("m", "text", "steps"), lambda: [Result("step 0"), Result("step 1")])
     assert results_again.getter(steps[1])().tag == "step 1"
     other = Result("not made by the cache")
     assert results_again.getter(other)() is other  # kept as it is
 
 
 @pytest.mark.parametrize("page", ["explore", "inside"])
-def test_a_finished_page_run_keeps_no_trace_alive(app_test, minilm, page):
+def test_a_finished_page_run_keeps_no_trace_alive(app_test, minilm, page, monkeypatch):
     """Streamlit keeps a page script's globals after its run (the widgets' callbacks are functions
     defined in it): the page's trace must not stay alive with them, or every open tab pins its
     trace outside the memory budget. Once the cache lets go, the trace is freed."""
     import gc
     import weakref
 
-    from viz.ui import models
+    from viz.ui import admission, models
 
+    g = vg.Gate(10_000 * MB, caches=[models.trace_cache()])  # room to keep it: only the page could pin it
+    monkeypatch.setattr(admission, "gate", lambda: g)
     text = f"the trace of this {page} page goes when the run ends"
     at = app_test(page, model="minilm", text=text)
     at.run(timeout=120)
     assert_no_exception(at)
     kept = [weakref.ref(v) for v, _ in models.trace_cache()._data.values() if hasattr(v, "meta")]
-    assert kept, "the page traced its text through the cache"
+    assert kept, ("the page traced its text through the cache", [e.value for e in at.error])
     models.trace_cache().clear()
     gc.collect()
     assert [r() for r in kept] == [None] * len(kept)

@@ -133,16 +133,24 @@ WAIT_LOG_SECONDS = 30.0
 
 
 def _state() -> str:
+    """The gate's state for the server log; never fails (a log line must not stop a page)."""
+    try:
+        return _describe()
+    except Exception as exc:  # noqa: BLE001 - logged instead
+        return f"(state unavailable: {type(exc).__name__})"
+
+
+def _describe() -> str:
     g = gate().status()
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             rss = next((int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS")), 0)
     except OSError:
         rss = 0
-    from core.trace import nbytes_of
+    from core.trace import Trace, nbytes_of
     from viz.ui import results_again
 
-    live = results_again.alive()
+    live = [t for t in results_again.alive() if isinstance(t, Trace)]
     return (f"rss {rss} MiB; traces alive {len(live)} ({nbytes_of(live) / 2**20:.0f} MiB); running {g['running']} ({g['running_bytes'] / 2**20:.0f} MiB), held {g['holds']} "
             f"({g['held_bytes'] / 2**20:.0f} MiB), cached {g['cached_bytes'] / 2**20:.0f} MiB, waiting {g['waiting']}")
 
