@@ -73,6 +73,28 @@ class GreedyDecoding:
         return ids, ended, torch.stack(got) if got else torch.zeros(0, 0)
 
     @cpu_fallback
+    @torch.inference_mode()
+    def forced_logits(self, text: str, ids: Sequence[int]) -> torch.Tensor:
+        """Each step's next-token logits (T x V, float32 on the CPU) with no cache, for the steps
+        that generated `ids`: ONE decoder pass over the prompt and ids[:-1], read at each step's
+        position. Causal attention makes row P + k - 1 of that pass the last row of the pass over
+        the first P + k positions, which is what greedy_run(use_cache=False) computes at step k; so
+        while its argmax agrees with ids, this is the uncached run's logits in one pass instead of T."""
+        enc = self.encode(text)
+        ids = [int(i) for i in ids]
+        if not ids:
+            return torch.zeros(0, 0)
+        if self.kind == "encoder-decoder":
+            memory, prefix = self.net.encode(self._ids(enc.ids)), [self.start_id]
+        elif self.kind == "decoder":
+            memory, prefix = None, list(enc.ids)
+        else:
+            raise InputError(f"{self.name} is an encoder: it does not generate text")
+        hidden = self.net.decode(self._ids(prefix + ids[:-1]), memory)
+        rows = hidden[:, len(prefix) - 1: len(prefix) - 1 + len(ids)]
+        return self.net.project(rows)[0].float().cpu()
+
+    @cpu_fallback
     def generate(self, text: str, max_new_tokens: Optional[int] = None, ablate: Sequence = (),
                  ablation: str = "zero") -> Tuple[List[str], bool]:
         """Greedy output tokens (strings, without <end>) and whether <end> was reached.

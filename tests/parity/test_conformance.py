@@ -334,6 +334,10 @@ def kv_cache(c):
     ids, _, cached = c.ours.greedy_run(text, 4, use_cache=True)
     plain_ids, _, plain = c.ours.greedy_run(text, 4, use_cache=False)
     assert ids == plain_ids and len(ids) >= 2
+    # the stepper's check reads the uncached logits from one pass over the prompt and the tokens
+    forced = c.ours.forced_logits(text, ids)
+    assert forced.shape == plain.shape
+    torch.testing.assert_close(forced, plain, atol=1e-4, rtol=1e-4)
     pairs = [(cached, plain)]
     if c.hf is not None:
         if c.ours.kind == "encoder-decoder":
