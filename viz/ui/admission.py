@@ -15,7 +15,6 @@ import logging
 import sys
 import threading
 import time
-import types
 from contextlib import contextmanager
 
 import streamlit as st
@@ -62,8 +61,9 @@ def _page_namespace():
 
 
 def _heavy(value, depth: int = 0) -> bool:
-    """A trace, a tensor, an array, a data frame or a figure, or a container or object holding one
-    (looked into two levels deep)."""
+    """A trace, a tensor, an array, a data frame or a figure, or a list, tuple, dict or project object
+    holding one directly. Nothing else is looked into: a page's globals include Streamlit's own
+    objects, which cost seconds to walk at every run's end."""
     import numpy as np
     import pandas as pd
     import torch
@@ -71,16 +71,20 @@ def _heavy(value, depth: int = 0) -> bool:
 
     from core.trace import Trace
 
+    if type(value) in (str, bytes, int, float, bool, type(None)):  # the common case, at no cost
+        return False
     if isinstance(value, (Trace, torch.Tensor, np.ndarray, pd.DataFrame, pd.Series, BaseFigure)):
         return True
-    if depth >= 2 or isinstance(value, (str, bytes, int, float, bool, type, types.ModuleType, types.FunctionType)):
+    if depth >= 1:
         return False
-    if isinstance(value, dict):
+    if type(value) is dict:
         items = list(value.values())[:64]
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        items = list(value)[:64]
-    else:
-        items = list(getattr(value, "__dict__", {}).values())[:64]
+    elif type(value) in (list, tuple):
+        items = value[:64]
+    elif type(value).__module__.startswith(("viz.", "core.")):  # the project's own objects (a page's view, a run)
+        items = list(vars(value).values())[:64] if hasattr(value, "__dict__") else []
+    else:  # anything else (Streamlit's objects, the session's state, modules) is left alone, unread
+        return False
     return any(_heavy(v, depth + 1) for v in items)
 
 
