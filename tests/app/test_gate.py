@@ -23,6 +23,18 @@ def _enter(cm, keep: list):
     return cm.__enter__()
 
 
+def _gate_calling(before_admit, budget: int, **kw) -> vg.Gate:
+    """A gate that calls before_admit(gate, kind, cost, first, owner, on_wait) as each job asks
+    to enter (what the page asked for, and the gate's state then)."""
+
+    class Calling(vg.Gate):
+        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
+            before_admit(self, kind, cost, first, owner, on_wait)
+            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
+
+    return Calling(budget, **kw)
+
+
 def _run_in_thread(fn):
     out = {}
 
@@ -257,12 +269,8 @@ def test_a_long_input_s_views_take_their_own_reservation_and_release_it(app_test
 
     seen = []
 
-    class Recording(vg.Gate):
-        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
-            seen.append((kind, cost, first, self.running_bytes))
-            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
-
-    g = Recording(1 * MB, caches=[models.trace_cache()])
+    g = _gate_calling(lambda gate, kind, cost, first, owner, on_wait: seen.append((kind, cost, first, gate.running_bytes)),
+                      1 * MB, caches=[models.trace_cache()])
     monkeypatch.setattr(admission, "gate", lambda: g)
     monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
     text = "a long document for the page's own work, read in an overview and a zoom"
@@ -388,12 +396,8 @@ def test_the_explore_page_holds_its_trace_while_it_draws_and_lets_go_after(app_t
 
     seen = []
 
-    class Recording(vg.Gate):
-        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
-            seen.append((kind, self.held_bytes(), owner))
-            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
-
-    g = Recording(10_000 * MB, caches=[models.trace_cache()])
+    g = _gate_calling(lambda gate, kind, cost, first, owner, on_wait: seen.append((kind, gate.held_bytes(), owner)),
+                      10_000 * MB, caches=[models.trace_cache()])
     monkeypatch.setattr(admission, "gate", lambda: g)
     monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
     text = "a document the page holds while it draws its overview"
@@ -432,13 +436,12 @@ def test_a_page_run_that_waits_twice_shows_no_traceback(app_test, minilm, monkey
     import core.head_maps as hm
     from viz.ui import admission, models
 
-    class WaitsOnce(vg.Gate):
-        def admit(self, cost, seconds=0.0, label="", on_wait=None, kind="", first=False, owner=None):
-            if on_wait is not None:
-                on_wait(1, 5.0)  # as if one job were ahead
-            return super().admit(cost, seconds, label, on_wait=on_wait, kind=kind, first=first, owner=owner)
+    def wait_once(gate, kind, cost, first, owner, on_wait):
+        if on_wait is not None:
+            on_wait(1, 5.0)  # as if one job were ahead
 
-    monkeypatch.setattr(admission, "gate", lambda: WaitsOnce(10_000 * MB, caches=[models.trace_cache()]))
+    g = _gate_calling(wait_once, 10_000 * MB, caches=[models.trace_cache()])
+    monkeypatch.setattr(admission, "gate", lambda: g)
     monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
     at = app_test("explore", model="minilm", text="a document whose trace and overview both wait")
     at.run(timeout=120)

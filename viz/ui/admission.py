@@ -47,6 +47,9 @@ class _Run:
         self.waits = 0
         self.namespaces: list = []  # the page scripts' globals that took a held result
 
+    def __repr__(self) -> str:
+        return f"page run {id(self):x}"
+
 
 def _page_namespace():
     """The globals of the page script running on this thread (Streamlit runs a page file as a
@@ -98,9 +101,6 @@ def _empty_heavy(namespace: dict) -> int:
     for k in gone:
         namespace.pop(k, None)
     return len(gone)
-
-    def __repr__(self) -> str:
-        return f"page run {id(self):x}"
 
 
 def current_run():
@@ -155,8 +155,10 @@ def _describe() -> str:
     from viz.ui import results_again
 
     live = [t for t in results_again.alive() if isinstance(t, Trace)]
-    return (f"rss {rss} MiB; traces alive {len(live)} ({nbytes_of(live) / 2**20:.0f} MiB); running {g['running']} ({g['running_bytes'] / 2**20:.0f} MiB), held {g['holds']} "
-            f"({g['held_bytes'] / 2**20:.0f} MiB), cached {g['cached_bytes'] / 2**20:.0f} MiB, waiting {g['waiting']}")
+    mib = 2**20
+    return (f"rss {rss} MiB; traces alive {len(live)} ({nbytes_of(live) / mib:.0f} MiB); "
+            f"running {g['running']} ({g['running_bytes'] / mib:.0f} MiB), held {g['holds']} "
+            f"({g['held_bytes'] / mib:.0f} MiB), cached {g['cached_bytes'] / mib:.0f} MiB, waiting {g['waiting']}")
 
 
 def _cancel() -> None:
@@ -195,8 +197,9 @@ def admitted(cost: int, seconds: float, label: str, kind: str = "", first: bool 
     with gate().admit(cost, seconds, label, on_wait=on_wait, kind=kind or label,
                       first=first, owner=current_run()) as ticket:
         waited = ticket.entered - ticket.queued
-        LOG.info("gate: admitted %s (%.0f MiB)%s; %s", label, cost / 2**20,
-                 f" after waiting {waited:.1f} s" if shown else "", _state())
+        big = cost >= vg.TRIM_BYTES or shown  # the gate's state (it reads every live trace) for the jobs that matter
+        LOG.info("gate: admitted %s (%.0f MiB)%s%s", label, cost / 2**20,
+                 f" after waiting {waited:.1f} s" if shown else "", f"; {_state()}" if big else "")
         note.empty()
         button.empty()
         t0 = time.monotonic()

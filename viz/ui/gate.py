@@ -181,7 +181,7 @@ class Cancelled(Exception):
 class Gate:
     def __init__(self, budget: int, caches: Sequence = (), release: Optional[Callable[[], object]] = None):
         self.budget = int(budget)
-        self.caches: List = list(caches)  # objects with .nbytes and .shrink_to(bytes) (viz.ui.cache.ByteLRU)
+        self.caches: List = list(caches)  # .nbytes, .holds(value), .shrink_to(bytes, keep=) (viz.ui.cache.ByteLRU)
         self.release = release  # hands freed memory back to the system (core.device.release_freed_memory)
         self._done: Dict[str, Deque[tuple]] = {}  # kind -> (share, estimate, cost) of its last RECENT jobs
         self._holds: Dict[int, list] = {}  # id(value) -> [value, bytes, {owner: count}]
@@ -214,7 +214,7 @@ class Gate:
         return sum(b for _, b, _ in self._holds.values())
 
     def _in_caches(self, value) -> bool:
-        return any(c.holds(value) for c in self.caches if hasattr(c, "holds"))
+        return any(c.holds(value) for c in self.caches)
 
     def _held_in_caches(self) -> int:
         """Of the held bytes, those a cache counts too (so that they are not counted twice)."""
@@ -281,10 +281,7 @@ class Gate:
             over = self.cached_bytes() - held - room
             if over > 0:
                 before = int(c.nbytes)
-                if hasattr(c, "holds"):
-                    c.shrink_to(max(0, before - over), keep=lambda v: id(v) in self._holds)
-                else:
-                    c.shrink_to(max(0, before - over))
+                c.shrink_to(max(0, before - over), keep=lambda v: id(v) in self._holds)
                 freed += before - int(c.nbytes)
         return freed
 

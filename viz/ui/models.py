@@ -157,18 +157,18 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain
     text, msgs = clean_text(text)
     for m in msgs:
         st.warning(m)
-    def admitted_run():  # one computation per key (the cache), admitted within the memory budget
+    def job() -> tuple:  # (bytes, seconds, label) of the computation, from the tokens it reads
         n = _tokens(model, text)
-        label = f"{model_name}, {n:,} tokens"
+        return gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n), f"{model_name}, {n:,} tokens"
+
+    def admitted_run():  # one computation per key (the cache), admitted within the memory budget
         admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
-        with admission.admitted(gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n),
-                                label, kind=key[0]):  # "trace" or "steps"
+        with admission.admitted(*job(), kind=key[0]):  # "trace" or "steps"
             return run(model, text)
 
     def again():  # the same, outside a page run: admitted by the gate alone (nothing to show a wait in)
-        n = _tokens(model, text)
-        with admission.gate().admit(gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n),
-                                    f"{model_name}, {n:,} tokens, again", kind=key[0]):
+        cost, seconds, label = job()
+        with admission.gate().admit(cost, seconds, f"{label}, again", kind=key[0]):
             return (plain or run)(model, text)
 
     try:
