@@ -13,6 +13,7 @@ import torch
 
 import core
 import core.analysis as ca
+import core.trace_names as tn
 from core.analysis.token_ids import output_token_id
 from hf_builders import SENTENCES, build, save
 
@@ -185,15 +186,45 @@ def test_tiny_random_lens_matches_transformers_hooks(tiny, family):
 
 def test_lens_at_the_last_layer_is_the_model_output(smollm2):
     """The last row of the lens (the head on the last layer's stored output, through the final
-    norm again) against what the traced pass itself predicted (its fused run's final norm)."""
+    norm again) against what the traced pass itself predicted (its fused run's final norm).
+
+    The two sides share their input (the last layer's stored float32 output) and differ only in
+    rounding: the traced pass normalises, projects and takes the softmax in float32; the lens
+    normalises and projects in float32 again (another batch, so possibly another summation
+    order) and takes the softmax in float64. Each side's logits are within D of the exact ones,
+    D = (gamma(d) + the norm's relative error) * max_v sum_i |h_i W_vi| (tests/precision.py,
+    any summation order), so each probability is within softmax_rel_error of exact on the
+    float32 side and of the float64 side, and the two within the sum. On the CPU that landed
+    this the largest difference was 1.7e-5 on one machine and under 1e-5 on another; the bound
+    is a few 1e-3 relative, so a lens that read another layer (probabilities off by tenths,
+    and layer 0's KL above 1e-2 below) still fails."""
+    from precision import U64, gamma, kl_bound, rms_norm_rel_error, softmax_rel_error
+
     tr = smollm2.trace(SMOL_TEXT)
     df = ca.lens(tr, k=10)
-    last = df[df.layer == tr.layers("decoder")].sort_values("position")
-    assert last.kl.max() < 1e-6
+    L = tr.layers("decoder")
+    last = df[df.layer == L].sort_values("position")
     n = len(tr.meta["target_ids"])
+    rows = torch.tensor(last.position.to_numpy().tolist())
+    hidden = tr[tn.final_norm("decoder")][rows].double()  # the normalised stream both sides project
+    weight = smollm2.net.out_proj.weight.detach().double()
+    d = hidden.shape[-1]
+    mag = (hidden.abs() @ weight.abs().T).max(-1).values  # max_v sum_i |h_i W_vi|, per position
+    D = ((gamma(d) + rms_norm_rel_error(d) * (1 + gamma(d))) * mag).numpy()
+    logit_range = float(np.ptp((hidden @ weight.T).numpy(), axis=-1).max())
+    V = weight.shape[0]
+    r32 = np.array([softmax_rel_error(x, logit_range, V) for x in D])
+    r64 = np.array([softmax_rel_error(x, logit_range, V, u=U64) for x in D])
+    # each side within r of the exact p*, and p* <= p_lens (1 + r64): |p32 - p64| <= p* (r32 + r64)
+    assert kl_bound(2 * D.max()) < 1e-2  # the bound leaves room for layer 0's KL check below
+    assert last.kl.max() <= kl_bound(2 * D.max()), (last.kl.max(), kl_bound(2 * D.max()))
     stored_ids, stored_p = tr["topk.ids"][n - len(last):], tr["topk.probs"][n - len(last):]
     assert np.array_equal(np.stack(last.top_ids.to_numpy()), stored_ids.numpy())
-    assert np.abs(np.stack(last.top_probs.to_numpy()) - stored_p.numpy()).max() < 1e-5
+    p_lens = np.stack(last.top_probs.to_numpy())
+    tol = p_lens * (1 + r64[:, None]) * (r32 + r64)[:, None]
+    diff = np.abs(p_lens - stored_p.numpy().astype(np.float64))
+    print(f"\nlens last row vs the traced pass: max |dp| {diff.max():.2e}, smallest bound {tol.min():.2e}")
+    assert (diff <= tol).all(), (diff.max(), tol[diff > tol])
     assert (last.target == [smollm2.alternative_strings([i])[0] for i in stored_ids[:, 0].tolist()]).all()
     assert df[df.layer == 0].kl.min() > 1e-2  # earlier layers differ: a lens that read the output everywhere fails
 
