@@ -4,11 +4,15 @@ target = baseline (or contrast) is a warning, not an all-zero map; the long-inpu
 goes when the run ends (and the Lens announces a long input too); the swap list counts from 0."""
 
 
+import re
+
 from conftest import assert_no_exception, chart_by_key, figure
+from dla_reference import head_contributions
 from viz.patching import figures as pm
 from viz.ui import explore_links, longdoc
 
 IOI = "When Mary and John went to the store, John gave a drink to"
+LINK = re.compile(r"L(\d+)H(\d+) \(layer \d+ · head \d+\): ([+-][0-9.]+)")
 PLAIN = "the old man sleeps near the river"  # no names: default_corrupt leaves it as it is
 
 
@@ -56,8 +60,15 @@ def test_lens_lists_heads_against_the_answer(app_test, smollm2):
     assert_no_exception(at)
     assert any("Top 5 heads against" in m.value for m in at.markdown)
     labels = [str(el.proto.label) for el in at.get("page_link")]
-    against = [lab for lab in labels if "): -" in lab]
-    assert against and any(lab.startswith("L24H4") for lab in against), labels
+    listed = {(int(m[1]), int(m[2])): float(m[3]) for m in map(LINK.match, labels) if m and m[3].startswith("-")}
+    # the five most negative heads of a float64 reference written in the tests (tests/dla_reference.py)
+    ref = head_contributions(smollm2, smollm2.trace(IOI), " Mary", " John")
+    order = ref.flatten().argsort().tolist()
+    want = {divmod(i, ref.shape[1]) for i in order[:5]}
+    assert ref.flatten()[order[4]] < 0 and ref.flatten()[order[5]] - ref.flatten()[order[4]] > 1e-3  # no near tie
+    assert set(listed) == want, (labels, want)
+    for (layer, head), shown in listed.items():  # shown to 3 decimals
+        assert abs(shown - float(ref[layer, head])) <= 5e-4 + 1e-5, (layer, head, shown, float(ref[layer, head]))
 
 
 def test_target_equal_to_baseline_is_a_warning(app_test, smollm2):

@@ -1,13 +1,15 @@
 """One layer convention (issue 41): block k's heads are LkHh and the stream after block k is
 "after Lk" in the lens's axis, its hovers and its CSV; the attribution CSV's `block` is the
 same k; patching's resid_pre rows say which stream they are. On smollm2's indirect-object
-sentence, where L23H3 writes ' Mary'."""
+sentence, each head's row held against a float64 reference written in the tests
+(tests/dla_reference.py): the head at block k, head h is the one labelled LkHh."""
 
 import numpy as np
 import pytest
 
 import core.analysis as ca
 from conftest import assert_no_exception, chart_by_key, figure
+from dla_reference import head_contributions
 from viz.lens import figures as lf
 from viz.patching import figures as pm
 
@@ -43,8 +45,14 @@ def test_the_csvs_name_blocks_the_same_way(trace):
     assert set(lens.loc[lens.after_block == 23, "stream"]) == {"after L23"}
     attr = lf.attribution_table(ca.logit_attribution(trace, " Mary", baseline=" John"))
     assert "layer" not in attr.columns and {"block", "head", "label"} <= set(attr.columns)
-    l23h3 = attr[attr.label == "L23H3"].iloc[0]
-    assert (l23h3.block, l23h3["head"], l23h3.kind) == (23, 3, "head") and l23h3.contribution > 1.0
+    ref, tol = head_contributions(trace.model, trace, " Mary", " John", bound=True)
+    heads = attr[attr.kind == "head"]
+    assert len(heads) == ref.numel()
+    for row in heads.itertuples():  # each label names its block and head, and holds that head's contribution
+        assert row.label == f"L{row.block}H{row.head}"
+        assert abs(row.contribution - float(ref[row.block, row.head])) <= float(tol[row.block, row.head])
+    top = divmod(int(ref.flatten().argmax()), ref.shape[1])
+    assert heads.loc[heads.contribution.idxmax(), "label"] == f"L{top[0]}H{top[1]}"
     assert attr.loc[attr.kind == "embed", "block"].tolist() == [-1]
     assert attr.loc[attr.kind == "mlp", "label"].iloc[5] == "L5 MLP"
 
@@ -66,6 +74,8 @@ def test_the_lens_page_states_the_convention(app_test, smollm2):
     assert_no_exception(at)
     assert any("**after L23** is the residual stream after block 23" in m.value for m in at.markdown)
     labels = [str(el.proto.label) for el in at.get("page_link")]
-    assert any(lab.startswith("L23H3 (layer 23 · head 3)") for lab in labels), labels
+    ref = head_contributions(smollm2, smollm2.trace(IOI), " Mary", " John")
+    layer, head = divmod(int(ref.flatten().argmax()), ref.shape[1])  # the head that writes ' Mary' most
+    assert any(lab.startswith(f"L{layer}H{head} (layer {layer} · head {head})") for lab in labels), labels
     ticks = figure(chart_by_key(at, "lens-grid"))["layout"]["yaxis"]["ticktext"]
     assert ticks[0] == "embed" and ticks[-1] == "after L29 = output"
