@@ -35,6 +35,40 @@ def _gate_calling(before_admit, budget: int, **kw) -> vg.Gate:
     return Calling(budget, **kw)
 
 
+class Counting(vg.Gate):
+    """A gate that counts its decisions to keep a job waiting (one on_wait per poll, after the
+    job found it did not fit), so a test waits on the gate's own state, never on a guess of how
+    long a thread takes to get somewhere (a sleep, which a loaded machine outlasts)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.polls, self._seen = 0, threading.Condition()
+
+    def admit(self, cost, seconds=0.0, label="", on_wait=None, **kw):
+        def counted(ahead, s):
+            with self._seen:
+                self.polls += 1
+                self._seen.notify_all()
+            if on_wait is not None:
+                on_wait(ahead, s)
+
+        return super().admit(cost, seconds, label, on_wait=counted, **kw)
+
+    def held_back(self, more: int = 2):
+        """Block until waiting jobs have been held back `more` more times than now."""
+        with self._seen:
+            want = self.polls + more
+            assert self._seen.wait_for(lambda: self.polls >= want, timeout=60), "no job was held back"
+
+    def until(self, what, timeout: float = 60):
+        """Block until what(self.status()) holds (a job has reached the queue, say)."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while not what(self.status()):
+                assert time.monotonic() < end, (what, self.status())
+                self._cond.wait(0.01)
+
+
 def _run_in_thread(fn):
     out = {}
 
@@ -50,7 +84,7 @@ def _run_in_thread(fn):
 
 
 def test_a_job_too_large_for_what_is_left_waits_then_runs():
-    g = vg.Gate(100 * MB)
+    g = Counting(100 * MB)
     waits = []
     first = g.admit(80 * MB, 1.0, "first")
     first.__enter__()
@@ -62,7 +96,7 @@ def test_a_job_too_large_for_what_is_left_waits_then_runs():
         return True
 
     th, out = _run_in_thread(second)
-    time.sleep(4 * vg.POLL)
+    g.held_back(2)  # told twice that 80 + 50 do not fit
     assert th.is_alive() and not order, "80 + 50 MB exceed the 100 MB budget: the second job must wait"
     assert waits and waits[0][0] == 1 and 0 < waits[0][1] <= 1.0  # one job ahead, at most its second left
     assert g.status()["waiting"] == 1 and g.running_bytes == 80 * MB
@@ -73,14 +107,14 @@ def test_a_job_too_large_for_what_is_left_waits_then_runs():
 
 
 def test_a_job_larger_than_the_budget_runs_alone():
-    g = vg.Gate(10 * MB)
+    g = Counting(10 * MB)
     with g.admit(50 * MB, 0, "huge"):
         assert g.running_bytes == 50 * MB
     small = g.admit(1 * MB)
     small.__enter__()
     held = []
     th, out = _run_in_thread(lambda: _enter(g.admit(50 * MB), held))
-    time.sleep(3 * vg.POLL)
+    g.held_back(2)
     assert th.is_alive(), "a job over the budget waits until nothing else runs"
     small.__exit__(None, None, None)
     th.join(5)
@@ -88,7 +122,7 @@ def test_a_job_larger_than_the_budget_runs_alone():
 
 
 def test_a_cancelled_job_leaves_the_queue_and_frees_its_place():
-    g = vg.Gate(100 * MB)
+    g = Counting(100 * MB)
     running = g.admit(90 * MB)
     running.__enter__()
     cancel = threading.Event()
@@ -104,8 +138,8 @@ def test_a_cancelled_job_leaves_the_queue_and_frees_its_place():
     th, out = _run_in_thread(waiter)
     held = []
     behind, behind_out = _run_in_thread(lambda: _enter(g.admit(5 * MB, 0, "behind"), held) and "entered")
-    time.sleep(3 * vg.POLL)
-    assert g.status()["waiting"] == 2
+    g.until(lambda st: st["waiting"] == 2)
+    g.held_back(2)
     cancel.set()
     th.join(5)
     assert isinstance(out.get("error"), vg.Cancelled) and "value" not in out
@@ -126,7 +160,7 @@ def test_cached_results_make_room_before_anyone_waits():
 
 
 def test_jobs_enter_in_order_of_arrival():
-    g = vg.Gate(100 * MB)
+    g = Counting(100 * MB)
     blocker = g.admit(100 * MB)
     blocker.__enter__()
     order, held = [], []
@@ -134,7 +168,7 @@ def test_jobs_enter_in_order_of_arrival():
     for name in ("a", "b", "c"):
         th, _ = _run_in_thread(lambda name=name: (_enter(g.admit(10 * MB), held), order.append(name)))
         threads.append(th)
-        time.sleep(2 * vg.POLL)
+        g.until(lambda st, k=len(threads): st["waiting"] == k)  # queued before the next one arrives
     blocker.__exit__(None, None, None)
     for th in threads:
         th.join(5)
@@ -161,18 +195,16 @@ def test_a_page_whose_trace_does_not_fit_waits_then_draws(app_test, monkeypatch)
     ends, the page draws its map. The job held its ticket while it ran."""
     from viz.ui import admission, models
 
-    g = vg.Gate(1 * MB, caches=[models.trace_cache()])
+    g = Counting(1 * MB, caches=[models.trace_cache()])
     monkeypatch.setattr(admission, "gate", lambda: g)
     other = g.admit(1 * MB, 1.0, "another session's trace")
     other.__enter__()
     seen = {}
 
     def release_once_the_page_waits():
-        t_end = time.monotonic() + 60
-        while g.status()["waiting"] == 0 and time.monotonic() < t_end:
-            time.sleep(0.05)
+        g.until(lambda st: st["waiting"] == 1, timeout=120)
         seen["waiting"] = g.status()["waiting"]
-        time.sleep(0.5)
+        g.held_back(1)  # the page's trace was told to wait (the page shows its wait) before the other job ends
         other.__exit__(None, None, None)
 
     threading.Thread(target=release_once_the_page_waits, daemon=True).start()
@@ -214,13 +246,13 @@ def test_the_wait_estimate_follows_the_measured_durations(monkeypatch):
 
 
 def test_a_page_s_work_on_its_trace_goes_ahead_of_waiting_traces():
-    g = vg.Gate(100 * MB)
+    g = Counting(100 * MB)
     blocker = g.admit(80 * MB, 1.0, "running trace")
     blocker.__enter__()
     order, held, work = [], [], []
     th_trace, _ = _run_in_thread(lambda: (_enter(g.admit(90 * MB, 1.0, "new trace", kind="trace"), held),
                                           order.append("trace")))
-    time.sleep(2 * vg.POLL)
+    g.until(lambda st: st["waiting"] == 1)  # the trace is in the queue before the page's work asks
     th_work, _ = _run_in_thread(lambda: (_enter(g.admit(10 * MB, 0.1, "overview", kind="overview", first=True), work),
                                          order.append("overview")))
     th_work.join(3)
@@ -293,7 +325,7 @@ def test_a_result_a_page_run_holds_counts_until_the_run_ends():
     """A page run's trace counts against the budget while the run draws from it, once however
     many runs hold it and whether or not the cache keeps it too."""
     cache = ByteLRU(1000 * MB, size_of=lambda v: v.nbytes)
-    g = vg.Gate(100 * MB, caches=[cache])
+    g = Counting(100 * MB, caches=[cache])
     trace = torch.zeros(60 * MB, dtype=torch.uint8)
     cache.put("trace", trace)
     run_a, run_b = object(), object()
@@ -306,10 +338,10 @@ def test_a_result_a_page_run_holds_counts_until_the_run_ends():
     assert g.resident_bytes() == 60 * MB
     held = []
     th, out = _run_in_thread(lambda: _enter(g.admit(50 * MB, 1.0, "next trace", owner=object()), held) and "entered")
-    time.sleep(4 * vg.POLL)
+    g.held_back(2)
     assert th.is_alive(), "60 MB held + 50 MB exceed the 100 MB budget: the next trace waits"
     assert g.release_holds(run_a) == 0  # the other run still holds it
-    time.sleep(2 * vg.POLL)
+    g.held_back(2)
     assert th.is_alive()
     assert g.release_holds(run_b) == 60 * MB  # no run holds it and no cache keeps it: freed
     th.join(5)
@@ -334,7 +366,7 @@ def test_a_held_result_stays_in_the_cache_and_the_others_make_room():
 def test_runs_that_hold_results_and_wait_do_not_stop_each_other():
     """Two page runs each hold 60 MB of a 100 MB budget and each asks for 10 MB more: neither hold
     can end while its run waits, so with nothing running the first in the queue enters."""
-    g = vg.Gate(100 * MB)
+    g = Counting(100 * MB)
     run_a, run_b = object(), object()
     g.hold("trace a", 60 * MB, run_a)
     g.hold("trace b", 60 * MB, run_b)
@@ -343,16 +375,15 @@ def test_runs_that_hold_results_and_wait_do_not_stop_each_other():
     def work(run, name):
         with g.admit(10 * MB, 0.1, name, owner=run, first=True):
             order.append(name)
-            time.sleep(2 * vg.POLL)
         return name
 
     th_a, out_a = _run_in_thread(lambda: work(run_a, "a"))
-    time.sleep(4 * vg.POLL)
+    g.held_back(2)
     assert th_a.is_alive() and order == [], "run b holds 60 MB and is not waiting: it may still end and make room"
     th_b, out_b = _run_in_thread(lambda: work(run_b, "b"))
     th_a.join(5)  # both holders wait: a, first in the queue, enters
     assert out_a.get("value") == "a" and order == ["a"]
-    time.sleep(2 * vg.POLL)
+    g.held_back(2)
     assert th_b.is_alive(), "run a still holds its 60 MB and may end: b waits for it"
     g.release_holds(run_a)  # run a ends
     th_b.join(5)
@@ -360,12 +391,13 @@ def test_runs_that_hold_results_and_wait_do_not_stop_each_other():
 
 
 def test_a_holder_blocked_elsewhere_lets_the_queue_move_after_a_while(monkeypatch):
-    monkeypatch.setattr(vg, "STALL", 6 * vg.POLL)
-    g = vg.Gate(100 * MB)
+    monkeypatch.setattr(vg, "STALL", 3600.0)  # nothing changes for an hour: not yet
+    g = Counting(100 * MB)
     g.hold("trace", 90 * MB, object())  # a run that neither ends nor waits in the queue
     th, out = _run_in_thread(lambda: _enter(g.admit(50 * MB, owner=object()), []) and "entered")
-    time.sleep(3 * vg.POLL)
+    g.held_back(2)
     assert th.is_alive()
+    monkeypatch.setattr(vg, "STALL", 0.0)  # the while has passed
     th.join(5)
     assert out.get("value") == "entered"
 
