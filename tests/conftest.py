@@ -82,11 +82,15 @@ def assert_no_exception(at):
     assert not at.exception, [e.message for e in at.exception]
 
 
-def switch_to(at, key: str):
-    """Open page `key` (viz/<key>/page.py) on the next run of `at`, before or after its first run.
-    AppTest.switch_page finds a page by its file's name until the app has run once, and every
-    page's file is page.py; st.Page hashes its url_path, which is the page's key (app.py), so the
-    hash is set from the key directly (the home page, at /, is the app's default)."""
+def open_first(at, key: str):
+    """Open page `key` (viz/<key>/page.py) on the FIRST run of `at`.
+
+    Why not AppTest.switch_page: before the app has run once it has no registry of the pages
+    st.navigation makes, so it names a page by its file's name, and every page's file is
+    page.py: it would open one same page for every key, without an error. Running the home
+    page first to fill the registry would cost every AppTest a page run more. So the page's
+    hash is set as st.Page computes it: calc_hash of its url_path, which is the page's key
+    (app.py); the home page, at /, is the app's default. After a first run, use `switch_page`."""
     from streamlit.util import calc_hash
 
     from viz.ui.registry import page
@@ -96,6 +100,14 @@ def switch_to(at, key: str):
     return at
 
 
+def switch_page(at, key: str):
+    """Open page `key` on the next run of an AppTest that has run once: AppTest's own
+    switch_page, which finds the page st.navigation registered for viz/<key>/page.py."""
+    from viz.ui.registry import page
+
+    return at.switch_page(page(key).file)
+
+
 @pytest.fixture
 def app_test():
     from streamlit.testing.v1 import AppTest
@@ -103,7 +115,7 @@ def app_test():
     def make(page: str = "", **params):
         at = AppTest.from_file(APP, default_timeout=120)
         if page:
-            switch_to(at, page)
+            open_first(at, page)
         for k, v in params.items():
             at.query_params[k] = v
         return at

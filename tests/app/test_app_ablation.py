@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import core
-from conftest import switch_to, assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
+from conftest import switch_page, assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
 from viz.explore import knockout as va
 
 TEXT = "the small dog sees the cat"
@@ -117,8 +117,9 @@ def test_mode_survives_a_trip_to_another_page(app_test):
     at = app_test("explore", text=TEXT)
     at.run()
     assert at.selectbox(key="explore.ablation").value == "zero"
-    switch_to(at, "positions").run()
-    switch_to(at, "explore").run()
+    switch_page(at, "positions").run()
+    chart_by_key(at, "positions-pe")  # the trip really reached Positions
+    switch_page(at, "explore").run()
     assert_no_exception(at)
     assert at.selectbox(key="explore.ablation").value == "zero"
     at.multiselect(key="explore.ablate").select("encoder.0.1").run()

@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core
-from conftest import switch_to, APP, assert_no_exception, heatmap_z
+from conftest import open_first, APP, assert_no_exception, heatmap_z
 
 pytest.importorskip("transformers")
 TEXT = "the small dog sees the old cat near the river"
@@ -37,7 +37,7 @@ def models_dir(tmp_path_factory):
 def test_each_family_is_listed_and_opens_in_explore(models_dir, monkeypatch, name):
     monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
     at = AppTest.from_file(APP, default_timeout=60)
-    switch_to(at, "explore")
+    open_first(at, "explore")
     at.query_params.update(model=name, text=TEXT, layer="1", head="1")
     at.run()
     assert_no_exception(at)
@@ -57,7 +57,7 @@ def test_each_family_is_listed_and_opens_in_explore(models_dir, monkeypatch, nam
 def test_modernbert_fill_ins_show(models_dir, monkeypatch):
     monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
     at = AppTest.from_file(APP, default_timeout=60)
-    switch_to(at, "explore")
+    open_first(at, "explore")
     at.query_params.update(model="tiny-modernbert", text="the small [MASK] sees the cat")
     at.run()
     assert_no_exception(at)
@@ -74,7 +74,7 @@ def test_every_page_takes_them(models_dir, monkeypatch, page, name):
         pytest.skip("the decoder stepper is for decoders")
     monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
     at = AppTest.from_file(APP, default_timeout=60)
-    switch_to(at, page)
+    open_first(at, page)
     at.query_params.update(model=name, text=TEXT)
     at.run()
     assert_no_exception(at)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import core
-from conftest import switch_to, assert_no_exception, chart_by_key, heatmap_z
+from conftest import open_first, assert_no_exception, chart_by_key, heatmap_z
 
 TEXT = "the small dog sees the cat"
 WEIGHTS = "inside-weights-fig"
@@ -195,7 +195,7 @@ def test_first_visit_draws_the_input_and_the_weights_groups_only():
     from conftest import APP
 
     at = AppTest.from_file(APP, default_timeout=120)
-    switch_to(at, "inside")
+    open_first(at, "inside")
     at.query_params["text"] = TEXT
     at.run()
     assert_no_exception(at)
@@ -240,7 +240,7 @@ def test_a_failed_check_in_a_closed_group_shows(monkeypatch):
     models.trace_cache.clear()  # a clean trace cached by an earlier test (with its checks) must not hide the fault
     st.cache_data.clear()
     at = AppTest.from_file(APP, default_timeout=120)
-    switch_to(at, "inside")
+    open_first(at, "inside")
     at.query_params["text"] = TEXT
     at.run()
     monkeypatch.undo()
@@ -294,7 +294,7 @@ def test_later_families_show_their_own_steps(later_families, monkeypatch, family
 
     monkeypatch.setenv("ATTENTION_LAB_MODELS", str(later_families))
     at = AppTest.from_file(APP, default_timeout=120)
-    switch_to(at, "inside")
+    open_first(at, "inside")
     for k, v in dict(model=f"tiny-{family}", text=TEXT, layer="1", head="1").items():
         at.query_params[k] = v
     for g in range(1, 12):

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core
-from conftest import switch_to, APP, assert_no_exception, heatmap_z
+from conftest import open_first, APP, assert_no_exception, heatmap_z
 from hf_builders import build
 
 pytest.importorskip("transformers")
@@ -37,7 +37,7 @@ def app(models_dir, monkeypatch):
 
     def make(**params):
         at = AppTest.from_file(APP, default_timeout=30)
-        switch_to(at, "explore")
+        open_first(at, "explore")
         for k, v in params.items():
             at.query_params[k] = v
         return at
@@ -90,7 +90,7 @@ def test_hostile_model_values_are_refused(app, monkeypatch, hostile):
 def test_every_page_takes_a_local_decoder(models_dir, monkeypatch, page):
     monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
     at = AppTest.from_file(APP, default_timeout=30)
-    switch_to(at, page)
+    open_first(at, page)
     at.query_params["model"] = "tiny-gpt2"
     at.query_params["text"] = TEXT
     at.run()
