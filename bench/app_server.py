@@ -30,11 +30,36 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # that sent it has ended, and a widget seeded from session state (a sentence from the URL) first
 # mounts with its default and takes the seeded value a render later. A click in that gap sends
 # the default back to the server (an empty sentence, the first training step).
+# Between a click (or any input) and the run it asks for, the page still reads as idle: the
+# browser has sent the rerun request, and the state turns 'running' only when the server answers.
+# WATCH_JS (added to every page of a context by `watched_context`) counts the messages the page
+# sends the server and, at each run's start, marks those sent so far answered; the page is idle
+# only when every message has had its run. A message that asks for no run (rare: a stop) is
+# let go after UNANSWERED_MS, which is far longer than a server takes to start a run.
+WATCH_JS = """(() => {
+  const al = window.__al = {sent: 0, answered: 0, lastSend: 0};
+  const send = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) { al.sent += 1; al.lastSend = performance.now(); return send.call(this, data); };
+  new MutationObserver(ms => { for (const m of ms)
+      if (m.target.getAttribute('data-test-script-state') === 'running') al.answered = al.sent; })
+    .observe(document, {attributes: true, subtree: true, attributeFilter: ['data-test-script-state']});
+})();"""
+UNANSWERED_MS = 10_000
 IDLE_JS = """() => {
     const app = document.querySelector('[data-testid="stApp"]');
+    const al = window.__al;
     return !!app && app.getAttribute('data-test-script-state') === 'notRunning'
+        && (!al || al.answered >= al.sent || performance.now() - al.lastSend > %d)
         && document.querySelectorAll('[data-stale="true"], [data-testid="stSkeleton"]').length === 0;
-}"""
+}""" % UNANSWERED_MS
+FRAMES_JS = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))"
+
+
+def watched_context(browser, **kw):
+    """browser.new_context(**kw) whose pages run WATCH_JS (so IDLE_JS sees a requested run)."""
+    ctx = browser.new_context(**kw)
+    ctx.add_init_script(WATCH_JS)
+    return ctx
 
 
 def wait_idle_once(page, timeout: float) -> None:

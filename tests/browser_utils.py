@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.app_server import (CHROMIUM, CHROMIUM_ARGS, AppServer, free_port, launch, start_app,  # noqa: F401
-                               wait_idle_once)
+from bench.app_server import (CHROMIUM, CHROMIUM_ARGS, FRAMES_JS, AppServer, free_port, launch,  # noqa: F401
+                               start_app, wait_idle_once, watched_context)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots go to test-artifacts/screenshots/ (ignored by git), so a test run leaves the
@@ -60,12 +60,14 @@ def start_server(tmp_dir: Path, env_extra: dict | None = None, timeout: float = 
     return start_app(ROOT, tmp_dir, env=env_extra, timeout=timeout)
 
 
-def wait_idle(page, timeout: float = 60_000, settle_ms: int = 300):
-    """Wait until the page is idle (bench/app_server.py's IDLE_JS: the run finished, nothing
-    stale, no element still a skeleton) and is still idle `settle_ms` later (a rerun can
-    follow a finished run)."""
+def wait_idle(page, timeout: float = 60_000):
+    """Wait until the page is idle (bench/app_server.py's IDLE_JS: every message the page sent
+    has had its run, the run finished, nothing stale, no element still a skeleton), then for
+    the browser to draw two frames (React mounts what the finished run sent: a widget takes its
+    seeded value a render later), and until it is idle again (a widget that sent its value on
+    mounting has had its run)."""
     wait_idle_once(page, timeout)
-    page.wait_for_timeout(settle_ms)
+    page.evaluate(FRAMES_JS)
     wait_idle_once(page, timeout)
 
 

@@ -179,9 +179,6 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ------------------------------------------------------------------ browser tests
-BROWSER_RERUNS = 1
-
-
 _SOURCES: dict = {}
 
 
@@ -193,15 +190,12 @@ def _source(item) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """A browser test that fails is run once more, and the run's summary lists it as rerun.
+    """The tiers `make test-fast` leaves out are marked here from what a test uses, not by hand:
+    `app` for a test that runs a page through AppTest, `slow` for one that loads smollm2, and
+    `browser` for every test in tests/browser/.
 
-    The browser tests drive a real server and Chromium on a shared machine, where a click can
-    meet the page mid-render (the two races found so far are written up in browser_utils.wait_idle
-    and test_browser.test_block_map_hover_names_both_blocks). A test whose check is wrong fails
-    both times. The other tests are not retried.
-
-    The tiers `make test-fast` leaves out are marked here from what a test uses, not by hand:
-    `app` for a test that runs a page through AppTest, `slow` for one that loads smollm2."""
+    No test is run again on failure: a browser test waits on the app's own script state
+    (browser_utils.wait_idle, wait_rerun), so a failure is a bug, in the app or in the test."""
     for item in items:
         if "app_test" in item.fixturenames or "AppTest" in _source(item):
             item.add_marker(pytest.mark.app)
@@ -209,8 +203,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if Path(str(item.fspath)).parent.name == "browser" and not item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.browser)  # tests/browser/ is the browser tier, marked or not
-        if item.get_closest_marker("browser") and not item.get_closest_marker("flaky"):
-            item.add_marker(pytest.mark.flaky(reruns=BROWSER_RERUNS, reruns_delay=2))
 
 
 @pytest.fixture(scope="module")
@@ -250,8 +242,10 @@ def page(browser, request):
     """A fresh browser context and page, VIEWPORT = (width, height) of the module, else 1400 x 2400.
     Every request the page makes is watched: one to another host (the app promises that nothing
     leaves the machine) fails the test at teardown; `page.outside` lists them."""
+    from browser_utils import watched_context
+
     width, height = getattr(request.module, "VIEWPORT", (1400, 2400))
-    ctx = browser.new_context(viewport={"width": width, "height": height})
+    ctx = watched_context(browser, viewport={"width": width, "height": height})
     pg = ctx.new_page()
     pg.outside = []
     ctx.on("request", lambda r: pg.outside.append(r.url) if _outside(r.url) else None)

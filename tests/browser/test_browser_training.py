@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import core
-from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle, watched_context
 from core.toy import toy_steps, toy_task
 
 pytestmark = pytest.mark.browser
@@ -18,7 +18,7 @@ MAP = "explore-align-0"
 
 @pytest.fixture
 def page(browser):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
+    ctx = watched_context(browser, viewport={"width": 1400, "height": 2400})
     pg = ctx.new_page()
     yield pg
     ctx.close()
