@@ -103,9 +103,9 @@ def release_freed_memory() -> bool:
     own arena (a Streamlit server runs each session's script in a thread of its own), so what
     one session's trace freed is not reused by another's and the process's resident memory
     grows to the sum of the arenas' peaks. The app's admission gate calls this after a large
-    job ends and after its caches drop results (viz/ui/gate.py): measured on smollm2 at 4,400
-    tokens, 419 MiB handed back in 63 ms after a trace, and the freed trace's 600 MiB with it.
-    Returns False where there is no glibc (nothing to do)."""
+    job ends and after its caches drop results (viz/ui/gate.py; what it hands back:
+    docs/decisions.md, "Measurements moved from the code"). Returns False where there is no
+    glibc (nothing to do)."""
     global _trim
     if _trim is None:
         _trim = False

@@ -221,9 +221,8 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Ten
     written into the result; where one block holds every head (and on a GPU) each step runs
     in place in the result. Either way at most one n x n buffer besides the result, so with
     glibc's default malloc settings (a notebook), where a freed n x n buffer is handed back
-    to the kernel, little is paged in afresh. minilm, every layer read after a trace, CPU
-    time: 37.2 -> 30.5 ms at 512 tokens (keep_freed_memory), 93.8 -> 55 ms with glibc's
-    defaults; 4.9 -> 3.3 ms at 128 tokens with glibc's defaults."""
+    to the kernel, little is paged in afresh (what it saved: docs/decisions.md, "Measurements
+    moved from the code")."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     n_q, n_k = q.shape[-2], k.shape[-2]
     shape = q.shape[:-1] + (n_k,)

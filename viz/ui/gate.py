@@ -26,9 +26,9 @@ shows a waiting job's place in the queue with a way to cancel.
 - After a large job ends (TRIM_BYTES or more) and after the caches give back room, `release`
   (the app passes core.device.release_freed_memory) hands the freed memory back to the system:
   the process keeps freed memory for speed (core.device.keep_freed_memory), in one malloc arena
-  per thread, so without it memory given back by one session's job is not there for another's. on_wait may raise (a page's rerun: the user pressed
-  Cancel, or typed something else); the job then leaves the queue and its place is freed. A job
-  is never stopped once it has entered.
+  per thread, so without it memory given back by one session's job is not there for another's.
+- on_wait may raise (a page's rerun: the user pressed Cancel, or typed something else); the job
+  then leaves the queue and its place is freed. A job is never stopped once it has entered.
 - Identical requests share one computation before they reach the gate: the trace cache's
   get_or_compute runs one computation per key, the others wait for its result.
 - A result a page run holds (its trace, from the cache or just computed) counts against the budget
@@ -96,11 +96,8 @@ def trace_bytes(cfg, n_tokens: int, n_target: int = 0) -> int:
       long inputs a tile of rows at a time), so no n x n term;
     - a decoder's next-token distributions, LOGIT_ROWS rows of the vocabulary at a time: 3
       LOGIT_ROWS V floats (logits, softmax, top-k).
-    Times TRACE_MARGIN. Measured (`python -m bench.load_test --calibrate`, smollm2 on this CPU, VmHWM
-    above the loaded model at rest, with the app's allocator settings, which keep freed memory for
-    speed): 359 MiB at 1,240 tokens and 1,194 MiB at 4,401; a pass beside the server's sampled resident
-    memory peaked 1,393 MiB above rest at 4,400 tokens; this gives 540 and 1,421 (MARGIN's 1.1 gave
-    1,158, under both, and two traces at once then passed a 2,500 MiB budget)."""
+    Times TRACE_MARGIN (`python -m bench.load_test --calibrate` measures it against a pass; the
+    figures that set it: docs/decisions.md, "Measurements moved from the code")."""
     d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
     stacks = [n_tokens] if cfg.kind != "encoder-decoder" else [n_tokens, max(1, n_target or n_tokens)]
     stored = sum(2 * (L + 5) * n * d for n in stacks)
