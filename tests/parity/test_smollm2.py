@@ -101,6 +101,34 @@ def reference():
 
 
 @pytest.fixture(scope="module")
+def reference64(reference):
+    """The same transformers model in float64: the exact side, against which each float32 side's
+    rounding is measured (test_parity_with_transformers)."""
+    import copy
+
+    return copy.deepcopy(reference).double()
+
+
+def within_rounding(ours, theirs, exact) -> tuple:
+    """(ours' error, the bound) against the float64 run `exact`: ours may be at most twice as far
+    from it as transformers' own float32 run, plus 8 float32 ulps of the largest value.
+
+    Why this holds on any CPU: both sides are float32 through 30 layers, where rounding in one
+    layer is amplified by the next ones, so no fixed number bounds it for every summation order
+    a BLAS may choose. But both are the same computation in the same precision: the error of
+    transformers' float32 run, measured here against float64, is the size of float32 rounding
+    through this model on this CPU, and an implementation that computes the same function
+    rounds to the same size (twice, for the different orders; 8 ulps for values where both
+    errors happen to be near 0). A wrong formula is off by far more (FlashAttention's tests
+    hold their kernels to the same rule)."""
+    from precision import U32
+
+    ours, theirs, exact = ours.double(), theirs.double(), exact.double()
+    bound = 2 * (theirs - exact).abs().max().item() + 8 * U32 * exact.abs().max().item()
+    return (ours - exact).abs().max().item(), bound
+
+
+@pytest.fixture(scope="module")
 def hf_tokenizer():
     pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -163,30 +191,36 @@ def test_a_trace_at_the_full_context_fits_the_apps_trace_cache(model):
 
 # ------------------------------------------------------------------------------ parity
 @pytest.mark.parametrize("prompt", PROMPTS, ids=lambda p: f"{len(p)}ch")
-def test_parity_with_transformers(model, reference, prompt):
+def test_parity_with_transformers(model, reference, reference64, prompt):
+    """Logits, every layer's attention weights and the next-token distribution against
+    transformers, each within the rounding transformers' own float32 run shows against its
+    float64 run (within_rounding says why that bound holds on any CPU)."""
     trace = model.trace(prompt)
     ids = model.tokenizer.encode(prompt).ids
     n = len(ids)
     with torch.inference_mode():
         out = reference(torch.tensor([ids]), output_attentions=True, use_cache=False)
+        exact = reference64(torch.tensor([ids]), output_attentions=True, use_cache=False)
     assert len(out.attentions) == 30
 
-    logit_diff = (trace["logits"] - out.logits[0]).abs().max().item()
     assert trace["logits"].shape == (n, 49152)
-    assert logit_diff < TOL, f"logits differ by {logit_diff:.2e}"
+    logit_diff, bound = within_rounding(trace["logits"], out.logits[0], exact.logits[0])
+    assert logit_diff <= bound, f"logits off by {logit_diff:.2e}, float32 rounding bound {bound:.2e}"
 
     worst = 0.0
-    for i, ref_w in enumerate(out.attentions):
+    for i, (ref_w, exact_w) in enumerate(zip(out.attentions, exact.attentions)):
         ours = trace[f"decoder.{i}.self_attn.weights"]
         assert ours.shape == (9, n, n)
-        d = (ours - ref_w[0]).abs().max().item()
+        d, b = within_rounding(ours, ref_w[0], exact_w[0])
         worst = max(worst, d)
-        assert d < TOL, f"layer {i}: attention weights differ by {d:.2e}"
+        assert d <= b, f"layer {i}: attention weights off by {d:.2e}, float32 rounding bound {b:.2e}"
     # the next-token distribution agrees too
     ref_top = torch.topk(torch.softmax(out.logits[0, -1], -1), 10)
+    exact_p = torch.softmax(exact.logits[0, -1], -1)[ref_top.indices]
     assert trace["next.ids"].tolist()[:3] == ref_top.indices.tolist()[:3]
-    assert (trace["next.probs"] - ref_top.values).abs().max().item() < TOL
-    print(f"\nparity n={n}: logits max|diff| {logit_diff:.2e}, attention weights max|diff| {worst:.2e}")
+    d, b = within_rounding(trace["next.probs"][:10], ref_top.values, exact_p)
+    assert d <= b, (d, b)
+    print(f"\nparity n={n}: logits off by {logit_diff:.2e} (bound {bound:.2e}), attention weights {worst:.2e}")
 
 
 @pytest.mark.slow
