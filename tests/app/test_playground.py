@@ -11,7 +11,7 @@ import torch
 import core
 from core import trace_names as tn
 from core.net import cost
-from viz.figures import by_hand as vg
+from viz.figures import by_hand
 
 
 def softmax_rows(a):
@@ -22,16 +22,16 @@ def softmax_rows(a):
 
 # ------------------------------------------------------------------ 1. by hand
 def test_help_me_construction_has_the_notes_dot_products():
-    ex = vg.help_me_example()
-    Q, K = vg.to_matrix(ex["Q"], "Q")[0], vg.to_matrix(ex["K"], "K")[0]
-    assert vg.row_labels(ex["Q"], "q") == ["q1 (help)", "q2 (me)"]
+    ex = by_hand.help_me_example()
+    Q, K = by_hand.to_matrix(ex["Q"], "Q")[0], by_hand.to_matrix(ex["K"], "K")[0]
+    assert by_hand.row_labels(ex["Q"], "q") == ["q1 (help)", "q2 (me)"]
     assert Q.shape == (2, 16) and K.shape == (2, 16)  # d_k = 16, as in the notes
     assert (Q @ K.T).tolist() == [[6.0, 4.0], [3.0, 8.0]]  # exact
 
 
 def test_attention_by_hand_gives_the_notes_softmax():
-    ex = {k: vg.to_matrix(v, k)[0] for k, v in vg.help_me_example().items()}
-    res = vg.attention_by_hand(ex["Q"], ex["K"], ex["V"])
+    ex = {k: by_hand.to_matrix(v, k)[0] for k, v in by_hand.help_me_example().items()}
+    res = by_hand.attention_by_hand(ex["Q"], ex["K"], ex["V"])
     assert res["scores"].tolist() == [[6.0, 4.0], [3.0, 8.0]]
     assert np.allclose(res["scaled"], [[1.5, 1.0], [0.75, 2.0]])
     w = res["weights"]
@@ -40,48 +40,48 @@ def test_attention_by_hand_gives_the_notes_softmax():
     assert w[1, 1] == pytest.approx(1 / (1 + math.exp(-1.25)))
     assert np.allclose(res["output"], w @ ex["V"])
     assert np.allclose(res["output"][:, 2], 1.0)  # third value column: rows of S sum to 1
-    lines = vg.weighted_sum_text(w, ["help", "me"], ["v1", "v2"])
+    lines = by_hand.weighted_sum_text(w, ["help", "me"], ["v1", "v2"])
     assert lines[0] == "A1 (help) = 0.6225 v1 + 0.3775 v2"
 
 
 def test_attention_by_hand_unscaled_and_arbitrary_shapes():
-    ex = {k: vg.to_matrix(v, k)[0] for k, v in vg.help_me_example().items()}
-    res = vg.attention_by_hand(ex["Q"], ex["K"], ex["V"], scaled=False)
+    ex = {k: by_hand.to_matrix(v, k)[0] for k, v in by_hand.help_me_example().items()}
+    res = by_hand.attention_by_hand(ex["Q"], ex["K"], ex["V"], scaled=False)
     assert np.allclose(res["weights"], softmax_rows([[6, 4], [3, 8]]))
     rng = np.random.default_rng(0)
     Q, K, V = rng.normal(size=(3, 5)), rng.normal(size=(4, 5)), rng.normal(size=(4, 2))
-    res = vg.attention_by_hand(Q, K, V)
+    res = by_hand.attention_by_hand(Q, K, V)
     S = softmax_rows(Q @ K.T / math.sqrt(5))
     assert np.allclose(res["weights"], S) and np.allclose(res["output"], S @ V)
 
 
 def test_to_matrix_reports_bad_cells():
     good = pd.DataFrame({"1": [1.0, 2.0], "2": ["3", " 4.5 "]}, index=["a", "b"])
-    m, msgs = vg.to_matrix(good, "Q")
+    m, msgs = by_hand.to_matrix(good, "Q")
     assert msgs == [] and m.tolist() == [[1.0, 3.0], [2.0, 4.5]]
     bad = pd.DataFrame({"token": ["a", None], "1": [1.0, None], "2": ["x", "inf"]})
-    m, msgs = vg.to_matrix(bad, "K")
+    m, msgs = by_hand.to_matrix(bad, "K")
     assert m is None and len(msgs) == 1
     assert "row k2, column 1 (empty)" in msgs[0] and "'x'" in msgs[0] and "'inf'" in msgs[0]
     labelled = pd.DataFrame({"token": ["q1 (help)", ""], "1": [1.0, 2.0]})
-    m, msgs = vg.to_matrix(labelled, "Q")
+    m, msgs = by_hand.to_matrix(labelled, "Q")
     assert msgs == [] and m.tolist() == [[1.0], [2.0]]
-    assert vg.row_labels(labelled, "q") == ["q1 (help)", "q2"]
-    m, msgs = vg.to_matrix(pd.DataFrame(), "V")
+    assert by_hand.row_labels(labelled, "q") == ["q1 (help)", "q2"]
+    m, msgs = by_hand.to_matrix(pd.DataFrame(), "V")
     assert m is None and "empty" in msgs[0]
 
 
 def test_tables_round_trip_through_the_url():
-    ex = vg.help_me_example()
+    ex = by_hand.help_me_example()
     for name, df in ex.items():
-        back = vg.frame_from_url(vg.frame_to_url(df))
-        assert vg.row_labels(back, name.lower()) == vg.row_labels(df, name.lower())
-        assert np.array_equal(vg.to_matrix(back, name)[0], vg.to_matrix(df, name)[0])
+        back = by_hand.frame_from_url(by_hand.frame_to_url(df))
+        assert by_hand.row_labels(back, name.lower()) == by_hand.row_labels(df, name.lower())
+        assert np.array_equal(by_hand.to_matrix(back, name)[0], by_hand.to_matrix(df, name)[0])
     edited = ex["Q"].copy()
     edited.loc[len(edited)] = [None] + [0.1] * 15 + [float("nan")]  # an added row: no label, one empty cell
-    back = vg.frame_from_url(vg.frame_to_url(edited))
-    assert vg.row_labels(back, "q")[2] == "q3" and np.isnan(back.iloc[2, -1]) and back.iloc[2, 1] == 0.1
-    assert vg.to_matrix(back, "Q")[0] is None  # the empty cell is reported again, as in the editor
+    back = by_hand.frame_from_url(by_hand.frame_to_url(edited))
+    assert by_hand.row_labels(back, "q")[2] == "q3" and np.isnan(back.iloc[2, -1]) and back.iloc[2, 1] == 0.1
+    assert by_hand.to_matrix(back, "Q")[0] is None  # the empty cell is reported again, as in the editor
 
 
 @pytest.mark.parametrize("raw, why", [("nonsense", "not a table"), ("[]", "not a table"), ('[["q1"]]', "not a table"),
@@ -89,12 +89,12 @@ def test_tables_round_trip_through_the_url():
                                       ("[" + ",".join(['["r",1]'] * 65) + "]", "larger than")])
 def test_a_garbled_table_in_the_url_says_why(raw, why):
     with pytest.raises(ValueError, match=why):
-        vg.frame_from_url(raw)
+        by_hand.frame_from_url(raw)
 
 
 def test_check_shapes():
-    assert vg.check_shapes(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 1))) == []
-    msgs = vg.check_shapes(np.zeros((2, 3)), np.zeros((4, 2)), np.zeros((3, 1)))
+    assert by_hand.check_shapes(np.zeros((2, 3)), np.zeros((4, 3)), np.zeros((4, 1))) == []
+    msgs = by_hand.check_shapes(np.zeros((2, 3)), np.zeros((4, 2)), np.zeros((3, 1)))
     assert len(msgs) == 2
 
 
@@ -102,20 +102,20 @@ def test_check_shapes():
 def test_parameter_free_attention_matches_numpy():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(6, 16))
-    out = vg.parameter_free_attention(X)
+    out = by_hand.parameter_free_attention(X)
     A = softmax_rows(X @ X.T)
     assert np.allclose(out["weights"], A) and np.allclose(out["Y"], A @ X)
     assert np.allclose(out["weights"].sum(1), 1.0)
-    stats = vg.diagonal_stats(X, out["scores"], out["weights"])
+    stats = by_hand.diagonal_stats(X, out["scores"], out["weights"])
     assert stats["diag_is_row_max"] == 1.0  # random 16-d vectors: |x|^2 beats every x.y
     assert stats["mean_diag_weight"] > 0.9
-    scaled = vg.parameter_free_attention(X, scale=1 / 4)
+    scaled = by_hand.parameter_free_attention(X, scale=1 / 4)
     assert np.diag(scaled["weights"]).mean() < stats["mean_diag_weight"]
 
 
 def test_parameter_free_repeated_token_splits_weight():
     x = np.array([[3.0, 0.0], [0.0, 3.0], [3.0, 0.0]])
-    w = vg.parameter_free_attention(x)["weights"]
+    w = by_hand.parameter_free_attention(x)["weights"]
     assert w[0, 0] == pytest.approx(w[0, 2]) and w[0, 0] == pytest.approx(0.5, abs=1e-3)
 
 
@@ -125,7 +125,7 @@ def test_symmetric_scores_are_symmetric_learned_are_not():
     X = rng.normal(size=(7, 12))
     Wq, Wk = rng.normal(size=(12, 4)), rng.normal(size=(12, 4))
     q, k = X @ Wq, X @ Wk
-    sv = vg.symmetric_vs_learned(q, k)
+    sv = by_hand.symmetric_vs_learned(q, k)
     assert np.allclose(sv["sym_scores"], sv["sym_scores"].T, atol=1e-12)
     assert float(sv["sym_asymmetry"]) < 1e-12
     assert float(sv["learned_asymmetry"]) > 0.1
@@ -133,7 +133,7 @@ def test_symmetric_scores_are_symmetric_learned_are_not():
     assert np.allclose(sv["learned_weights"], softmax_rows(q @ k.T / 2))
     # with a causal mask both softmaxes respect it
     mask = core.causal_mask(7, dtype=torch.float64).numpy()
-    sv = vg.symmetric_vs_learned(q, k, mask)
+    sv = by_hand.symmetric_vs_learned(q, k, mask)
     assert np.all(np.triu(sv["sym_weights"], 1) == 0) and np.all(np.triu(sv["learned_weights"], 1) == 0)
 
 
@@ -141,8 +141,8 @@ def test_head_qk_reproduces_the_trace():
     model = core.load_model("toy-translate", device="cpu")
     tr = model.trace("the small dog sees the cat")
     for stack, layer, head in [("encoder", 0, 0), ("encoder", 2, 3), ("decoder", 1, 2)]:
-        q, k, mask = vg.head_qk(tr, stack, layer, head)
-        sv = vg.symmetric_vs_learned(q, k, mask)
+        q, k, mask = by_hand.head_qk(tr, stack, layer, head)
+        sv = by_hand.symmetric_vs_learned(q, k, mask)
         recorded = tr[tn.self_attn(stack, layer, "scaled")][head].double().numpy()
         assert np.allclose(sv["learned_scores"], recorded, atol=1e-4)
         assert np.allclose(sv["learned_weights"], tr[tn.self_attn(stack, layer, "weights")][head].double().numpy(),
@@ -152,7 +152,7 @@ def test_head_qk_reproduces_the_trace():
 
 # ------------------------------------------------------------------ 4. scaling
 def test_scaling_demo_spread_grows_like_sqrt_dk():
-    df = vg.scaling_demo(d_ks=(4, 16, 64, 256, 1024), n_keys=16, n_samples=512, seed=0)
+    df = by_hand.scaling_demo(d_ks=(4, 16, 64, 256, 1024), n_keys=16, n_samples=512, seed=0)
     ratio = df.std_unscaled.iloc[-1] / df.std_unscaled.iloc[0]
     assert ratio == pytest.approx(math.sqrt(1024 / 4), rel=0.1)  # 16
     for _, row in df.iterrows():
@@ -164,7 +164,7 @@ def test_scaling_demo_spread_grows_like_sqrt_dk():
     assert df.entropy_scaled.max() - df.entropy_scaled.min() < 0.15
     assert (df.entropy_scaled <= math.log(16) + 1e-9).all()
     assert df.max_weight_unscaled.iloc[-1] > 0.8
-    again = vg.scaling_demo(d_ks=(4, 16, 64, 256, 1024), n_keys=16, n_samples=512, seed=0)
+    again = by_hand.scaling_demo(d_ks=(4, 16, 64, 256, 1024), n_keys=16, n_samples=512, seed=0)
     pd.testing.assert_frame_equal(df, again)  # seeded
 
 

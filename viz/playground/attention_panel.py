@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from core import trace_names as tn
-from viz.figures import by_hand as vg
+from viz.figures import by_hand
 from viz.figures.checks import scaled_check
 from viz.figures.heatmaps import DIVERGING, attention_heatmap, matrix_heatmap
 from viz.ui import charts, url_state
@@ -34,7 +34,7 @@ def _reset_hand() -> None:
 
 
 # ================================================================== 1. attention by hand
-def by_hand(keys: dict, base: dict) -> dict:
+def hand_tab(keys: dict, base: dict) -> dict:
     """Tab 1: edit Q, K and V (starting from `base`, playground_controls.hand_tables) and see
     every step of softmax(Q Kᵀ / √d_k) V. Returns the edited tables."""
     st.markdown("Transformers handout's appendix works “help me!” through by hand: two tokens, d_k = 16, scores "
@@ -59,42 +59,42 @@ def by_hand(keys: dict, base: dict) -> dict:
         for name in ("Q", "K", "V"):
             st.markdown(f"**{name}**")
             config = {c: st.column_config.NumberColumn(c, width=46 if name != "V" else 90)
-                      for c in base[name].columns if c != vg.LABEL}
-            config[vg.LABEL] = st.column_config.TextColumn(vg.LABEL, width=90)
+                      for c in base[name].columns if c != by_hand.LABEL}
+            config[by_hand.LABEL] = st.column_config.TextColumn(by_hand.LABEL, width=90)
             edited[name] = st.data_editor(base[name], key=f"playground.{name}.v{ver}", num_rows="dynamic",
                                           column_config=config, hide_index=True, width="content")
     for name in ("Q", "K", "V"):
         st.markdown(f"**{name}** ({'queries' if name == 'Q' else 'keys' if name == 'K' else 'values'}, one row per token)")
-        st.table(edited[name].set_index(vg.LABEL) if vg.LABEL in edited[name].columns else edited[name])
+        st.table(edited[name].set_index(by_hand.LABEL) if by_hand.LABEL in edited[name].columns else edited[name])
     mats, msgs = {}, []
     for name in ("Q", "K", "V"):
-        mats[name], m = vg.to_matrix(edited[name], name)
+        mats[name], m = by_hand.to_matrix(edited[name], name)
         msgs += m
     if not msgs:
-        msgs = vg.check_shapes(mats["Q"], mats["K"], mats["V"])
+        msgs = by_hand.check_shapes(mats["Q"], mats["K"], mats["V"])
     if msgs:
         for m in msgs:
             st.warning(m)
         st.caption("Your edits are kept; fix the cells above and the results come back.")
     else:
         Q, K, V = mats["Q"], mats["K"], mats["V"]
-        res = vg.attention_by_hand(Q, K, V, scaled=scaled)
-        ql, kl = vg.row_labels(edited["Q"], "q"), vg.row_labels(edited["K"], "k")
-        vl = [label.split(" ")[0] for label in vg.row_labels(edited["V"], "v")]
+        res = by_hand.attention_by_hand(Q, K, V, scaled=scaled)
+        ql, kl = by_hand.row_labels(edited["Q"], "q"), by_hand.row_labels(edited["K"], "k")
+        vl = [label.split(" ")[0] for label in by_hand.row_labels(edited["V"], "v")]
         d_k = Q.shape[1]
         # A few numbers each: static tables and plain text, not data grids and a code block (each
         # grid mounts a canvas; st.code loads the syntax highlighter, ~0.2 s of the first load).
         c = st.columns([1, 1, 1, 1.3])
         c[0].markdown("**Scores Q Kᵀ**")
-        c[0].table(vg.number_frame(res["scores"], ql, kl))
+        c[0].table(by_hand.number_frame(res["scores"], ql, kl))
         c[1].markdown(f"**Scaled F = Q Kᵀ / √{d_k}**" if scaled else "**Unscaled F = Q Kᵀ**")
-        c[1].table(vg.number_frame(res["scaled"], ql, kl))
+        c[1].table(by_hand.number_frame(res["scaled"], ql, kl))
         c[2].markdown("**S = softmax(F), row by row**")
-        c[2].table(vg.number_frame(res["weights"], ql, kl))
+        c[2].table(by_hand.number_frame(res["weights"], ql, kl))
         c[3].markdown("**A = S V**")
-        c[3].table(vg.number_frame(res["output"], ql, [f"A·{j + 1}" for j in range(V.shape[1])]))
+        c[3].table(by_hand.number_frame(res["output"], ql, [f"A·{j + 1}" for j in range(V.shape[1])]))
         c = st.columns(2)
-        c[0].text("\n".join(vg.weighted_sum_text(res["weights"], ql, vl)))
+        c[0].text("\n".join(by_hand.weighted_sum_text(res["weights"], ql, vl)))
         w = res["weights"]
         if w.shape == (2, 2):
             c[0].caption(f"To two decimals the weights are {w[0, 0]:.2f} / {w[0, 1]:.2f} and {w[1, 0]:.2f} / "
@@ -124,8 +124,8 @@ def parameter_free(trace, keys: dict) -> None:
                           help="Not in Bishop ch. 12; shows how a temperature softens the diagonal.")
         X = trace[tn.embed(stack, which)].double().numpy()
         D = X.shape[1]
-        pf = vg.parameter_free_attention(X, scale=1 / math.sqrt(D) if div else 1.0)
-        stats = vg.diagonal_stats(X, pf["scores"], pf["weights"])
+        pf = by_hand.parameter_free_attention(X, scale=1 / math.sqrt(D) if div else 1.0)
+        stats = by_hand.diagonal_stats(X, pf["scores"], pf["weights"])
         charts.chart(attention_heatmap(pf["weights"], toks, toks,
                                        title=f"softmax(X Xᵀ{' / √D' if div else ''}) on {len(toks)} tokens, D = {D}"),
                      key="playground-pfree", width="stretch")
@@ -138,7 +138,7 @@ def parameter_free(trace, keys: dict) -> None:
             f"{stats['diag_is_row_max']:.0%} of tokens and gets {stats['mean_diag_weight']:.1%} of the weight on "
             "average, so Y ≈ X: each token mostly copies itself. Only a repeated word (same x) or a near-copy can "
             "compete. That is why Missaoui adds learned projections W_q, W_k, W_v — and the 1/√d_k scaling.")
-        table = vg.self_copy_table(X, pf, toks)
+        table = by_hand.self_copy_table(X, pf, toks)
         with st.expander("Per token: weight on itself, |x_n|², and how close y_n stays to x_n"):
             st.dataframe(table.style.format({"a_nn (weight on itself)": "{:.4f}", "|x_n|²": "{:,.2f}",
                                              "cos(y_n, x_n)": "{:.4f}"}), width="stretch")
@@ -163,8 +163,8 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
         head = c[2].selectbox("Head", list(range(n_heads)), key=head_key)
         state.show_messages()
         toks = trace.tokens("source" if sym_stack == "encoder" else "target")
-        q, k, mask = vg.head_qk(trace, sym_stack, layer, head)
-        sv = vg.symmetric_vs_learned(q, k, mask, scale=model.config.attn_scale if model is not None else None)
+        q, k, mask = by_hand.head_qk(trace, sym_stack, layer, head)
+        sv = by_hand.symmetric_vs_learned(q, k, mask, scale=model.config.attn_scale if model is not None else None)
         lim = float(max(np.abs(sv["sym_scores"]).max(), np.abs(sv["learned_scores"]).max(), 1e-6))
         panels = [("sym", "symmetric", "Q Qᵀ / √d_k (symmetric: W_k := W_q)", "{:.2e}"),
                   ("learned", "learned", "Q Kᵀ / √d_k (learned W_k)", "{:.2f}")]
@@ -174,9 +174,9 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
                 scores = matrix_heatmap(sv[f"{name}_scores"], toks, toks, title=f"scores {formula}", zmin=-lim,
                                         zmax=lim, colorscale=DIVERGING, x_title="key", y_title="query",
                                         value_name="score")
-                charts.chart(vg.room_for_title(scores), key=f"playground-{name}-scores", width="stretch")
+                charts.chart(by_hand.room_for_title(scores), key=f"playground-{name}-scores", width="stretch")
                 weights = attention_heatmap(sv[f"{name}_weights"], toks, toks, title=f"softmax of the {label} scores")
-                charts.chart(vg.room_for_title(weights), key=f"playground-{name}-weights", width="stretch")
+                charts.chart(by_hand.room_for_title(weights), key=f"playground-{name}-weights", width="stretch")
         rope = model is not None and model.config.positional == "rope"
         st.caption(
             "The symmetric score matrix equals its transpose (asymmetry 0 up to rounding); the learned one does not, "
@@ -202,7 +202,7 @@ def symmetric(state: url_state.PageState, trace, model, model_name: str, keys: d
 # ================================================================== 4. scaling
 @st.cache_data(show_spinner=False, max_entries=8)
 def _scaling(n_keys: int, seed: int) -> pd.DataFrame:
-    return vg.scaling_demo(n_keys=n_keys, seed=seed)
+    return by_hand.scaling_demo(n_keys=n_keys, seed=seed)
 
 
 def scaling(keys: dict) -> None:
@@ -216,7 +216,7 @@ def scaling(keys: dict) -> None:
     seed = int(c[1].number_input("Random seed", 0, 10_000, key=keys["sc_seed"]))
     with st.spinner("Sampling…"):
         df = _scaling(int(n_keys), seed)
-    std_fig, ent_fig = vg.scaling_figures(df, int(n_keys))
+    std_fig, ent_fig = by_hand.scaling_figures(df, int(n_keys))
     c = st.columns(2)
     charts.chart(std_fig, key="playground-scaling-std", width="stretch", where=c[0])
     charts.chart(ent_fig, key="playground-scaling-entropy", width="stretch", where=c[1])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from viz.figures import by_hand as vg
+from viz.figures import by_hand
 from viz.ui import url_state, urlflags
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
@@ -39,7 +39,7 @@ def seeded_keys(state: url_state.PageState, trace, model_name: str = "") -> dict
     keys = {name: urlflags.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
     keys.update({name: url_state.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
     keys.update({name: urlflags.flag(state, name, default) for name, default in SWITCHES.items()})
-    keys["hp_H"] = urlflags.option(state, "hp_H", 4, vg.heads_options(ss[keys["hp_d"]]))
+    keys["hp_H"] = urlflags.option(state, "hp_H", 4, by_hand.heads_options(ss[keys["hp_d"]]))
     if trace is not None:
         stacks = trace.stacks()
         keys["sym_stack"] = urlflags.option(state, "sym_stack", stacks[0], stacks)
@@ -57,7 +57,7 @@ def hand_tables(state: url_state.PageState) -> dict:
     session, coming back to the page). The editors start again from them (a new version of
     their keys) only when the URL brings tables."""
     ss = st.session_state
-    example = vg.help_me_example()
+    example = by_hand.help_me_example()
     ver = ss.setdefault("playground.hand_ver", 0)
     fresh = f"playground.Q.v{ver}" not in ss  # the editors were not on the page's last run
     given = state.external and any(f in state.qp for f in HAND.values())
@@ -70,7 +70,7 @@ def hand_tables(state: url_state.PageState) -> dict:
         base[name] = example[name]
         if raw:
             try:
-                base[name] = vg.frame_from_url(raw)
+                base[name] = by_hand.frame_from_url(raw)
             except ValueError as exc:
                 state.overridden(field, raw, None, str(exc), used_text=f"the notes' {name}")
     ss["playground.hand_base"] = base
@@ -85,7 +85,7 @@ def url_values(keys: dict, trace, edited: dict, built: bool) -> dict:
     the edited tables only where they differ from the notes' example, hp_built while the
     built model is shown."""
     ss = st.session_state
-    example = vg.help_me_example()
+    example = by_hand.help_me_example()
     defaults = {**{name: spec[0] for name, spec in CHOICES.items()}, **{name: spec[0] for name, spec in NUMBERS.items()}}
     in_tabs = {name: urlflags.changed(ss[keys[name]], default) for name, default in defaults.items()}
     in_tabs.update({name: urlflags.flag_url(ss[keys[name]], default) for name, default in SWITCHES.items()})
@@ -94,5 +94,5 @@ def url_values(keys: dict, trace, edited: dict, built: bool) -> dict:
     if trace is not None:
         in_tabs["sym_stack"] = urlflags.changed(ss[keys["sym_stack"]], trace.stacks()[0])
     for name, field in HAND.items():
-        in_tabs[field] = urlflags.changed(vg.frame_to_url(edited[name]), vg.frame_to_url(example[name]))
+        in_tabs[field] = urlflags.changed(by_hand.frame_to_url(edited[name]), by_hand.frame_to_url(example[name]))
     return in_tabs

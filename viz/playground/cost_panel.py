@@ -15,7 +15,7 @@ from core import trace_names as tn
 import core
 from core.toy import toy_task
 from core.errors import InputError
-from viz.figures import by_hand as vg
+from viz.figures import by_hand
 from viz.figures.heatmaps import attention_heatmap
 from viz.ui import charts, url_state
 from viz.playground.controls_panel import CHOICES
@@ -41,7 +41,7 @@ def hyper_parameters(state: url_state.PageState, keys: dict, text: str) -> bool:
     c = st.columns(5)
     kind = c[0].selectbox("kind", CHOICES["hp_kind"][1], key=keys["hp_kind"])
     d_model = c[1].select_slider("d", CHOICES["hp_d"][1], key=keys["hp_d"])
-    heads_opts = vg.heads_options(d_model)
+    heads_opts = by_hand.heads_options(d_model)
     if ss[keys["hp_H"]] not in heads_opts:  # d changed under it
         ss[keys["hp_H"]] = heads_opts[-1]
     n_heads = c[2].select_slider("H", heads_opts, key=keys["hp_H"])
@@ -63,9 +63,9 @@ def hyper_parameters(state: url_state.PageState, keys: dict, text: str) -> bool:
         st.error(f"That combination is not a valid model: {exc}")
         cfg = None
     if cfg is not None:
-        net = vg.meta_model(cfg)
+        net = by_hand.meta_model(cfg)
         counted = net.num_parameters()
-        formula = vg.param_formula(cfg)
+        formula = by_hand.param_formula(cfg)
         total = int(formula.total.sum())
         st.markdown(f"d = {cfg.d_model}, H = {cfg.n_heads}, **d_k = d/H = {cfg.d_head}**, m = {cfg.d_ff}, "
                     f"L = {cfg.n_layers}, vocabulary V = {vocab} (toy-translate's words), max_len = {cfg.max_len}.")
@@ -79,11 +79,11 @@ def hyper_parameters(state: url_state.PageState, keys: dict, text: str) -> bool:
             st.error("The formula and core's count differ: one of them is wrong.")
         if kind == "encoder" and placement == "post" and activation == "relu" and norm == "layernorm" and bias:
             st.caption("One post-norm encoder layer of the notes (attention 4d² + 4d, FFN 2dm + m + d, two "
-                       f"LayerNorms 4d): {vg.layer_formula(cfg)}.")
+                       f"LayerNorms 4d): {by_hand.layer_formula(cfg)}.")
         st.dataframe(formula.rename(columns={"each": "count (each)", "total": "count (total)"})
                      .style.format({"count (each)": "{:,}", "count (total)": "{:,}"}), width="stretch", hide_index=True)
         with st.expander(f"Every weight tensor ({len(list(net.parameters()))} tensors)"):
-            st.dataframe(vg.weight_shapes(net), width="stretch", hide_index=True, height=360)
+            st.dataframe(by_hand.weight_shapes(net), width="stretch", hide_index=True, height=360)
 
         cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
         build_id = (cfg_json, 0)
@@ -132,7 +132,7 @@ def cost(keys: dict) -> None:
     if c[2].button(f"Measure ({len(Ns) * len(Ds)} points, at most {budget:.0f} s)", key="playground.cost_run"):
         bar = st.progress(0.0, text="Timing…")
         try:
-            df_cost, finished = vg.cost_grid(Ns, Ds, budget_s=budget,
+            df_cost, finished = by_hand.cost_grid(Ns, Ds, budget_s=budget,
                                              progress=lambda f, msg: bar.progress(min(1.0, f), text=msg))
             st.session_state["playground.cost"] = {"df": df_cost, "finished": finished}
         except Exception as exc:
@@ -147,8 +147,8 @@ def cost(keys: dict) -> None:
         df_cost = result["df"]
         if not result["finished"]:
             st.warning(f"Stopped at the {budget:.0f} s budget after {len(df_cost)} points; the fit uses those.")
-        fit = vg.fit_cost(df_cost)
-        charts.chart(vg.cost_figure(df_cost, fit), key="playground-cost", width="stretch")
+        fit = by_hand.fit_cost(df_cost)
+        charts.chart(by_hand.cost_figure(df_cost, fit), key="playground-cost", width="stretch")
         cross = fit["b"] / fit["a"] if fit["a"] > 0 else math.inf
         st.markdown(
             f"Fitted: c₀ = {fit['c0'] * 1e3:.3f} ms, a = {fit['a']:.3g} s per N²D, b = {fit['b']:.3g} s per N·D² "

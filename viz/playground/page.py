@@ -32,7 +32,7 @@ tabs = st.tabs(list(PLAY_TABS.values()), key=tab_key, on_change="rerun")
 # tab 1's tables and tab 5's "built" flag from what the tab last showed.
 ss = st.session_state
 if tabs[0].open:
-    edited = ss["playground.hand_edited"] = playground_attention.by_hand(keys, hand_base)
+    edited = ss["playground.hand_edited"] = playground_attention.hand_tab(keys, hand_base)
 else:
     edited = ss.get("playground.hand_edited", hand_base)
 if tabs[1].open:
