@@ -9,7 +9,7 @@ import pytest
 
 import core
 from conftest import assert_no_exception, chart_by_key, decode_array, figure, grid_shape, grid_tile, heatmap_z
-from viz.figures import model_view as ex
+from viz.figures import model_view
 from viz.figures.heatmaps import HOVER_LABEL_CELLS, safe_labels
 from viz.ui.widgets import NOTES_EXAMPLES
 
@@ -41,7 +41,7 @@ def test_default_renders(app_test, toy):
     np.testing.assert_allclose(z, toy.trace(toy.examples[0])["encoder.0.self_attn.weights"][0].numpy(), atol=1e-6)
     labels = [b.proto.label for b in at.get("download_button")]
     assert any(lab.startswith("This map (CSV") for lab in labels), labels
-    assert not ex.reads_pieces(toy)
+    assert not model_view.reads_pieces(toy)
     assert not [t for t in at.toggle if t.key == "explore.words"]  # word-level tokens: no toggle
 
 
@@ -97,7 +97,7 @@ def test_minilm_read_in_words(app_test):
     assert_no_exception(at)
     grid = figure(chart_by_key(at, "explore-grid"))
     assert grid_shape(grid) == (6, 12)
-    np.testing.assert_allclose(grid_tile(grid, 1, 2), ex.word_stack(model.trace(PIECES), "encoder", "self_attn", [1],
+    np.testing.assert_allclose(grid_tile(grid, 1, 2), model_view.word_stack(model.trace(PIECES), "encoder", "self_attn", [1],
                                                                     PIECES)[0][2].numpy(), atol=1e-6)
 
 
@@ -136,15 +136,15 @@ def test_600_token_input_on_minilm(app_test):
     grid = figure(chart_by_key(at, "explore-grid"))
     assert grid_shape(grid) == (6, 12)
     tile = grid_tile(grid, 3, 4)
-    n_blocks = len(ex.blocks(512, ex.MAX_GRID_SIDE))
-    assert tile.shape == (n_blocks, n_blocks) and n_blocks <= ex.MAX_GRID_SIDE
+    n_blocks = len(model_view.blocks(512, model_view.MAX_GRID_SIDE))
+    assert tile.shape == (n_blocks, n_blocks) and n_blocks <= model_view.MAX_GRID_SIDE
     np.testing.assert_allclose(tile.sum(1), 1.0, atol=1e-4)  # keys summed, queries averaged
     # the head view draws a window of the 512 tokens
     at.session_state["explore.tab"] = "Head view"
     at.run()
     assert_no_exception(at)
     hv = figure(chart_by_key(at, "explore-headview"))
-    assert [len(t["text"]) for t in hv["data"] if t.get("mode") == "text"] == [ex.HEAD_VIEW_MAX] * 2
+    assert [len(t["text"]) for t in hv["data"] if t.get("mode") == "text"] == [model_view.HEAD_VIEW_MAX] * 2
     assert any("not renormalised" in c.value for c in at.caption)
 
 
@@ -296,7 +296,7 @@ def test_head_view_draws_a_window_of_a_long_input(app_test):
     assert_no_exception(at)
     fig = figure(chart_by_key(at, "explore-headview"))
     labels = [t for t in fig["data"] if t.get("mode") == "text"]
-    assert [len(t["text"]) for t in labels] == [ex.HEAD_VIEW_MAX] * 2
+    assert [len(t["text"]) for t in labels] == [model_view.HEAD_VIEW_MAX] * 2
     assert list(labels[0]["text"]) == [str(s) for s in safe_labels(toks[10:106])]
     w = tr["encoder.2.self_attn.weights"][0, 10:106, 10:106].numpy()
     lines = [t for t in fig["data"] if t.get("mode") == "lines" and t["name"] == "head 0"]

@@ -15,7 +15,7 @@ and the word the two sentences share, is kept by viz/compare/state_panel.py.
 import streamlit as st
 
 from viz.compare import figures as cmp
-from viz.figures import model_view as ex
+from viz.figures import model_view
 from viz.figures.heatmaps import safe_label
 from viz.ui import charts, models, url_state, urlflags, widgets
 from viz.compare import state_panel as compare_state
@@ -114,14 +114,14 @@ head = c[4].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[5]:
     mean_heads = st.toggle("Average over heads", key=urlflags.flag(state, "mean"))
     in_words = False
-    if not ex.reads_pieces(model):
+    if not model_view.reads_pieces(model):
         state.ignored_if_given("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
-    if ex.reads_pieces(model):
+    if model_view.reads_pieces(model):
         in_words = st.toggle("Read in words", key=urlflags.flag(state, "words", default=True),
                              help="Merge word pieces into typed words: the weights on a word's pieces are summed.")
 state.show_messages()
 state.publish(model=model_name, text=text_a, text2=text_b, word=word, layer=layer, head=head,
-              mean=urlflags.flag_url(mean_heads), words=urlflags.flag_url(in_words, default=ex.reads_pieces(model)))
+              mean=urlflags.flag_url(mean_heads), words=urlflags.flag_url(in_words, default=model_view.reads_pieces(model)))
 word_a, word_b = picked["A"], picked["B"]
 head_used = None if mean_heads else head
 

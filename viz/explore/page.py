@@ -8,7 +8,7 @@ show a range of layers in the model view (viz.figures.model_view). Only the open
 
 import streamlit as st
 
-from viz.figures import model_view as ex
+from viz.figures import model_view
 from viz.figures.heatmaps import attention_heatmap, fix_margins, head_view
 from viz.explore import knockout as va
 from viz.figures import why as why_figures
@@ -98,9 +98,9 @@ with c[3]:
     what = "value_norms" if norms else "weights"
     words = False
     long_input = longdoc.is_long(trace, stack, kind)  # maps read pooled, in blocks and per head (viz.ui.longdoc)
-    if not ex.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
+    if not model_view.reads_pieces(model) and st.session_state[flags["words"]] and "words" in state.from_url:
         state.ignored("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
-    if ex.reads_pieces(model) and not long_input:
+    if model_view.reads_pieces(model) and not long_input:
         words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
@@ -134,10 +134,10 @@ per_map = explore_links.norms_scale(norms, per_map)
 if long_input:  # never the whole map: the heatmap tab draws its overview and a block (viz.ui.longdoc)
     (matrix, (q_toks, k_toks)) = None, axis_tokens(trace, stack, kind)
 elif words:
-    matrix, q_toks, k_toks = ex.word_matrix(trace, view, text, hide_special=hide_special)
+    matrix, q_toks, k_toks = model_view.word_matrix(trace, view, text, hide_special=hide_special)
     st.caption("Read in words: each word's column is the **sum** over its pieces' columns (how much a query attends "
                "to the whole word) and each word's row is the **mean** over its pieces' rows, so every row still "
-               f"sums to 1 ({len(trace.tokens(ex.view_sides(stack, kind)[0]))} tokens → {matrix.shape[-2]} words).")
+               f"sums to 1 ({len(trace.tokens(model_view.view_sides(stack, kind)[0]))} tokens → {matrix.shape[-2]} words).")
 else:
     matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
 unit = "words" if words else "tokens"
@@ -151,9 +151,9 @@ with tab_map:
                             log_scale=log_scale)
     elif tab_map.open is not False:
         full = False
-        if max(matrix.shape) > ex.MAX_HEATMAP_SIDE:
+        if max(matrix.shape) > model_view.MAX_HEATMAP_SIDE:
             full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key=flags["full"])
-        z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else ex.reduce_map(matrix, q_toks, k_toks)
+        z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else model_view.reduce_map(matrix, q_toks, k_toks)
         title = view.label() + (" · in words" if words else "") + (" · what is added (value norms)" if norms else "")
         if fq > 1 or fk > 1:
             title += f" · blocks of {max(fq, fk)}"
@@ -165,7 +165,7 @@ with tab_map:
                                             value_name="norm" if norms else "weight"),
                           zq, zk, min_top=90)
         if fq > 1 or fk > 1:
-            ex.fit_block_ticks(fig)
+            model_view.fit_block_ticks(fig)
         clickable = not (words or hide_special or mean_heads or fq > 1 or fk > 1) and why_figures.add_cell_targets(fig)
         if clickable:  # a click on a cell opens "Why here?" below the map
             charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name, selection_mode="points",
@@ -184,7 +184,7 @@ with tab_map:
 def _pick_from_grid() -> None:
     sel = st.session_state.get("explore-grid")
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
-    picked = ex.grid_pick(pts[0]) if pts else None
+    picked = model_view.grid_pick(pts[0]) if pts else None
     if picked is not None and st.session_state.get("explore.knockout"):
         knockout.toggle_head(ablate_key, stack, *picked)
     elif picked is not None:
@@ -195,25 +195,25 @@ def _pick_from_grid() -> None:
 with tab_model:
     if tab_model.open is not False:
         lo, hi = 0, n_layers - 1
-        if n_layers > ex.MAX_GRID_LAYERS:
+        if n_layers > model_view.MAX_GRID_LAYERS:
             range_key = "explore.grid_layers"
             current = st.session_state.get(range_key)
             if current is None or st.session_state.get("explore.grid_for") != (stack, layer):
                 # opened, or another layer picked: centre the grid on the selected layer
                 if current is None or not current[0] <= layer <= current[1]:
-                    current = ex.layer_range_around(layer, n_layers)
+                    current = model_view.layer_range_around(layer, n_layers)
             st.session_state["explore.grid_for"] = (stack, layer)
-            st.session_state[range_key] = ex.clamp_range(current, n_layers)
+            st.session_state[range_key] = model_view.clamp_range(current, n_layers)
             lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
                                help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
                                     "layers to draw (fewer layers draw faster).")
         st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red), or, "
                    "with “Clicks switch heads off” on, to switch that head off or back on (crossed out); "
-                   f"the enlarged map is on the Heatmap tab and below. Maps wider than {ex.MAX_GRID_SIDE} cells are "
+                   f"the enlarged map is on the Heatmap tab and below. Maps wider than {model_view.MAX_GRID_SIDE} cells are "
                    "drawn in blocks (keys summed, queries averaged).")
         layers = list(range(lo, hi + 1))
         pooled = longdoc.pooled_layers(trace, stack, kind, layers, text, words, long_input, what)
-        grid = ex.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
+        grid = model_view.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
         va.mark_grid(grid, off, stack)
@@ -222,7 +222,7 @@ with tab_model:
         if not lo <= layer <= hi:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
         small = (longdoc.overview(trace, view, n_heads, log_scale)[0].update_layout(height=420) if long_input else
-                 ex.selected_figure(matrix, q_toks, k_toks, view.label() + (" · in words" if words else ""),
+                 model_view.selected_figure(matrix, q_toks, k_toks, view.label() + (" · in words" if words else ""),
                                     fixed_scale=not per_map, log_scale=log_scale))
         charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
 
@@ -232,7 +232,7 @@ with tab_heads:
         if hide_special:
             st.info("The head view shows all tokens; turn off “Hide special tokens” to see it.")
         else:
-            w_all = None if long_input else ex.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
+            w_all = None if long_input else model_view.word_stack(trace, stack, kind, [layer], text, what)[0] if words else trace[view.name]
             if norms and w_all is not None:
                 w_all = w_all / w_all.max().clamp_min(1e-30)
             n_q, n_k = (len(q_toks), len(k_toks)) if w_all is None else (w_all.shape[-2], w_all.shape[-1])

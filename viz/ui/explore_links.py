@@ -6,7 +6,7 @@ a long input."""
 
 import streamlit as st
 
-from viz.figures import model_view as ex
+from viz.figures import model_view
 from viz.ui import registry, urlflags
 
 EXPLORE = registry.page("explore").file
@@ -84,14 +84,14 @@ def head_view_window(n_q: int, n_k: int, unit: str):
     viz.figures.model_view.HEAD_VIEW_MAX positions, else a window the user moves along the input."""
     qs = ks = slice(None)
     where = ""
-    if max(n_q, n_k) > ex.HEAD_VIEW_MAX:  # a window of the input the user moves along it
-        last = max(n_q, n_k) - ex.HEAD_VIEW_MAX
+    if max(n_q, n_k) > model_view.HEAD_VIEW_MAX:  # a window of the input the user moves along it
+        last = max(n_q, n_k) - model_view.HEAD_VIEW_MAX
         if not 0 <= st.session_state.get("explore.hv_start", 0) <= last:
             st.session_state["explore.hv_start"] = 0
-        start = st.slider(f"Window of {ex.HEAD_VIEW_MAX} {unit}: first position", 0, last, key="explore.hv_start",
+        start = st.slider(f"Window of {model_view.HEAD_VIEW_MAX} {unit}: first position", 0, last, key="explore.hv_start",
                           help=f"A line per pair of {max(n_q, n_k)} {unit} would be unreadable: the head view "
-                               f"draws {ex.HEAD_VIEW_MAX} at a time. Move the window along the input.")
-        qs, ks = ex.head_view_window(n_q, n_k, start)
+                               f"draws {model_view.HEAD_VIEW_MAX} at a time. Move the window along the input.")
+        qs, ks = model_view.head_view_window(n_q, n_k, start)
         where = f" · {unit} {qs.start}–{qs.stop - 1}"
         st.caption(f"Lines among {unit} {qs.start}–{qs.stop - 1} (queries) and {ks.start}–{ks.stop - 1} (keys) "
                    f"of {max(n_q, n_k)} only, drawn with each head's **real weights, not renormalised**: a "

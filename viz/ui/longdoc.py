@@ -280,12 +280,12 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
 def pooled_layers(trace, stack: str, kind: str, layers, text: str, words: bool, long_input: bool,
                   what: str = "weights"):
     """viz.figures.model_view.pooled_layers, with a progress bar for a long input (one head at a time)."""
-    from viz.figures import model_view as ex
+    from viz.figures import model_view
 
     bar = st.progress(0.0, text="Pooling the maps layer by layer…") if long_input else None
     with (work(trace, "model view", stack, len(layers) * trace.n_heads(stack)) if long_input else nullcontext()), \
             st.spinner("Computing the maps layer by layer…"):
-        pooled = ex.pooled_layers(trace, stack, kind, layers, text, words, what=what, progress=bar and (
+        pooled = model_view.pooled_layers(trace, stack, kind, layers, text, words, what=what, progress=bar and (
             lambda k, t: bar.progress(k / t, text=f"Pooling the maps one head at a time: layer {k + 1} of {t}")))
     if bar is not None:
         bar.empty()
