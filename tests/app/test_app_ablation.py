@@ -9,7 +9,7 @@ import pytest
 
 import core
 from conftest import switch_page, assert_no_exception, chart_by_key, decode_array, figure, heatmap_z
-from viz.explore import knockout as va
+from viz.explore import knockout
 
 TEXT = "the small dog sees the cat"
 TAB_MODEL = "Model view (all layers × heads)"
@@ -96,7 +96,7 @@ def test_minilm_cosines_with_mean_ablation(app_test):
     assert at.selectbox(key="explore.ablation").value == "mean"
     model = core.load_model("minilm")
     off = [("encoder", 0, 2), ("encoder", 2, 9)]
-    cos = va.token_cosines(model.trace(text)["encoder.5.out"].numpy(),
+    cos = knockout.token_cosines(model.trace(text)["encoder.5.out"].numpy(),
                            model.trace(text, ablate=off, ablation="mean")["encoder.5.out"].numpy())
     drawn = decode_array(figure(chart_by_key(at, "explore-changed-cosine"))["data"][0]["y"])
     np.testing.assert_allclose(drawn, cos, atol=1e-6)

@@ -351,12 +351,12 @@ def test_fix_margins_fixes_every_axis_of_a_figure_with_subplots():
 
 def test_space_tokens_show_a_visible_space():
     """A next token that is a space reads as the token chips show it (␣), not as the quoted ' '."""
-    from viz.explore import knockout as va
+    from viz.explore import knockout
     from viz.figures.text import token_text
 
     fig = dv.next_token_figure([" ", "the", "  "], [0.5, 0.3, 0.2])
     assert list(fig.layout.yaxis.ticktext) == ["␣", "the", "␣␣"]
     assert list(fig.data[0].customdata) == ["␣", "the", "␣␣"]
-    table = va.next_token_table([" ", "a"], [0.7, 0.3], ["a", " "], [0.6, 0.4], k=2)
+    table = knockout.next_token_table([" ", "a"], [0.7, 0.3], ["a", " "], [0.6, 0.4], k=2)
     assert list(table["before"]) == ["␣", "a"] and list(table["after"]) == ["a", "␣"]
     assert token_text(" ") == "␣" and token_text("\n") == "\\n" and token_text(" the") == " the"

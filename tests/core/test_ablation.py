@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import core
-from viz.explore import knockout as va
+from viz.explore import knockout
 
 TOL = 1e-4
 
@@ -80,7 +80,7 @@ def test_smollm2_ablation_matches_llama_hook(smollm2, llama, mode, capsys):
     d = (ours - ref).abs().max().item()
     moved = (plain - ref).abs().max().item()
     with capsys.disabled():
-        print(f"\nsmollm2 {mode}-ablation of {va.format_ablate(SMOL_HEADS)}: max|ours - hooked llama| {d:.2e} "
+        print(f"\nsmollm2 {mode}-ablation of {knockout.format_ablate(SMOL_HEADS)}: max|ours - hooked llama| {d:.2e} "
               f"(the ablation moves the logits by up to {moved:.2f})")
     assert moved > 100 * TOL  # the heads matter, so the comparison can fail
     assert d < TOL
@@ -129,30 +129,30 @@ SIZES = {"decoder": (30, 9)}
 
 
 def test_ablate_url_round_trip():
-    heads = va.parse_ablate("decoder.5.1, decoder.3.4,decoder.3.4,", SIZES)
+    heads = knockout.parse_ablate("decoder.5.1, decoder.3.4,decoder.3.4,", SIZES)
     assert heads == [("decoder", 3, 4), ("decoder", 5, 1)]
-    assert va.format_ablate(heads) == "decoder.3.4,decoder.5.1"
-    assert va.parse_ablate(va.format_ablate(heads), SIZES) == heads
-    assert va.parse_ablate("", SIZES) == []
+    assert knockout.format_ablate(heads) == "decoder.3.4,decoder.5.1"
+    assert knockout.parse_ablate(knockout.format_ablate(heads), SIZES) == heads
+    assert knockout.parse_ablate("", SIZES) == []
     for bad in ("decoder.30.0", "decoder.1.9", "encoder.1.1", "decoder.x.1", "decoder.1", "1.2.3"):
         with pytest.raises(ValueError):
-            va.parse_ablate(bad, SIZES)
+            knockout.parse_ablate(bad, SIZES)
 
 
 def test_toggle():
-    heads = va.toggle([], ("decoder", 3, 4))
-    heads = va.toggle(heads, ("decoder", 1, 2))
+    heads = knockout.toggle([], ("decoder", 3, 4))
+    heads = knockout.toggle(heads, ("decoder", 1, 2))
     assert heads == [("decoder", 1, 2), ("decoder", 3, 4)]
-    assert va.toggle(heads, ("decoder", 3, 4)) == [("decoder", 1, 2)]
+    assert knockout.toggle(heads, ("decoder", 3, 4)) == [("decoder", 1, 2)]
 
 
 def test_cosines_and_table():
     a = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
     b = np.array([[2.0, 0.0], [1.0, 1.0], [-3.0, -4.0]])
-    np.testing.assert_allclose(va.token_cosines(a, b), [1.0, 1 / np.sqrt(2), -1.0], atol=1e-12)
-    fig = va.cosine_figure(va.token_cosines(a, b), ["x", "y", "z"])
+    np.testing.assert_allclose(knockout.token_cosines(a, b), [1.0, 1 / np.sqrt(2), -1.0], atol=1e-12)
+    fig = knockout.cosine_figure(knockout.token_cosines(a, b), ["x", "y", "z"])
     np.testing.assert_allclose(np.asarray(fig.data[0].y, dtype=float), [1.0, 1 / np.sqrt(2), -1.0])
-    t = va.next_token_table(["a", "b"], [0.7, 0.2], ["b", "a"], [0.5, 0.4])
+    t = knockout.next_token_table(["a", "b"], [0.7, 0.2], ["b", "a"], [0.5, 0.4])
     assert list(t["before"]) == ["a", "b"] and list(t["p after"]) == [0.5, 0.4]
 
 
@@ -161,11 +161,11 @@ def test_mark_grid_crosses_out_only_ablated_heads():
 
     maps = [torch.softmax(torch.randn(3, 4, 4), -1) for _ in range(2)]
     fig = tiled_head_grid(maps, first_layer=0)
-    va.mark_grid(fig, [("decoder", 1, 2), ("decoder", 0, 0), ("encoder", 1, 1)], "decoder")
+    knockout.mark_grid(fig, [("decoder", 1, 2), ("decoder", 0, 0), ("encoder", 1, 1)], "decoder")
     marks = fig.data[2]
     got = sorted((int(r[0]), int(r[1])) for r in np.asarray(marks.customdata))
     assert got == [(0, 0), (1, 2)]
     centres = {(int(r[0]), int(r[1])): (x, y) for r, x, y in zip(fig.data[1].customdata, fig.data[1].x, fig.data[1].y)}
     for r, x, y in zip(marks.customdata, marks.x, marks.y):
         assert centres[(int(r[0]), int(r[1]))] == (x, y)
-    assert len(va.mark_grid(go.Figure(fig), [], "decoder").data) == 3
+    assert len(knockout.mark_grid(go.Figure(fig), [], "decoder").data) == 3

@@ -10,7 +10,7 @@ from typing import List, Tuple
 import streamlit as st
 
 from core import trace_names as tn
-from viz.explore import knockout as va
+from viz.explore import knockout
 from viz.ui import charts, models, url_state
 
 ABLATION_LABELS = {"zero": "zeroed", "mean": "replaced by its mean over positions"}
@@ -22,9 +22,9 @@ def seeded_keys(state: url_state.PageState, model) -> Tuple[str, str]:
     """PageState.seeded_key for the two widgets: their values from the URL (bad items: a
     warning, nothing switched off).
     Returns (key of the heads multiselect, key of the ablation mode)."""
-    sizes = va.head_sizes(model.config)
-    names = set(va.all_head_names(sizes))
-    key = state.seeded_key("ablate", [], parse=lambda raw: [va.head_name(h) for h in va.parse_ablate(raw, sizes)],
+    sizes = knockout.head_sizes(model.config)
+    names = set(knockout.all_head_names(sizes))
+    key = state.seeded_key("ablate", [], parse=lambda raw: [knockout.head_name(h) for h in knockout.parse_ablate(raw, sizes)],
                      why=lambda raw, exc: str(exc) or None)
     current = st.session_state[key]
     if isinstance(current, str):  # the URL form, as another page published it
@@ -37,7 +37,7 @@ def seeded_keys(state: url_state.PageState, model) -> Tuple[str, str]:
     return key, mode_key
 
 
-def heads_off(key: str) -> List[va.Head]:
+def heads_off(key: str) -> List[knockout.Head]:
     out = []
     for name in st.session_state.get(key, []):
         s, l, h = name.split(".")
@@ -47,13 +47,13 @@ def heads_off(key: str) -> List[va.Head]:
 
 def toggle_head(key: str, stack: str, layer: int, head: int) -> None:
     """Switch one head off, or back on (for a click on the model view)."""
-    st.session_state[key] = [va.head_name(h) for h in va.toggle(heads_off(key), (stack, layer, head))]
+    st.session_state[key] = [knockout.head_name(h) for h in knockout.toggle(heads_off(key), (stack, layer, head))]
 
 
 def controls(model, key: str, mode_key: str) -> None:
-    sizes = va.head_sizes(model.config)
+    sizes = knockout.head_sizes(model.config)
     c = st.columns([3, 1.2, 1.2])
-    c[0].multiselect("Heads switched off (stack.layer.head)", va.all_head_names(sizes), key=key,
+    c[0].multiselect("Heads switched off (stack.layer.head)", knockout.all_head_names(sizes), key=key,
                      placeholder="none: turn on “Clicks switch heads off” and click maps in the model view",
                      help="Their slice of Concat(head_1..head_H) is removed before W_o; every map and prediction "
                           "below is the ablated model's.")
@@ -65,10 +65,10 @@ def controls(model, key: str, mode_key: str) -> None:
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _continuation(model_name: str, text: str, off: tuple, mode: str, _model) -> str:
     tokens, _ = _model.generate(text, max_new_tokens=CONTINUATION_TOKENS, ablate=list(off), ablation=mode)
-    return va.continuation(tokens)
+    return knockout.continuation(tokens)
 
 
-def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head], mode: str) -> None:
+def what_changed(model, model_name: str, text: str, ablated, off: List[knockout.Head], mode: str) -> None:
     """Before/after: decoders' next-token top-10 and greedy continuation, encoder-decoders'
     translation, encoders' per-token cosine of the last-layer vectors."""
     base = models.get_trace(model_name, text, notes=False)
@@ -80,7 +80,7 @@ def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head],
             c = st.columns([3, 2])
             with c[0]:
                 st.caption("Next token after the prompt: top 10 before and after")
-                st.dataframe(va.next_token_table(base.tokens("next"), base[tn.NEXT_PROBS].float().numpy(),
+                st.dataframe(knockout.next_token_table(base.tokens("next"), base[tn.NEXT_PROBS].float().numpy(),
                                                  ablated.tokens("next"), ablated[tn.NEXT_PROBS].float().numpy()),
                              hide_index=True, key="explore-changed-next",
                              column_config={"p before": st.column_config.NumberColumn(format="%.4f"),
@@ -106,8 +106,8 @@ def what_changed(model, model_name: str, text: str, ablated, off: List[va.Head],
         else:
             last = base.layers("encoder") - 1
             name = tn.out("encoder", last)
-            cos = va.token_cosines(base[name].float().numpy(), ablated[name].float().numpy())
-            charts.chart(va.cosine_figure(cos, base.tokens("source"),
+            cos = knockout.token_cosines(base[name].float().numpy(), ablated[name].float().numpy())
+            charts.chart(knockout.cosine_figure(cos, base.tokens("source"),
                                              title=f"Each token's layer-{last} vector: cosine before vs after"),
                             key="explore-changed-cosine", width="stretch")
             st.caption(f"{model_name} has no masked-LM head here, so there are no fill-in predictions to compare.")

@@ -10,10 +10,10 @@ import streamlit as st
 
 from viz.figures import model_view
 from viz.figures.heatmaps import attention_heatmap, fix_margins, head_view
-from viz.explore import knockout as va
+from viz.explore import knockout
 from viz.figures import why as why_figures
 from viz.ui import charts, dl, explore_links, longdoc, models, training_panel, url_state, urlflags, vocab, why_panel, widgets
-from viz.explore import knockout_panel as knockout
+from viz.explore import knockout_panel
 from viz.figures.select import View, attention_matrix, axis_tokens
 from viz.figures.text import _md_code
 
@@ -58,9 +58,9 @@ st.caption("Examples from the lecture notes and for this model:")
 widgets.example_buttons(examples, "explore-ex", _use_example, shown=len(widgets.NOTES_EXAMPLES))
 run_model = training_panel.training_step(state, model_name, model, text, "explore")  # toy-translate: a training step
 
-ablate_key, ablation_key = knockout.seeded_keys(state, model)
-off, ablation = knockout.heads_off(ablate_key), st.session_state[ablation_key]
-url_ablation = dict(ablate=va.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
+ablate_key, ablation_key = knockout_panel.seeded_keys(state, model)
+off, ablation = knockout_panel.heads_off(ablate_key), st.session_state[ablation_key]
+url_ablation = dict(ablate=knockout.format_ablate(off) or None, ablation=ablation if off and ablation != "zero" else None)
 trace = models.get_trace(run_model, text, ablate=off, ablation=ablation, progress=longdoc.announce(model, model_name, text))
 if trace is None:
     state.end_here(model=model_name, text=text, **url_ablation)
@@ -124,9 +124,9 @@ state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, ta
 with st.expander("More: switch heads off, patch this head, the logit lens", expanded=bool(off),
                  icon=":material/tune:"):
     explore_links.head_links(st, model, model_name, text, stack, kind, layer, head)
-    knockout.controls(model, ablate_key, ablation_key)
+    knockout_panel.controls(model, ablate_key, ablation_key)
 if off:
-    knockout.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
+    knockout_panel.what_changed(model if run_model == model_name else models.get_model(run_model), run_model, text,
                           trace, off, ablation)
 
 view = View(stack, kind, layer, None if mean_heads else head, what)
@@ -186,7 +186,7 @@ def _pick_from_grid() -> None:
     pts = (sel or {}).get("selection", {}).get("points", []) if sel else []
     picked = model_view.grid_pick(pts[0]) if pts else None
     if picked is not None and st.session_state.get("explore.knockout"):
-        knockout.toggle_head(ablate_key, stack, *picked)
+        knockout_panel.toggle_head(ablate_key, stack, *picked)
     elif picked is not None:
         st.session_state[layer_key], st.session_state[head_key] = picked
         st.session_state["explore.mean"] = False
@@ -216,7 +216,7 @@ with tab_model:
         grid = model_view.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
                                     f"{n_heads} heads" + (" · in words" if words else ""))
-        va.mark_grid(grid, off, stack)
+        knockout.mark_grid(grid, off, stack)
         charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,
                      selection_mode="points", width="stretch")
         if not lo <= layer <= hi:
