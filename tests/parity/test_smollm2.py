@@ -377,63 +377,20 @@ def test_write_cache_replaces_stale_entries(model, tmp_path):
 
 
 @pytest.mark.slow
-def test_pooled_maps_at_8000_tokens_match_transformers_tile_by_tile(model, reference):
-    """trace.pooled for two heads of layers 0, 15 and 29 at 8,000 tokens against an
-    independent tile-wise computation: transformers' LlamaForCausalLM (sdpa, so no layer's
-    maps are ever whole) runs the same ids, hooks catch the inputs of those layers, and its
-    own input_layernorm, q_proj / k_proj (un-permuted by its GGUF loader), rotary embedding
-    ("half" layout) and a float64 softmax give 128 query rows at a time, block-averaged."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+def test_pooled_maps_of_a_long_input_match_transformers_tile_by_tile(model, reference, monkeypatch):
+    """trace.pooled for two heads of layers 0, 15 and 29 of a long input against an independent
+    tile-wise computation (bench/bench_large_checks.py's pooled_against_transformers:
+    transformers' sdpa Llama, hooks at those layers, its own norm, projections and rotary
+    embedding, a float64 softmax, block-averaged).
 
-    from bench.common import PASSAGE
+    What makes an input long here is the path, not the size: no map is stored, and the pooled
+    map is summed tile by tile. 1,000 tokens take that path; the tiles are made 96 rows so they
+    straddle the 128-token blocks, and the last block is partial (1,000 = 7 x 128 + 104). The
+    8,000-token case (the model's context, where RoPE's angles are largest) is
+    `python -m bench.bench_large_checks --part pooled`."""
+    import core.head_maps as hm
+    from bench.bench_large_checks import pooled_against_transformers
 
-    n, size, layers, heads = 8000, 128, (0, 15, 29), (0, 7)
-    ids = model.tokenizer.encode(PASSAGE * 300).ids[:n]
-    assert len(ids) == n
-    tensors, _, runner = model._run_traced(None, ids)
-    trace = model._finish(tensors, {"source": model.target_strings(ids)},
-                          {"model": "smollm2", "config": model.config.to_dict()}, runner)
-    ours = {i: trace.pooled(f"decoder.{i}.self_attn.weights", size=size, heads=heads) for i in layers}
-
-    caught = {}
-    hooks = [reference.model.layers[i].register_forward_pre_hook(
-        lambda mod, args, kwargs, i=i: caught.__setitem__(i, (args[0] if args else kwargs["hidden_states"]).detach()),
-        with_kwargs=True) for i in layers]
-    impl = reference.config._attn_implementation
-    reference.config._attn_implementation = "sdpa"
-    try:
-        with torch.inference_mode():
-            reference.model(torch.tensor([ids]), use_cache=False)
-    finally:
-        reference.config._attn_implementation = impl
-        for h in hooks:
-            h.remove()
-    nb = -(-n // size)
-    worst = 0.0
-    with torch.inference_mode():
-        pos = torch.arange(n)[None]
-        for i in layers:
-            layer = reference.model.layers[i]
-            x = layer.input_layernorm(caught[i])
-            attn = layer.self_attn
-            q = attn.q_proj(x).view(1, n, -1, 64).transpose(1, 2)
-            k = attn.k_proj(x).view(1, n, -1, 64).transpose(1, 2)
-            cos, sin = reference.model.rotary_emb(x, pos)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            q, k = q[0].double(), k[0].double()
-            for j, h in enumerate(heads):
-                g = h // (q.shape[0] // k.shape[0])
-                sums = torch.zeros(nb, nb, dtype=torch.float64)
-                for r0 in range(0, n, size):
-                    r1 = min(n, r0 + size)
-                    s = q[h, r0:r1] @ k[g].T / 8.0
-                    s = s.masked_fill(torch.arange(n)[None, :] > torch.arange(r0, r1)[:, None], float("-inf"))
-                    w = torch.softmax(s, dim=-1)
-                    w = torch.nn.functional.pad(w, (0, nb * size - n)).view(r1 - r0, nb, size).sum(-1)
-                    sums[r0 // size] = w.sum(0)
-                widths = torch.tensor([min(size, n - b * size) for b in range(nb)], dtype=torch.float64)
-                ref = sums / (widths[:, None] * widths[None, :])
-                d = (ours[i][j].double() - ref).abs().max().item()
-                worst = max(worst, d)
-                assert d < 1e-5, f"layer {i} head {h}: pooled map differs by {d:.2e} at {n} tokens"
-    print(f"\npooled at {n} tokens, layers {layers}, heads {heads}: max|ours - transformers tile-wise| {worst:.2e}")
+    monkeypatch.setattr(hm, "TILE_ROWS", 96)
+    worst = pooled_against_transformers(model, reference, n=1000, size=128, layers=(0, 15, 29), heads=(0, 7))
+    assert worst < 1e-5, f"pooled map differs by {worst:.2e}"
