@@ -105,7 +105,7 @@ def _stepper() -> bool:
 
     import core
     from bench.common import PASSAGE
-    from viz.decoder import figures as dv
+    from viz.decoder import figures as decoder_figures
 
     model = core.load_model("smollm2", device="cpu")
     text = PASSAGE * 40
@@ -124,7 +124,7 @@ def _stepper() -> bool:
     for e in at.get("plotly_chart"):
         if e.proto.id.endswith("decoder-weights"):
             z = np.array(json.loads(e.proto.spec)["data"][0]["z"], dtype=float)
-    ok = not at.exception and z is not None and z.shape[0] <= dv.MAX_SIDE and np.allclose(z.sum(1), 1.0, atol=1e-4)
+    ok = not at.exception and z is not None and z.shape[0] <= decoder_figures.MAX_SIDE and np.allclose(z.sum(1), 1.0, atol=1e-4)
     t0 = time.perf_counter()
     at.button(key="decoder-btn-next").click().run(timeout=300)
     nxt = time.perf_counter() - t0

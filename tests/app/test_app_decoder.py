@@ -292,14 +292,14 @@ def test_smollm2_stepper_with_a_long_prompt(app_test, monkeypatch):
 
     "Long" is what the page does past three sizes, not the size itself: a trace that keeps no
     q/k/v (core.api.QK_KEEP_BYTES, ~290 smollm2 tokens), layers whose maps are read in tiles
-    (core.head_maps.LONG_LAYER_BYTES, ~965 tokens) and maps drawn in blocks (dv.MAX_SIDE, 96).
+    (core.head_maps.LONG_LAYER_BYTES, ~965 tokens) and maps drawn in blocks (decoder_figures.MAX_SIDE, 96).
     The first two are lowered to 0 here so a 160-token prompt takes the paths a 1,024-token one
     does (which cost 69 s to 220 s here); the 1,024-token prompt itself is timed by
     bench/bench_stepper.py."""
     import core.api
     import core.head_maps as hm
     from bench.common import PASSAGE
-    from viz.decoder import figures as dv
+    from viz.decoder import figures as decoder_figures
 
     monkeypatch.setattr(core.api, "QK_KEEP_BYTES", 0)
     monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
@@ -307,13 +307,13 @@ def test_smollm2_stepper_with_a_long_prompt(app_test, monkeypatch):
     model = core.load_model("smollm2", device="cpu")
     text = PASSAGE * 10
     text = text[: model.tokenizer.encode(text).offsets[n_prompt - 1][1]]
-    assert len(model.encode(text)) == n_prompt > dv.MAX_SIDE
+    assert len(model.encode(text)) == n_prompt > decoder_figures.MAX_SIDE
     at = app_test("decoder", model="smollm2", text=text, layer="3", head="1")
     at.run(timeout=900)
     assert_no_exception(at)
     assert not at.error, [e.value for e in at.error]
     z1 = heatmap_z(chart_by_key(at, "decoder-weights"))
-    assert z1.shape[0] <= dv.MAX_SIDE < n_prompt
+    assert z1.shape[0] <= decoder_figures.MAX_SIDE < n_prompt
     np.testing.assert_allclose(z1.sum(1), 1.0, atol=1e-4)
     at.button(key="decoder-btn-next").click().run(timeout=300)
     assert_no_exception(at)
@@ -322,7 +322,7 @@ def test_smollm2_stepper_with_a_long_prompt(app_test, monkeypatch):
     w = steps[1]["decoder.3.self_attn.weights"][1].numpy()
     n = w.shape[0]
     mask, masked = steps[1]["decoder.3.self_attn.mask"].numpy(), steps[1]["decoder.3.self_attn.masked"][1].numpy()
-    want = dv.in_blocks(mask, masked, w, steps[1].tokens("target"), n - 1)[2]
+    want = decoder_figures.in_blocks(mask, masked, w, steps[1].tokens("target"), n - 1)[2]
     z2 = heatmap_z(chart_by_key(at, "decoder-weights"))
     np.testing.assert_allclose(z2, want, atol=1e-4)
     # stepped in the browser: each step's last 48 rows, the keys before them summed into column 0

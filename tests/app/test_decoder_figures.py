@@ -9,7 +9,7 @@ import torch
 
 import core
 from core import ModelConfig
-from viz.decoder import figures as dv
+from viz.decoder import figures as decoder_figures
 from viz.figures import prefix_check as pc
 from viz.figures.heatmaps import matrix_heatmap
 
@@ -39,7 +39,7 @@ def tiny_decoder():
 # ------------------------------------------------------------------ figures
 def test_look_ahead_mask_figure_draws_zero_and_minus_infinity():
     mask = core.causal_mask(4)
-    fig = dv.look_ahead_mask_figure(mask, ["<start>", "a", "b", "c"], highlight_row=3)
+    fig = decoder_figures.look_ahead_mask_figure(mask, ["<start>", "a", "b", "c"], highlight_row=3)
     z = _z(fig)
     above = np.triu(np.ones((4, 4), bool), 1)
     assert np.all(np.isnan(z[above]))  # -inf cells are drawn blank (grey background) ...
@@ -54,8 +54,8 @@ def test_look_ahead_mask_figure_draws_zero_and_minus_infinity():
 
 
 def test_large_mask_keeps_colours_but_drops_cell_text():
-    n = dv.MASK_TEXT_UP_TO + 5
-    fig = dv.look_ahead_mask_figure(core.causal_mask(n), [f"t{i}" for i in range(n)])
+    n = decoder_figures.MASK_TEXT_UP_TO + 5
+    fig = decoder_figures.look_ahead_mask_figure(core.causal_mask(n), [f"t{i}" for i in range(n)])
     assert fig.data[0].text is None and fig.data[0].texttemplate is None  # no text element per cell
     assert np.isnan(_z(fig)[0, 1]) and _z(fig)[1, 0] == 0
 
@@ -67,7 +67,7 @@ def test_large_masked_scores_draw_no_text_per_cell():
 
     for n, written in ((NEG_INF_TEXT_UP_TO, True), (NEG_INF_TEXT_UP_TO + 1, False)):
         masked = torch.randn(n, n) + core.causal_mask(n)
-        fig = dv.masked_scores_figure(masked, [f"t{i}" for i in range(n)])
+        fig = decoder_figures.masked_scores_figure(masked, [f"t{i}" for i in range(n)])
         assert (fig.data[0].texttemplate is not None) is written
         if written:
             assert np.asarray(fig.data[0].text)[0, n - 1] == "-∞"
@@ -77,7 +77,7 @@ def test_masked_scores_figure_shows_minus_infinity_cells():
     torch.manual_seed(0)
     scaled = torch.randn(3, 3)
     masked = scaled + core.causal_mask(3)
-    fig = dv.masked_scores_figure(masked, ["x", "y", "z"], highlight_row=2)
+    fig = decoder_figures.masked_scores_figure(masked, ["x", "y", "z"], highlight_row=2)
     z = _z(fig)
     assert np.isnan(z[0, 1]) and np.isnan(z[0, 2]) and np.isnan(z[1, 2])
     np.testing.assert_allclose(z[np.tril_indices(3)], scaled.numpy()[np.tril_indices(3)], rtol=1e-6)
@@ -91,7 +91,7 @@ def test_masked_scores_figure_shows_minus_infinity_cells():
 def test_weights_figure_keeps_exact_zeros_above_diagonal():
     masked = torch.tensor([[1.0, NEG, NEG], [0.5, 2.0, NEG], [0.1, 0.2, 0.3]])
     w = torch.softmax(masked, -1)
-    fig = dv.weights_figure(w, ["<start>", "a", "b"], highlight_row=1)
+    fig = decoder_figures.weights_figure(w, ["<start>", "a", "b"], highlight_row=1)
     z = _z(fig)
     assert z.shape == (3, 3)
     assert np.all(z[np.triu_indices(3, 1)] == 0)
@@ -101,89 +101,89 @@ def test_weights_figure_keeps_exact_zeros_above_diagonal():
 
 def test_cross_attention_figure_rows_are_target_and_columns_source():
     w = torch.softmax(torch.randn(2, 5), -1)
-    fig = dv.cross_attention_figure(w, ["<start>", "le"], list("abcde"), highlight_row=1)
+    fig = decoder_figures.cross_attention_figure(w, ["<start>", "le"], list("abcde"), highlight_row=1)
     assert _z(fig).shape == (2, 5)
     assert list(fig.layout.xaxis.ticktext) == list("abcde")
     assert fig.layout.shapes[0].y0 == 0.5
 
 
 def test_next_token_figure_marks_chosen_and_teacher():
-    fig = dv.next_token_figure(["le", "ba", "<end>"], [0.6, 0.3, 0.1], chosen="le", forced="ba")
+    fig = decoder_figures.next_token_figure(["le", "ba", "<end>"], [0.6, 0.3, 0.1], chosen="le", forced="ba")
     bar = fig.data[0]
     assert isinstance(bar, go.Bar) and bar.orientation == "h"
     assert list(bar.x) == [0.6, 0.3, 0.1]
-    assert bar.marker.color[0] == dv.CHOSEN_COLOUR and bar.marker.color[1] == dv.FORCED_COLOUR
-    assert bar.marker.color[2] == dv.BAR_COLOUR
+    assert bar.marker.color[0] == decoder_figures.CHOSEN_COLOUR and bar.marker.color[1] == decoder_figures.FORCED_COLOUR
+    assert bar.marker.color[2] == decoder_figures.BAR_COLOUR
     assert "chosen" in bar.text[0] and "teacher" in bar.text[1]
     assert "&lt;end&gt;" in list(fig.layout.yaxis.ticktext)
     # a teacher token outside the top k is added as its own bar
-    fig2 = dv.next_token_figure(["le", "ba"], [0.6, 0.3], chosen="le", forced="zu", forced_prob=0.001)
+    fig2 = decoder_figures.next_token_figure(["le", "ba"], [0.6, 0.3], chosen="le", forced="zu", forced_prob=0.001)
     assert list(fig2.data[0].x) == [0.6, 0.3, 0.001]
-    assert fig2.data[0].marker.color[2] == dv.FORCED_COLOUR
+    assert fig2.data[0].marker.color[2] == decoder_figures.FORCED_COLOUR
     # chosen equal to the teacher's token: one bar says both
-    fig3 = dv.next_token_figure(["le"], [0.9], chosen="le", forced="le")
+    fig3 = decoder_figures.next_token_figure(["le"], [0.9], chosen="le", forced="le")
     assert "chosen = teacher" in fig3.data[0].text[0]
 
 
 def test_figures_from_a_real_step(toy_steps):
     s = toy_steps[1]
     toks = s.tokens("target")
-    row = dv.newest_row(s)
+    row = decoder_figures.newest_row(s)
     assert row == 1 == len(toks) - 1
-    w = dv.head_matrix(s, "decoder.0.self_attn.weights", 2)
+    w = decoder_figures.head_matrix(s, "decoder.0.self_attn.weights", 2)
     assert w.shape == (2, 2)
     np.testing.assert_array_equal(w, s["decoder.0.self_attn.weights"][2].numpy())
-    assert dv.head_matrix(s, "decoder.0.self_attn.mask", 2).shape == (2, 2)  # 2-D tensors as they are
-    fig = dv.weights_figure(w, toks, highlight_row=row)
+    assert decoder_figures.head_matrix(s, "decoder.0.self_attn.mask", 2).shape == (2, 2)  # 2-D tensors as they are
+    fig = decoder_figures.weights_figure(w, toks, highlight_row=row)
     np.testing.assert_allclose(_z(fig).sum(1), 1, atol=1e-5)
 
 
 # ------------------------------------------------------------------ bookkeeping
 def test_step_rows_and_counts():
-    assert dv.step_row(1, 1) == 0 and dv.step_row(3, 1) == 2  # encoder-decoder: <start> is row 0
-    assert dv.step_row(1, 5) == 4 and dv.step_row(2, 5) == 5  # decoder-only: the prompt's last token
-    assert dv.n_teacher_steps(6, 1) == 6
-    assert dv.n_teacher_steps(8, 5) == 4
-    assert dv.n_teacher_steps(1, 1) == 1
+    assert decoder_figures.step_row(1, 1) == 0 and decoder_figures.step_row(3, 1) == 2  # encoder-decoder: <start> is row 0
+    assert decoder_figures.step_row(1, 5) == 4 and decoder_figures.step_row(2, 5) == 5  # decoder-only: the prompt's last token
+    assert decoder_figures.n_teacher_steps(6, 1) == 6
+    assert decoder_figures.n_teacher_steps(8, 5) == 4
+    assert decoder_figures.n_teacher_steps(1, 1) == 1
 
 
 def test_top_k_is_sorted_and_exact():
     p = torch.tensor([0.1, 0.5, 0.05, 0.35])
-    ids, probs = dv.top_k(p, 3)
+    ids, probs = decoder_figures.top_k(p, 3)
     assert ids == [1, 3, 0]
     assert probs == pytest.approx([0.5, 0.35, 0.1])
-    assert dv.top_k(p, 10)[0] == [1, 3, 0, 2]
+    assert decoder_figures.top_k(p, 10)[0] == [1, 3, 0, 2]
 
 
 def test_ending_message():
-    level, msg = dv.ending_message(6, True, 63)
+    level, msg = decoder_figures.ending_message(6, True, 63)
     assert level == "success" and "<end>" in msg and "6 steps" in msg
-    level, msg = dv.ending_message(63, False, 63)
+    level, msg = decoder_figures.ending_message(63, False, 63)
     assert level == "warning" and "maximum length" in msg and "63" in msg
-    assert "<|im_end|>" in dv.ending_message(3, True, 32, end_token="<|im_end|>")[1]
+    assert "<|im_end|>" in decoder_figures.ending_message(3, True, 32, end_token="<|im_end|>")[1]
 
 
 def test_chips_markdown_is_literal_and_marks_current():
-    md = dv.chips_markdown(["<start>", "a`b", "\n", " "], current=1)
+    md = decoder_figures.chips_markdown(["<start>", "a`b", "\n", " "], current=1)
     assert md.split(" ")[0] == "`<start>`"
     assert "**`aˋb`**" in md  # a backtick cannot close the code span
     assert "`\\n`" in md and "`␣`" in md
-    long = dv.chips_markdown([f"t{i}" for i in range(100)], max_chips=10)
+    long = decoder_figures.chips_markdown([f"t{i}" for i in range(100)], max_chips=10)
     assert long.startswith("…") and long.endswith("`t99`") and "`t89`" not in long
 
 
 def test_generated_and_output_tokens(toy, toy_steps):
-    gen = dv.generated_tokens(toy_steps)
+    gen = decoder_figures.generated_tokens(toy_steps)
     assert gen[-1] == "<end>"
-    assert dv.output_tokens(toy_steps) == toy.greedy_batch(["the small dog sees the cat"])[0]
-    assert toy.target_strings(dv.generated_ids(toy_steps)) == gen
+    assert decoder_figures.output_tokens(toy_steps) == toy.greedy_batch(["the small dog sees the cat"])[0]
+    assert toy.target_strings(decoder_figures.generated_ids(toy_steps)) == gen
 
 
 def test_prefix_difference_against_the_prefix_run_alone(toy, toy_steps):
     """Each step's rows, and the same rows of the teacher-forced pass on the whole output, equal
     the decoder run on that step's prefix alone (its own pass), over every layer and head."""
     text = "the small dog sees the cat"
-    out = dv.output_tokens(toy_steps)
+    out = decoder_figures.output_tokens(toy_steps)
     full = toy.trace(text, target=" ".join(out))
     keys = {"self-attention weights", "cross-attention weights", "top-k next-token probabilities",
             "next-token distribution"}
@@ -222,11 +222,11 @@ def test_prefix_difference_fails_on_different_computations(toy, toy_steps):
 
 def test_teacher_forcing_rows_and_cross_entropy():
     probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
-    frame, ce = dv.teacher_forcing_rows(probs, ["<start>", "a"], ["a", "<end>"], [0, 2], ["a", "<end>"])
+    frame, ce = decoder_figures.teacher_forcing_rows(probs, ["<start>", "a"], ["a", "<end>"], [0, 2], ["a", "<end>"])
     assert list(frame["input"]) == ["<start>", "a"]
     assert list(frame["argmax = teacher"]) == [True, True]
     assert ce == pytest.approx(-(math.log(0.7) + math.log(0.8)) / 2)
-    frame, ce = dv.teacher_forcing_rows(probs, ["x", "y"], ["y", None], [1, None], ["x", "z"])
+    frame, ce = decoder_figures.teacher_forcing_rows(probs, ["x", "y"], ["y", None], [1, None], ["x", "z"])
     assert ce == pytest.approx(-math.log(0.2))
     assert frame["p(teacher's next)"].isna().tolist() == [False, True]
 
@@ -239,20 +239,20 @@ def test_decoder_only_steps_have_no_cross_attention(tiny_decoder):
     p = steps[0].meta["prefix_len"]
     assert p == 3  # the prompt is the prefix
     for s in steps:
-        assert not dv.has_cross_attention(s)
-        assert dv.newest_row(s) == dv.step_row(s.meta["step"], p)
+        assert not decoder_figures.has_cross_attention(s)
+        assert decoder_figures.newest_row(s) == decoder_figures.step_row(s.meta["step"], p)
     # teacher forcing on the generated continuation reproduces every step's rows
-    out = dv.output_tokens(steps)
+    out = decoder_figures.output_tokens(steps)
     full = tiny_decoder.trace(prompt, target=" ".join(out))
-    assert dv.n_teacher_steps(len(full.tokens("target")), p) == len(out) + 1
+    assert decoder_figures.n_teacher_steps(len(full.tokens("target")), p) == len(out) + 1
     for s in steps:
         alone = tiny_decoder.trace_decoder_input(prompt, s.meta["target_ids"])  # the step's prefix, alone
         for rows in (s, full):
             d = pc.prefix_difference(rows, alone)
             assert "cross-attention weights" not in d.diffs and "self-attention weights" in d.diffs
             assert d.worst < 1e-5 and d.ok
-    w = dv.head_matrix(steps[-1], "decoder.1.self_attn.weights", 3)
-    fig = dv.weights_figure(w, steps[-1].tokens("target"), highlight_row=dv.newest_row(steps[-1]))
+    w = decoder_figures.head_matrix(steps[-1], "decoder.1.self_attn.weights", 3)
+    fig = decoder_figures.weights_figure(w, steps[-1].tokens("target"), highlight_row=decoder_figures.newest_row(steps[-1]))
     assert np.all(_z(fig)[np.triu_indices(w.shape[0], 1)] == 0)
 
 
@@ -260,7 +260,7 @@ def test_long_prefixes_are_drawn_in_blocks():
     """A 200-position causal map in blocks of 3: weights rows sum to 1, the block means of
     the scores and the mask are those of a direct loop, blocks wholly above the diagonal -inf."""
     import core
-    from viz.decoder import figures as dv
+    from viz.decoder import figures as decoder_figures
 
     n = 200
     g = torch.Generator().manual_seed(0)
@@ -268,7 +268,7 @@ def test_long_prefixes_are_drawn_in_blocks():
     masked = torch.randn(n, n, generator=g).numpy() + mask
     weights = torch.softmax(torch.from_numpy(masked), dim=-1).numpy()
     tokens = [f"t{i}" for i in range(n)]
-    m, s, w, labels, row = dv.in_blocks(mask, masked, weights, tokens, n - 1, max_side=96)
+    m, s, w, labels, row = decoder_figures.in_blocks(mask, masked, weights, tokens, n - 1, max_side=96)
     f = 3
     assert w.shape == s.shape == m.shape == (67, 67) and len(labels) == 67 and row == (n - 1) // f
     np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-9)
@@ -285,14 +285,14 @@ def _block_maps(n: int = 300, repeat: bool = False):
     masked = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).numpy() + mask
     weights = torch.softmax(torch.from_numpy(masked), dim=-1).numpy()
     tokens = [("the" if repeat else f"t{i}") for i in range(n)]
-    return dv.in_blocks(mask, masked, weights, tokens, n - 1, max_side=96)
+    return decoder_figures.in_blocks(mask, masked, weights, tokens, n - 1, max_side=96)
 
 
 def test_block_maps_hover_from_their_axes_not_from_per_cell_labels():
     """Block labels are distinct, so the 96-block scores and weights carry them once per axis
     (category axes) instead of two per cell; ticks and the outlined row stay where they were."""
     _, s, w, labels, row = _block_maps()
-    for fig in (dv.masked_scores_figure(s, labels, highlight_row=row), dv.weights_figure(w, labels, highlight_row=row)):
+    for fig in (decoder_figures.masked_scores_figure(s, labels, highlight_row=row), decoder_figures.weights_figure(w, labels, highlight_row=row)):
         t = fig.data[0]
         assert t.customdata is None
         assert list(t.x) == list(t.y) == labels
@@ -310,7 +310,7 @@ def test_maps_with_repeated_labels_keep_per_cell_hover_labels():
     """Repeated tokens on an axis cannot be category values (they would merge): per-cell labels."""
     n = 40
     z = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    fig = dv.weights_figure(z, ["the"] * n)
+    fig = decoder_figures.weights_figure(z, ["the"] * n)
     assert fig.data[0].customdata is not None and fig.layout.xaxis.type is None
     assert list(fig.data[0].x) == list(range(n))
 
@@ -322,7 +322,7 @@ def test_maps_have_fixed_margins_and_their_outline():
     toks = ["<start>", "le", "chat"]
     run = toks + ["a_much_longer_token"]
     w = torch.softmax(torch.randn(3, 3) + core.causal_mask(3), dim=-1).numpy()
-    fig = dv.weights_figure(w, toks, highlight_row=2, height=400, fit=(run, run))
+    fig = decoder_figures.weights_figure(w, toks, highlight_row=2, height=400, fit=(run, run))
     (shape,) = fig.layout.shapes
     assert (shape.y0, shape.y1, shape.x0, shape.x1) == (1.5, 2.5, -0.5, 2.5)
     for ax in (fig.layout.xaxis, fig.layout.yaxis):
@@ -354,7 +354,7 @@ def test_space_tokens_show_a_visible_space():
     from viz.explore import knockout
     from viz.figures.text import token_text
 
-    fig = dv.next_token_figure([" ", "the", "  "], [0.5, 0.3, 0.2])
+    fig = decoder_figures.next_token_figure([" ", "the", "  "], [0.5, 0.3, 0.2])
     assert list(fig.layout.yaxis.ticktext) == ["␣", "the", "␣␣"]
     assert list(fig.data[0].customdata) == ["␣", "the", "␣␣"]
     table = knockout.next_token_table([" ", "a"], [0.7, 0.3], ["a", " "], [0.6, 0.4], k=2)

@@ -8,7 +8,7 @@ also the softmax of the shown scores, row by row."""
 import numpy as np
 import pytest
 
-from viz.decoder import figures as dv
+from viz.decoder import figures as decoder_figures
 from viz.decoder import steps as ds
 from viz.figures.heatmaps import safe_labels
 
@@ -39,8 +39,8 @@ def test_every_step_equals_its_prefix_run_alone(run):
     for t in range(len(steps)):
         n = t + 1  # step t+1 reads <start> and t generated tokens
         assert alone[t].tokens("target") == steps[t].tokens("target")
-        w_alone = dv.head_matrix(alone[t], name + "weights", HEAD)  # n x n
-        s_alone = dv.head_matrix(alone[t], name + "masked", HEAD)
+        w_alone = decoder_figures.head_matrix(alone[t], name + "weights", HEAD)  # n x n
+        s_alone = decoder_figures.head_matrix(alone[t], name + "masked", HEAD)
         assert w_alone.shape == (n, n)
         z = [_arr(c) for c in ds.slider_step(fig, t)["z"]]
         assert all(m.shape == (side, side) for m in z)
@@ -103,8 +103,8 @@ def test_a_long_run_shows_each_steps_last_rows_and_sums_the_keys_before(run):
     fig = ds.steps_figure(maps)
     for t, m in enumerate(maps):
         n = t + 1
-        w_alone = dv.head_matrix(alone[t], name + "weights", HEAD)
-        s_alone = dv.head_matrix(alone[t], name + "masked", HEAD)
+        w_alone = decoder_figures.head_matrix(alone[t], name + "weights", HEAD)
+        s_alone = decoder_figures.head_matrix(alone[t], name + "masked", HEAD)
         s = max(0, n - 3)
         assert (m.first, m.earlier) == (s, s)
         assert m.q_labels == steps[t].tokens("target")[s:]

@@ -197,14 +197,14 @@ def test_block_map_hover_names_both_blocks(page):
     import torch
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    from viz.decoder import figures as dv
+    from viz.decoder import figures as decoder_figures
 
     n = 300
     mask = core.causal_mask(n).numpy()
     masked = torch.randn(n, n, generator=torch.Generator().manual_seed(1)).numpy() + mask
     weights = torch.softmax(torch.from_numpy(masked), dim=-1).numpy()
-    _, _, w, labels, _ = dv.in_blocks(mask, masked, weights, [f"t{i}" for i in range(n)], n - 1, max_side=96)
-    fig = dv.weights_figure(w, labels, highlight_row=40, height=900)
+    _, _, w, labels, _ = decoder_figures.in_blocks(mask, masked, weights, [f"t{i}" for i in range(n)], n - 1, max_side=96)
+    fig = decoder_figures.weights_figure(w, labels, highlight_row=40, height=900)
     assert fig.data[0].customdata is None
     page.set_content(fig.to_html(include_plotlyjs=True, full_html=True))
     page.wait_for_selector(".js-plotly-plot .nsewdrag")

@@ -13,7 +13,7 @@ step reruns only that part of the page.
 import streamlit as st
 
 import core
-from viz.decoder import figures as dv
+from viz.decoder import figures as decoder_figures
 from viz.ui import models, training_panel, url_state, widgets
 from viz.decoder import stepper_panel as stepper
 
@@ -98,7 +98,7 @@ if not steps:
 first = steps[0]
 prefix_len = int(first.meta.get("prefix_len", 1))
 end_token = model.target_strings([model.end_id])[0] if model.end_id is not None else "<end>"
-out_ids = dv.generated_ids(steps)
+out_ids = decoder_figures.generated_ids(steps)
 if steps[-1].meta.get("ended"):
     out_ids = out_ids[:-1]
 decode_text = getattr(model.target_tokenizer, "decode_text", None)

@@ -16,7 +16,7 @@ from typing import Optional
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from viz.decoder import figures as dv
+from viz.decoder import figures as decoder_figures
 from viz.decoder import view_panel as decoder_view
 from viz.ui import dl, url_state, urlflags
 
@@ -92,7 +92,7 @@ def stepper(run: Run, extra: dict) -> None:
     n_layers = first.layers("decoder")
     n_heads = first.n_heads("decoder")
     if full is not None:
-        n_steps = dv.n_teacher_steps(len(full.tokens("target")), run.prefix_len)
+        n_steps = decoder_figures.n_teacher_steps(len(full.tokens("target")), run.prefix_len)
     else:
         n_steps = len(steps)
     name = run.model_name
@@ -150,8 +150,8 @@ def stepper(run: Run, extra: dict) -> None:
 
     # how the whole run ended, as a summary line under the output (not a box beside the step counter)
     model = run.model
-    level, msg = dv.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, run.end_token)
-    st.markdown("Greedy output: " + (dv.chips_markdown(model.target_strings(dv.generated_ids(steps))) or "(nothing)"))
+    level, msg = decoder_figures.ending_message(len(steps), bool(steps[-1].meta.get("ended")), model.max_new_tokens, run.end_token)
+    st.markdown("Greedy output: " + (decoder_figures.chips_markdown(model.target_strings(decoder_figures.generated_ids(steps))) or "(nothing)"))
     st.caption(("" if level == "success" else ":material/warning: ") + "Whole run: " + msg, help=None)
     decoder_view.generation_check(model, steps, run.run_key)  # the KV cache against no cache
 

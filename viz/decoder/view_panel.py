@@ -17,7 +17,7 @@ import numpy as np
 import streamlit as st
 
 from core import trace_names as tn
-from viz.decoder import figures as dv
+from viz.decoder import figures as decoder_figures
 from viz.decoder import steps as decoder_steps
 from viz.ui import charts, models
 
@@ -40,21 +40,21 @@ class StepView:
 
 
 def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
-    row = dv.newest_row(tr)
-    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), dv.to_numpy(tr[tn.NEXT_PROBS]).tolist(),
+    row = decoder_figures.newest_row(tr)
+    v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), decoder_figures.to_numpy(tr[tn.NEXT_PROBS]).tolist(),
                  tr.meta["chosen"])
     n_gen = len(v.q_tokens) - prefix_len
     st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_gen} generated "
                 f"token{'s' if n_gen != 1 else ''}), current token in bold, then the token it chooses:")
-    st.markdown(dv.chips_markdown(v.q_tokens, current=row, cut=cut) + " → " + dv.chips_markdown([v.chosen]))
+    st.markdown(decoder_figures.chips_markdown(v.q_tokens, current=row, cut=cut) + " → " + decoder_figures.chips_markdown([v.chosen]))
     return v
 
 
 def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     q_tokens = full.tokens("target")
-    row = dv.step_row(step, prefix_len)
+    row = decoder_figures.step_row(step, prefix_len)
     probs_row = full[tn.PROBS][row]
-    ids, p = dv.top_k(probs_row, 10)
+    ids, p = decoder_figures.top_k(probs_row, 10)
     next_tokens = model.alternative_strings(ids)
     # the teacher's next token: the next decoder input, or <end> after the last one (an
     # encoder-decoder whose target was not cut at the maximum length)
@@ -68,8 +68,8 @@ def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool, cut: i
         v.forced, v.forced_prob = model.target_strings([forced_id])[0], float(probs_row[forced_id])
     st.markdown(f"**Teacher forcing:** the decoder gets all {len(q_tokens)} input tokens at once; step {step} is "
                 f"row {row} (bold), whose output predicts the next token:")
-    st.markdown(dv.chips_markdown(q_tokens, current=row, cut=cut)
-                + (" → teacher's next: " + dv.chips_markdown([v.forced]) if v.forced is not None else ""))
+    st.markdown(decoder_figures.chips_markdown(q_tokens, current=row, cut=cut)
+                + (" → teacher's next: " + decoder_figures.chips_markdown([v.forced]) if v.forced is not None else ""))
     return v
 
 
@@ -82,14 +82,14 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     v = _inference(steps[step - 1], step, prefix_len, decoder_only, cut) if full is None else \
         _teacher(model, full, step, prefix_len, decoder_only, cut)
     tr, row, q_tokens = v.tr, v.row, v.q_tokens
-    mask = dv.head_matrix(tr, tn.self_attn("decoder", layer, "mask"), head)
-    masked = dv.head_matrix(tr, tn.self_attn("decoder", layer, "masked"), head)
-    weights = dv.head_matrix(tr, tn.self_attn("decoder", layer, "weights"), head)
+    mask = decoder_figures.head_matrix(tr, tn.self_attn("decoder", layer, "mask"), head)
+    masked = decoder_figures.head_matrix(tr, tn.self_attn("decoder", layer, "masked"), head)
+    weights = decoder_figures.head_matrix(tr, tn.self_attn("decoder", layer, "weights"), head)
     n = len(q_tokens)
     where = f"layer {layer} · head {head}"
     shown_tokens, shown_row = q_tokens, row
-    if n > dv.MAX_SIDE:  # long prompts: the three n x n maps in blocks (the newest row's block outlined)
-        mask, masked, shown_weights, shown_tokens, shown_row = dv.in_blocks(mask, masked, weights, q_tokens, row)
+    if n > decoder_figures.MAX_SIDE:  # long prompts: the three n x n maps in blocks (the newest row's block outlined)
+        mask, masked, shown_weights, shown_tokens, shown_row = decoder_figures.in_blocks(mask, masked, weights, q_tokens, row)
         st.caption(f"{n} positions are drawn in {len(shown_tokens)} blocks per side: weights summed over each block "
                    "of keys and averaged over its queries (rows still sum to 1); scores and the mask averaged over "
                    "each block's cells (−∞ where all are masked). Hover gives each block's range; Explore shows any "
@@ -105,46 +105,46 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     maps = dict(highlight_row=shown_row, height=height, fit=fit_self)
 
     def mask_panel() -> None:
-        charts.chart(dv.look_ahead_mask_figure(mask, shown_tokens, title=f"Look-ahead mask M ({n}×{n})", **maps),
+        charts.chart(decoder_figures.look_ahead_mask_figure(mask, shown_tokens, title=f"Look-ahead mask M ({n}×{n})", **maps),
                      key="decoder-mask", width="stretch")
         st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (Lecture 10's M, Transformers handout's B): the same in every "
                    "layer and head.")
 
     def masked_panel() -> None:
-        charts.chart(dv.masked_scores_figure(masked, shown_tokens, title=f"Masked scores QKᵀ/√d_k + M · {where}",
+        charts.chart(decoder_figures.masked_scores_figure(masked, shown_tokens, title=f"Masked scores QKᵀ/√d_k + M · {where}",
                                              **maps), key="decoder-masked", width="stretch")
         st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
                    "after dividing by √d_k gives the same matrix).")
 
     def weights_panel() -> None:
-        charts.chart(dv.weights_figure(shown_weights, shown_tokens, title=f"Weights S' = softmax(…) · {where}", **maps),
+        charts.chart(decoder_figures.weights_figure(shown_weights, shown_tokens, title=f"Weights S' = softmax(…) · {where}", **maps),
                      key="decoder-weights", width="stretch")
-        newest = (f"The outlined row {row} ({dv.chip(q_tokens[row])}) is the newest position; its output gives the "
-                  f"next token." if full is None else f"The outlined row {row} ({dv.chip(q_tokens[row])}) is the one "
+        newest = (f"The outlined row {row} ({decoder_figures.chip(q_tokens[row])}) is the newest position; its output gives the "
+                  f"next token." if full is None else f"The outlined row {row} ({decoder_figures.chip(q_tokens[row])}) is the one "
                   f"step {step} of inference adds.")
         st.caption("softmax of each row: every row sums to 1 and is exactly 0 above the diagonal, so no token "
                    "attends to a later one. " + newest)
 
     def cross_panel() -> None:
-        if not dv.has_cross_attention(tr):
+        if not decoder_figures.has_cross_attention(tr):
             st.info("Decoder-only model: the prompt is the prefix and there is no encoder, so there is no "
                     "cross-attention. Everything the model knows about the prompt comes through the masked "
                     "self-attention.")
             return
         src = tr.tokens("source")
-        cross = dv.head_matrix(tr, tn.cross_attn("decoder", layer, "weights"), head)
-        charts.chart(dv.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
+        cross = decoder_figures.head_matrix(tr, tn.cross_attn("decoder", layer, "weights"), head)
+        charts.chart(decoder_figures.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
                                                fit=(run_tokens, src), title=f"Cross-attention over the source · {where}"),
                      key="decoder-cross", width="stretch")
         best = int(np.argmax(cross[row]))
         st.caption(f"Queries from the decoder, keys and values from the encoder's output (Lecture 10). "
-                   f"Row {row} ({dv.chip(q_tokens[row])}) looks most at source token {best} "
-                   f"({dv.chip(src[best])}, weight {cross[row, best]:.2f}).")
+                   f"Row {row} ({decoder_figures.chip(q_tokens[row])}) looks most at source token {best} "
+                   f"({decoder_figures.chip(src[best])}, weight {cross[row, best]:.2f}).")
 
     def next_panel() -> None:
         title = (f"Next token after step {step} (top {len(v.next_tokens)})" if full is None
                  else f"Row {row}'s next-token distribution (top {len(v.next_tokens)})")
-        charts.chart(dv.next_token_figure(v.next_tokens, v.next_probs, chosen=v.chosen, forced=v.forced,
+        charts.chart(decoder_figures.next_token_figure(v.next_tokens, v.next_probs, chosen=v.chosen, forced=v.forced,
                                           forced_prob=v.forced_prob, title=title),
                      key="decoder-next", width="stretch")
         st.caption(f"Linear layer + softmax over the vocabulary (Lecture 10); greedy decoding takes the most likely "
@@ -266,10 +266,10 @@ def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_l
     if v.dec_ids is None:
         return
     dec_ids = v.dec_ids
-    argmax_all = model.alternative_strings(dv.to_numpy(full[tn.PROBS]).argmax(-1).tolist())
+    argmax_all = model.alternative_strings(decoder_figures.to_numpy(full[tn.PROBS]).argmax(-1).tolist())
     start_row = prefix_len - 1
     next_ids = [dec_ids[i + 1] if i + 1 < len(dec_ids) else v.ends_with for i in range(len(dec_ids))]
-    frame, ce = dv.teacher_forcing_rows(
+    frame, ce = decoder_figures.teacher_forcing_rows(
         full[tn.PROBS][start_row:], v.q_tokens[start_row:],
         [model.target_strings([j])[0] if j is not None else None for j in next_ids[start_row:]],
         next_ids[start_row:], argmax_all[start_row:])
