@@ -18,7 +18,7 @@ from streamlit.errors import StreamlitAPIException
 
 from viz.decoder import figures as decoder_figures
 from viz.decoder import view_panel as decoder_view
-from viz.ui import dl, url_state, urlflags
+from viz.ui import downloads, url_state, urlflags
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
@@ -163,7 +163,7 @@ def stepper(run: Run, extra: dict) -> None:
         st.button("Check against teacher forcing →", key="decoder-to-teacher", on_click=_check_with_teacher,
                   args=(run.mode_key, state.key("target")),
                   help="Feed the greedy output back as the target, all at once, and compare the rows.")
-    dl.offer(tr, weights, q_tokens, q_tokens, model=name, stack="decoder", kind="self_attn", layer=layer, head=head,
+    downloads.offer(tr, weights, q_tokens, q_tokens, model=name, stack="decoder", kind="self_attn", layer=layer, head=head,
              key="decoder-dl", suffix=f"-step{step}")
 
     if playing:  # Play: one step per rerun of this fragment, to the end

@@ -12,7 +12,7 @@ from viz.figures import model_view
 from viz.figures.heatmaps import attention_heatmap, fix_margins, head_view
 from viz.explore import knockout
 from viz.figures import why as why_figures
-from viz.ui import charts, dl, explore_links, longdoc, models, training_panel, url_state, urlflags, vocab, why_panel, widgets
+from viz.ui import charts, downloads, explore_links, longdoc, models, training_panel, url_state, urlflags, vocab, why_panel, widgets
 from viz.explore import knockout_panel
 from viz.figures.select import View, attention_matrix, axis_tokens
 from viz.figures.text import _md_code
@@ -141,7 +141,7 @@ elif words:
 else:
     matrix, q_toks, k_toks = attention_matrix(trace, view, hide_special=hide_special)
 unit = "words" if words else "tokens"
-map_name = dl.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
+map_name = downloads.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
 
 tab_map, tab_model, tab_heads, tab_long = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG], key=tab_key,
                                                   on_change="rerun")
@@ -177,7 +177,7 @@ with tab_map:
         explore_links.map_caption(norms)
         why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, view.head, q_side, k_side,
                         key="explore")
-        dl.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
+        downloads.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
                  head=view.head, key="explore-dl", suffix="-words" if words else "")
 
 

@@ -13,7 +13,7 @@ from core import trace_names as tn
 from viz.figures import why as why_figures
 from viz.figures.checks import layer_checks
 from viz.figures.citations import cite_text
-from viz.ui import charts, dl, models, training_panel, url_state, vocab, why_panel, widgets
+from viz.ui import charts, downloads, models, training_panel, url_state, vocab, why_panel, widgets
 from viz.ui.download_sizes import human, layer_bytes
 from viz.figures.select import axis_tokens
 from viz.figures.step import NOTATIONS, ROWS, Step, kv_head
@@ -177,7 +177,7 @@ def show_step(i: int, step: Step) -> None:
                 charts.chart(fig, key=fig_key, width="stretch")
     if step.key == "weights":
         full = trace[tn.attn(stack, layer, kind, "weights")][head]
-        dl.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
+        downloads.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
                  key="inside-dl")
         st.caption("The CSV has one row per query (the row form), whatever the notation.")
         why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, head, q_side, k_side,

@@ -27,7 +27,7 @@ from core.head_maps import derived as per_trace
 from viz.figures.heatmaps import attention_heatmap, fix_margins
 from viz.figures.reduce import block_size
 from viz.figures.text import clean_text
-from viz.ui import admission, charts, dl
+from viz.ui import admission, charts, downloads
 from viz.ui import gate as vg
 
 SURPRISAL_WINDOW = 640  # tokens drawn at once in the surprisal grid (one SVG text per token)
@@ -257,7 +257,7 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
             f"open them at full resolution below (at most {ZOOM_TOKENS} tokens a side; a box is 12 pixels a side at "
             "least: zoom in first with the chart's zoom tool to pick one block).")
     charts.chart(fig, key=f"{key}-heatmap", on_select=pick, selection_mode="box", width="stretch",
-                 name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
+                 name=downloads.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix="-overview"))
     (r0, r1), (c0, c1) = lm.zoom_rows(box, size, n, ZOOM_TOKENS)
     cut = lm.zoom_rows(box, size, n) != ((r0, r1), (c0, c1))
@@ -267,13 +267,13 @@ def heatmap_tab(trace, view, q_toks, k_toks, n_heads: int, *, model_name: str, p
     zfig = fix_margins(attention_heatmap(z, q_toks[r0:r1], k_toks[c0:c1], title=title, fixed_scale=False,
                                          log_scale=log_scale), q_toks[r0:r1], k_toks[c0:c1], min_top=90)
     charts.chart(zfig, key=f"{key}-zoom", width="stretch",
-                 name=dl.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
+                 name=downloads.map_name(model=model_name, stack=view.stack, kind=view.kind, layer=view.layer,
                                   head=view.head, suffix=f"-q{r0}-k{c0}"))
     st.caption("The blocks' real weights, coloured on their own scale (their rows are parts of rows of the "
                "whole map: they sum to less than 1 where the query looks outside them)." + (
                    f" The box covers more than {ZOOM_TOKENS} tokens a side: its first {ZOOM_TOKENS} are drawn."
                    if cut else ""))
-    dl.offer(trace, z, q_toks[r0:r1], k_toks[c0:c1], model=model_name, stack=view.stack, kind=view.kind,
+    downloads.offer(trace, z, q_toks[r0:r1], k_toks[c0:c1], model=model_name, stack=view.stack, kind=view.kind,
              layer=view.layer, head=view.head, key=f"{key}-zoom-dl", suffix=f"-q{r0}-k{c0}")
 
 
