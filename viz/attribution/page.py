@@ -12,7 +12,7 @@ from core.analysis.token_ids import output_token_id
 from core.errors import InputError
 from viz.attribution import figures as af
 from viz.attribution import run_panel as attribution_run
-from viz.ui import charts, models, registry, url_state, urlflags, widgets
+from viz.ui import charts, models, registry, url_state, url_switches, widgets
 
 STEPS = (8, 16, 32, 64, 128, 256, 512)
 STEPS_DEFAULT = 64
@@ -65,7 +65,7 @@ if model.kind == "encoder-decoder":
     nxt = dec[1:] + ["<end>"]
     position = st.selectbox("Translation word explained", list(range(len(dec))), key=pos_key,
                             format_func=lambda p: f"{p}: {nxt[p]!r} (after {' '.join(dec[:p + 1])})")
-    url["position"] = urlflags.changed(position, pos_default)
+    url["position"] = url_switches.changed(position, pos_default)
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -111,23 +111,23 @@ with c[2]:
     baseline = st.text_input("Baseline token (empty: pad, else end of sequence)", key=baseline_key,
                              help="Its embedding replaces a token's: the start of integrated gradients' path, what "
                                   "occlusion puts in a token's place and what the faithfulness test deletes with.")
-    steps_key = urlflags.option(state, "steps", STEPS_DEFAULT, STEPS)
+    steps_key = url_switches.option(state, "steps", STEPS_DEFAULT, STEPS)
     steps = st.select_slider("Integrated gradients: steps", STEPS, key=steps_key)
 c2 = st.columns(3)
 # decoders read their first token as an attention sink (it collects the attention no other token
 # needs): replacing it breaks the pass, so integrated gradients' path and the faithfulness test's
 # perturbed inputs leave it in place by default there (on smollm2 the sum converges only so)
 fix_default = model.kind == "decoder"
-fix_key = urlflags.flag(state, "fix_first", fix_default)
+fix_key = url_switches.flag(state, "fix_first", fix_default)
 fix_first = c2[0].toggle("Hold the first token fixed", key=fix_key,
                          help="Integrated gradients' path, the deletion curves and the faithfulness test leave token 0 "
                               "(the attention sink of decoders) at its own embedding: on smollm2 this is what makes "
                               "the integral converge (docs/design.md). On by default for decoders.")
-words_key = urlflags.flag(state, "words")
+words_key = url_switches.flag(state, "words")
 words = c2[1].toggle("Read in words", key=words_key, help="A word's score is the sum of its pieces' scores.")
 url.update(target=target or None, contrast=contrast or None, baseline=baseline or None,
-           steps=urlflags.changed(steps, STEPS_DEFAULT), fix_first=urlflags.flag_url(fix_first, fix_default),
-           words=urlflags.flag_url(words))
+           steps=url_switches.changed(steps, STEPS_DEFAULT), fix_first=url_switches.flag_url(fix_first, fix_default),
+           words=url_switches.flag_url(words))
 state.publish(**url)
 state.show_messages()
 

@@ -17,7 +17,7 @@ import streamlit as st
 from viz.compare import figures as cmp
 from viz.figures import model_view
 from viz.figures.heatmaps import safe_label
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, url_state, url_switches, widgets
 from viz.compare import state_panel as compare_state
 
 widgets.header("compare")
@@ -112,16 +112,16 @@ for col, label, occ, wlist in ((c[1], "A", occ_a, words_a), (c[2], "B", occ_b, w
 layer = c[3].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head = c[4].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[5]:
-    mean_heads = st.toggle("Average over heads", key=urlflags.flag(state, "mean"))
+    mean_heads = st.toggle("Average over heads", key=url_switches.flag(state, "mean"))
     in_words = False
     if not model_view.reads_pieces(model):
         state.ignored_if_given("words", f"{model_name}'s tokens are whole words: there are no pieces to merge")
     if model_view.reads_pieces(model):
-        in_words = st.toggle("Read in words", key=urlflags.flag(state, "words", default=True),
+        in_words = st.toggle("Read in words", key=url_switches.flag(state, "words", default=True),
                              help="Merge word pieces into typed words: the weights on a word's pieces are summed.")
 state.show_messages()
 state.publish(model=model_name, text=text_a, text2=text_b, word=word, layer=layer, head=head,
-              mean=urlflags.flag_url(mean_heads), words=urlflags.flag_url(in_words, default=model_view.reads_pieces(model)))
+              mean=url_switches.flag_url(mean_heads), words=url_switches.flag_url(in_words, default=model_view.reads_pieces(model)))
 word_a, word_b = picked["A"], picked["B"]
 head_used = None if mean_heads else head
 

@@ -18,7 +18,7 @@ from streamlit.errors import StreamlitAPIException
 
 from viz.decoder import figures as decoder_figures
 from viz.decoder import view_panel as decoder_view
-from viz.ui import downloads, url_state, urlflags
+from viz.ui import downloads, url_state, url_switches
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
@@ -108,14 +108,14 @@ def stepper(run: Run, extra: dict) -> None:
     head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
     with c[2]:
         st.write("")  # lines the toggle up with the selectboxes' boxes
-        in_browser = st.toggle("Step in the browser", key=urlflags.flag(state, "browser"), disabled=full is not None,
+        in_browser = st.toggle("Step in the browser", key=url_switches.flag(state, "browser"), disabled=full is not None,
                                help="Every step of this run in one figure with its own slider: a step is redrawn in "
                                     "the page, with no round trip to the server." if full is None else
                                "Inference only: teacher forcing has its rows all at once.")
     if in_browser and full is None:  # the figure's own slider steps; the server's controls would only rerun
         ss[PLAYING] = False
         state.show_messages()
-        state.publish(**run.url, layer=layer, head=head, step=ss.get(step_key, 1), browser=urlflags.flag_url(True))
+        state.publish(**run.url, layer=layer, head=head, step=ss.get(step_key, 1), browser=url_switches.flag_url(True))
         decoder_view.show_all_steps(steps, layer=layer, head=head, step=int(ss.get(step_key, 1)))
         return
     with c[3]:
@@ -146,7 +146,7 @@ def stepper(run: Run, extra: dict) -> None:
     state.show_messages()
     # the switch is in the URL where it shows (inference); teacher forcing leaves it out
     state.publish(**run.url, layer=layer, head=head, step=step,
-                  browser=urlflags.flag_url(in_browser) if full is None else None)
+                  browser=url_switches.flag_url(in_browser) if full is None else None)
 
     # how the whole run ended, as a summary line under the output (not a box beside the step counter)
     model = run.model

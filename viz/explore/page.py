@@ -12,7 +12,7 @@ from viz.figures import model_view
 from viz.figures.heatmaps import attention_heatmap, fix_margins, head_view
 from viz.explore import knockout
 from viz.figures import why as why_figures
-from viz.ui import charts, downloads, explore_links, longdoc, models, training_panel, url_state, urlflags, vocab, why_panel, widgets
+from viz.ui import charts, downloads, explore_links, longdoc, models, training_panel, url_state, url_switches, vocab, why_panel, widgets
 from viz.explore import knockout_panel
 from viz.figures.select import View, attention_matrix, axis_tokens
 from viz.figures.text import _md_code
@@ -81,7 +81,7 @@ elif model.kind == "decoder" and trace.tokens("next"):
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
-flags = {f: urlflags.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
+flags = {f: url_switches.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
 with c[3]:
     mean_heads = st.toggle("Average over heads", key=flags["mean"],
                            help="One map: the mean of this layer's heads, instead of the head chosen.")
@@ -104,20 +104,20 @@ with c[3]:
         words = st.toggle("Read in words", key=flags["words"],
                           help="Merge word pieces into the words you typed: a word's column is the sum over its "
                                "pieces (total attention to the word), its row the mean over its pieces.")
-heads_key = urlflags.heads(state, "heads", n_heads, f"{model_name} has heads 0–{n_heads - 1}")
+heads_key = url_switches.heads(state, "heads", n_heads, f"{model_name} has heads 0–{n_heads - 1}")
 TABS = {"map": TAB_MAP, "model": TAB_MODEL, "heads": TAB_HEADS, "long": TAB_LONG}
-tab_key = urlflags.tab(state, "tab", TABS)
-section_key = urlflags.tab(state, "section", longdoc.SECTIONS)  # the Long document tab's own tabs
+tab_key = url_switches.tab(state, "tab", TABS)
+section_key = url_switches.tab(state, "section", longdoc.SECTIONS)  # the Long document tab's own tabs
 q_side, k_side = axis_tokens(trace, stack, kind)
 why_keys = why_panel.seed(state, len(q_side), len(k_side), causal=stack == "decoder" and kind == "self_attn")
 state.show_messages()
-url_view = {f: urlflags.flag_url(st.session_state[k]) for f, k in flags.items()}
-url_view["words"] = urlflags.flag_url(words)
-url_view["norms"] = urlflags.flag_url(norms)
-url_view["section"] = urlflags.tab_url(state, "section", longdoc.SECTIONS)
+url_view = {f: url_switches.flag_url(st.session_state[k]) for f, k in flags.items()}
+url_view["words"] = url_switches.flag_url(words)
+url_view["norms"] = url_switches.flag_url(norms)
+url_view["section"] = url_switches.tab_url(state, "section", longdoc.SECTIONS)
 if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
-state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=urlflags.tab_url(state, "tab", TABS),
+state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=url_switches.tab_url(state, "tab", TABS),
               **url_view, **url_ablation, **why_panel.url(why_keys))
 # what the research pages do with this head, and switching heads off, behind one "more" (open while heads are
 # off): the first view keeps the map and its plain controls; the widgets stay mounted, as the script sets them

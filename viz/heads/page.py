@@ -9,7 +9,7 @@ from core import analysis
 from core import trace_names as tn
 from viz.heads import figures as hv
 from viz.figures.model_view import view_sides
-from viz.ui import charts, explore_links, models, registry, url_state, urlflags, why_panel, widgets
+from viz.ui import charts, explore_links, models, registry, url_state, url_switches, why_panel, widgets
 
 FLOW_MAX_TOKENS = 48  # flow runs one max-flow per input token; longer inputs show rollout only
 ROLLOUT_MAX_TOKENS = 512  # rollout keeps L x n x n float64 and multiplies n x n maps: 30 x 512^2 x 8 B = 63 MB
@@ -96,9 +96,9 @@ for k, score in enumerate(analysis.SCORES):
                         selection_mode="points", width="stretch")
 
 with cols[2]:
-    top_key = urlflags.option(state, "top", TOP_DEFAULT, analysis.SCORES)
+    top_key = url_switches.option(state, "top", TOP_DEFAULT, analysis.SCORES)
     score = st.selectbox("Top heads by", analysis.SCORES, key=top_key, format_func=lambda s: s.replace("_", " "))
-    url["top"] = urlflags.changed(score, TOP_DEFAULT)
+    url["top"] = url_switches.changed(score, TOP_DEFAULT)
     top = analysis.top_heads(scores[scores["stack"] == stack], score, 5)
     rep = _repeat_text(model_name, stack, model) if score in hv.REPEAT_SCORES else None
     for row in top.itertuples():
@@ -131,9 +131,9 @@ st.caption("A head's every score taken apart into what the stream's components w
            "(click a cell of the map).")
 top_row = top.iloc[0] if len(top) else None
 PA_ON = {"text": "your sentence", "repeat": "the repeated random sequence (where induction is scored)"}
-pa_on_key = urlflags.option(state, "pa_on", "text", list(PA_ON))
+pa_on_key = url_switches.option(state, "pa_on", "text", list(PA_ON))
 pa_on = st.radio("Read the pattern on", list(PA_ON), key=pa_on_key, horizontal=True, format_func=PA_ON.get)
-url["pa_on"] = urlflags.changed(pa_on, "text")
+url["pa_on"] = url_switches.changed(pa_on, "text")
 pa_trace = trace
 if pa_on == "repeat":
     rep_pa = _repeat_text(model_name, stack, model)
@@ -166,7 +166,7 @@ default_query = n - 1 if model.kind == "decoder" or stack == "decoder" else min(
 # the token is a number kept across sentences and models: clamped to this sentence's tokens, with a note
 token_key = url_state.int_from_url(state, "token", default_query, 0, n - 1, of=f"this sentence's {n} tokens")
 query = c[0].selectbox("Token", list(range(n)), key=token_key, format_func=lambda i: f"{i}: {tokens[i]!r}")
-url["token"] = urlflags.changed(query, default_query)
+url["token"] = url_switches.changed(query, default_query)
 state.publish(**url)
 state.show_messages()
 residual = c[1].slider("Residual weight", 0.0, 1.0, 0.5, 0.05, key="heads.residual",

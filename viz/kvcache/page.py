@@ -15,7 +15,7 @@ from core.errors import InputError
 from core.head_maps import layer_maps
 from viz.kvcache import figures as kf
 from viz.figures.text import clean_text
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, url_state, url_switches, widgets
 from viz.kvcache import run_panel as kr
 
 DEFAULT_TEXT = (
@@ -54,7 +54,7 @@ with text_col:
     text = widgets.text_box("Text", text_key, help="The policy reads this text as a decoder does, token by token.")
 
 c = st.columns(5)
-policy_key = urlflags.option(state, "policy", "streaming", CHOICES)
+policy_key = url_switches.option(state, "policy", "streaming", CHOICES)
 policy = c[0].selectbox("Policy", CHOICES, key=policy_key, format_func=lambda p: kf.POLICY_LABELS[p])
 budget_key = url_state.int_from_url(state, "budget", 64, 1, 8192, of="the keys per query")
 budget = int(c[1].number_input("Budget (keys per query)", 1, 8192, key=budget_key, step=1,
@@ -72,9 +72,9 @@ cont_key = state.seeded_key("cont", " The cache then reads the rest of the text 
 cont = ""
 if policy == "snapkv":
     cont = st.text_input("Continuation (SnapKV reads it after compressing the text)", key=cont_key)
-url = dict(model=model_name, text=text, policy=urlflags.changed(policy, "streaming"),
-           budget=urlflags.changed(budget, 64), sinks=urlflags.changed(sinks, 4),
-           recent=urlflags.changed(recent_in, 0), observe=urlflags.changed(observe, 32),
+url = dict(model=model_name, text=text, policy=url_switches.changed(policy, "streaming"),
+           budget=url_switches.changed(budget, 64), sinks=url_switches.changed(sinks, 4),
+           recent=url_switches.changed(recent_in, 0), observe=url_switches.changed(observe, 32),
            cont=cont or None if policy == "snapkv" else None)
 state.publish(**url)
 state.show_messages()
@@ -140,7 +140,7 @@ head = int(h[1].number_input("Head", 0, H - 1, key=head_key, step=1))
 row_key = url_state.int_from_url(state, "row", 0, 0, max(0, n - 1), of="this text's positions")
 r0 = int(h[2].number_input(f"First query row (a block of {kf.MAP_ROWS})", 0, max(0, n - 1), key=row_key, step=64)) \
     if n > kf.MAP_ROWS else 0
-url.update(layer=urlflags.changed(layer, 0), head=urlflags.changed(head, 0), row=urlflags.changed(r0, 0))
+url.update(layer=url_switches.changed(layer, 0), head=url_switches.changed(head, 0), row=url_switches.changed(r0, 0))
 state.publish(**url)
 state.show_messages()
 r1 = min(n, r0 + kf.MAP_ROWS)

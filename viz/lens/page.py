@@ -10,7 +10,7 @@ from core.analysis.token_ids import output_token_id
 from viz.lens import figures as lf
 from core.head_maps import derived as per_trace
 from viz.figures.text import _md_code
-from viz.ui import charts, explore_links, longdoc, models, url_state, urlflags, widgets
+from viz.ui import charts, explore_links, longdoc, models, url_state, url_switches, widgets
 from core import trace_names as tn
 
 IOI = "When Mary and John went to the store, John gave a drink to"
@@ -56,7 +56,7 @@ for f, k in keys.items():  # a value kept from another model or page that this m
     except ValueError as exc:
         state.say(f"The {f} {url_state.said(st.session_state[k])} is cleared: {exc}.")
         st.session_state[k] = ""
-colour_key = urlflags.option(state, "color", COLOUR_DEFAULT, list(lf.COLOURS))
+colour_key = url_switches.option(state, "color", COLOUR_DEFAULT, list(lf.COLOURS))
 top10 = trace.tokens("next") if model.config.has_decoder else []
 
 
@@ -79,7 +79,7 @@ for col, field, label in ((c[0], "target", "Target token"), (c[1], "baseline", "
                       format_func=lambda t: repr(t))
 colour = c[2].radio("Colour the lens by", list(lf.COLOURS), key=colour_key, format_func=lambda k: lf.COLOUR_LABELS[k])
 target, baseline = st.session_state[keys["target"]], st.session_state[keys["baseline"]]
-url.update(target=target or None, baseline=baseline or None, color=urlflags.changed(colour, COLOUR_DEFAULT))
+url.update(target=target or None, baseline=baseline or None, color=url_switches.changed(colour, COLOUR_DEFAULT))
 state.publish(**url)
 state.show_messages()
 

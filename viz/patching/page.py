@@ -15,7 +15,7 @@ from core.analysis.token_ids import output_token_id
 from viz.patching import figures as pm
 from viz.figures.checks import Check
 from viz.figures.text import clean_text
-from viz.ui import charts, explore_links, models, url_state, urlflags, widgets
+from viz.ui import charts, explore_links, models, url_state, url_switches, widgets
 from viz.patching import run_panel as patching_run
 
 MAX_TOKENS = 128  # a grid is layers x tokens patched runs: longer prompts are refused with a message
@@ -45,7 +45,7 @@ corrupt_key = state.seeded_key("corrupt", pm.default_corrupt(st.session_state[te
 state.keep_text(corrupt_key)
 answer_key = state.seeded_key("answer", pm.IOI_ANSWER if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
 wrong_key = state.seeded_key("wrong", pm.IOI_WRONG if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
-what_key = urlflags.option(state, "what", "resid_pre", WHATS)
+what_key = url_switches.option(state, "what", "resid_pre", WHATS)
 # a head marked on the grid: the one Explore's "Patch this head" came from (layer=, head= in the URL)
 marked = None
 if state.qp.get("layer") is not None and state.qp.get("head") is not None:
@@ -115,7 +115,7 @@ wrong = c[1].text_input("Wrong token", key=wrong_key, placeholder="the corrupted
 what = c[2].radio("Patch", WHATS, key=what_key, horizontal=True, format_func=lambda w: w,
                   help="; ".join(f"{k}: {v}" for k, v in pm.WHAT_LABELS.items()))
 url = dict(model=model_name, text=text, corrupt=corrupt, answer=answer or None, wrong=wrong or None,
-           what=urlflags.changed(what, "resid_pre"), layer=None if marked is None else str(marked[0]),
+           what=url_switches.changed(what, "resid_pre"), layer=None if marked is None else str(marked[0]),
            head=None if marked is None else str(marked[1]))
 if swapped is not None and corrupt == swapped[0]:
     st.info(f"The corrupted prompt was the clean one, which leaves nothing to restore: word {swapped[1]} "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from viz.figures import by_hand
-from viz.ui import url_state, urlflags
+from viz.ui import url_state, url_switches
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
              "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
@@ -36,13 +36,13 @@ def seeded_keys(state: url_state.PageState, trace, model_name: str = "") -> dict
     """Every tab control's session key, its value first set from the URL (or this session, or
     its default); sym_stack, layer and head only when there is a trace to choose them in."""
     ss = st.session_state
-    keys = {name: urlflags.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
+    keys = {name: url_switches.option(state, name, default, options) for name, (default, options) in CHOICES.items()}
     keys.update({name: url_state.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
-    keys.update({name: urlflags.flag(state, name, default) for name, default in SWITCHES.items()})
-    keys["hp_H"] = urlflags.option(state, "hp_H", 4, by_hand.heads_options(ss[keys["hp_d"]]))
+    keys.update({name: url_switches.flag(state, name, default) for name, default in SWITCHES.items()})
+    keys["hp_H"] = url_switches.option(state, "hp_H", 4, by_hand.heads_options(ss[keys["hp_d"]]))
     if trace is not None:
         stacks = trace.stacks()
-        keys["sym_stack"] = urlflags.option(state, "sym_stack", stacks[0], stacks)
+        keys["sym_stack"] = url_switches.option(state, "sym_stack", stacks[0], stacks)
         # tab 3's layer and head, checked here whether or not tab 3 is open (only the open tab
         # runs), so a URL's bad value gets its message and the URL keeps a valid one
         stack = ss[keys["sym_stack"]]
@@ -87,12 +87,12 @@ def url_values(keys: dict, trace, edited: dict, built: bool) -> dict:
     ss = st.session_state
     example = by_hand.help_me_example()
     defaults = {**{name: spec[0] for name, spec in CHOICES.items()}, **{name: spec[0] for name, spec in NUMBERS.items()}}
-    in_tabs = {name: urlflags.changed(ss[keys[name]], default) for name, default in defaults.items()}
-    in_tabs.update({name: urlflags.flag_url(ss[keys[name]], default) for name, default in SWITCHES.items()})
-    in_tabs["hp_H"] = urlflags.changed(ss[keys["hp_H"]], 4)
-    in_tabs["hp_built"] = urlflags.flag_url(built)
+    in_tabs = {name: url_switches.changed(ss[keys[name]], default) for name, default in defaults.items()}
+    in_tabs.update({name: url_switches.flag_url(ss[keys[name]], default) for name, default in SWITCHES.items()})
+    in_tabs["hp_H"] = url_switches.changed(ss[keys["hp_H"]], 4)
+    in_tabs["hp_built"] = url_switches.flag_url(built)
     if trace is not None:
-        in_tabs["sym_stack"] = urlflags.changed(ss[keys["sym_stack"]], trace.stacks()[0])
+        in_tabs["sym_stack"] = url_switches.changed(ss[keys["sym_stack"]], trace.stacks()[0])
     for name, field in HAND.items():
-        in_tabs[field] = urlflags.changed(by_hand.frame_to_url(edited[name]), by_hand.frame_to_url(example[name]))
+        in_tabs[field] = url_switches.changed(by_hand.frame_to_url(edited[name]), by_hand.frame_to_url(example[name]))
     return in_tabs

@@ -7,7 +7,7 @@ the sentence and the controls (playground_controls.py), draws the open tab only 
 
 import streamlit as st
 
-from viz.ui import models, url_state, urlflags, widgets
+from viz.ui import models, url_state, url_switches, widgets
 from viz.playground import attention_panel as playground_attention, controls_panel as playground_controls, cost_panel as playground_cost
 from viz.playground.controls_panel import PLAY_TABS
 
@@ -23,7 +23,7 @@ trace = models.get_trace(model_name, text) if model is not None else None
 
 keys = playground_controls.seeded_keys(state, trace, model_name)
 hand_base = playground_controls.hand_tables(state)
-tab_key = urlflags.tab(state, "tab", PLAY_TABS)
+tab_key = url_switches.tab(state, "tab", PLAY_TABS)
 state.show_messages()
 tabs = st.tabs(list(PLAY_TABS.values()), key=tab_key, on_change="rerun")
 
@@ -49,5 +49,5 @@ if tabs[5].open:
     playground_cost.cost(keys)
 
 state.publish(model=model_name, text=text, layer=ss.get(state.key("layer")), head=ss.get(state.key("head")),
-              tab=urlflags.tab_url(state, "tab", PLAY_TABS),
+              tab=url_switches.tab_url(state, "tab", PLAY_TABS),
               **playground_controls.url_values(keys, trace, edited, built))

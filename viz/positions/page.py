@@ -6,7 +6,7 @@ import streamlit as st
 
 from viz.figures import positions as vp
 from viz.figures.heatmaps import DIVERGING, fix_margins, matrix_heatmap
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, models, url_state, url_switches, widgets
 
 widgets.header("positions")
 state = url_state.PageState("positions", fields=("model", "text", "d", "n", "bias_head", "degrees"))
@@ -96,7 +96,7 @@ money = tables["sum"].iloc[3].tolist()
 st.latex(r"x_{\text{money}} = x'_{\text{money}} + \mathrm{PE}_3 = ["
          + ",\\ ".join(f"{v:.4f}" for v in money) + "]")
 st.info(vp.money_note())
-degrees_key = urlflags.flag(state, "degrees")  # the section open or shut is part of the view (URL degrees=1)
+degrees_key = url_switches.flag(state, "degrees")  # the section open or shut is part of the view (URL degrees=1)
 degrees = st.expander("The same formula with the angles read as degrees (how the notes' numbers arise)",
                       key=degrees_key, on_change="rerun")
 if degrees.open:  # drawn only while open: a closed expander's content is mounted all the same
@@ -202,5 +202,5 @@ if trace is not None and vp.position_bias(trace) is None:
     state.ignored_if_given("bias_head", f"{model_name} has no relative position bias (T5 has)")
     state.show_messages()
 bias_key = state.key("bias_head")
-state.publish(model=model_name, text=text, d=d, n=n, degrees=urlflags.flag_url(st.session_state[degrees_key]),
+state.publish(model=model_name, text=text, d=d, n=n, degrees=url_switches.flag_url(st.session_state[degrees_key]),
               bias_head=st.session_state.get(bias_key) if trace is not None and vp.position_bias(trace) else None)

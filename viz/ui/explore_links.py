@@ -7,7 +7,7 @@ a long input."""
 import streamlit as st
 
 from viz.figures import model_view
-from viz.ui import registry, urlflags
+from viz.ui import registry, url_switches
 
 EXPLORE = registry.page("explore").file
 
@@ -53,7 +53,7 @@ def head_links(col, model, model_name: str, text: str, stack: str, kind: str, la
 
 def norms_toggle(state) -> bool:
     """The switch from the weights to what is added (value norms); its state is in the URL (norms)."""
-    return st.toggle("Weights → what is added (norms)", key=urlflags.flag(state, "norms"),
+    return st.toggle("Weights → what is added (norms)", key=url_switches.flag(state, "norms"),
                      help="Off: the attention weights a_ij. On: ||a_ij v_j W_o^h||, the size of what key j adds to "
                           "query i through the head (Kobayashi et al. 2020): a large weight on a key whose value is "
                           "small adds little.")

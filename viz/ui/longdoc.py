@@ -303,7 +303,7 @@ def head_view_weights(trace, view, n_heads: int, qs: slice, ks: slice) -> torch.
 def long_tab(trace, text: str, view, n_heads: int, n_layers: int, *, model_name: str, key: str = "explore",
              log_scale: bool = False, section_key: Optional[str] = None) -> None:
     """Spans, head profiles and (decoders) surprisal, for any length; section_key: the session key
-    of the open section (urlflags.tab over SECTIONS, so the URL names it)."""
+    of the open section (url_switches.tab over SECTIONS, so the URL names it)."""
     stack, kind = view.stack, view.kind
     if kind != "self_attn":
         st.info("The long-document views read self-attention; pick a self-attention map above.")

@@ -3,7 +3,7 @@ be shared; where the page does not show the URL's value, a message that says whi
 the value given, the value shown and why.
 
 `PageState` is the page's side of it; `int_from_url` seeds a whole-number widget clamped to a
-range. viz/ui/urlflags.py adds switches, tabs and options on top.
+range. viz/ui/url_switches.py adds switches, tabs and options on top.
 
 What a page remembers across model changes goes through the same calls: every choice is
 read back as its own type (`as_int`: a widget whose options changed with the model can hand
