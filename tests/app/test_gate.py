@@ -488,7 +488,7 @@ def test_a_download_s_deferred_file_does_not_keep_its_trace_alive():
     import gc
     import weakref
 
-    from viz.ui import results_again
+    from viz.ui import result_getter
 
     class Result:
         def __init__(self, tag):
@@ -502,8 +502,8 @@ def test_a_download_s_deferred_file_does_not_keep_its_trace_alive():
 
     cache = ByteLRU(1000 * MB, size_of=lambda v: 1)
     first = cache.get_or_compute(("m", "text"), lambda: Result("first"))
-    results_again.remember(first, cache, ("m", "text"), compute)
-    get = results_again.getter(first)
+    result_getter.remember(first, cache, ("m", "text"), compute)
+    get = result_getter.getter(first)
     assert get() is first and made == []
     ref = weakref.ref(first)
     cache.clear()
@@ -513,10 +513,10 @@ def test_a_download_s_deferred_file_does_not_keep_its_trace_alive():
     assert get().tag == "again" and made == [1]  # computed again, through the cache
     assert get().tag == "again" and made == [1]  # and kept there
     steps = [Result("step 0"), Result("step 1")]
-    results_again.remember(steps, cache, ("m", "text", "steps"), lambda: [Result("step 0"), Result("step 1")])
-    assert results_again.getter(steps[1])().tag == "step 1"
+    result_getter.remember(steps, cache, ("m", "text", "steps"), lambda: [Result("step 0"), Result("step 1")])
+    assert result_getter.getter(steps[1])().tag == "step 1"
     other = Result("not made by the cache")
-    assert results_again.getter(other)() is other  # kept as it is
+    assert result_getter.getter(other)() is other  # kept as it is
 
 
 @pytest.mark.parametrize("page", ["explore", "inside"])

@@ -152,9 +152,9 @@ def _describe() -> str:
     except OSError:
         rss = 0
     from core.trace import Trace, nbytes_of
-    from viz.ui import results_again
+    from viz.ui import result_getter
 
-    live = [t for t in results_again.alive() if isinstance(t, Trace)]
+    live = [t for t in result_getter.alive() if isinstance(t, Trace)]
     mib = 2**20
     return (f"rss {rss} MiB; traces alive {len(live)} ({nbytes_of(live) / mib:.0f} MiB); "
             f"running {g['running']} ({g['running_bytes'] / mib:.0f} MiB), held {g['holds']} "

@@ -9,7 +9,7 @@ import io
 import streamlit as st
 
 from viz.ui import download_sizes as vd
-from viz.ui import results_again
+from viz.ui import result_getter
 from viz.figures.heatmaps import attention_frame
 
 WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
@@ -29,9 +29,9 @@ def map_name(*, model: str, stack: str, kind: str, layer: int, head, suffix: str
 def offer(trace, matrix, q_tokens, k_tokens, *, model: str, stack: str, kind: str, layer: int, head, key: str,
           suffix: str = "") -> None:
     """head None: the map is the mean over heads. The files are built when clicked, from
-    results_again.getter(trace): Streamlit keeps a deferred file's function until the session's next run,
+    result_getter.getter(trace): Streamlit keeps a deferred file's function until the session's next run,
     and that must not keep the trace alive outside the memory budget."""
-    get = results_again.getter(trace)
+    get = result_getter.getter(trace)
     base = _base(model, stack, kind, layer)
     sizes = vd.trace_bytes(trace, at={stack: layer})
     # One popover: a closed popover mounts nothing, so the page's first view has one button here, not three.

@@ -20,7 +20,7 @@ import core.trace
 from core.errors import InputError
 from viz.ui import gate
 from viz.ui.cache import ByteLRU
-from viz.ui import admission, longdoc, results_again
+from viz.ui import admission, longdoc, result_getter
 from viz.figures.text import _md_code, clean_text
 
 # A trace larger than the budget is served and never kept (every rerun would trace again):
@@ -150,7 +150,7 @@ def _size_of(value) -> int:
 def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain=None):
     """run(model, text) through the shared cache, turning every failure into a message. plain:
     the same computation without the page (no progress bar), for a result asked for again once
-    its page run has ended (viz.ui.results_again); default: run."""
+    its page run has ended (viz.ui.result_getter); default: run."""
     model = get_model(model_name)
     if model is None:
         return None
@@ -175,7 +175,7 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain
         with st.spinner(spinner):
             value = trace_cache().get_or_compute((model_name, text) + key, admitted_run)
         admission.hold(value, _size_of(value))  # counted against the budget while this page run draws from it
-        results_again.remember(value, trace_cache(), (model_name, text) + key, again)
+        result_getter.remember(value, trace_cache(), (model_name, text) + key, again)
         return value
     except InputError as exc:
         st.warning(str(exc))
