@@ -10,7 +10,7 @@ import torch
 import core
 from core import ModelConfig
 from viz.decoder import figures as decoder_figures
-from viz.figures import prefix_check as pc
+from viz.ui import prefix_check as pc
 from viz.figures.heatmaps import matrix_heatmap
 
 DEVICE = "cpu"  # the model fixtures (conftest.py) load on the CPU here

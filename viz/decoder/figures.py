@@ -14,7 +14,7 @@ the masked scores and the weights, and these functions draw them for one head:
 
 plus the bookkeeping the page needs (which row is the newest, what each step chose, the
 message at the end of generation, the teacher-forcing table). How a step's rows compare with
-the decoder run on their prefix alone is viz/figures/prefix_check.py.
+the decoder run on their prefix alone is viz/ui/prefix_check.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures.prefix_check import has_cross_attention  # noqa: F401 (dv.has_cross_attention)
+from viz.ui.prefix_check import has_cross_attention  # noqa: F401 (dv.has_cross_attention)
 from viz.figures.heatmaps import (attention_heatmap, fitted_margins, label_margins, matrix_heatmap, safe_label, thin_ticks,
                          tick_labels, to_numpy)
 

@@ -296,9 +296,9 @@ def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _
     """Teacher forcing = inference on the same prefix, checked for one step: the first n_rows
     decoder rows of `_full` (get_trace(model_name, text, target=target)) against the decoder
     run on those n_rows inputs alone, in a forward pass of its own on `_model`
-    (get_model(model_name)); viz.figures.prefix_check.prefix_difference compares them. One extra pass per
+    (get_model(model_name)); viz.ui.prefix_check.prefix_difference compares them. One extra pass per
     step shown, cached per (model, text, target, step): the two objects are not hashed."""
-    from viz.figures import prefix_check as pc
+    from viz.ui import prefix_check as pc
 
     alone = _model.trace_decoder_input(clean_text(text)[0], _full.meta["target_ids"][:n_rows])
     return pc.prefix_difference(_full, alone)
@@ -308,8 +308,8 @@ def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _
 def step_check(model_name: str, text: str, step: int, _model, _view):
     """An inference step checked: the step view `_view` (model.steps' step `step` on `text`, a
     view of one traced pass) against the decoder run on that step's input alone, in a forward
-    pass of its own on `_model` (viz.figures.prefix_check.prefix_difference). Cached per (model, text, step)."""
-    from viz.figures import prefix_check as pc
+    pass of its own on `_model` (viz.ui.prefix_check.prefix_difference). Cached per (model, text, step)."""
+    from viz.ui import prefix_check as pc
 
     alone = _model.trace_decoder_input(clean_text(text)[0], _view.meta["target_ids"])
     return pc.prefix_difference(_view, alone)
@@ -319,8 +319,8 @@ def step_check(model_name: str, text: str, step: int, _model, _view):
 def generation_check(model_name: str, text: str, shown_ids: tuple, _model):
     """The KV cache checked: the tokens the steps show (generated through the cache) against
     greedy decoding with no cache, and the two runs' next-token logits
-    (viz.figures.prefix_check.generation_difference). Cached per (model, text, tokens shown)."""
-    from viz.figures import prefix_check as pc
+    (viz.ui.prefix_check.generation_difference). Cached per (model, text, tokens shown)."""
+    from viz.ui import prefix_check as pc
 
     return pc.generation_difference(_model, clean_text(text)[0], list(shown_ids))
 
