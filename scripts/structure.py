@@ -8,6 +8,9 @@ rules (tests/core/test_structure.py holds each at its target):
 - no feature folder imports another; `viz/figures/` (shared pure pieces) imports no feature and
   not `viz/ui/`; `viz/ui/` (shared Streamlit parts) imports no feature;
 - core never imports viz;
+- nothing in `viz/figures/` (shared pure figures) runs a model: no call of a method that runs
+  one (RUNS_A_MODEL: the model's trace, steps, greedy_run, forced_logits, trace_decoder_input,
+  generate; a module's forward). What runs a model lives in core or `viz/ui/`;
 - no import cycle among the project's modules, counting imports inside functions;
 - every feature folder's page.py is in the page registry (viz/ui/registry.py), and every
   registered page has its page.py;
@@ -32,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "viz", "bench")
 SHARED = ("figures", "ui")  # viz's shared layers; every other folder in viz/ is a feature (a page)
+RUNS_A_MODEL = ("trace", "steps", "greedy_run", "forced_logits", "trace_decoder_input", "generate", "forward")
 HEAD_COUNT = re.compile(r"""\[[^\[\]]*(weights|scores|scaled|masked)["'][^\[\]]*\]\s*\.shape\[0\]""")
 # A trace name spelled out: an attention's step, an embedding, a layer's own names, a final norm.
 # Not counted: docstrings and messages that describe the pattern ("{stack}.{i}..."), and core/loaders/,
@@ -208,6 +212,13 @@ def name_literals(path: Path) -> int:
     return n
 
 
+def model_runs(path: Path) -> list:
+    """Lines of `path` that call a method that runs a model (RUNS_A_MODEL), as 'line method'."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return sorted(f"{n.lineno} {n.func.attr}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in RUNS_A_MODEL)
+
+
 def figures() -> dict:
     files = {p: p.relative_to(ROOT).as_posix() for pkg in PACKAGES for p in py_files(pkg)}
     known = {module_name(p) for p in files}
@@ -219,7 +230,7 @@ def figures() -> dict:
     features = [f for f in folders if f not in SHARED]
     pages = {f for f in features if (ROOT / "viz" / f / "page.py").exists()}
     registered = registered_pages()
-    head_counts, streamlit = [], []
+    head_counts, streamlit, runs = [], [], []
     spelled = defaultdict(int)
     for p, rel in sorted(files.items(), key=lambda kv: kv[1]):
         text = p.read_text(encoding="utf-8")
@@ -232,6 +243,8 @@ def figures() -> dict:
                 spelled[rel] = k
         if rel.split("/")[0] in ("core", "viz") and not streamlit_allowed(rel) and imports_streamlit(p):
             streamlit.append(rel)
+        if rel.startswith("viz/figures/"):
+            runs += [f"{rel}:{where}" for where in model_runs(p)]
     chain = longest_chain(graph, "core")
     return {
         "core_top_level_modules": len(core_top),
@@ -240,6 +253,7 @@ def figures() -> dict:
         "import_cycles": cycles(graph),
         "streamlit_outside_pages_panels_ui": streamlit,
         "layer_breaks": layer_breaks(graph, rel_of),
+        "model_runs_in_viz_figures": runs,
         "pages_not_registered": sorted(pages - registered),
         "registered_without_page": sorted(registered - pages),
         "core_longest_import_chain": len(chain),
@@ -272,6 +286,9 @@ def main(argv=None) -> int:
     print(f"imports that break the layers (feature -> another feature, shared -> feature, figures -> ui, "
           f"core -> viz): {len(f['layer_breaks'])} (target 0)")
     for w in f["layer_breaks"]:
+        print(f"  {w}")
+    print(f"calls that run a model in viz/figures: {len(f['model_runs_in_viz_figures'])} (target 0)")
+    for w in f["model_runs_in_viz_figures"]:
         print(f"  {w}")
     print(f"pages not in the registry: {len(f['pages_not_registered'])}; registered pages with no page.py: "
           f"{len(f['registered_without_page'])} (target 0 and 0)")

@@ -132,6 +132,7 @@ def test_the_layer_rules_hold():
     assert len(f["viz_feature_folders"]) >= 14, f["viz_feature_folders"]  # the scan sees the folders
     assert f["streamlit_outside_pages_panels_ui"] == [], f["streamlit_outside_pages_panels_ui"]
     assert f["layer_breaks"] == [], f["layer_breaks"]
+    assert f["model_runs_in_viz_figures"] == [], f["model_runs_in_viz_figures"]  # what runs a model: core or viz/ui
     assert f["pages_not_registered"] == [] and f["registered_without_page"] == [], f
 
 
@@ -144,12 +145,14 @@ def _tree(tmp_path, files: dict):
 
 def test_structure_sees_each_broken_rule(tmp_path, monkeypatch):
     """Each rule can fail: a feature importing another, figures importing ui, ui importing a
-    feature, core importing viz, Streamlit in a figures module, a page missing from the registry."""
+    feature, core importing viz, Streamlit in a figures module, a figures module that runs a
+    model, a page missing from the registry."""
     s = load_structure()
     _tree(tmp_path, {
         "viz/ui/registry.py": 'PAGES = [PageSpec("lens", "Lens"), PageSpec("gone", "Gone")]\n',
         "viz/ui/widgets.py": "from viz.lens import figures\n",
         "viz/figures/grid.py": "import streamlit as st\nfrom viz.ui import widgets\n",
+        "viz/figures/check.py": "def f(model, text):\n    ids = text.encode('utf-8')\n    return model.greedy_run(text, 2)\n",
         "viz/lens/__init__.py": "", "viz/lens/page.py": "import streamlit\nfrom viz.heads import figures\n",
         "viz/lens/figures.py": "", "viz/lens/run_panel.py": "import streamlit\n",
         "viz/heads/__init__.py": "", "viz/heads/page.py": "", "viz/heads/figures.py": "",
@@ -161,6 +164,7 @@ def test_structure_sees_each_broken_rule(tmp_path, monkeypatch):
     assert sorted(f["layer_breaks"]) == ["core.a -> viz.figures.grid", "viz.figures.grid -> viz.ui.widgets",
                                          "viz.lens.page -> viz.heads.figures", "viz.ui.widgets -> viz.lens.figures"]
     assert f["pages_not_registered"] == ["heads"] and f["registered_without_page"] == ["gone"]
+    assert f["model_runs_in_viz_figures"] == ["viz/figures/check.py:3 greedy_run"]  # a str's encode is no model
 
 
 def test_structure_counts_a_hand_spelled_trace_name(tmp_path):
