@@ -72,7 +72,7 @@ import pandas as pd
 import torch
 
 from .. import trace_names as tn
-from ..net.attention import NEG_INF
+from ..net.attention import NEG_INF, additive, combine_masks
 
 POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
 STATIC = ("full", "window", "streaming")
@@ -190,6 +190,26 @@ def _rows_mask(last: torch.Tensor, r0: int, r1: int, group: int, dtype) -> torch
     return m[None]
 
 
+def _own_mask(net, i: int, rows, n_k: int, device=None) -> torch.Tensor:
+    """Layer i's own additive mask (1, 1, len(rows), n_k) for query positions `rows` over keys
+    0..n_k-1: the look-ahead mask and the layer's sliding window, from the rules every mask of the
+    network is built by (Transformer.attn_spec -> core/net/attention.py's forbidden)."""
+    rows = torch.as_tensor(rows, device=device)
+    return additive(net.attn_spec("decoder", i).forbidden(rows, torch.arange(n_k, device=device)))[None, None]
+
+
+def seen_last(net, last: np.ndarray) -> np.ndarray:
+    """last (L, H_kv, n) of what the cache holds, cut to what each layer's own mask lets a query
+    see: a sliding layer of window w reads key j up to query j + w - 1 at most."""
+    out = np.array(last, dtype=np.int32, copy=True)
+    j = np.arange(out.shape[-1])
+    for i in range(out.shape[0]):
+        w = net.attn_spec("decoder", i).window
+        if w is not None:
+            out[i] = np.minimum(out[i], j + w - 1)
+    return out
+
+
 class _QK:
     """A recorder for the fused path that keeps each self-attention's q and k (B, heads, n, d_k)
     and hands them to `on_k(layer, q, k)` once both are in. keep_kv > 0: also a copy of each
@@ -293,6 +313,7 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
     hid = []
     n_held = 0
     attn = [layer.self_attn for layer in net.decoder]
+    windowed = [net.attn_spec("decoder", i).window for i in range(L)]
     t_last = time.perf_counter()
     for t in range(n):
         masks = gone[:, :, : t + 1].to(dev)
@@ -300,8 +321,11 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
             masks = masks.repeat_interleave(g, dim=1)
         masks = masks[:, None, :, None, :]  # (L, 1, H, 1, t + 1)
         hid.append(net.decode(x[:, t:t + 1], cache=cache, rec=rec, extra_mask=lambda i: masks[i])[0])
-        # the current query's weights in every layer, as the pass computed them (one formula)
-        w = torch.stack([attn[i].weights(None, None, masks[i], qk=(rec.q[i], rec.k[i]))[0, :, 0]
+        # the current query's weights in every layer, as the pass computed them (one formula):
+        # the eviction mask and the layer's own (a sliding window's keys out of reach weigh 0)
+        w = torch.stack([attn[i].weights(None, None, masks[i] if windowed[i] is None else
+                                         combine_masks(masks[i], _own_mask(net, i, [t], t + 1, dev)),
+                                         qk=(rec.q[i], rec.k[i]))[0, :, 0]
                          for i in range(L)])  # (L, H, t + 1)
         w = w.view(L, hkv, g, t + 1).mean(2).double().cpu()
         held[:, :, t] = True
@@ -329,6 +353,19 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
     return torch.cat(hid)
 
 
+def snapkv_sizes(n_p: int, budget: int, observe: int) -> tuple:
+    """(obs, chosen, recent) of SnapKV over an n_p-token prompt with `budget` keys per query:
+    obs, the prompt's last queries whose attention scores its keys (observe, at most the prompt
+    and the cache's budget - 1 keys); chosen, the prompt keys before those kept for good; recent,
+    how many of the most recent keys (the observed positions', then the continuation's) the cache
+    holds beside them, so that chosen + recent = budget - 1 cached keys and each query reads at
+    most `budget` keys, its own included."""
+    cap = budget - 1
+    obs = min(observe, n_p, cap)
+    chosen = min(n_p - obs, cap - obs)
+    return obs, chosen, cap - chosen
+
+
 def _snapkv_pass(model, ids, n_p: int, budget: int, observe: int, last: np.ndarray, progress: Progress,
                  frac=(0.0, 0.5)) -> torch.Tensor:
     """The prompt with the full cache, per kv head selection, the continuation over that cache.
@@ -337,25 +374,31 @@ def _snapkv_pass(model, ids, n_p: int, budget: int, observe: int, last: np.ndarr
     L, H = cfg.n_layers, cfg.n_heads
     hkv = cfg.n_kv_heads or H
     g = H // hkv
-    obs = min(observe, n_p, budget)
-    keep = budget - obs
+    obs, keep, recent = snapkv_sizes(n_p, budget, observe)
+    pool = n_p - obs  # the prompt keys before the observed queries: `keep` of them are chosen
     x = _ids_tensor(model, ids)
     chosen = {}
 
     def select(i, q, k):  # the last `obs` queries' weights over the prompt, summed; mean over the group
-        if n_p <= budget:
+        if keep >= pool:
             return
-        w = net.decoder[i].self_attn.weights(None, None, None, is_causal=True, qk=(q[:, :, -obs:], k))[0]
-        s = w.view(hkv, g, obs, n_p).mean(1).sum(1)[:, : n_p - obs].double().cpu()  # (H_kv, n_p - obs)
-        top = s.topk(keep, dim=-1).indices if keep > 0 else torch.zeros(hkv, 0, dtype=torch.long)
-        dropped = torch.ones(hkv, n_p - obs, dtype=torch.bool)
+        if keep == 0:  # nothing to choose (a budget of 1, or as many observed queries as cached keys)
+            chosen[i] = torch.ones(hkv, pool, dtype=torch.bool)
+            return
+        own = _own_mask(net, i, torch.arange(pool, n_p), n_p, q.device)  # the layer's own mask (its window)
+        w = net.decoder[i].self_attn.weights(None, None, own, qk=(q[:, :, pool:], k))[0]
+        s = w.view(hkv, g, obs, n_p).mean(1).sum(1)[:, :pool].double().cpu()  # (H_kv, pool)
+        top = s.topk(keep, dim=-1).indices
+        dropped = torch.ones(hkv, pool, dtype=torch.bool)
         dropped[torch.arange(hkv)[:, None], top] = False
         chosen[i] = dropped
 
     cache: dict = {}
     hp = net.decode(x[:, :n_p], cache=cache, rec=_QK(select))[0]
     for i, dropped in chosen.items():
-        last[i, :, : n_p - obs][dropped.numpy()] = n_p - 1
+        last[i, :, :pool][dropped.numpy()] = n_p - 1
+    # the observed positions and the continuation: the `recent` most recent keys before each query
+    last[:, :, pool:] = np.minimum(np.arange(pool, n) + recent, n - 1)
     _tick(progress, frac, 0.5, "snapkv: prompt read")
     if n == n_p:
         return hp
@@ -439,7 +482,8 @@ def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: 
         sums = torch.zeros(H, dtype=torch.float64)
         for r0 in range(first, n, MASS_ROWS):
             r1 = min(n, r0 + MASS_ROWS)
-            w = attn.weights(None, None, None, is_causal=True, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]  # (H, c, r1)
+            own = _own_mask(net, i, torch.arange(r0, r1), r1, q.device)  # the layer's look-ahead mask and window
+            w = attn.weights(None, None, own, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]  # (H, c, r1)
             sums += w[:, :, :n_s].sum((1, 2)).double().cpu()
             if not need_mass or r1 <= evicts:
                 continue
@@ -580,12 +624,14 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
         "kl": kl,
         "mass_lost": mass.mean((0, 1)) if n > first else np.zeros(0),
     })
+    if policy == "snapkv":  # the number of queries it observed, not the one asked for
+        observe = snapkv_sizes(n_p, budget, observe)[0]
     df.attrs.update(
         policy=policy, budget=int(budget), sinks=int(sinks), observe=int(observe),
         recent=(min(budget // 2 if recent is None else recent, budget - 1) if policy == "h2o" else recent),
         n=n, n_prompt=n_p, model=model.name,
         perplexity_full=perplexity(lp_full), perplexity=perplexity(lp),
-        kept=KeptKeys(last, H // hkv, first), mass_lost_heads=mass.mean(-1), sink_scores=sink,
+        kept=KeptKeys(seen_last(model.net, last), H // hkv, first), mass_lost_heads=mass.mean(-1), sink_scores=sink,
         seconds=time.perf_counter() - t0,
     )
     return df
