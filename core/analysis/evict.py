@@ -72,6 +72,7 @@ import pandas as pd
 import torch
 
 from .. import trace_names as tn
+from . import _checks as checks
 from ..net.attention import NEG_INF, additive, combine_masks
 
 POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
@@ -136,22 +137,20 @@ class KeptKeys:
 
 def check_args(model, policy: str, budget: int, sinks: int = 4, recent: Optional[int] = None,
                observe: int = 32) -> None:
-    """ValueError with a message for input evict cannot read."""
+    """ValueError with a message for input evict cannot read (each number a whole one: True is
+    not a budget of 1, nor 7.5 one of 7)."""
     if getattr(model, "kind", None) != "decoder":
         raise ValueError(f"{getattr(model, 'name', 'this model')} is not a decoder-only model: a KV cache is what "
                          "a decoder keeps while it reads; pick a decoder such as smollm2")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    if not isinstance(budget, (int, np.integer)) or budget < 1:
-        raise ValueError(f"the budget must be a whole number of keys, at least 1 (got {budget!r})")
-    if sinks < 0:
-        raise ValueError(f"sinks must be 0 or more (got {sinks})")
+    budget = checks.whole(budget, "the budget (keys per query)", lo=1)
+    sinks = checks.whole(sinks, "sinks", lo=0)
     if policy == "streaming" and budget <= sinks:
         raise ValueError(f"the budget ({budget}) must be above the sinks ({sinks}): the window needs a key at least")
-    if recent is not None and recent < 0:
-        raise ValueError(f"recent must be 0 or more (got {recent})")
-    if observe < 1:
-        raise ValueError(f"observe must be at least 1 (got {observe})")
+    if recent is not None:
+        checks.whole(recent, "recent", lo=0)
+    checks.whole(observe, "observe", lo=1)
 
 
 def token_ids(model, text: str, continuation: Optional[str] = None):
