@@ -393,19 +393,19 @@ def evict_path(c):
     the policy's mask written here from its definition (keys 0 and t-2..t) added to the model's
     own in every layer; H2O's against the eager forward masked, head by head and layer by layer,
     with the keys H2O's cache held (df.attrs["kept"]): the numbers evict gives for those choices."""
-    ours, ids = c.ours, list(c.ids)
-    assert list(ours.encode(TEXT).ids) == ids
+    ours, text = c.ours, CLEAN  # a short text: H2O reads it token by token
+    ids = list(ours.encode(text).ids)
     n = len(ids)
-    want = torch.log_softmax(c.ref["out"].double(), -1)[torch.arange(n - 1), torch.tensor(ids[1:])]
-    full_df = ca.evict(ours, TEXT, "full", n)
+    want = torch.log_softmax(reference(c.hf, ours, ids)["out"].double(), -1)[torch.arange(n - 1), torch.tensor(ids[1:])]
+    full_df = ca.evict(ours, text, "full", n)
     pairs = [(torch.tensor(full_df.logprob.to_numpy()[:-1]), want)]
     t = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     gone = (j <= t) & (j >= EVICT_SINKS) & (t - j >= EVICT_BUDGET - EVICT_SINKS)  # streaming, from its definition
-    df = ca.evict(ours, TEXT, "streaming", EVICT_BUDGET, sinks=EVICT_SINKS)
+    df = ca.evict(ours, text, "streaming", EVICT_BUDGET, sinks=EVICT_SINKS)
     assert df.kl.max() > 1e-6  # the policy moved the prediction: this comparison can fail
     pairs.append((torch.tensor(df.logprob.to_numpy()[:-1]), masked_logprobs(c.hf, ids, lambda li: gone[None])))
-    h2o = ca.evict(ours, TEXT, "h2o", EVICT_BUDGET)
+    h2o = ca.evict(ours, text, "h2o", EVICT_BUDGET)
     kept = h2o.attrs["kept"]
     H = ours.config.n_heads
     unseen = [torch.stack([torch.as_tensor(~kept(li, h)) for h in range(H)]) & (j <= t) for li in range(kept.shape[0])]
