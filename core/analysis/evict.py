@@ -19,10 +19,22 @@ cached keys keep the rotation of their own position (no re-rotation). Policies:
     tova       TOVA (Oren et al. 2024): once full, evict the key the current query weighs
                least (mean over the kv group's query heads)
     snapkv     SnapKV (Li et al. 2024): the prompt `text` is read with the full cache; then per
-               kv head the `budget - observe` prompt positions with the most attention from
-               the last `observe` queries (summed over them, mean over the group; no pooling)
-               are kept with those `observe`; `continuation` is read with that cache (its
-               tokens appended, no more eviction). Rows are the continuation's positions.
+               kv head the cache is cut to budget - 1 keys: the keys of the prompt's last
+               obs = min(observe, prompt, budget - 1) queries, and the budget - 1 - obs earlier
+               prompt positions those queries weigh most (summed over them, mean over the
+               group; no pooling). `continuation` is read with that cache: the chosen prompt
+               keys stay for good, the rest of the budget is a run of the most recent keys (the
+               observed positions', then the continuation's), so each continuation query too
+               reads at most `budget` keys. Rows are the continuation's positions; attrs
+               "observe" is the obs it used (snapkv_sizes).
+
+The model's own mask. Each layer's look-ahead mask and sliding window (Mistral, Gemma 2/3's
+local layers, Phi-3, Qwen2 with a window) are part of every set of weights read here: the full
+model's weights behind mass_lost and the sink scores, and the weights H2O, TOVA and SnapKV choose
+by, take the layer's mask from the network's one set of rules (Transformer.attn_spec ->
+core/net/attention.py's forbidden; _own_mask), never a global one. A key past a layer's window
+weighs 0 there, so `window` at the model's own window loses nothing, and `kept` reports what each
+query saw: the keys its cache held, cut to the layer's window (seen_last).
 
 How it runs. A key once evicted never returns, so what every query saw is one number per
 (layer, kv head, key): the last query position that saw it (`KeptKeys`, L x H_kv x n
