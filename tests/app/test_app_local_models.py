@@ -133,3 +133,18 @@ def test_the_kv_cache_page_reads_a_windowed_model_at_its_own_window(app, models_
     assert_no_exception(at)
     shown = {m.label: m.value for m in at.metric}
     assert float(shown["Attention mass lost"]) > 0.01 and float(shown["Mean KL(full ‖ policy)"].split()[0]) > 0, shown
+
+
+def test_the_kv_cache_page_says_how_many_queries_snapkv_observed(app):
+    """Observe 32 with a budget of 3: SnapKV observes 2 queries (the cache holds budget - 1 keys),
+    and the page says so beside its figures; at observe 2 it says nothing."""
+    text = "the small dog sees the old cat near the river"
+    at = app(model="tiny-mistral", text=text, policy="snapkv", budget="3", observe="32", cont="and the cat sat")
+    switch_to(at, "kvcache")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    said = [c.value for c in at.caption if "SnapKV observed" in c.value]
+    assert len(said) == 1 and "last 2 queries, not 32" in said[0], [c.value for c in at.caption]
+    at.number_input(key="kvcache.observe").set_value(2).run(timeout=120)
+    assert_no_exception(at)
+    assert not [c.value for c in at.caption if "SnapKV observed" in c.value]
