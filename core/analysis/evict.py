@@ -22,11 +22,11 @@ cached keys keep the rotation of their own position (no re-rotation). Policies:
                kv head the cache is cut to budget - 1 keys: the keys of the prompt's last
                obs = min(observe, prompt, budget - 1) queries, and the budget - 1 - obs earlier
                prompt positions those queries weigh most (summed over them, mean over the
-               group; no pooling). `continuation` is read with that cache: the chosen prompt
-               keys stay for good, the rest of the budget is a run of the most recent keys (the
-               observed positions', then the continuation's), so each continuation query too
-               reads at most `budget` keys. Rows are the continuation's positions; attrs
-               "observe" is the obs it used (snapkv_sizes).
+               group; no pooling). `continuation` is read with that cache: each of its tokens
+               enters it and, past budget - 1 keys, the chosen prompt key of lowest score
+               leaves (then, none left, the oldest key), so each continuation query too reads
+               at most `budget` keys. Rows are the continuation's positions; attrs "observe" is
+               the obs it used (snapkv_sizes).
 
 The model's own mask. Each layer's look-ahead mask and sliding window (Mistral, Gemma 2/3's
 local layers, Phi-3, Qwen2 with a window) are part of every set of weights read here: the full
@@ -365,51 +365,53 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
 
 
 def snapkv_sizes(n_p: int, budget: int, observe: int) -> tuple:
-    """(obs, chosen, recent) of SnapKV over an n_p-token prompt with `budget` keys per query:
-    obs, the prompt's last queries whose attention scores its keys (observe, at most the prompt
-    and the cache's budget - 1 keys); chosen, the prompt keys before those kept for good; recent,
-    how many of the most recent keys (the observed positions', then the continuation's) the cache
-    holds beside them, so that chosen + recent = budget - 1 cached keys and each query reads at
-    most `budget` keys, its own included."""
+    """(obs, chosen) of SnapKV over an n_p-token prompt with `budget` keys per query: obs, the
+    prompt's last queries whose attention scores the prompt's keys (observe, at most the prompt
+    and the cache's budget - 1 keys); chosen, how many earlier prompt keys the cache keeps beside
+    the observed queries' own (budget - 1 - obs, or all of them where they fit)."""
     cap = budget - 1
     obs = min(observe, n_p, cap)
-    chosen = min(n_p - obs, cap - obs)
-    return obs, chosen, cap - chosen
+    return obs, min(n_p - obs, cap - obs)
 
 
 def _snapkv_pass(model, ids, n_p: int, budget: int, observe: int, last: np.ndarray, progress: Progress,
                  frac=(0.0, 0.5)) -> torch.Tensor:
     """The prompt with the full cache, per kv head selection, the continuation over that cache.
-    Fills last (L, H_kv, n) in place; returns the final hidden states (n, d)."""
+    Fills last (L, H_kv, n) in place; returns the final hidden states (n, d).
+
+    The cache holds budget - 1 keys once the prompt is read: the chosen prompt keys and the
+    observed queries' own. Each continuation token then enters it and, past budget - 1, the
+    chosen key of lowest score leaves (the compressed prompt gives way to what is read after
+    it); once none is left, the oldest key. So a chosen key of rank r from the lowest is last
+    read by query n_p + r, and any other key j by query j + budget - 1 (the most recent
+    budget - 1 keys before each query). Where the whole prompt fits nothing is chosen and the
+    cache is a window of budget - 1 keys."""
     net, cfg, n = model.net, model.config, len(ids)
     L, H = cfg.n_layers, cfg.n_heads
     hkv = cfg.n_kv_heads or H
     g = H // hkv
-    obs, keep, recent = snapkv_sizes(n_p, budget, observe)
+    cap = budget - 1
+    obs, keep = snapkv_sizes(n_p, budget, observe)
     pool = n_p - obs  # the prompt keys before the observed queries: `keep` of them are chosen
     x = _ids_tensor(model, ids)
-    chosen = {}
+    ranked = {}  # layer -> (H_kv, keep) the chosen keys, highest score first
 
     def select(i, q, k):  # the last `obs` queries' weights over the prompt, summed; mean over the group
-        if keep >= pool:
-            return
-        if keep == 0:  # nothing to choose (a budget of 1, or as many observed queries as cached keys)
-            chosen[i] = torch.ones(hkv, pool, dtype=torch.bool)
+        if keep >= pool or keep == 0:  # everything fits, or nothing can be chosen (obs fills the cache)
             return
         own = _own_mask(net, i, torch.arange(pool, n_p), n_p, q.device)  # the layer's own mask (its window)
         w = net.decoder[i].self_attn.weights(None, None, own, qk=(q[:, :, pool:], k))[0]
         s = w.view(hkv, g, obs, n_p).mean(1).sum(1)[:, :pool].double().cpu()  # (H_kv, pool)
-        top = s.topk(keep, dim=-1).indices
-        dropped = torch.ones(hkv, pool, dtype=torch.bool)
-        dropped[torch.arange(hkv)[:, None], top] = False
-        chosen[i] = dropped
+        ranked[i] = s.topk(keep, dim=-1).indices
 
     cache: dict = {}
     hp = net.decode(x[:, :n_p], cache=cache, rec=_QK(select))[0]
-    for i, dropped in chosen.items():
-        last[i, :, :pool][dropped.numpy()] = n_p - 1
-    # the observed positions and the continuation: the `recent` most recent keys before each query
-    last[:, :, pool:] = np.minimum(np.arange(pool, n) + recent, n - 1)
+    last[...] = np.minimum(np.arange(n) + cap, n - 1)  # every key not chosen: the budget - 1 most recent
+    if keep < pool:
+        last[:, :, :pool] = n_p - 1  # the prompt's keys not chosen: read by the prompt's queries only
+        for i, top in ranked.items():
+            gone = np.minimum(n_p + keep - 1 - np.arange(keep), n - 1)  # highest score: the last to leave
+            last[i, np.arange(hkv)[:, None], top.numpy()] = gone[None, :]
     _tick(progress, frac, 0.5, "snapkv: prompt read")
     if n == n_p:
         return hp

@@ -116,7 +116,7 @@ class RefPolicy:
         if name == "snapkv":
             # the prompt read whole; at its end the cache keeps the observed queries' own keys and the
             # budget - 1 - obs prompt keys they weigh most; from then on, past budget - 1 keys, the
-            # oldest key that is not one of the chosen prompt keys leaves
+            # chosen prompt key they weighed least leaves, and once none is left the oldest key
             n_p = self.n_prompt
             obs = min(self.observe, n_p, self.cap)
             if t >= n_p - obs and t < n_p:
@@ -124,11 +124,16 @@ class RefPolicy:
                     self.obs[(l, g)][j] = self.obs[(l, g)].get(j, 0.0) + a
             if t == n_p - 1:
                 pool = [j for j in c if j < n_p - obs]
-                top = sorted(pool, key=lambda j: -self.obs[(l, g)].get(j, 0.0))[: max(0, self.cap - obs)]
+                if len(pool) <= self.cap - obs:  # the whole prompt fits: nothing chosen, a window from here
+                    self.pinned[(l, g)] = set()
+                    return
+                top = sorted(pool, key=lambda j: -self.obs[(l, g)].get(j, 0.0))[: self.cap - obs]
                 self.pinned[(l, g)] = set(top)
                 self.cache[(l, g)] = sorted(top + [j for j in c if j >= n_p - obs])
             elif t >= n_p and len(c) > self.cap:
-                c.remove(min(j for j in c if j not in self.pinned[(l, g)]))
+                left = [j for j in c if j in self.pinned[(l, g)]]
+                score = self.obs[(l, g)]
+                c.remove(min(left, key=lambda j: score.get(j, 0.0)) if left else min(c))
             return
         if name == "h2o":
             s = self.score[(l, g)]
