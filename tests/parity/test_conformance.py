@@ -392,7 +392,9 @@ def evict_path(c):
     plain eager forward's; StreamingLLM's (1 sink, budget 4) against the eager forward with
     the policy's mask written here from its definition (keys 0 and t-2..t) added to the model's
     own in every layer; H2O's against the eager forward masked, head by head and layer by layer,
-    with the keys H2O's cache held (df.attrs["kept"]): the numbers evict gives for those choices."""
+    with the keys H2O's cache held (df.attrs["kept"]): the numbers evict gives for those choices.
+    Models with a sliding window: `window` at that window loses no mass in the layers it is the
+    window of (the global layers of Gemma 2/3 may)."""
     ours, text = c.ours, CLEAN  # a short text: H2O reads it token by token
     ids = list(ours.encode(text).ids)
     n = len(ids)
@@ -410,6 +412,12 @@ def evict_path(c):
     H = ours.config.n_heads
     unseen = [torch.stack([torch.as_tensor(~kept(li, h)) for h in range(H)]) & (j <= t) for li in range(kept.shape[0])]
     pairs.append((torch.tensor(h2o.logprob.to_numpy()[:-1]), masked_logprobs(c.hf, ids, lambda li: unseen[li])))
+    windows = [ours.net.attn_spec("decoder", li).window for li in range(ours.config.n_layers)]
+    w = next((x for x in windows if x is not None), None)
+    if w is not None and w < n:  # `window` at the model's own window: its sliding layers lose no mass
+        heads = torch.as_tensor(ca.evict(ours, text, "window", w).attrs["mass_lost_heads"])
+        local = [li for li, x in enumerate(windows) if x == w]
+        pairs.append((heads[local], torch.zeros_like(heads[local])))
     return _worst(pairs), TOL["logits"]
 
 
