@@ -211,13 +211,18 @@ def _own_mask(net, i: int, rows, n_k: int, device=None) -> torch.Tensor:
 
 def seen_last(net, last: np.ndarray) -> np.ndarray:
     """last (L, H_kv, n) of what the cache holds, cut to what each layer's own mask lets a query
-    see: a sliding layer of window w reads key j up to query j + w - 1 at most."""
+    see (a sliding layer of window w reads key j up to query j + w - 1): how far a key is seen is
+    read from the layer's masking rule itself (attn_spec's forbidden, key 0 against every query)."""
     out = np.array(last, dtype=np.int32, copy=True)
-    j = np.arange(out.shape[-1])
+    n = out.shape[-1]
+    j = np.arange(n)
     for i in range(out.shape[0]):
-        w = net.attn_spec("decoder", i).window
-        if w is not None:
-            out[i] = np.minimum(out[i], j + w - 1)
+        spec = net.attn_spec("decoder", i)
+        if spec.window is None:
+            continue
+        off = spec.forbidden(torch.arange(n), torch.zeros(1, dtype=torch.long))
+        reach = int((~off[:, 0]).nonzero().max())  # the last query that sees key 0 (the rule is shift-invariant)
+        out[i] = np.minimum(out[i], j + reach)
     return out
 
 
