@@ -44,6 +44,7 @@ import torch
 
 from .. import trace_names as tn
 from ..net.hooks import Hooks
+from . import _checks as checks
 from .token_ids import Token, output_token_id
 
 WHATS = ("resid_pre", "attn_out", "mlp_out", "head")
@@ -132,6 +133,7 @@ def patch(model, clean: str, corrupt: str, answer: Optional[Token], wrong: Optio
     called with the fraction of the grid done after each batch."""
     if what not in WHATS:
         raise ValueError(f"what must be one of {', '.join(WHATS)}, not {what!r}")
+    batch_tokens = checks.whole(batch_tokens, "batch_tokens", lo=1)
     pair = prepare(model, clean, corrupt)
     pair.check()
     runs = PatchRuns(model, pair, answer, wrong, what)
@@ -147,6 +149,7 @@ def restore_check(model, clean: str, corrupt: str, answer: Optional[Token], wron
     the patched metric, the clean and corrupted runs' metrics and restored."""
     pair = prepare(model, clean, corrupt)
     pair.check()
+    layer = checks.index(layer, len(model.net.layers(pair.stack)), "layer")
     runs = PatchRuns(model, pair, answer, wrong, "resid_pre")
     m = runs.run_cells(layer, [pair.differ])[0]
     return {"patched_metric": m, "clean_metric": runs.m_clean, "corrupt_metric": runs.m_corrupt,

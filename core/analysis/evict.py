@@ -19,10 +19,22 @@ cached keys keep the rotation of their own position (no re-rotation). Policies:
     tova       TOVA (Oren et al. 2024): once full, evict the key the current query weighs
                least (mean over the kv group's query heads)
     snapkv     SnapKV (Li et al. 2024): the prompt `text` is read with the full cache; then per
-               kv head the `budget - observe` prompt positions with the most attention from
-               the last `observe` queries (summed over them, mean over the group; no pooling)
-               are kept with those `observe`; `continuation` is read with that cache (its
-               tokens appended, no more eviction). Rows are the continuation's positions.
+               kv head the cache is cut to budget - 1 keys: the keys of the prompt's last
+               obs = min(observe, prompt, budget - 1) queries, and the budget - 1 - obs earlier
+               prompt positions those queries weigh most (summed over them, mean over the
+               group; no pooling). `continuation` is read with that cache: each of its tokens
+               enters it and, past budget - 1 keys, the chosen prompt key of lowest score
+               leaves (then, none left, the oldest key), so each continuation query too reads
+               at most `budget` keys. Rows are the continuation's positions; attrs "observe" is
+               the obs it used (snapkv_sizes).
+
+The model's own mask. Each layer's look-ahead mask and sliding window (Mistral, Gemma 2/3's
+local layers, Phi-3, Qwen2 with a window) are part of every set of weights read here: the full
+model's weights behind mass_lost and the sink scores, and the weights H2O, TOVA and SnapKV choose
+by, take the layer's mask from the network's one set of rules (Transformer.attn_spec ->
+core/net/attention.py's forbidden; _own_mask), never a global one. A key past a layer's window
+weighs 0 there, so `window` at the model's own window loses nothing, and `kept` reports what each
+query saw: the keys its cache held, cut to the layer's window (seen_last).
 
 How it runs. A key once evicted never returns, so what every query saw is one number per
 (layer, kv head, key): the last query position that saw it (`KeptKeys`, L x H_kv x n
@@ -72,7 +84,8 @@ import pandas as pd
 import torch
 
 from .. import trace_names as tn
-from ..net.attention import NEG_INF
+from . import _checks as checks
+from ..net.attention import NEG_INF, additive, combine_masks
 
 POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
 STATIC = ("full", "window", "streaming")
@@ -136,22 +149,20 @@ class KeptKeys:
 
 def check_args(model, policy: str, budget: int, sinks: int = 4, recent: Optional[int] = None,
                observe: int = 32) -> None:
-    """ValueError with a message for input evict cannot read."""
+    """ValueError with a message for input evict cannot read (each number a whole one: True is
+    not a budget of 1, nor 7.5 one of 7)."""
     if getattr(model, "kind", None) != "decoder":
         raise ValueError(f"{getattr(model, 'name', 'this model')} is not a decoder-only model: a KV cache is what "
                          "a decoder keeps while it reads; pick a decoder such as smollm2")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    if not isinstance(budget, (int, np.integer)) or budget < 1:
-        raise ValueError(f"the budget must be a whole number of keys, at least 1 (got {budget!r})")
-    if sinks < 0:
-        raise ValueError(f"sinks must be 0 or more (got {sinks})")
+    budget = checks.whole(budget, "the budget (keys per query)", lo=1)
+    sinks = checks.whole(sinks, "sinks", lo=0)
     if policy == "streaming" and budget <= sinks:
         raise ValueError(f"the budget ({budget}) must be above the sinks ({sinks}): the window needs a key at least")
-    if recent is not None and recent < 0:
-        raise ValueError(f"recent must be 0 or more (got {recent})")
-    if observe < 1:
-        raise ValueError(f"observe must be at least 1 (got {observe})")
+    if recent is not None:
+        checks.whole(recent, "recent", lo=0)
+    checks.whole(observe, "observe", lo=1)
 
 
 def token_ids(model, text: str, continuation: Optional[str] = None):
@@ -188,6 +199,31 @@ def _rows_mask(last: torch.Tensor, r0: int, r1: int, group: int, dtype) -> torch
     if group > 1 and m.shape[0] > 1:
         m = m.repeat_interleave(group, dim=0)
     return m[None]
+
+
+def _own_mask(net, i: int, rows, n_k: int, device=None) -> torch.Tensor:
+    """Layer i's own additive mask (1, 1, len(rows), n_k) for query positions `rows` over keys
+    0..n_k-1: the look-ahead mask and the layer's sliding window, from the rules every mask of the
+    network is built by (Transformer.attn_spec -> core/net/attention.py's forbidden)."""
+    rows = torch.as_tensor(rows, device=device)
+    return additive(net.attn_spec("decoder", i).forbidden(rows, torch.arange(n_k, device=device)))[None, None]
+
+
+def seen_last(net, last: np.ndarray) -> np.ndarray:
+    """last (L, H_kv, n) of what the cache holds, cut to what each layer's own mask lets a query
+    see (a sliding layer of window w reads key j up to query j + w - 1): how far a key is seen is
+    read from the layer's masking rule itself (attn_spec's forbidden, key 0 against every query)."""
+    out = np.array(last, dtype=np.int32, copy=True)
+    n = out.shape[-1]
+    j = np.arange(n)
+    for i in range(out.shape[0]):
+        spec = net.attn_spec("decoder", i)
+        if spec.window is None:
+            continue
+        off = spec.forbidden(torch.arange(n), torch.zeros(1, dtype=torch.long))
+        reach = int((~off[:, 0]).nonzero().max())  # the last query that sees key 0 (the rule is shift-invariant)
+        out[i] = np.minimum(out[i], j + reach)
+    return out
 
 
 class _QK:
@@ -293,6 +329,7 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
     hid = []
     n_held = 0
     attn = [layer.self_attn for layer in net.decoder]
+    windowed = [net.attn_spec("decoder", i).window for i in range(L)]
     t_last = time.perf_counter()
     for t in range(n):
         masks = gone[:, :, : t + 1].to(dev)
@@ -300,8 +337,11 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
             masks = masks.repeat_interleave(g, dim=1)
         masks = masks[:, None, :, None, :]  # (L, 1, H, 1, t + 1)
         hid.append(net.decode(x[:, t:t + 1], cache=cache, rec=rec, extra_mask=lambda i: masks[i])[0])
-        # the current query's weights in every layer, as the pass computed them (one formula)
-        w = torch.stack([attn[i].weights(None, None, masks[i], qk=(rec.q[i], rec.k[i]))[0, :, 0]
+        # the current query's weights in every layer, as the pass computed them (one formula):
+        # the eviction mask and the layer's own (a sliding window's keys out of reach weigh 0)
+        w = torch.stack([attn[i].weights(None, None, masks[i] if windowed[i] is None else
+                                         combine_masks(masks[i], _own_mask(net, i, [t], t + 1, dev)),
+                                         qk=(rec.q[i], rec.k[i]))[0, :, 0]
                          for i in range(L)])  # (L, H, t + 1)
         w = w.view(L, hkv, g, t + 1).mean(2).double().cpu()
         held[:, :, t] = True
@@ -329,33 +369,54 @@ def _sequential_pass(model, ids, policy: str, budget: int, recent: Optional[int]
     return torch.cat(hid)
 
 
+def snapkv_sizes(n_p: int, budget: int, observe: int) -> tuple:
+    """(obs, chosen) of SnapKV over an n_p-token prompt with `budget` keys per query: obs, the
+    prompt's last queries whose attention scores the prompt's keys (observe, at most the prompt
+    and the cache's budget - 1 keys); chosen, how many earlier prompt keys the cache keeps beside
+    the observed queries' own (budget - 1 - obs, or all of them where they fit)."""
+    cap = budget - 1
+    obs = min(observe, n_p, cap)
+    return obs, min(n_p - obs, cap - obs)
+
+
 def _snapkv_pass(model, ids, n_p: int, budget: int, observe: int, last: np.ndarray, progress: Progress,
                  frac=(0.0, 0.5)) -> torch.Tensor:
     """The prompt with the full cache, per kv head selection, the continuation over that cache.
-    Fills last (L, H_kv, n) in place; returns the final hidden states (n, d)."""
+    Fills last (L, H_kv, n) in place; returns the final hidden states (n, d).
+
+    The cache holds budget - 1 keys once the prompt is read: the chosen prompt keys and the
+    observed queries' own. Each continuation token then enters it and, past budget - 1, the
+    chosen key of lowest score leaves (the compressed prompt gives way to what is read after
+    it); once none is left, the oldest key. So a chosen key of rank r from the lowest is last
+    read by query n_p + r, and any other key j by query j + budget - 1 (the most recent
+    budget - 1 keys before each query). Where the whole prompt fits nothing is chosen and the
+    cache is a window of budget - 1 keys."""
     net, cfg, n = model.net, model.config, len(ids)
     L, H = cfg.n_layers, cfg.n_heads
     hkv = cfg.n_kv_heads or H
     g = H // hkv
-    obs = min(observe, n_p, budget)
-    keep = budget - obs
+    cap = budget - 1
+    obs, keep = snapkv_sizes(n_p, budget, observe)
+    pool = n_p - obs  # the prompt keys before the observed queries: `keep` of them are chosen
     x = _ids_tensor(model, ids)
-    chosen = {}
+    ranked = {}  # layer -> (H_kv, keep) the chosen keys, highest score first
 
     def select(i, q, k):  # the last `obs` queries' weights over the prompt, summed; mean over the group
-        if n_p <= budget:
+        if keep >= pool or keep == 0:  # everything fits, or nothing can be chosen (obs fills the cache)
             return
-        w = net.decoder[i].self_attn.weights(None, None, None, is_causal=True, qk=(q[:, :, -obs:], k))[0]
-        s = w.view(hkv, g, obs, n_p).mean(1).sum(1)[:, : n_p - obs].double().cpu()  # (H_kv, n_p - obs)
-        top = s.topk(keep, dim=-1).indices if keep > 0 else torch.zeros(hkv, 0, dtype=torch.long)
-        dropped = torch.ones(hkv, n_p - obs, dtype=torch.bool)
-        dropped[torch.arange(hkv)[:, None], top] = False
-        chosen[i] = dropped
+        own = _own_mask(net, i, torch.arange(pool, n_p), n_p, q.device)  # the layer's own mask (its window)
+        w = net.decoder[i].self_attn.weights(None, None, own, qk=(q[:, :, pool:], k))[0]
+        s = w.view(hkv, g, obs, n_p).mean(1).sum(1)[:, :pool].double().cpu()  # (H_kv, pool)
+        ranked[i] = s.topk(keep, dim=-1).indices
 
     cache: dict = {}
     hp = net.decode(x[:, :n_p], cache=cache, rec=_QK(select))[0]
-    for i, dropped in chosen.items():
-        last[i, :, : n_p - obs][dropped.numpy()] = n_p - 1
+    last[...] = np.minimum(np.arange(n) + cap, n - 1)  # every key not chosen: the budget - 1 most recent
+    if keep < pool:
+        last[:, :, :pool] = n_p - 1  # the prompt's keys not chosen: read by the prompt's queries only
+        for i, top in ranked.items():
+            gone = np.minimum(n_p + keep - 1 - np.arange(keep), n - 1)  # highest score: the last to leave
+            last[i, np.arange(hkv)[:, None], top.numpy()] = gone[None, :]
     _tick(progress, frac, 0.5, "snapkv: prompt read")
     if n == n_p:
         return hp
@@ -439,7 +500,8 @@ def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: 
         sums = torch.zeros(H, dtype=torch.float64)
         for r0 in range(first, n, MASS_ROWS):
             r1 = min(n, r0 + MASS_ROWS)
-            w = attn.weights(None, None, None, is_causal=True, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]  # (H, c, r1)
+            own = _own_mask(net, i, torch.arange(r0, r1), r1, q.device)  # the layer's look-ahead mask and window
+            w = attn.weights(None, None, own, qk=(q[:, :, r0:r1], k[:, :, :r1]))[0]  # (H, c, r1)
             sums += w[:, :, :n_s].sum((1, 2)).double().cpu()
             if not need_mass or r1 <= evicts:
                 continue
@@ -580,12 +642,14 @@ def evict(model, text: str, policy: str, budget: int, sinks: int = 4, recent: Op
         "kl": kl,
         "mass_lost": mass.mean((0, 1)) if n > first else np.zeros(0),
     })
+    if policy == "snapkv":  # the number of queries it observed, not the one asked for
+        observe = snapkv_sizes(n_p, budget, observe)[0]
     df.attrs.update(
         policy=policy, budget=int(budget), sinks=int(sinks), observe=int(observe),
         recent=(min(budget // 2 if recent is None else recent, budget - 1) if policy == "h2o" else recent),
         n=n, n_prompt=n_p, model=model.name,
         perplexity_full=perplexity(lp_full), perplexity=perplexity(lp),
-        kept=KeptKeys(last, H // hkv, first), mass_lost_heads=mass.mean(-1), sink_scores=sink,
+        kept=KeptKeys(seen_last(model.net, last), H // hkv, first), mass_lost_heads=mass.mean(-1), sink_scores=sink,
         seconds=time.perf_counter() - t0,
     )
     return df

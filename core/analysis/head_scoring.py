@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import _checks as checks
 from ..head_maps import TILE_ROWS, layer_summary, long_layer
 from ..net.recorder import Recorder
 from .. import trace_names as tn
@@ -185,6 +186,7 @@ def head_scores(model, text: Optional[str] = None, r: int = REPEAT_LENGTH, seed:
     translation of `text`, and a repeat of random target tokens after <start>). Cross-attention
     is not scored. Scores with no query position to average over (a one-token text) are NaN.
     """
+    r = checks.whole(r, "r (the repeated sequence's length)", lo=1)
     if trace is None:
         trace = model.trace(DEFAULT_SENTENCE if text is None else text)
     seqs = repeated_sequence(model, r, seed)
@@ -210,4 +212,4 @@ def head_scores(model, text: Optional[str] = None, r: int = REPEAT_LENGTH, seed:
 
 def top_heads(scores: pd.DataFrame, score: str, k: int = 5) -> pd.DataFrame:
     """The k heads with the highest `score` (stack, layer, head, score)."""
-    return scores.nlargest(k, score)[["stack", "layer", "head", score]].reset_index(drop=True)
+    return scores.nlargest(checks.whole(k, "k (heads)", lo=0), score)[["stack", "layer", "head", score]].reset_index(drop=True)

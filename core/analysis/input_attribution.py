@@ -45,6 +45,7 @@ import torch
 
 from .. import trace_names as tn
 from ..net.hooks import Hooks
+from . import _checks as checks
 from .token_ids import input_token_id, input_vocab, output_token_id
 
 GRADIENT_METHODS = ("grad_x_input", "integrated_gradients", "occlusion")
@@ -156,17 +157,19 @@ def setup(model, text: str, target=None, baseline=None, baseline_token=None, pos
         if not where:
             tok = getattr(model.tokenizer, "mask_token", "[MASK]")
             raise ValueError(f"put a {tok} token in the sentence: {model.name} explains the word it predicts there")
-        position = where[0] if position is None else int(position)
+        position = where[0] if position is None else checks.position(position, len(enc.ids), "position")
         fixed = [position]
     elif kind == "encoder-decoder":
         tr = model.trace(text)
         dec = list(tr.meta["target_ids"])
-        position = 0 if position is None else int(position)
-        if not 0 <= position < len(dec):
-            raise ValueError(f"the decoder position {position} is outside 0–{len(dec) - 1}")
+        position = 0 if position is None else checks.index(position, len(dec), "the decoder position")
         dec_ids = torch.tensor([dec], dtype=torch.long, device=dev)
-    else:
-        position = ids.shape[1] - 1
+    else:  # a decoder explains its next token after the last position
+        last = ids.shape[1] - 1
+        if position is not None and checks.position(position, ids.shape[1], "position") != last:
+            raise ValueError(f"a decoder's attribution explains the next token after the text: position "
+                             f"{checks.shown(position)} is not its last position ({last}, or -1)")
+        position = last
     s = Setup(model, "decoder" if kind == "decoder" else "encoder", ids, tokens, position, 0, None,
               baseline_token_id(model, baseline_token), dec_ids, fixed, list(enc.word_ids), list(enc.special), text)
     if target is None:
@@ -208,8 +211,7 @@ def _integrated_gradients(s: Setup, steps: int, fix_first: bool = False):
     """(per-position scores, f(x), f(b)) with captum's midpoint rule, the steps batched."""
     from captum.attr import IntegratedGradients
 
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, not {steps}")
+    steps = checks.whole(steps, "steps", lo=1)
     e, b = s.e, _path_baseline(s, fix_first)
     ig = IntegratedGradients(lambda emb: s.f(emb))
     with torch.enable_grad():

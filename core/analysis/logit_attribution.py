@@ -41,6 +41,7 @@ from typing import Optional
 import pandas as pd
 import torch
 
+from . import _checks as checks
 from .logit_lens import Token, model_of
 from .token_ids import output_token_id
 from .. import trace_names as tn
@@ -90,9 +91,7 @@ def logit_attribution(trace, target: Token, baseline: Optional[Token] = None, po
     net, cfg, stack = model.net, model.config, "decoder"
     n_layers = trace.layers(stack)
     n = trace[tn.embed(stack)].shape[0]
-    p = int(position) + (n if int(position) < 0 else 0)
-    if not 0 <= p < n:
-        raise ValueError(f"position {position} is outside the input's {n} positions")
+    p = checks.position(position, n, "position")
     t_id = output_token_id(model, target, "target token")
     b_id = None if baseline is None or baseline == "" else output_token_id(model, baseline, "baseline token")
     dev, dtype = model.device, next(net.parameters()).dtype

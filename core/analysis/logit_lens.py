@@ -34,6 +34,7 @@ from typing import Iterable, List, Optional, Sequence
 import pandas as pd
 import torch
 from .. import trace_names as tn
+from . import _checks as checks
 from .token_ids import Token, output_token_id, output_vocab
 
 DEFAULT_POSITIONS = 32  # positions computed by default at longer inputs: the last ones
@@ -81,14 +82,9 @@ def default_positions(n: int) -> List[int]:
 def _positions(positions: Optional[Iterable[int]], n: int) -> List[int]:
     if positions is None:
         return default_positions(n)
-    out = []
-    for p in positions:
-        p = int(p)
-        q = p + n if p < 0 else p
-        if not 0 <= q < n:
-            raise ValueError(f"position {p} is outside the input's {n} positions")
-        out.append(q)
-    return out
+    if isinstance(positions, (str, bytes)) or not hasattr(positions, "__iter__"):
+        raise ValueError(f"positions must be a list of positions (got {checks.shown(positions)})")
+    return [checks.position(p, n, "position") for p in positions]
 
 
 def stream_name(stack: str, layer: int) -> str:
@@ -115,7 +111,7 @@ def lens(trace, kind: str = "logit", k: int = 5, target: Optional[Token] = None,
     first = trace[stream_name(stack, 0)]
     n = first.shape[0]
     pos = _positions(positions, n)
-    k = max(1, min(int(k), output_vocab(model)))
+    k = min(checks.whole(k, "k (candidates a row)", lo=1), output_vocab(model))
     fixed = None if target is None else output_token_id(model, target, "target token")
     final_name = tn.final_norm(stack) if trace.is_stored(tn.final_norm(stack)) else stream_name(stack, n_layers)
     out_head = head if final_name == stream_name(stack, n_layers) else (

@@ -53,6 +53,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
+from . import _checks as checks
 from .logit_lens import model_of
 from .. import trace_names as tn
 from ..net.norms import RMSNorm
@@ -267,17 +268,14 @@ class _Decomposition:
         net, cfg = model.net, model.config
         if stack not in trace.stacks():
             raise ValueError(f"this trace has no {stack}")
-        n_layers = trace.layers(stack)
-        if not 0 <= layer < n_layers:
-            raise ValueError(f"layer {layer} is outside the {stack}'s layers 0-{n_layers - 1}")
+        layer = checks.index(layer, trace.layers(stack), f"layer (of the {stack})")
         if attn not in tn.ATTNS:
             raise ValueError(f"attn must be one of {tn.ATTNS}, not {attn!r}")
         lay = net.layers(stack)[layer]
         mod = getattr(lay, attn, None)
         if mod is None:
             raise ValueError(f"{stack} layer {layer} has no {attn}")
-        if not 0 <= head < mod.h:
-            raise ValueError(f"head {head} is outside heads 0-{mod.h - 1}")
+        head = checks.index(head, mod.h, "head")
         self.model, self.trace, self.stack, self.layer, self.head, self.attn = model, trace, stack, layer, head, attn
         self.mod = mod
         self.scale = mod.scale if mod.scale is not None else 1.0 / math.sqrt(mod.dk)
@@ -447,14 +445,6 @@ def _frame(q_names, k_names, T: torch.Tensor, group: str) -> pd.DataFrame:
     return df
 
 
-def _check_position(p: int, n: int, what: str) -> int:
-    p = int(p)
-    p = p + n if p < 0 else p
-    if not 0 <= p < n:
-        raise ValueError(f"{what} {p} is outside positions 0-{n - 1}")
-    return p
-
-
 def _lengths(trace, stack, attn):
     if stack not in tn.STACKS or stack not in trace.stacks():
         raise ValueError(f"this trace has no {stack!r} stack (it has {', '.join(trace.stacks())})")
@@ -479,9 +469,9 @@ def score_attribution(trace, stack: str, layer: int, head: int, query: int, key:
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}, not {group!r}")
     n_q, n_k = _lengths(trace, stack, attn)
-    i = _check_position(query, n_q, "query")
-    j = _check_position(key, n_k, "key")
-    j2 = None if versus is None else _check_position(versus, n_k, "versus key")
+    i = checks.position(query, n_q, "query")
+    j = checks.position(key, n_k, "key")
+    j2 = None if versus is None else checks.position(versus, n_k, "versus key")
     keys = [j] if j2 is None else [j, j2]
     dec = _Decomposition(trace, stack, layer, head, attn, [i], keys)
     Q = dec.Q[:, 0]  # C_q x d_k

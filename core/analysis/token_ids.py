@@ -4,7 +4,7 @@ lens's target and baseline and attribution's target, contrast and baseline token
     token_id(" Paris", tokenizer, vocab_size, model="smollm2", what="target")
 
 An int (or anything with __index__, a numpy or torch integer) is an id: it must lie in
-0 .. vocab_size - 1. A string is looked up, in this order:
+0 .. vocab_size - 1 (a bool or a float is refused, core/analysis/_checks.py). A string is looked up, in this order:
   1. its display form, as the app shows tokens (tokenizer.vocab: " Paris", "<|endoftext|>"),
      so a token picked from a top-k list or copied from a token chip is read back as that token;
   2. the tokenizer file's own spelling (tokenizer.index: "ĠParis", "▁Paris", "##ing");
@@ -19,6 +19,8 @@ token whose embedding it reads).
 from __future__ import annotations
 
 from typing import Dict, Union
+
+from . import _checks as checks
 
 Token = Union[str, int]
 
@@ -41,10 +43,14 @@ def token_id(token: Token, tokenizer, vocab_size: int, *, model: str = "the mode
     """The id of `token` (module docstring) in a vocabulary of `vocab_size` ids; `model` and
     `what` (the field: "target", "answer"...) name it in the error messages."""
     vocab_size = int(vocab_size)
-    if not isinstance(token, str) and hasattr(token, "__index__"):
-        i = int(token.__index__())
+    if not isinstance(token, str):  # an id: a whole number (not True, not 3.0)
+        if isinstance(token, float) or token is None or not hasattr(token, "__index__"):
+            raise ValueError(f"the {what} must be a token (a string) or its id (a whole number), "
+                             f"not {checks.shown(token)}")
+        i = checks.whole(token, f"the {what} id")
         if not 0 <= i < vocab_size:
-            raise ValueError(f"the {what} id {i} is outside {model}'s vocabulary (0 to {vocab_size - 1})")
+            raise ValueError(f"the {what} id {checks.shown(token)} is outside {model}'s vocabulary "
+                             f"(0 to {vocab_size - 1})")
         return i
     s = str(token)
     if not s:

@@ -10,7 +10,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core
-from conftest import open_first, APP, assert_no_exception, heatmap_z
+import core.analysis as ca
+from conftest import open_first, APP, assert_no_exception, chart_by_key, heatmap_z
 from hf_builders import build
 
 pytest.importorskip("transformers")
@@ -23,6 +24,8 @@ def models_dir(tmp_path_factory):
     hf, folder = build("gpt2", root / "tiny-gpt2")
     hf.save_pretrained(str(folder))
     hf, folder = build("bert", root / "tiny-bert")
+    hf.save_pretrained(str(folder))
+    hf, folder = build("mistral", root / "tiny-mistral", sliding_window=4)  # every layer sees the last 4 keys
     hf.save_pretrained(str(folder))
     broken = root / "old-bert"
     broken.mkdir()
@@ -108,3 +111,40 @@ def test_fill_ins_are_shown_for_mask_tokens(app, models_dir):
     best, p = model.fill_mask("the small [MASK] sees the cat")[0]["top"][0]
     infos = [i.value for i in at.info if "fill-ins" in i.value]
     assert len(infos) == 1 and f"`{best}` {p:.0%}" in infos[0], infos
+
+
+def test_the_kv_cache_page_reads_a_windowed_model_at_its_own_window(app, models_dir):
+    """A Mistral whose layers see the last 4 keys, on the KV cache page with policy `window` at 4
+    keys: the cache evicts only what the model never reads, so the page shows KL 0 and mass lost
+    0 (every head of the mass map too), as evict does; at 3 keys both are above 0."""
+    text = "the small dog sees the old cat near the river and the tired cat gave alice a book"
+    at = app(model="tiny-mistral", text=text, policy="window", budget="4")
+    open_first(at, "kvcache")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Attention mass lost"] == "0.000" and shown["Mean KL(full ‖ policy)"] == "0.0000 nats", shown
+    assert np.abs(heatmap_z(chart_by_key(at, "kvcache-mass"))).max() < 1e-6
+    model = core.load_model(str(models_dir / "tiny-mistral"), device="cpu")
+    df = ca.evict(model, text, "window", 4)
+    assert df.mass_lost.max() < 1e-6 and df.kl.max() < 1e-6
+    at.number_input(key="kvcache.budget").set_value(3).run(timeout=120)
+    assert_no_exception(at)
+    shown = {m.label: m.value for m in at.metric}
+    assert float(shown["Attention mass lost"]) > 0.01 and float(shown["Mean KL(full ‖ policy)"].split()[0]) > 0, shown
+
+
+def test_the_kv_cache_page_says_how_many_queries_snapkv_observed(app):
+    """Observe 32 with a budget of 3: SnapKV observes 2 queries (the cache holds budget - 1 keys),
+    and the page says so beside its figures; at observe 2 it says nothing."""
+    text = "the small dog sees the old cat near the river"
+    at = app(model="tiny-mistral", text=text, policy="snapkv", budget="3", observe="32", cont="and the cat sat")
+    open_first(at, "kvcache")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    said = [c.value for c in at.caption if "SnapKV observed" in c.value]
+    assert len(said) == 1 and "last 2 queries, not 32" in said[0], [c.value for c in at.caption]
+    at.number_input(key="kvcache.observe").set_value(2).run(timeout=120)
+    assert_no_exception(at)
+    assert not [c.value for c in at.caption if "SnapKV observed" in c.value]

@@ -11,6 +11,7 @@ The closing test prints the matrix's size and the worst figure per path."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Dict
 
@@ -350,10 +351,109 @@ def kv_cache(c):
     return _worst(pairs), TOL["logits"]
 
 
+EVICT_BUDGET, EVICT_SINKS = 4, 1  # StreamingLLM with 1 sink and 3 recent keys: inside the windows of 4 too
+
+
+def _self_attentions(hf):
+    """transformers' self-attention modules of a decoder-only model, layer by layer."""
+    mods = [m for name, m in hf.named_modules() if re.search(r"\.\d+\.(self_attn|attn|attention)$", name)]
+    assert len(mods) == hf.config.num_hidden_layers, [type(m).__name__ for m in mods]
+    return mods
+
+
+@torch.no_grad()
+def masked_logprobs(hf, ids, off):
+    """transformers' eager forward with, in every self-attention, the mask it builds itself (the
+    look-ahead mask and the layer's own window) plus off(layer) -> (1 or H, n, n) bool, True
+    where the query may not see the key: log-probabilities of each next token (n - 1,), float64."""
+    _eager(hf)
+    hooks = []
+    for li, mod in enumerate(_self_attentions(hf)):
+        def pre(m, args, kwargs, li=li):
+            own = kwargs.get("attention_mask")
+            assert own is not None and own.dim() == 4, "transformers built no 4-d mask to add to"
+            low = torch.finfo(torch.float32).min
+            if own.dtype == torch.bool:  # True: may attend
+                own = torch.zeros(own.shape).masked_fill(~own, low)
+            kwargs["attention_mask"] = own + torch.zeros(off(li).shape).masked_fill(off(li), low)[None]
+            return args, kwargs
+        hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        logits = hf(torch.tensor([ids])).logits[0].double()
+    finally:
+        for h in hooks:
+            h.remove()
+    lp = torch.log_softmax(logits, -1)
+    return lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+
+
+def evict_path(c):
+    """core.analysis.evict against transformers: the full policy's log-probabilities against the
+    plain eager forward's; StreamingLLM's (1 sink, budget 4) against the eager forward with
+    the policy's mask written here from its definition (keys 0 and t-2..t) added to the model's
+    own in every layer; H2O's against the eager forward masked, head by head and layer by layer,
+    with the keys H2O's cache held (df.attrs["kept"]): the numbers evict gives for those choices.
+    Models with a sliding window: `window` at that window loses no mass in the layers it is the
+    window of (the global layers of Gemma 2/3 may)."""
+    ours, text = c.ours, CLEAN  # a short text: H2O reads it token by token
+    ids = list(ours.encode(text).ids)
+    n = len(ids)
+    want = torch.log_softmax(reference(c.hf, ours, ids)["out"].double(), -1)[torch.arange(n - 1), torch.tensor(ids[1:])]
+    full_df = ca.evict(ours, text, "full", n)
+    pairs = [(torch.tensor(full_df.logprob.to_numpy()[:-1]), want)]
+    t = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    gone = (j <= t) & (j >= EVICT_SINKS) & (t - j >= EVICT_BUDGET - EVICT_SINKS)  # streaming, from its definition
+    df = ca.evict(ours, text, "streaming", EVICT_BUDGET, sinks=EVICT_SINKS)
+    assert df.kl.max() > 1e-6  # the policy moved the prediction: this comparison can fail
+    pairs.append((torch.tensor(df.logprob.to_numpy()[:-1]), masked_logprobs(c.hf, ids, lambda li: gone[None])))
+    h2o = ca.evict(ours, text, "h2o", EVICT_BUDGET)
+    kept = h2o.attrs["kept"]
+    H = ours.config.n_heads
+    unseen = [torch.stack([torch.as_tensor(~kept(li, h)) for h in range(H)]) & (j <= t) for li in range(kept.shape[0])]
+    pairs.append((torch.tensor(h2o.logprob.to_numpy()[:-1]), masked_logprobs(c.hf, ids, lambda li: unseen[li])))
+    windows = [ours.net.attn_spec("decoder", li).window for li in range(ours.config.n_layers)]
+    w = next((x for x in windows if x is not None), None)
+    if w is not None and w < n:  # `window` at the model's own window: its sliding layers lose no mass
+        heads = torch.as_tensor(ca.evict(ours, text, "window", w).attrs["mass_lost_heads"])
+        local = [li for li, x in enumerate(windows) if x == w]
+        pairs.append((heads[local], torch.zeros_like(heads[local])))
+    return _worst(pairs), TOL["logits"]
+
+
+def score_path(c):
+    """Score attribution: at the last layer's head 1 (head 0 where there is one), the last query
+    and its two keys of highest weight, the terms' sum is the model's own score (the trace's
+    scaled map, the contract's 1e-4 x max(1, |s|)); and the two sums, soft-capped where the head
+    caps (and T5's position bias added, read from the trace), differ by log(a_j / a_j2) of the
+    reference's weights (transformers' eager attention). The worst relative error of the two."""
+    stack, L = c.stack, c.tr.layers(c.stack)
+    layer = L - 1
+    head = min(1, c.ours.net.layers(stack)[layer].self_attn.h - 1)
+    a = c.ref_weights(stack, layer)[head].double()  # n x n
+    i = a.shape[0] - 1
+    j1, j2 = torch.topk(a[i], 2).indices.tolist()
+    errs, sums = [], []
+    for j in (j1, j2):
+        df = ca.score_attribution(c.tr, stack, layer, head, query=i, key=j)
+        s, tot = df.attrs["score"], df.attrs["sum"]
+        errs.append(abs(s - tot) / max(1.0, abs(s)))
+        cap = df.attrs["softcap"]
+        sums.append(tot if cap is None else cap * math.tanh(tot / cap))
+    diff = sums[0] - sums[1]
+    bias = f"{stack}.{layer}.self_attn.position_bias"
+    if c.ours.config.positional == "relative":
+        pb = c.tr[bias][head].double()
+        diff += float(pb[i, j1] - pb[i, j2])
+    log_ratio = float(torch.log(a[i, j1] / a[i, j2]))
+    errs.append(abs(diff - log_ratio) / max(1.0, abs(log_ratio)))
+    return max(errs), TOL["weights"]
+
+
 PATHS: Dict[str, Callable] = {"full": full, "pooled_1": pooled_1, "pooled_odd": pooled_odd, "tiles": tiles,
                               "value_norms": value_norms, "step": step, "ablated": ablated, "lens": lens,
                               "attribution": attribution, "restore": restore,
-                              "kv_cache": kv_cache}
+                              "kv_cache": kv_cache, "evict": evict_path, "score_attribution": score_path}
 
 
 def not_applicable(case, c, path):
@@ -381,6 +481,17 @@ def not_applicable(case, c, path):
             return str(e)[:160]
         if ours.kind == "encoder-decoder":
             return "direct logit attribution reads decoder-only models"
+    if path == "evict":
+        from core.analysis.evict import check_args
+        try:
+            check_args(ours, "full", 4)
+        except ValueError as e:
+            return str(e)
+    if path == "score_attribution":
+        try:
+            ca.score_attribution(c.tr, c.stack, c.tr.layers(c.stack) - 1, 0, query=-1, key=0)
+        except ValueError as e:
+            return str(e)[:160]
     if path == "restore" and ours.kind == "encoder":
         return "an encoder predicts no next token: patching's metric is a next-token logit difference"
     return None

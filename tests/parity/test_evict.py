@@ -45,6 +45,7 @@ class RefDecoder:
         theta = rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))
         self.inv = 1.0 / theta ** (torch.arange(0, self.d, 2, dtype=torch.float64) / self.d)
         self.eps = c.rms_norm_eps
+        self.window = getattr(c, "sliding_window", None)  # Mistral: keys `window` or more positions back unseen
 
     def rms(self, x, w):
         return x / torch.sqrt((x * x).mean() + self.eps) * w
@@ -75,7 +76,7 @@ class RefDecoder:
                 heads = []
                 for g in range(self.Hkv):
                     K[l][g][t], V[l][g][t] = k[g], v[g]
-                    keys = list(policy.keys(l, g, t)) + [t]
+                    keys = [j for j in policy.keys(l, g, t) if self.window is None or t - j < self.window] + [t]
                     Kg = torch.stack([K[l][g][j] for j in keys])
                     Vg = torch.stack([V[l][g][j] for j in keys])
                     qs = q[g * g_size:(g + 1) * g_size]
@@ -100,6 +101,7 @@ class RefPolicy:
         self.cache = {(l, g): [] for l in range(L) for g in range(Hkv)}
         self.score = {(l, g): {} for l in range(L) for g in range(Hkv)}
         self.obs = {(l, g): {} for l in range(L) for g in range(Hkv)}
+        self.pinned = {}
         self.read = {}  # (l, g, t) -> the positions the query at t read (itself included)
 
     def keys(self, l, g, t):
@@ -112,15 +114,26 @@ class RefPolicy:
         c.append(t)
         name = self.name
         if name == "snapkv":
+            # the prompt read whole; at its end the cache keeps the observed queries' own keys and the
+            # budget - 1 - obs prompt keys they weigh most; from then on, past budget - 1 keys, the
+            # chosen prompt key they weighed least leaves, and once none is left the oldest key
             n_p = self.n_prompt
-            obs = min(self.observe, n_p, self.budget)
+            obs = min(self.observe, n_p, self.cap)
             if t >= n_p - obs and t < n_p:
                 for j, a in zip(keys, mean.tolist()):
                     self.obs[(l, g)][j] = self.obs[(l, g)].get(j, 0.0) + a
-            if t == n_p - 1 and n_p > self.budget:
+            if t == n_p - 1:
                 pool = [j for j in c if j < n_p - obs]
-                top = sorted(pool, key=lambda j: -self.obs[(l, g)].get(j, 0.0))[: self.budget - obs]
+                if len(pool) <= self.cap - obs:  # the whole prompt fits: nothing chosen, a window from here
+                    self.pinned[(l, g)] = set()
+                    return
+                top = sorted(pool, key=lambda j: -self.obs[(l, g)].get(j, 0.0))[: self.cap - obs]
+                self.pinned[(l, g)] = set(top)
                 self.cache[(l, g)] = sorted(top + [j for j in c if j >= n_p - obs])
+            elif t >= n_p and len(c) > self.cap:
+                left = [j for j in c if j in self.pinned[(l, g)]]
+                score = self.obs[(l, g)]
+                c.remove(min(left, key=lambda j: score.get(j, 0.0)) if left else min(c))
             return
         if name == "h2o":
             s = self.score[(l, g)]
@@ -136,8 +149,8 @@ class RefPolicy:
             pool = [j for j in c if j <= t - self.recent]
             victim = min(pool, key=lambda j: (self.score[(l, g)][j], j))
         elif name == "tova":
-            weight = dict(zip(keys, mean.tolist()))
-            victim = min(c, key=lambda j: (weight[j], j))
+            weight = dict(zip(keys, mean.tolist()))  # a key past the model's window weighs 0
+            victim = min(c, key=lambda j: (weight.get(j, 0.0), j))
         else:
             raise AssertionError(name)
         c.remove(victim)
@@ -382,3 +395,86 @@ def test_smollm2_with_its_trace_gives_the_same_columns(smol, policy, kw):
     model, _, text, _ = smol
     _same_columns(ca.evict(model, text, policy, trace=model.trace(text), **kw), ca.evict(model, text, policy, **kw),
                   2e-3, 1e-3)
+
+
+# ------------------------------------------------------------------------------ a model with its own window
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A tiny Mistral (grouped-query attention) whose every layer sees only the last 4 keys."""
+    from hf_builders import SENTENCES, build
+
+    hf, folder = build("mistral", tmp_path_factory.mktemp("evict-mistral"), sliding_window=4)
+    hf.save_pretrained(str(folder), safe_serialization=True)
+    model = core.load_model(str(folder), device="cpu")
+    assert model.config.sliding_window == 4 and all(model.net.window("decoder", i) == 4 for i in range(2))
+    ref = RefDecoder(hf.double())
+    assert ref.window == 4
+    return model, ref, " ".join(SENTENCES), " the cat sat on the mat"
+
+
+W_CASES = [("window", dict(budget=3)), ("window", dict(budget=6)), ("streaming", dict(budget=4, sinks=1)),
+           ("h2o", dict(budget=5)), ("tova", dict(budget=4)), ("snapkv", dict(budget=5, observe=2))]
+
+
+@pytest.mark.parametrize("policy,kw", W_CASES, ids=[f"{p}-{'-'.join(map(str, k.values()))}" for p, k in W_CASES])
+def test_a_windowed_model_matches_the_reference(windowed, policy, kw):
+    """The reference attends within the model's window (keys 4 or more back unseen) on top of the
+    policy's cache: every column, the sinks' scores and the keys each query saw are the model's."""
+    model, ref, text, cont = windowed
+    c = cont if policy == "snapkv" else None
+    df = ca.evict(model, text, policy, continuation=c, **kw)
+    ids = _ids(model, text, c)
+    n_p = len(_ids(model, text))
+    first = n_p if policy == "snapkv" else 0
+    cols = reference(ref, ids, policy, n_prompt=n_p, **kw)
+    _compare(df, cols, first, 1e-4, 1e-5)
+    kept, pol = df.attrs["kept"], cols[4]
+    for layer in range(model.config.n_layers):
+        for head in (0, 5):
+            seen = kept(layer, head)
+            for r, t in enumerate(range(first, len(ids))):
+                assert set(np.flatnonzero(seen[r])) == pol.read[(layer, head // kept.group, t)], (layer, head, t)
+            assert kept.count(layer, head).max() <= min(4, kw["budget"])  # the window and the budget both bound it
+
+
+def test_window_at_the_models_own_window_loses_nothing(windowed):
+    """Policy `window` at the model's own window of 4 is the model itself: KL 0 and mass lost 0
+    (it was 0.96 when the mass was read from weights without the model's window), while a
+    budget of 3 loses mass and moves the next token; the sink scores are those of the windowed
+    weights (the first key's share is 0 once a query is 4 or more past it)."""
+    model, ref, text, _ = windowed
+    df = ca.evict(model, text, "window", 4)
+    assert df.kl.max() < 1e-6 and df.mass_lost.max() < 1e-6, (df.kl.max(), df.mass_lost.max())
+    assert np.abs(df.attrs["mass_lost_heads"]).max() < 1e-6
+    assert (df.attrs["kept"].count(1, 3) == np.minimum(np.arange(len(df)) + 1, 4)).all()
+    smaller = ca.evict(model, text, "window", 3)
+    assert smaller.kl.max() > 1e-3 and smaller.mass_lost.mean() > 1e-2
+    # sink scores: the full model's mean weight on key 0 over all rows, from the windowed reference
+    w0 = {}
+    full = RefPolicy("full", 4, ref.L, ref.Hkv)
+    full.seen = lambda l, g, t, keys, w, _o=full.seen: (w0.__setitem__((l, g, t), dict(zip(keys, w.T))), _o(l, g, t, keys, w))
+    ids = _ids(model, text)
+    ref.run(ids, full)
+    g_size = ref.H // ref.Hkv
+    want = np.array([[np.mean([float(w0[(l, h // g_size, t)].get(0, torch.zeros(g_size))[h % g_size])
+                               for t in range(len(ids))]) for h in range(ref.H)] for l in range(ref.L)])
+    got = ca.evict(model, text, "streaming", 4, sinks=1).attrs["sink_scores"]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert want.max() < 4.5 / len(ids)  # only the first 4 queries can see key 0
+
+
+def test_snapkv_keeps_to_the_budget_and_reports_what_it_observed(tiny):
+    """The continuation's queries read at most `budget` keys, their own included; observe above
+    what the cache can hold is cut to budget - 1 and reported so; a budget of 1 reads each token alone."""
+    model, _, text, cont = tiny
+    n_p = len(_ids(model, text))
+    for budget, observe, want_obs in ((6, 50, 5), (8, 3, 3), (1, 32, 0)):
+        df = ca.evict(model, text, "snapkv", budget, observe=observe, continuation=cont)
+        kept = df.attrs["kept"]
+        assert df.attrs["observe"] == want_obs, (budget, observe)
+        for layer in range(model.config.n_layers):
+            for head in range(model.config.n_heads):
+                count = kept.count(layer, head)
+                assert count.max() == budget and len(count) == len(df) == len(_ids(model, text, cont)) - n_p
+        if budget > 1:
+            assert df.mass_lost.max() > 1e-3

@@ -126,6 +126,9 @@ m[1].metric(f"Perplexity, {policy}", f"{a['perplexity']:.3f}", delta=f"{a['perpl
             delta_color="inverse")
 m[2].metric("Mean KL(full ‖ policy)", f"{df['kl'].mean():.4f} nats")
 m[3].metric("Attention mass lost", f"{df['mass_lost'].mean():.3f}")
+if policy == "snapkv" and a["observe"] != observe:
+    st.caption(f"SnapKV observed the prompt's last {a['observe']} queries, not {observe}: the observed queries' keys "
+               f"stay in the cache, which holds budget − 1 = {budget - 1} keys (and the prompt's {n_prompt} at most).")
 st.download_button("Per position (CSV)", lambda: df.to_csv(index=False).encode(), key="kvcache-csv",
                    file_name=f"kvcache-{model_name}-{policy}-{budget}.csv", mime="text/csv", on_click="ignore")
 
@@ -151,7 +154,8 @@ if trace is not None:
     kept = a["kept"](layer, head, rows=np.arange(r0, r1))[:, :r1]
     st.caption(f"Layer {layer}, head {head} (kv head {head // a['kept'].group}): the full model's attention weights "
                f"for query rows {r0}–{r1 - 1}; grey cells are keys that {policy}'s cache had evicted when that query "
-               f"read (the full model's weight on each is in its hover).")
+               f"read, or that the layer's own sliding window no longer reached (the full model's weight on each is "
+               f"in its hover).")
     charts.chart(kf.kept_map(w, kept, trace.tokens("target"), r0,
                              title=f"{policy} at budget {budget}: layer {layer}, head {head}"),
                  key="kvcache-map", name=f"kvcache-{model_name}-{policy}-{budget}-L{layer}H{head}", width="stretch")
