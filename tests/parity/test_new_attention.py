@@ -185,3 +185,20 @@ def test_layer_kinds_of_a_bundled_family():
     assert all(k["mixer"] == "softmax" and k["positions"] == "rope" and not k["sink"] for k in kinds)
     with pytest.raises(ValueError, match="no 'encoder'"):
         m.layer_kinds("encoder")
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_score_attribution_sums_to_the_score_or_says_why(zoo, fam):
+    """Score attribution on every layer: its terms add up to the model's own scaled score (no
+    positions, L2 QK-norm, YaRN's scale and sinks included); a layer whose scale varies by
+    position gets a ValueError that says so."""
+    import core.analysis as ca
+
+    _, ours, tr, ids, _ = zoo(fam)
+    for i, kind in enumerate(ours.layer_kinds()):
+        if kind["scale"] == "per position":
+            with pytest.raises(ValueError, match="varies by query position"):
+                ca.score_attribution(tr, "decoder", i, 1, query=len(ids) - 1, key=len(ids) - 3)
+            continue
+        df = ca.score_attribution(tr, "decoder", i, 1, query=len(ids) - 1, key=len(ids) - 3)
+        assert abs(df.attrs["score"] - df.attrs["sum"]) < 1e-4 * max(1.0, abs(df.attrs["score"]))
