@@ -35,11 +35,13 @@ class MoE(nn.Module):
         d, de = cfg.d_model, int(m["d_expert"])
         gpt = self.kind == "gpt_oss"
         self.router = Linear(d, self.n_experts, bias=gpt)
-        self.gate_up = nn.Parameter(torch.empty(self.n_experts, d, 2 * de))  # (E, d, 2 m_e) as stored
-        self.down = nn.Parameter(torch.empty(self.n_experts, de, d))
+        # (E, d, 2 m_e) and (E, m_e, d) as checkpoints store them; a random model draws them as
+        # nn.Linear draws its weights (uniform within 1/sqrt(fan_in)), biases 0
+        self.gate_up = nn.Parameter(torch.empty(self.n_experts, d, 2 * de).uniform_(-d ** -0.5, d ** -0.5))
+        self.down = nn.Parameter(torch.empty(self.n_experts, de, d).uniform_(-de ** -0.5, de ** -0.5))
         if gpt:
-            self.gate_up_bias = nn.Parameter(torch.empty(self.n_experts, 2 * de))
-            self.down_bias = nn.Parameter(torch.empty(self.n_experts, d))
+            self.gate_up_bias = nn.Parameter(torch.zeros(self.n_experts, 2 * de))
+            self.down_bias = nn.Parameter(torch.zeros(self.n_experts, d))
             self.alpha, self.limit = float(m.get("alpha", 1.702)), float(m.get("limit", 7.0))
         else:
             self.shared_w_1 = Linear(d, de, bias=False)  # the shared expert: gate, up, down
