@@ -226,11 +226,17 @@ def scaled_dot_product_attention(
     """
     d_k = q.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
-    if record is None and softcap is None and sink is None:
+    if record is None and softcap is None and (sink is None or _fused_sink_ok(q, k, v, mask)):
         causal = is_causal and mask is None
         if torch.is_tensor(scale):
             q, scale = q * scale.to(q.dtype), 1.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
+        if sink is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
+        # learned sinks on the fused kernel: out = softmax(masked) V and its log-sum-exp L per row;
+        # with the sink s beside the keys every weight is exp(masked) / (e^L + e^s), so
+        # out_sink = out e^L / (e^L + e^s) = out sigmoid(L - s), exactly
+        out, lse = _FLASH_CPU(q, k, v, 0.0, causal, attn_mask=None if mask is None else mask.to(q.dtype), scale=scale)
+        return out * torch.sigmoid(lse.unsqueeze(-1) - sink.to(q.dtype))
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
     if record is None and q.shape[-2] > SOFTCAP_ROWS:  # unrecorded and long: a block of queries at a time
@@ -243,6 +249,18 @@ def scaled_dot_product_attention(
         return torch.cat(outs, dim=-2)
     weights = attention_map(q, k, mask, scale, softcap, record=record or (lambda name, t: None), sink=sink)
     return weights @ v  # (..., n_q, d_v)
+
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _fused_sink_ok(q, k, v, mask) -> bool:
+    """Whether learned sinks can take the fused CPU kernel that also returns each row's
+    log-sum-exp (inference on the CPU, 4-d q/k/v of one shape but length, a float mask);
+    otherwise the formula runs unrecorded, a block of queries at a time."""
+    return (_FLASH_CPU is not None and q.device.type == "cpu" and q.dim() == 4 and k.shape == v.shape
+            and k.shape[:2] == q.shape[:2] and not (mask is not None and mask.dtype == torch.bool)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
