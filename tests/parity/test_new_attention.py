@@ -225,3 +225,20 @@ def test_sinks_fused_blocked_and_explicit_agree(monkeypatch):
     for got in (fused, explicit, blocked):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
     torch.testing.assert_close(seen["sink"].double(), p[..., -1], atol=1e-6, rtol=0)
+
+
+def test_smollm3_gguf_matches_transformers(tmp_path):
+    """A smollm3 GGUF file (rows permuted as llama.cpp's converter writes them) with the
+    architecture's own rule, no positions on every fourth layer, against transformers."""
+    pytest.importorskip("gguf")
+    from test_gguf_loader import write_gguf
+
+    hf, folder = build("smollm3", tmp_path / "hf", no_rope_layers=[1, 1, 1, 0])
+    path = write_gguf(hf, folder / "tokenizer.json", tmp_path / "tiny-smollm3.gguf", arch="smollm3")
+    ours = core.load_model(str(path), device="cpu")
+    assert [k["positions"] for k in ours.layer_kinds()] == ["rope", "rope", "rope", "none"]
+    tr = ours.trace(TEXT)
+    attn, _, logits = hf_eager(hf, tr.meta["target_ids"])
+    assert float((tr["logits"] - logits).abs().max()) < TOL
+    for i, a in enumerate(attn):
+        assert float((tr[f"decoder.{i}.self_attn.weights"] - a).abs().max()) < TOL, i
