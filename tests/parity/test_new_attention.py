@@ -242,3 +242,18 @@ def test_smollm3_gguf_matches_transformers(tmp_path):
     assert float((tr["logits"] - logits).abs().max()) < TOL
     for i, a in enumerate(attn):
         assert float((tr[f"decoder.{i}.self_attn.weights"] - a).abs().max()) < TOL, i
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_weights_only_reads_are_the_explicit_ones(zoo, fam):
+    """The model view's weights-only read and the value norms (Transformer.layer_weights: no
+    values, heads or W_o) against the explicit re-run, every layer: the same formula (sinks,
+    chunks, per-position scales included), so the same numbers."""
+    _, ours, tr, _, _ = zoo(fam)
+    for i in range(tr.layers("decoder")):
+        x = tr[f"decoder.{i - 1}.out"] if i else tr["embed.decoder.sum"]
+        with torch.inference_mode():
+            w = ours.net.layer_weights("decoder", i, x[None])[0]
+            vn = ours.net.layer_weights("decoder", i, x[None], what="value_norms")[0]
+        torch.testing.assert_close(w, tr[f"decoder.{i}.self_attn.weights"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(vn, tr[f"decoder.{i}.self_attn.value_norms"], atol=1e-5, rtol=0)
