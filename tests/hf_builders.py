@@ -163,7 +163,7 @@ def build(family: str, folder: Path, **over):
                 elif name.endswith("router.weight"):  # routers that prefer different experts per token
                     p.mul_(5.0)
                 elif family == "gpt_oss" and ("q_proj" in name or "k_proj" in name):
-                    p.mul_(0.7)  # YaRN's attention factor already scales the scores by 1.46
+                    p.mul_(0.6)  # YaRN's attention factor already scales the scores by 1.46
         return model.eval(), folder
     elif family in LATER:
         conf, cls, args = LATER[family]

@@ -273,9 +273,9 @@ class MultiHeadAttention(nn.Module):
             scale = self.q_scale(n_pos - n_q, n_q, q.device)
             if explicit:
                 rec("scale", scale[:, 0], False)
-        capped = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
+        opts = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
         if self.sinks is not None:
-            capped["sink"] = self.sink()
+            opts["sink"] = self.sink()
         seen = {}
         record = None
         if explicit:
@@ -284,7 +284,7 @@ class MultiHeadAttention(nn.Module):
                     seen["weights"] = t
                 rec(name, t, batched)
         heads = scaled_dot_product_attention(q, k, v, mask, record, scale,
-                                             is_causal=is_causal, **capped)  # (B, H, n_q, d_k)
+                                             is_causal=is_causal, **opts)  # (B, H, n_q, d_k)
         if explicit:  # what each key adds, ||a_ij v_j W_o^h|| (computed from the same weights)
             rec("value_norms", seen["weights"] * self.value_sizes(v)[:, :, None, :])
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
