@@ -70,6 +70,18 @@ class AttentionModel(GreedyDecoding):
     def kind(self) -> str:
         return self.config.kind
 
+    def layer_kinds(self, stack: Optional[str] = None) -> List[dict]:
+        """One small dict per self-attention layer of `stack` (default: the decoder, or an
+        encoder's own stack), what each layer is (Transformer.layer_info): mixer, mask
+        ("causal", "sliding W", "chunked C", "global", "local W"), positions ("rope", "none",
+        ...), sink, qk_norm, scale ("fixed" / "per position"), ffn ("dense" / "moe")."""
+        if stack is None:
+            stack = "encoder" if self.kind == "encoder" else "decoder"
+        if stack not in ("encoder", "decoder") or (stack == "encoder" and not self.config.has_encoder) or (
+                stack == "decoder" and not self.config.has_decoder):
+            raise ValueError(f"this {self.kind} model has no {stack!r} stack")
+        return self.net.layer_info(stack)
+
     # ------------------------------------------------------------------ tokens
     def encode(self, text: str) -> Encoded:
         if text is None or not str(text).strip():

@@ -155,14 +155,14 @@ class LayerMaps:
             raise KeyError(f"{what!r} is not one of {MAPS}")
         c0, c1 = self.key_range(r0, r1)
         off = self.mask_rows(r0, r1, c0, c1)
-        t = self.attn.head_map(self.q(h)[r0:r1], self.k(h)[c0:c1], off, what)
+        t = self.attn.head_map(self.q(h)[r0:r1], self.k(h)[c0:c1], off, what, head=h, row0=r0)
         return t, off, c0, c1
 
     @torch.inference_mode()
     def tile(self, h: int, r0: int, r1: int, what: str = "weights"):
         """(rows r0:r1 of head h's map `what` over every key, the tile's mask of forbidden cells or None)."""
         if what in UNMASKED:  # finite everywhere, as the explicit path has them
-            return self.attn.head_map(self.q(h)[r0:r1], self.k(h), None, what), self.mask_rows(r0, r1)
+            return self.attn.head_map(self.q(h)[r0:r1], self.k(h), None, what, head=h, row0=r0), self.mask_rows(r0, r1)
         t, _, c0, c1 = self.narrow(h, r0, r1, what)
         if (c0, c1) != (0, self.n):
             full = torch.full((r1 - r0, self.n), float("-inf") if what == "masked" else 0.0, dtype=t.dtype)

@@ -34,12 +34,13 @@ FFN = "ffn"
 EMBED_PARTS = ("tokens", "positions", "types", "presum_norm", "sum")
 # Inside one attention, in the order a pass records them.
 ATTN_STEPS = ("q_pre_norm", "k_pre_norm", "q_pre_rope", "k_pre_rope", "q", "k", "v", "mask", "position_bias",
-              "scores", "scaled", "capped", "masked", "weights", "value_norms", "heads", "out")
+              "scale", "scores", "scaled", "capped", "masked", "weights", "sink", "value_norms", "heads", "out")
+SINK, SCALE = "sink", "scale"  # learned sinks' share (H x n_q, gpt-oss); a scale per query (n_q, Llama 4)
 MAPS = ("scores", "scaled", "capped", "masked", "weights", "value_norms")  # H x n_q x n_k
 QUERY_SIDE = ("q_pre_norm", "q_pre_rope", "q", "heads")  # H x n_q x d_k
 KEY_SIDE = ("k_pre_norm", "k_pre_rope", "k", "v")  # H_kv x n_k x d_k (key/value heads)
 PER_HEAD = QUERY_SIDE + KEY_SIDE
-FFN_STEPS = ("hidden", "out")
+FFN_STEPS = ("hidden", "router", "out")  # router: a mixture of experts' logits (n x E)
 NUMBERED = ("residual", "norm", "post_norm")  # {stack}.{i}.residual{j} etc.
 OUT, IN = "out", "in"
 
@@ -264,7 +265,7 @@ def decoder_rows(name: str, x, t: int):
             return x[:t, :t]
         if last in MAPS or last == "position_bias":
             return x[:, :t, :t]
-        return x[:, :t] if last in PER_HEAD else x[:t]
+        return x[:, :t] if last in PER_HEAD or last == SINK else x[:t]
     if f".{CROSS}." in name:
         if last == "mask":
             return x[:t]

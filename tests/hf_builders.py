@@ -94,6 +94,31 @@ LATER = {
 }
 
 
+# the 2025-26 attentions (issue 59): four layers, windows and chunks of 6 tokens, so that each
+# peculiarity bites on the test sentences (20-40 tokens)
+SHARED = dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=2, intermediate_size=72, num_hidden_layers=4)
+NEW = {
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(SHARED, head_dim=10, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                     sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2,
+                     max_position_embeddings=512,
+                     rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 64,
+                                      "rope_theta": 10000.0})),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(SHARED, no_rope_layers=[1, 0, 1, 0])),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM",
+              dict(SHARED, sliding_window=6,
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 500000.0}})),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", dict(SHARED, sliding_window=6)),
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    dict(SHARED, head_dim=10, intermediate_size=24, intermediate_size_mlp=56, num_local_experts=4,
+                         num_experts_per_tok=2, interleave_moe_layer_step=2, attention_chunk_size=6,
+                         no_rope_layers=[1, 1, 0, 1], use_qk_norm=True, attn_temperature_tuning=True,
+                         floor_scale=4, attn_scale=0.5)),
+}
+
+
 def build(family: str, folder: Path, **over):
     """(transformers model in eval mode, folder) for a family; `over` overrides config fields."""
     import transformers as tf
@@ -123,6 +148,23 @@ def build(family: str, folder: Path, **over):
     elif family == "gpt2":
         cfg = tf.GPT2Config(vocab_size=v, n_embd=32, n_layer=2, n_head=4, n_positions=64, **over)
         model = tf.GPT2LMHeadModel(cfg)
+    elif family in NEW:
+        conf, cls, args = NEW[family]
+        args = dict(dict(vocab_size=v, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=None,
+                         bos_token_id=None, eos_token_id=0), **args)
+        args.update(over)
+        model = getattr(tf, cls)(getattr(tf, conf)(**args))
+        randomize(model)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".sinks"):  # sink logits of the scores' size, so that they take a real share
+                    p.copy_(torch.randn(p.shape, generator=g) * 1.5 + 1.0)
+                elif name.endswith("router.weight"):  # routers that prefer different experts per token
+                    p.mul_(5.0)
+                elif family == "gpt_oss" and ("q_proj" in name or "k_proj" in name):
+                    p.mul_(0.6)  # YaRN's attention factor already scales the scores by 1.46
+        return model.eval(), folder
     elif family in LATER:
         conf, cls, args = LATER[family]
         args = dict(vocab_size=v, num_hidden_layers=2, max_position_embeddings=128, tie_word_embeddings=False,

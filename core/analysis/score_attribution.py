@@ -278,6 +278,9 @@ class _Decomposition:
         head = checks.index(head, mod.h, "head")
         self.model, self.trace, self.stack, self.layer, self.head, self.attn = model, trace, stack, layer, head, attn
         self.mod = mod
+        if getattr(mod, "temperature", None) is not None:
+            raise ValueError(f"{stack} layer {layer}'s scale varies by query position (temperature tuning): "
+                             "score attribution decomposes scores of one fixed scale")
         self.scale = mod.scale if mod.scale is not None else 1.0 / math.sqrt(mod.dk)
         self.softcap = mod.softcap
         self.cross = attn == "cross_attn"
@@ -288,7 +291,8 @@ class _Decomposition:
         angles = None
         if not self.cross and cfg.positional == "rope":
             n = int(max(int(torch.as_tensor(q_pos).max()), int(torch.as_tensor(k_pos).max()))) + 1
-            angles = net._angles(n, device="cpu", layer=layer).to(F64)  # this layer's own base
+            angles = net._angles(n, device="cpu", layer=layer)  # this layer's own base (None: no positions there)
+            angles = None if angles is None else angles.to(F64)
         self.angles = angles
         q_pos = torch.as_tensor(q_pos, dtype=torch.long)
         k_pos = torch.as_tensor(k_pos, dtype=torch.long)
@@ -336,7 +340,9 @@ class _Decomposition:
                 V[-1] = side.b
             if side.norm is not None:  # QK-norm, frozen at the actual q / k
                 y_proj = y @ side.w_full.T + (0 if side.b_full is None else side.b_full)  # |P| x heads d_k
-                gain = side.norm.weight.detach().to("cpu", F64)
+                w = side.norm.weight  # None: a norm without gain (Llama 4's L2 norm of q and k)
+                gain = torch.ones(dk if side.qk_norm != "full" else side.n_heads * dk, dtype=F64) if w is None \
+                    else w.detach().to("cpu", F64)
                 if side.qk_norm == "full":
                     fac = torch.rsqrt(y_proj.pow(2).mean(-1) + side.norm.eps)
                     gain = gain.view(side.n_heads, dk)[side.g]

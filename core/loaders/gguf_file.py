@@ -1,4 +1,4 @@
-"""GGUF files of the llama, qwen2, qwen3 and phi3 architectures, in our core (the general form of
+"""GGUF files of the llama, qwen2, qwen3, phi3 and smollm3 architectures, in our core (the general form of
 what core/loaders/smollm2.py does for its one bundled file, whose loading is left as it is).
 
     model = core.load_model("/models/tiny-llama.gguf")
@@ -27,6 +27,9 @@ RoPE layout: llama.cpp's converter permutes the rows of W_q and W_k of llama mod
 neighbouring features (2j, 2j+1) form the rotated pairs; we keep the rows and rotate
 neighbours (rope_layout="interleaved"; see core/loaders/smollm2.py for why q . k is unchanged).
 qwen2, qwen3 and phi3 files are not permuted (llama.cpp's NEOX rope): rope_layout="half".
+smollm3 files are llama's (rows permuted) with no positions on every fourth layer (3, 7, ...), the rule
+llama.cpp applies to the architecture (its files carry no key for it; transformers' default
+no_rope_layer_interval is the same 4).
 phi3's rope.dimension_count below the head's width is partial rotary (ModelConfig.rotary_dim);
 its long-context files (rope_factors_long / _short tensors, longrope) are refused.
 """
@@ -46,7 +49,8 @@ from .byte_bpe import ByteBPETokenizer
 from .gguf_reader import (LAYER_MAP, byte_bpe, context_length, decoder_config, field, gguf_shape, net_from_state,
                           open_gguf, read_tensors)
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3")
+SMOLLM3_NOPE_STEP = 4  # llama.cpp's fixed rule for smollm3 files (no metadata key): every 4th layer has no RoPE
 TOP_MAP = [("token_embd", "tgt_embed.tok"), ("output_norm", "decoder_norm"), ("output", "out_proj")]
 FUSED_QKV = "blk.{i}.attn_qkv"  # phi3
 QK_NORM_MAP = [("blk.{i}.attn_q_norm", "decoder.{i}.self_attn.q_norm"),
@@ -90,11 +94,14 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     ctx = context_length(reader, arch)
     rot = int(field(reader, f"{arch}.rope.dimension_count", d_head))
     window = field(reader, f"{arch}.attention.sliding_window") if arch == "phi3" else None
+    n_layers = int(need("block_count"))
+    nope = [i for i in range(n_layers) if (i + 1) % SMOLLM3_NOPE_STEP == 0] if arch == "smollm3" else []
     return decoder_config(
         reader, arch, need, d, h, d_head, ctx,
         tgt_vocab_size=int(field(reader, f"{arch}.vocab_size", len(tokens))),
         rope_scaling=scaling,
-        rope_layout="interleaved" if arch == "llama" else "half",
+        rope_layout="interleaved" if arch in ("llama", "smollm3") else "half",
+        nope_layers=nope or None,
         qkv_bias=arch == "qwen2",
         qk_norm="head" if arch == "qwen3" else None,
         rotary_dim=rot if rot < d_head else None,

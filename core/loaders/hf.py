@@ -47,7 +47,7 @@ def supported_families() -> tuple:
 def unsupported(family: str) -> CheckpointError:
     return CheckpointError(
         f"model_type {family!r} is not supported; supported families: {', '.join(supported_families())} "
-        "(folders with config.json and *.safetensors) and GGUF files of the llama, qwen2, qwen3 and phi3 architectures"
+        "(folders with config.json and *.safetensors) and GGUF files of the llama, qwen2, qwen3, phi3 and smollm3 architectures"
     )
 
 

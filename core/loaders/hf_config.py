@@ -50,7 +50,17 @@ def rope_params(hf: dict, partial: bool = False) -> Tuple[float, Optional[dict]]
     if kind == "llama3":
         keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         return theta, {"type": "llama3", **{k: float(merged[k]) for k in keys}}
-    raise CheckpointError(f"rope scaling type {kind!r} is not supported (only linear and llama3)")
+    if kind == "yarn":
+        if merged.get("mscale") or merged.get("mscale_all_dim"):
+            raise CheckpointError("YaRN with mscale / mscale_all_dim is not supported")
+        out = {"type": "yarn", "factor": float(merged["factor"]),
+               "original_max_position_embeddings": float(merged["original_max_position_embeddings"]),
+               "beta_fast": float(merged.get("beta_fast") or 32), "beta_slow": float(merged.get("beta_slow") or 1),
+               "truncate": bool(merged.get("truncate", True))}
+        if merged.get("attention_factor") is not None:
+            out["attention_factor"] = float(merged["attention_factor"])
+        return theta, out
+    raise CheckpointError(f"rope scaling type {kind!r} is not supported (only linear, llama3 and yarn)")
 
 
 def rotary_dim(hf: dict, d_head: int, default: float = 1.0) -> Optional[int]:

@@ -28,13 +28,16 @@ HEADS_BLOCK_BYTES = 2**20  # attention_weights on a CPU: heads per block so that
 
 
 def forbidden(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool = False, window: Optional[int] = None,
-              symmetric: bool = False, key_is_pad: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+              symmetric: bool = False, key_is_pad: Optional[torch.Tensor] = None,
+              chunk: Optional[int] = None) -> Optional[torch.Tensor]:
     """The masking rules of every attention here, for queries at q_pos (n_q,) and keys at
     k_pos (n_k,): True (n_q, n_k) where the query may NOT see the key, None where it sees all.
 
     causal: keys after the query (the look-ahead mask). window: with causal, keys `window` or
     more positions back (Mistral, Gemma's sliding layers); with symmetric, keys more than
-    window // 2 away either way (ModernBERT's local layers). key_is_pad (n_k,): padding keys.
+    window // 2 away either way (ModernBERT's local layers). chunk: keys outside the query's
+    own chunk of `chunk` positions (Llama 4's chunked attention: position p lies in chunk
+    p // chunk). key_is_pad (n_k,): padding keys.
     Every mask of the network (causal_mask, sliding_window_mask, Transformer.encoder_masks /
     decoder_masks) and every tile of a long input (core/head_maps.py) is built here."""
     qp, kp = q_pos[:, None], k_pos[None, :]
@@ -44,6 +47,9 @@ def forbidden(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool = False, wi
     if window is not None:
         far = (qp - kp).abs() > window // 2 if symmetric else (qp - kp) >= window
         off = far if off is None else off | far
+    if chunk is not None:
+        other = (qp // chunk) != (kp // chunk)
+        off = other if off is None else off | other
     if key_is_pad is not None:
         pad = key_is_pad[None, :].expand(len(q_pos), -1)
         off = pad if off is None else off | pad
@@ -89,6 +95,15 @@ def sliding_window_mask(n: int, window: int, device=None, dtype=torch.float32, n
     return additive(forbidden(i, j, window=window), dtype)[None, None]
 
 
+def chunked_mask(n: int, chunk: int, device=None, dtype=torch.float32, n_k: Optional[int] = None) -> torch.Tensor:
+    """(1, 1, n, n_k) additive mask: -inf where key j lies outside query i's chunk of `chunk`
+    positions (the queries are the last n of n_k positions; Llama 4)."""
+    n_k = n if n_k is None else n_k
+    i = torch.arange(n_k - n, n_k, device=device)
+    j = torch.arange(n_k, device=device)
+    return additive(forbidden(i, j, chunk=chunk), dtype)[None, None]
+
+
 def combine_masks(*masks: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Sum of additive masks (None entries ignored); -inf anywhere stays -inf."""
     out = None
@@ -112,9 +127,9 @@ def soft_cap(x: torch.Tensor, softcap: Optional[float], inplace: bool = False) -
 
 
 def attention_map(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                  scale: Optional[float] = None, softcap: Optional[float] = None, what: str = "weights",
+                  scale=None, softcap: Optional[float] = None, what: str = "weights",
                   record: Optional[RecordFn] = None, out: Optional[torch.Tensor] = None,
-                  weights_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  weights_out: Optional[torch.Tensor] = None, sink: Optional[torch.Tensor] = None) -> torch.Tensor:
     """THE attention formula, up to the step `what` (one of STEPS):
 
         scores = Q K^T   scaled = scores * scale   capped = c tanh(scaled / c)   masked = capped + M
@@ -127,7 +142,13 @@ def attention_map(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
     (..., n_q, n_k)) or boolean (True: forbidden, -inf).
     record: given, each step is a new tensor handed to record(name, t) (capped only where a
     cap is set), as the explicit path records them. Else the steps run in place on one buffer:
-    `out` (written with Q K^T) or the one Q K^T makes; weights_out receives the softmax."""
+    `out` (written with Q K^T) or the one Q K^T makes; weights_out receives the softmax.
+    scale: a float, or a tensor broadcast to (..., n_q, 1) where it varies by query (Llama 4's
+    temperature tuning: the `.scale` of its layers without positions).
+    sink: learned sink logits (gpt-oss), broadcast to (..., n_q, 1): one more logit per row
+    that no key owns, in the softmax beside the keys' masked scores:
+        [weights, sink] = softmax([masked, sink])
+    so a row of weights sums to 1 - sink; the sink's probability is recorded as "sink"."""
     if what not in STEPS:
         raise KeyError(f"{what!r} is not one of {STEPS}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -164,6 +185,15 @@ def attention_map(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
         record("masked", t)
     if what == "masked":
         return t
+    if sink is not None:
+        p = torch.softmax(torch.cat([t, sink.to(t.dtype).expand(*t.shape[:-1], 1)], dim=-1), dim=-1)
+        w = p[..., :-1]
+        if weights_out is not None:
+            w = weights_out.copy_(w)
+        if keep:
+            record("weights", w)
+            record("sink", p[..., -1])
+        return w
     w = torch.softmax(t, dim=-1) if weights_out is None else torch.softmax(t, dim=-1, out=weights_out)
     if keep:
         record("weights", w)
@@ -179,6 +209,7 @@ def scaled_dot_product_attention(
     scale: Optional[float] = None,
     is_causal: bool = False,
     softcap: Optional[float] = None,
+    sink: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """softmax(Q K^T * scale + M) V for q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v).
 
@@ -189,28 +220,51 @@ def scaled_dot_product_attention(
       as scores, scaled, masked and weights (seed 003's Q K^T, F, F + B and S).
     scale defaults to 1/sqrt(d_k). mask is additive and broadcasts to (..., n_q, n_k).
     softcap c (Gemma 2): the scaled scores become capped = c tanh(scaled / c) before the mask;
-    the fused kernel cannot do that, so without a recorder the same formula runs unrecorded.
+    the fused kernel cannot do that, so without a recorder the same formula runs unrecorded;
+    likewise learned sinks (sink, attention_map). scale may be a tensor (..., n_q, 1) (a scale
+    per query): the fused kernel then reads q times it with a scale of 1.
     """
     d_k = q.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
-    if record is None and softcap is None:
+    if record is None and softcap is None and (sink is None or _fused_sink_ok(q, k, v, mask)):
         causal = is_causal and mask is None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
+        if torch.is_tensor(scale):
+            q, scale = q * scale.to(q.dtype), 1.0
+        if sink is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal)
+        # learned sinks on the fused kernel: out = softmax(masked) V and its log-sum-exp L per row;
+        # with the sink s beside the keys every weight is exp(masked) / (e^L + e^s), so
+        # out_sink = out e^L / (e^L + e^s) = out sigmoid(L - s), exactly
+        out, lse = _FLASH_CPU(q, k, v, 0.0, causal, attn_mask=None if mask is None else mask.to(q.dtype), scale=scale)
+        return out * torch.sigmoid(lse.unsqueeze(-1) - sink.to(q.dtype))
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], device=q.device, dtype=q.dtype, n_k=k.shape[-2])
     if record is None and q.shape[-2] > SOFTCAP_ROWS:  # unrecorded and long: a block of queries at a time
         outs = []
         for r in range(0, q.shape[-2], SOFTCAP_ROWS):
             m = None if mask is None else mask[..., r:r + SOFTCAP_ROWS, :] if mask.shape[-2] > 1 else mask
-            outs.append(scaled_dot_product_attention(q[..., r:r + SOFTCAP_ROWS, :], k, v, m, None, scale,
-                                                     softcap=softcap))
+            sc = scale[..., r:r + SOFTCAP_ROWS, :] if torch.is_tensor(scale) and scale.shape[-2] > 1 else scale
+            outs.append(scaled_dot_product_attention(q[..., r:r + SOFTCAP_ROWS, :], k, v, m, None, sc,
+                                                     softcap=softcap, sink=sink))
         return torch.cat(outs, dim=-2)
-    weights = attention_map(q, k, mask, scale, softcap, record=record or (lambda name, t: None))
+    weights = attention_map(q, k, mask, scale, softcap, record=record or (lambda name, t: None), sink=sink)
     return weights @ v  # (..., n_q, d_v)
 
 
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _fused_sink_ok(q, k, v, mask) -> bool:
+    """Whether learned sinks can take the fused CPU kernel that also returns each row's
+    log-sum-exp (inference on the CPU, 4-d q/k/v of one shape but length, a float mask);
+    otherwise the formula runs unrecorded, a block of queries at a time."""
+    return (_FLASH_CPU is not None and q.device.type == "cpu" and q.dim() == 4 and k.shape == v.shape
+            and k.shape[:2] == q.shape[:2] and not (mask is not None and mask.dtype == torch.bool)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+
+
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                      scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
+                      scale=None, softcap: Optional[float] = None, sink: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(Q K^T * scale + M) alone, for views that need only the weights (the model
     view): the explicit path's operations in the same order, so the weights are bit for bit
     the explicit path's (tests/core/test_trace.py).
@@ -228,7 +282,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Ten
     shape = q.shape[:-1] + (n_k,)
     if q.dim() != 4 or k.shape[:2] != q.shape[:2] or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)) \
             or (mask is not None and torch.broadcast_shapes(shape, mask.shape) != shape):
-        return attention_map(q, k, mask, scale, softcap)  # batched masks, autograd
+        return attention_map(q, k, mask, scale, softcap, sink=sink)  # batched masks, autograd
     heads = q.shape[1]
     block = heads if q.device.type != "cpu" else max(1, HEADS_BLOCK_BYTES // max(1, n_q * n_k * q.element_size()))
     out = q.new_empty(shape)  # (B, H, n_q, n_k)
@@ -238,5 +292,6 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Ten
         hb = min(block, heads - h)
         w = out[:, h:h + hb] if scratch is None else scratch[:, :hb]
         attention_map(q[:, h:h + hb], k[:, h:h + hb], None if mask is None else mask[:, h:h + hb] if per_head else mask,
-                      scale, softcap, out=w, weights_out=out[:, h:h + hb])
+                      scale, softcap, out=w, weights_out=out[:, h:h + hb],
+                      sink=None if sink is None else sink[:, h:h + hb])
     return out

@@ -55,6 +55,29 @@ Fields for Gemma 1-3 and ModernBERT:
     norm_bias        LayerNorm with a shift (False: gain only, ModernBERT).
     first_attn_norm  False: layer 0 has no norm before its attention (ModernBERT: the
                      embedding norm serves); its norm1 is the identity.
+Fields for the 2025-26 softmax attentions (gpt-oss, SmolLM3, OLMo 3, EXAONE 4, Llama 4); their
+defaults change nothing:
+    layer_types      also "chunked_attention": the layer's queries see the keys of their own
+                     chunk of attn_chunk positions only (Llama 4), causal within it.
+    attn_chunk       the chunk size of the chunked layers.
+    nope_layers      None, or the layers without positions: q and k as projected (and normed),
+                     never rotated (SmolLM3, Llama 4, EXAONE 4's global layers).
+    attn_sinks       a learned sink logit per head in every layer (gpt-oss): the softmax runs
+                     over the keys and the sink; the sink's share is recorded as `.sink`.
+    qk_norm          also "l2": an RMSNorm without gain over each head's q and k (Llama 4).
+    qk_norm_layers   None (every layer), or the layers that have the QK-norm (Llama 4: the
+                     layers with RoPE).
+    attn_temperature None, or {"scale": a, "floor": f}: on the layers without positions the
+                     scale of query p is 1/sqrt(d_k) (1 + a log(1 + floor((p + 1) / f)))
+                     (Llama 4's temperature tuning, recorded as `.scale`).
+    rope_scaling     also {"type": "yarn", "factor", "original_max_position_embeddings",
+                     "beta_fast", "beta_slow", "truncate"[, "attention_factor"]} (gpt-oss):
+                     its attention factor m multiplies cos and sin in transformers, so here
+                     the attention's scale is m^2 / sqrt(d_k) (positional.rope_attention_factor).
+    moe              None, or a mixture-of-experts FFN (core/net/moe.py): {"kind": "gpt_oss" |
+                     "llama4", "experts": E, "top_k": k, "d_expert": m_e, "layers": None (every
+                     layer) or the MoE layers (the others keep the dense FFN of d_ff),
+                     "alpha", "limit" (gpt_oss's clamped SwiGLU)}.
 """
 
 
@@ -113,6 +136,12 @@ class ModelConfig:
     rope_theta_local: Optional[float] = None  # RoPE base of the sliding layers
     norm_bias: bool = True
     first_attn_norm: bool = True
+    attn_chunk: Optional[int] = None
+    nope_layers: Optional[list] = None
+    attn_sinks: bool = False
+    qk_norm_layers: Optional[list] = None
+    attn_temperature: Optional[dict] = None
+    moe: Optional[dict] = None
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -132,10 +161,10 @@ class ModelConfig:
             self.out_bias = self.bias and not self.tie_embeddings
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError("sliding_window must be positive")
-        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3"):
-            raise ValueError(f"rope_scaling type must be 'linear' or 'llama3', not {self.rope_scaling.get('type')!r}")
-        if self.qk_norm not in (None, "head", "full"):
-            raise ValueError(f"qk_norm must be None, 'head' or 'full', not {self.qk_norm!r}")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3", "yarn"):
+            raise ValueError(f"rope_scaling type must be 'linear', 'llama3' or 'yarn', not {self.rope_scaling.get('type')!r}")
+        if self.qk_norm not in (None, "head", "full", "l2"):
+            raise ValueError(f"qk_norm must be None, 'head', 'full' or 'l2', not {self.qk_norm!r}")
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
             raise ValueError(f"rotary_dim must be even and in 1..d_head ({self.d_head}), not {self.rotary_dim}")
         if self.norm_placement == "post" and (self.post_sublayer_norm or not self.pre_sublayer_norm
@@ -145,11 +174,27 @@ class ModelConfig:
             raise ValueError("parallel_block needs pre_sublayer_norm")
         if self.layer_types is not None:
             self.layer_types = list(self.layer_types)
-            bad = [t for t in self.layer_types if t not in ("sliding_attention", "full_attention")]
+            bad = [t for t in self.layer_types if t not in ("sliding_attention", "full_attention", "chunked_attention")]
             if bad or len(self.layer_types) != self.n_layers:
-                raise ValueError("layer_types must list n_layers entries of 'sliding_attention' / 'full_attention'")
+                raise ValueError("layer_types must list n_layers entries of 'sliding_attention' / 'full_attention'"
+                                 " / 'chunked_attention'")
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("sliding layers need sliding_window")
+            if "chunked_attention" in self.layer_types and not (self.attn_chunk or 0) > 0:
+                raise ValueError("chunked layers need a positive attn_chunk")
+        for name in ("nope_layers", "qk_norm_layers"):
+            v = getattr(self, name)
+            if v is not None:
+                v = sorted({int(i) for i in v})
+                if any(not 0 <= i < self.n_layers for i in v):
+                    raise ValueError(f"{name} must hold layer indices 0..{self.n_layers - 1}")
+                setattr(self, name, v)
+        if self.moe is not None:
+            self.moe = dict(self.moe)
+            if self.moe.get("kind") not in ("gpt_oss", "llama4"):
+                raise ValueError(f"moe kind must be 'gpt_oss' or 'llama4', not {self.moe.get('kind')!r}")
+            if not 1 <= int(self.moe.get("top_k", 0)) <= int(self.moe.get("experts", 0)):
+                raise ValueError("moe needs 1 <= top_k <= experts")
         for name in ("attn_softcap", "final_softcap"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")

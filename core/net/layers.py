@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
+from .moe import MoE
 from .multihead import MultiHeadAttention
 from .norms import RMSNorm
 from .positional import relative_buckets, sinusoidal_encoding
@@ -76,13 +77,14 @@ class Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, cross: bool, index: int = 0):
         super().__init__()
         self.pre = cfg.norm_placement == "pre"
-        self.rope = cfg.positional == "rope"
+        self.rope = cfg.positional == "rope" and not (cfg.nope_layers and index in cfg.nope_layers)
         self.relative = cfg.positional == "relative"
-        self.qk_norm = cfg.qk_norm is not None
         self.softcap = cfg.attn_softcap is not None
-        self.self_attn = MultiHeadAttention(cfg)
-        self.cross_attn = MultiHeadAttention(cfg) if cross else None
-        self.ffn = FeedForward(cfg)
+        self.self_attn = MultiHeadAttention(cfg, index)
+        self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
+        self.qk_norm = self.self_attn.qk_norm is not None
+        moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
+        self.ffn = MoE(cfg) if moe else FeedForward(cfg)
         n_sub = 3 if cross else 2
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)
@@ -109,12 +111,15 @@ class Layer(nn.Module):
 
     def recorded_names(self) -> List[str]:
         """What an explicit run of this layer records, in order (names under the layer)."""
-        attn = ["q", "k", "v", "mask", "scores", "scaled"] + (["capped"] if self.softcap else []) + [
-            "masked", "weights", "value_norms", "heads", "out"]
+        tempered = self.self_attn.temperature is not None
+        sinks = self.self_attn.sinks is not None
+        attn = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
+            ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + [
+            "value_norms", "heads", "out"]
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
-                inner = ["ffn.hidden", "ffn.out"]
+                inner = ["ffn.router", "ffn.out"] if isinstance(self.ffn, MoE) else ["ffn.hidden", "ffn.out"]
             else:
                 own = sub == "self_attn"
                 pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (

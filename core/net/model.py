@@ -30,7 +30,8 @@ import torch.nn as nn
 from .. import trace_names as tn
 from .head_ablation import Ablation
 from .hooks import attach
-from .attention import additive, causal_mask, combine_masks, forbidden, padding_mask, sliding_window_mask
+from .attention import (additive, causal_mask, chunked_mask, combine_masks, forbidden, padding_mask,
+                        sliding_window_mask)
 from .config import ModelConfig
 from .layers import Embedding, Layer, RelativePositionBias, make_norm
 from .linear import Linear, use_onednn
@@ -50,7 +51,10 @@ class AttnSpec:
     names layer kinds. rope_theta: this layer's RoPE base (None without RoPE). softcap: the
     soft-cap of the scaled scores. qk_norm: None / 'head' / 'full'. scale: the factor on
     Q K^T (None: 1/sqrt(d_k)). normed_input: the attention reads Norm(x) (a pre-norm layer
-    with a norm before the sub-layer), not x. relative: T5's position bias is added."""
+    with a norm before the sub-layer), not x. relative: T5's position bias is added.
+    chunk: None, or the chunk of a chunked layer (Llama 4: a query sees its own chunk only).
+    rope: the layer rotates q and k (False on a layer without positions). sink: learned sink
+    logits. tempered: the scale varies by query position (MultiHeadAttention.q_scale)."""
     stack: str
     layer: int
     causal: bool
@@ -63,10 +67,14 @@ class AttnSpec:
     scale: Optional[float]
     normed_input: bool
     relative: bool
+    chunk: Optional[int] = None
+    rope: bool = False
+    sink: bool = False
+    tempered: bool = False
 
     def forbidden(self, q_pos, k_pos, key_is_pad=None):
         """True where a query at q_pos may not see a key at k_pos in this layer (attention.forbidden)."""
-        return forbidden(q_pos, k_pos, self.causal, self.window, self.symmetric, key_is_pad)
+        return forbidden(q_pos, k_pos, self.causal, self.window, self.symmetric, key_is_pad, self.chunk)
 
     def key_range(self, r0: int, r1: int, n: int):
         """(c0, c1): the keys queries r0..r1-1 may see lie in c0..c1-1 (others masked)."""
@@ -77,6 +85,8 @@ class AttnSpec:
                 lo = max(0, r0 - self.window + 1)
         elif self.window is not None and self.symmetric:
             lo, hi = max(0, r0 - self.window // 2), min(n, r1 + self.window // 2)
+        if self.chunk is not None:  # the chunks of the first and the last query
+            lo, hi = max(lo, (r0 // self.chunk) * self.chunk), min(hi, ((r1 - 1) // self.chunk + 1) * self.chunk)
         return lo, hi
 
 
@@ -109,7 +119,7 @@ class Transformer(nn.Module):
     def _angles(self, n: int, offset: int = 0, device=None, layer: Optional[int] = None):
         """RoPE angles of positions offset..offset+n-1 (None without RoPE); a sliding layer
         takes cfg.rope_theta_local (unscaled) where the config sets one."""
-        if self.cfg.positional != "rope":
+        if self.cfg.positional != "rope" or not self.has_rope(layer):
             return None
         dims = self.cfg.rotary_dim or self.cfg.d_head  # partial rotary: the first rotary_dim features
         theta, scaling = self._rope_base(layer)
@@ -122,15 +132,56 @@ class Transformer(nn.Module):
             return self.cfg.rope_theta_local, None
         return self.cfg.rope_theta, self.cfg.rope_scaling
 
+    def has_rope(self, layer: Optional[int]) -> bool:
+        """Whether layer `layer` rotates q and k (False on cfg.nope_layers; None: any RoPE layer)."""
+        return self.cfg.positional == "rope" and not (layer is not None and self.cfg.nope_layers
+                                                      and layer in self.cfg.nope_layers)
+
     def layer_kind(self, i: int) -> Optional[str]:
-        """'local' (sliding window) or 'global' for layer i where cfg.layer_types is set, else None."""
+        """'local' (sliding window), 'chunked' or 'global' for layer i where cfg.layer_types is set, else None."""
         types = self.cfg.layer_types
         if not types:
             return None
-        return "local" if types[i] == "sliding_attention" else "global"
+        return {"sliding_attention": "local", "chunked_attention": "chunked"}.get(types[i], "global")
+
+    def chunk(self, stack: str, layer: Optional[int] = None) -> Optional[int]:
+        """The chunk of a chunked layer of the decoder (Llama 4), else None."""
+        if stack != "decoder" or layer is None or self.layer_kind(layer) != "chunked":
+            return None
+        return self.cfg.attn_chunk
+
+    def layer_info(self, stack: str) -> list:
+        """One small dict per layer of `stack` (the contract's layer kinds): mixer "softmax";
+        mask "causal" | "sliding W" | "chunked C" | "global" (an encoder's full attention) |
+        "local W" (an encoder's symmetric window); positions "rope" | "none" | "sinusoidal" |
+        "learned" | "relative"; sink (learned sink logits); qk_norm (None | "head" | "full" |
+        "l2"); scale "per position" where temperature tuning sets it, else "fixed"; ffn
+        "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates."""
+        out = []
+        for i, layer in enumerate(self.layers(stack)):
+            w, c = self.window(stack, i), self.chunk(stack, i)
+            if stack == "encoder":
+                mask = f"local {w}" if w is not None else "global"
+            else:
+                mask = f"sliding {w}" if w is not None else f"chunked {c}" if c is not None else "causal"
+            pos = self.cfg.positional
+            rope = pos == "rope" and self.has_rope(i)
+            attn = layer.self_attn
+            d = {"mixer": "softmax", "mask": mask,
+                 "positions": "rope" if rope else "none" if pos in ("rope", "none") else pos,
+                 "sink": attn.sinks is not None, "qk_norm": attn.qk_norm,
+                 "scale": "per position" if attn.temperature is not None else "fixed",
+                 "ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+            if rope:
+                d["rope_theta"] = self._rope_base(i)[0]
+            if d["ffn"] == "moe":
+                d.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
+            out.append(d)
+        return out
 
     def layer_kinds(self) -> Optional[list]:
-        """Every layer's kind ('local' / 'global'), or None when the config has no layer_types."""
+        """Every layer's kind ('local' / 'global' / 'chunked'), or None when the config has no
+        layer_types (the per-layer dicts of the contract are layer_info)."""
         return [self.layer_kind(i) for i in range(self.cfg.n_layers)] if self.cfg.layer_types else None
 
     def window(self, stack: str, layer: Optional[int] = None) -> Optional[int]:
@@ -150,17 +201,22 @@ class Transformer(nn.Module):
         cfg = self.cfg
         layer = self.layers(stack)[i]
         theta = self._rope_base(i)[0] if cfg.positional == "rope" else None
+        attn = layer.self_attn
         return AttnSpec(stack=stack, layer=i, causal=stack == "decoder", window=self.window(stack, i),
-                        symmetric=stack == "encoder", kind=self.layer_kind(i), rope_theta=theta,
-                        softcap=cfg.attn_softcap, qk_norm=cfg.qk_norm, scale=cfg.attn_scale,
-                        normed_input=layer.reads_norm, relative=cfg.positional == "relative")
+                        symmetric=stack == "encoder", kind=self.layer_kind(i),
+                        rope_theta=theta if self.has_rope(i) else None,
+                        softcap=cfg.attn_softcap, qk_norm=attn.qk_norm, scale=attn.scale,
+                        normed_input=layer.reads_norm, relative=cfg.positional == "relative",
+                        chunk=self.chunk(stack, i), rope=self.has_rope(i), sink=attn.sinks is not None,
+                        tempered=attn.temperature is not None)
 
     def _per_layer(self, stack: str, make_masks, n_pos: int, offset: int, device):
         """fn(i) -> (masks, angles) of layer i, built once per distinct (window, RoPE base)."""
         made = {}
 
         def get(i):
-            key = (self.window(stack, i), self.layer_kind(i) if self.cfg.rope_theta_local is not None else None)
+            key = (self.window(stack, i), self.chunk(stack, i), self.has_rope(i),
+                   self.layer_kind(i) if self.cfg.rope_theta_local is not None else None)
             if key not in made:
                 made[key] = (make_masks(i), self._angles(n_pos, offset, device, i))
             return made[key]
@@ -197,11 +253,13 @@ class Transformer(nn.Module):
         layer `layer`'s sliding window, padding, and the cross-attention's padding mask."""
         n_k = n_past + t
         self_mask, causal = None, False
-        window = self.window("decoder", layer)
-        if tgt_pad is not None or n_past or window is not None:
+        window, chunk = self.window("decoder", layer), self.chunk("decoder", layer)
+        if tgt_pad is not None or n_past or window is not None or chunk is not None:
             self_mask = causal_mask(t, device=device, dtype=dtype, n_k=n_k)[None, None]  # (1, 1, t, n_k)
             if window is not None:  # Mistral: keys `window` or more positions back are masked too
                 self_mask = combine_masks(self_mask, sliding_window_mask(t, window, device, dtype, n_k=n_k))
+            if chunk is not None:  # Llama 4: keys outside the query's chunk are masked too
+                self_mask = combine_masks(self_mask, chunked_mask(t, chunk, device, dtype, n_k=n_k))
             if tgt_pad is not None:
                 self_mask = combine_masks(self_mask, padding_mask(tgt_pad, t, dtype)[:, None])
         else:

@@ -14,7 +14,13 @@ to it, and a traced pass keeps them when they are small (core/api.py), so that r
 layer's weights later costs only Q K^T and the softmax (value_norms: and v's sizes).
 
 QK-norm (cfg.qk_norm): "head" normalises each head's q and k over d_k (Gemma 3), "full" the
-whole projection (before it is split into heads); both before RoPE.
+whole projection (before it is split into heads); both before RoPE. "l2" (Llama 4) is "head"
+without a gain, on cfg.qk_norm_layers only; transformers applies it after RoPE, which is the
+same map (a rotation keeps each head's norm).
+Learned sinks (cfg.attn_sinks, gpt-oss): `sinks` (H), one logit per head in the softmax beside
+the keys; recorded `sink` (H x n_q) is its probability, 1 - the row sum of `weights`.
+Temperature tuning (cfg.attn_temperature on cfg.nope_layers, Llama 4): the scale varies by
+query position (q_scale); recorded `scale` (n_q), and q stays as projected.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from .attention import attention_map, attention_weights, causal_mask, combine_ma
 from .config import ModelConfig
 from .linear import Linear
 from .norms import RMSNorm
-from .positional import apply_rope
+from .positional import apply_rope, rope_attention_factor
 from .hooks import point
 from .recorder import Rec, records_maps
 
@@ -41,7 +47,7 @@ class MultiHeadAttention(nn.Module):
     one key/value head (grouped-query attention).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, index: int = 0, self_attn: bool = True):
         super().__init__()
         d, h, hkv, dk = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.h, self.hkv, self.dk = h, hkv, dk
@@ -51,13 +57,40 @@ class MultiHeadAttention(nn.Module):
         self.w_o = Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
+        factor = rope_attention_factor(cfg.rope_scaling) if cfg.positional == "rope" else 1.0
+        if factor != 1.0:  # YaRN scales cos and sin by the factor: q . k by its square
+            self.scale = (dk ** -0.5 if self.scale is None else self.scale) * factor * factor
         self.softcap = cfg.attn_softcap
-        self.qk_norm = cfg.qk_norm
+        layers = cfg.qk_norm_layers
+        self.qk_norm = cfg.qk_norm if layers is None or index in layers else None
         self.q_norm = self.k_norm = None  # QK-norm's RMSNorms, where the model has them
-        if cfg.qk_norm is not None:
-            full = cfg.qk_norm == "full"
-            self.q_norm = RMSNorm(h * dk if full else dk, cfg.norm_eps)
-            self.k_norm = RMSNorm(hkv * dk if full else dk, cfg.norm_eps)
+        if self.qk_norm is not None:
+            full = self.qk_norm == "full"
+            gain = self.qk_norm != "l2"
+            self.q_norm = RMSNorm(h * dk if full else dk, cfg.norm_eps, gain)
+            self.k_norm = RMSNorm(hkv * dk if full else dk, cfg.norm_eps, gain)
+        # learned sinks (gpt-oss): one logit per head beside the keys in the softmax
+        self.sinks = nn.Parameter(torch.zeros(h)) if cfg.attn_sinks and self_attn else None
+        nope = cfg.nope_layers is not None and index in cfg.nope_layers
+        # Llama 4's temperature tuning: a scale per query position on the layers without positions
+        self.temperature = dict(cfg.attn_temperature) if cfg.attn_temperature and nope and self_attn else None
+
+    def sink(self, head: Optional[int] = None):
+        """The sink logits as the formula broadcasts them: (1, H, 1, 1), or head `head`'s (1, 1); None without sinks."""
+        if self.sinks is None:
+            return None
+        return self.sinks.view(1, self.h, 1, 1) if head is None else self.sinks[head].view(1, 1)
+
+    def q_scale(self, p0: int, n: int, device=None):
+        """The scale on the scores of queries at positions p0..p0+n-1: the attention's scale
+        (None: 1/sqrt(d_k)), or with temperature tuning a tensor (n, 1) of
+        scale * (1 + a log(1 + floor((p + 1) / f)))."""
+        if self.temperature is None:
+            return self.scale
+        base = self.dk ** -0.5 if self.scale is None else self.scale
+        p = torch.arange(p0, p0 + n, device=device, dtype=torch.float32)
+        t = torch.log1p(torch.floor((p + 1.0) / float(self.temperature["floor"]))) * float(self.temperature["scale"]) + 1.0
+        return (t * base)[:, None]
 
     def _split(self, lin, norm, x, n_heads: int, rec: Rec = None, name: str = ""):
         """x W (+ b) as (B, heads, n, d_k), QK-norm applied (`norm` None: none); the value
@@ -108,11 +141,14 @@ class MultiHeadAttention(nn.Module):
         v = self.w_v(x[:, :m]).view(b, m, self.hkv, self.dk).transpose(1, 2) if m else None
         return q, k, v
 
-    def head_map(self, q, k, mask=None, what: str = "weights"):
+    def head_map(self, q, k, mask=None, what: str = "weights", head: Optional[int] = None, row0: int = 0):
         """One head's map `what` (core/net/attention.py's STEPS) for its q rows (n_q, d_k) and k
         (n_k, d_k): this attention's scale and soft-cap, mask additive or boolean (True:
-        forbidden); the formula of every other path (attention_map)."""
-        return attention_map(q, k, mask, self.scale, self.softcap, what)
+        forbidden); the formula of every other path (attention_map). head: which query head
+        (its learned sink, where the model has them); row0: the position of the first q row
+        (a scale that varies by position)."""
+        return attention_map(q, k, mask, self.q_scale(row0, q.shape[-2], q.device), self.softcap, what,
+                             sink=self.sink(head) if head is not None else None)
 
     def weights(self, x_q, x_kv, mask=None, angles=None, is_causal: bool = False, position_bias=None, qk=None):
         """The attention weights alone (B, H, n_q, n_k), as forward's explicit path computes
@@ -136,7 +172,7 @@ class MultiHeadAttention(nn.Module):
             mask = combine_masks(position_bias[:, :, -n_q:], mask)
         if self.hkv != self.h:
             k = k.repeat_interleave(self.h // self.hkv, dim=1)  # (B, H, n_k, d_k)
-        return attention_weights(q, k, mask, self.scale, self.softcap)
+        return attention_weights(q, k, mask, self.q_scale(n_k - n_q, n_q, q.device), self.softcap, self.sink())
 
     def _gram(self) -> torch.Tensor:
         """G_h = W_o^h W_o^h^T (H, d_k, d_k) in float64, so that ||v W_o^h||^2 = v G_h v^T costs
@@ -231,7 +267,15 @@ class MultiHeadAttention(nn.Module):
             if is_causal and mask is None:
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
             mask, is_causal = combine_masks(position_bias[:, :, -n_q:], mask), False
-        capped = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
+        scale = self.scale
+        if self.temperature is not None:  # a scale per query position (Llama 4's temperature tuning)
+            n_pos = n_k + (cache.get("dropped", 0) if cache is not None else 0)
+            scale = self.q_scale(n_pos - n_q, n_q, q.device)
+            if explicit:
+                rec("scale", scale[:, 0], False)
+        opts = {} if self.softcap is None else {"softcap": self.softcap}  # only where a cap is set
+        if self.sinks is not None:
+            opts["sink"] = self.sink()
         seen = {}
         record = None
         if explicit:
@@ -239,8 +283,8 @@ class MultiHeadAttention(nn.Module):
                 if name == "weights":
                     seen["weights"] = t
                 rec(name, t, batched)
-        heads = scaled_dot_product_attention(q, k, v, mask, record, self.scale,
-                                             is_causal=is_causal, **capped)  # (B, H, n_q, d_k)
+        heads = scaled_dot_product_attention(q, k, v, mask, record, scale,
+                                             is_causal=is_causal, **opts)  # (B, H, n_q, d_k)
         if explicit:  # what each key adds, ||a_ij v_j W_o^h|| (computed from the same weights)
             rec("value_norms", seen["weights"] * self.value_sizes(v)[:, :, None, :])
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here

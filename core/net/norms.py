@@ -8,12 +8,14 @@ import torch.nn as nn
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * g (Zhang & Sennrich 2019)."""
+    """x / sqrt(mean(x^2) + eps) * g (Zhang & Sennrich 2019); gain=False: no g (Llama 4's
+    L2 norm of q and k)."""
 
-    def __init__(self, d: int, eps: float):
+    def __init__(self, d: int, eps: float, gain: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
+        self.weight = nn.Parameter(torch.ones(d)) if gain else None
         self.eps = eps
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y if self.weight is None else y * self.weight

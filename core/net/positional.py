@@ -97,7 +97,43 @@ def rope_inv_freq(d_k: int, theta: float = 10000.0, scaling: Optional[dict] = No
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old / high) & (wavelen <= old / low)
         return torch.where(medium, smoothed, scaled)
+    if kind == "yarn":
+        return _yarn_inv_freq(d_k, theta, scaling)
     raise ValueError(f"unknown RoPE scaling type {kind!r}")
+
+
+def _yarn_inv_freq(d_k: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN (Peng et al. 2023), as transformers computes it: each pair's frequency blends the
+    original (extrapolation) and the one divided by factor (interpolation) by a linear ramp
+    between the pairs that turn beta_fast and beta_slow times over the original context."""
+    factor = float(scaling["factor"])
+    old = float(scaling["original_max_position_embeddings"])
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def dim_of(rotations):
+        return (d_k * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = dim_of(fast), dim_of(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d_k - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d_k // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    base = theta ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    extra = 1 - ramp  # the share of the original frequency
+    return (1.0 / (factor * base)) * (1 - extra) + (1.0 / base) * extra
+
+
+def rope_attention_factor(scaling: Optional[dict]) -> float:
+    """The factor YaRN multiplies cos and sin by (1 for every other scaling): attention_factor
+    where given, else 0.1 ln(factor) + 1 (1 for factor <= 1)."""
+    if not scaling or scaling.get("type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 def rope_angles(n: int, d_k: int, theta: float = 10000.0, offset: int = 0, scaling: Optional[dict] = None) -> torch.Tensor:

@@ -1,0 +1,81 @@
+"""Mixture-of-experts FFNs (ModelConfig.moe), as transformers' eager code computes them.
+
+    gpt_oss:  logits = x W_r^T + b_r; the top-k logits' softmax weighs the k experts chosen
+              (router probabilities p_e); expert e: [g, u] = x W_gu^e + b_gu^e (gate and up
+              interleaved: g = even columns, u = odd ones), g = min(g, limit),
+              u = clamp(u, -limit, limit), h = (u + 1) * g * sigmoid(alpha g),
+              out_e = h W_d^e + b_d^e;  FFN(x) = sum over the chosen e of p_e out_e.
+    llama4:   logits = x W_r^T; s_e = sigmoid(logit_e) for the top-k, 0 for the rest; the
+              input is scaled BEFORE the expert: out_e = W_d^e (silu(g) * u) of [g | u] =
+              (s_e x) W_gu^e (gate and up as halves); FFN(x) = shared(x) + sum_e out_e, the
+              shared expert a SwiGLU FFN of d_expert.
+
+Recorded under the layer's `ffn.`: `router` (n x E: the router's logits) and `out`
+(a hook point, as the dense FFN's).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .hooks import point
+from .linear import Linear
+from .recorder import Rec
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        m = cfg.moe
+        self.kind = m["kind"]
+        self.n_experts, self.top_k = int(m["experts"]), int(m["top_k"])
+        d, de = cfg.d_model, int(m["d_expert"])
+        gpt = self.kind == "gpt_oss"
+        self.router = Linear(d, self.n_experts, bias=gpt)
+        # (E, d, 2 m_e) and (E, m_e, d) as checkpoints store them; a random model draws them as
+        # nn.Linear draws its weights (uniform within 1/sqrt(fan_in)), biases 0
+        self.gate_up = nn.Parameter(torch.empty(self.n_experts, d, 2 * de).uniform_(-d ** -0.5, d ** -0.5))
+        self.down = nn.Parameter(torch.empty(self.n_experts, de, d).uniform_(-de ** -0.5, de ** -0.5))
+        if gpt:
+            self.gate_up_bias = nn.Parameter(torch.zeros(self.n_experts, 2 * de))
+            self.down_bias = nn.Parameter(torch.zeros(self.n_experts, d))
+            self.alpha, self.limit = float(m.get("alpha", 1.702)), float(m.get("limit", 7.0))
+        else:
+            self.shared_w_1 = Linear(d, de, bias=False)  # the shared expert: gate, up, down
+            self.shared_w_3 = Linear(d, de, bias=False)
+            self.shared_w_2 = Linear(de, d, bias=False)
+
+    def _gpt_oss(self, x, logits):
+        top, idx = torch.topk(logits, self.top_k, dim=-1)  # (N, k)
+        probs = torch.softmax(top, dim=-1)
+        out = torch.zeros_like(x)
+        for e in torch.unique(idx).tolist():
+            pos, tok = torch.where((idx == e).T)  # (slot, token) pairs that chose expert e
+            gu = x[tok] @ self.gate_up[e] + self.gate_up_bias[e]
+            g, u = gu[..., ::2].clamp(max=self.limit), gu[..., 1::2].clamp(-self.limit, self.limit)
+            h = (u + 1) * (g * torch.sigmoid(g * self.alpha))
+            y = h @ self.down[e] + self.down_bias[e]
+            out.index_add_(0, tok, y * probs[tok, pos, None])
+        return out
+
+    def _llama4(self, x, logits):
+        top, idx = torch.topk(logits, self.top_k, dim=-1)
+        scores = torch.sigmoid(torch.full_like(logits, float("-inf")).scatter_(1, idx, top))  # (N, E)
+        out = self.shared_w_2(F.silu(self.shared_w_1(x)) * self.shared_w_3(x))
+        de = self.down.shape[1]
+        for e in torch.unique(idx).tolist():  # an expert's output on a zero input is zero (no biases)
+            gu = (x * scores[:, e:e + 1]) @ self.gate_up[e]
+            out = out + (gu[..., de:] * F.silu(gu[..., :de])) @ self.down[e]
+        return out
+
+    def forward(self, x, rec: Rec = None):
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        logits = self.router(flat)  # (N, E)
+        out = self._gpt_oss(flat, logits) if self.kind == "gpt_oss" else self._llama4(flat, logits)
+        if rec:
+            rec("router", logits.view(*shape[:-1], -1))
+        return point(rec, "out", out.view(shape))
