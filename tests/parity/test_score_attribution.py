@@ -18,6 +18,7 @@ final norm before the keys, relative position bias outside the score)."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -30,6 +31,17 @@ TOL = 1e-4
 
 
 # ------------------------------------------------------------------------------ the reference
+_SD64 = weakref.WeakKeyDictionary()
+
+
+def _sd64(model):
+    """The model's state dict in float64, made once per model (the reference reads it at every position)."""
+    sd = _SD64.get(model.net)
+    if sd is None:
+        sd = _SD64[model.net] = {k: v.detach().to(F64) for k, v in model.net.state_dict().items()}
+    return sd
+
+
 def _norm_map(sd, prefix, z, eps, layer_norm):
     """A norm frozen at z (its recorded input, d): fn(v, with_shift) and its shift (or None).
     None when the state dict holds no such norm (an identity)."""
@@ -80,7 +92,7 @@ def _stream(model, tr, stack, p, upto, prefix=""):
     (before that sub-layer's own pre-norm), or the stack's output (upto None), plus the recorded
     value the last pre-norm is frozen at."""
     cfg = model.config
-    sd = {k: v.detach().to(F64) for k, v in model.net.state_dict().items()}
+    sd = _sd64(model)
     ln = cfg.norm == "layernorm"
     eps = cfg.norm_eps
     pre = cfg.norm_placement == "pre"
@@ -129,7 +141,7 @@ def side_vectors(model, tr, stack, layer, head, attn, which, p):
     (a kv head) at position p, in float64: the stream's components mapped through the frozen
     norms, W_q / W_k / W_v from the state dict, QK-norm and RoPE (q and k only)."""
     cfg = model.config
-    sd = {k: v.detach().to(F64) for k, v in model.net.state_dict().items()}
+    sd = _sd64(model)
     ln, eps, dk = cfg.norm == "layernorm", cfg.norm_eps, cfg.d_head
     pre = cfg.norm_placement == "pre"
     base = f"{stack}.{layer}.{attn}"
