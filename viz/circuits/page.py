@@ -88,6 +88,9 @@ raw_open = str(st.session_state.get(open_key) or "")
 opened = [h for h in dict.fromkeys(p.strip() for p in raw_open.split(",") if p.strip())
           if parse_head(h) is not None and parse_head(h)[0] < layer and parse_head(h)[1] < n_heads]
 state.keep(open_key, ",".join(opened))
+if raw_open and [p.strip() for p in raw_open.split(",") if p.strip()] != opened:
+    state.overridden("open", raw_open, ",".join(opened) or "none", f"open lists heads (L{{layer}}H{{head}}) below the "
+                     f"chosen head's layer {layer}, with heads 0-{n_heads - 1}", used_text=",".join(opened) or "none")
 
 
 def _expand() -> None:
@@ -138,10 +141,36 @@ if st.session_state.get(edge_key) not in options:
 state.keep(edge_key)
 score_key = urlflags.option(state, "score", "induction", list(SCORES))
 checked_key = state.seeded_key("checked", "")
-checked = [e for e in str(st.session_state.get(checked_key) or "").split(";") if e in options]
+raw_checked = [e for e in str(st.session_state.get(checked_key) or "").split(";") if e]
+checked = [e for e in raw_checked if e in options]
+if raw_checked != checked:
+    state.overridden("checked", ";".join(raw_checked), ";".join(checked) or "none",
+                     "checked lists edges of this graph from a head (source>target:side)",
+                     used_text=";".join(checked) or "none")
+patchable = bool(options) and not (model.kind == "encoder-decoder" and stack == "decoder")
+clean_ids = list(rep["ids"]) if rep is not None else list(model.encode(read_text).ids)
+if rep is not None:  # another random sequence, also repeated; scored on the induction cells
+    corrupt_ids = list(rep["corrupt_ids"])
+else:  # the same tokens shuffled (seeded), the first kept where it is a decoder's
+    lead = 1 if len(clean_ids) > 1 and model.kind != "encoder" else 0
+    corrupt_ids = clean_ids[:lead] + [int(t) for t in np.random.default_rng(0).permutation(clean_ids[lead:])]
+
+
+def _targets(score: str):
+    if rep is None or score != "induction":
+        return None
+    return [(i, i - rep["r"] + 1) for i in range(rep["start"], rep["start"] + rep["r"])]
+
+
+def _patch(eid: str, score: str):
+    src, dst, side = cf.parse_edge(eid)
+    return run_panel.patch(model, model_name, str(read_key), eid, clean_ids, corrupt_ids, parse_head(src),
+                           parse_head(dst), side, score, stack, _targets(score))
+
+
 patches = {}
-for eid in checked:
-    got = run_panel.cached_patch(model_name, str(read_key), eid, st.session_state[score_key])
+for eid in checked if patchable else []:  # a shared link's checks are run again where this server lacks them
+    got = _patch(eid, st.session_state[score_key])
     if got is not None:
         patches[eid] = got.attrs
 fig = cf.circuit_figure(edges, (layer, head), n_heads, opened, patches,
@@ -157,31 +186,21 @@ if opened and st.button("Collapse every expanded head", key="circuits-collapse")
 st.subheader("Check by patching")
 if not options:
     st.info("No edge here comes from a head: nothing to patch.")
-elif model.kind == "encoder-decoder" and stack == "decoder":
+elif not patchable:
     st.info("Path patching runs one stack on its own input: on an encoder-decoder, the encoder's heads.")
 else:
     cc = st.columns([2, 2, 1])
     eid = cc[0].selectbox("Edge", options, key=edge_key)
     score = cc[1].selectbox("Score of the receiving head", list(SCORES), key=score_key, format_func=SCORES.get)
     src, dst, side = cf.parse_edge(eid)
-    clean_ids = list(rep["ids"]) if rep is not None else list(model.encode(read_text).ids)
     if rep is not None:
-        corrupt_ids = list(rep["corrupt_ids"])
-        targets = ([(i, i - rep["r"] + 1) for i in range(rep["start"], rep["start"] + rep["r"])]
-                   if score == "induction" else None)
         st.caption("Corrupted run: another random sequence, also repeated. Score: the mean weight of each second-copy "
                    "token on the token after its first copy (the Heads page's induction score).")
     else:
-        rng = np.random.default_rng(0)
-        lead = 1 if len(clean_ids) > 1 and model.kind != "encoder" else 0
-        corrupt_ids = clean_ids[:lead] + list(rng.permutation(clean_ids[lead:]))
-        targets = None
         st.caption("Corrupted run: the same tokens shuffled (seeded). The sender's write into the receiver's "
                    f"{side} is taken from it; every other path keeps its clean value.")
     if cc[2].button("Check by patching", key="circuits-patch", type="primary"):
-        pp = run_panel.patch(model, model_name, str(read_key), eid, clean_ids, corrupt_ids, parse_head(src),
-                             parse_head(dst), side, score, stack, targets)
-        if pp is not None:
+        if _patch(eid, score) is not None:
             st.session_state[checked_key] = ";".join(list(dict.fromkeys(checked + [eid])))
             st.rerun()
     got = run_panel.cached_patch(model_name, str(read_key), eid, score)
