@@ -397,6 +397,12 @@ def main(argv=None) -> int:
     except Exception as exc:
         results.append(Result("attribution", "attribution benchmark", None, "x", note=str(exc)[-300:]))
 
+    print("circuits ...", flush=True)
+    try:  # bench.circuits: a depth-2 circuit and one path patch against a traced pass (smollm2, 512 tokens)
+        results += [Result.from_dict(r) for r in _sub("bench.circuits", [])["results"]]
+    except Exception as exc:
+        results.append(Result("circuits", "circuits benchmark", None, "x", note=str(exc)[-300:]))
+
     print("checkpoint load ...", flush=True)
     results += load_results(args.quick)
     results += gemma_load_results(args.quick)

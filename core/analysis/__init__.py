@@ -66,3 +66,7 @@ __all__ += ["pattern_attribution", "score_attribution"]
 from .evict import POLICIES as EVICTION_POLICIES, KeptKeys, evict  # noqa: E402
 
 __all__ += ["EVICTION_POLICIES", "KeptKeys", "evict"]
+
+from .circuits import head_circuit, path_patch  # noqa: E402
+
+__all__ += ["head_circuit", "path_patch"]

@@ -237,7 +237,8 @@ class _Walk:
 
 
 class _Side:
-    """The q or the k side of one head: its components' rotated projections at positions P."""
+    """The q, k or v side of one head: its components' projections at positions P (q and k
+    rotated and QK-normed as the model does; v neither)."""
 
     def __init__(self, model, stack: str, layer: int, kind: str, which: str, head: int):
         net = model.net
@@ -245,9 +246,10 @@ class _Side:
         if attn is None:
             raise ValueError(f"{stack} layer {layer} has no {kind}")
         self.attn, self.which = attn, which
-        self.kv = which == "k"
+        self.kv = which in ("k", "v")
+        self.rotates = which != "v"
         self.g = head // (attn.h // attn.hkv) if self.kv else head
-        lin = attn.w_k if self.kv else attn.w_q
+        lin = {"q": attn.w_q, "k": attn.w_k, "v": attn.w_v}[which]
         n_heads = attn.hkv if self.kv else attn.h
         w = lin.weight.detach().to("cpu", F64)
         self.w_full = w  # (heads d_k) x d
@@ -255,7 +257,7 @@ class _Side:
         b = lin.bias
         self.b_full = None if b is None else b.detach().to("cpu", F64)
         self.b = None if b is None else self.b_full.view(n_heads, attn.dk)[self.g]
-        self.norm = attn.k_norm if self.kv else attn.q_norm
+        self.norm = {"q": attn.q_norm, "k": attn.k_norm, "v": None}[which]
         self.qk_norm = attn.qk_norm if self.norm is not None else None
         self.n_heads = n_heads
 
@@ -263,7 +265,8 @@ class _Side:
 class _Decomposition:
     """Both sides of one head at their positions: names and rotated projections (C x |P| x d_k)."""
 
-    def __init__(self, trace, stack: str, layer: int, head: int, attn: str, q_pos, k_pos):
+    def __init__(self, trace, stack: str, layer: int, head: int, attn: str, q_pos, k_pos, value: bool = False):
+        """value: the v side too (self.v_names, self.V at the key positions), from the same walk."""
         model = model_of(trace, "score attribution")
         net, cfg = model.net, model.config
         if stack not in trace.stacks():
@@ -296,15 +299,24 @@ class _Decomposition:
         self.angles = angles
         q_pos = torch.as_tensor(q_pos, dtype=torch.long)
         k_pos = torch.as_tensor(k_pos, dtype=torch.long)
+        kv_sides = [self.k_side] + ([_Side(model, stack, layer, attn, "v", head)] if value else [])
+        self.v_names, self.V = None, None
         if self.cross:
             self.q_names, self.Q = self._side(stack, (layer, attn), q_pos, [self.q_side], "")[0]
-            self.k_names, self.K = self._side("encoder", None, k_pos, [self.k_side], "enc.")[0]
+            got = self._side("encoder", None, k_pos, kv_sides, "enc.")
+            self.k_names, self.K = got[0]
+            if value:
+                self.v_names, self.V = got[1]
         else:
             both = torch.unique(torch.cat([q_pos, k_pos]))
-            (qn, Q), (kn, K) = self._side(stack, (layer, attn), both, [self.q_side, self.k_side], "")
+            got = self._side(stack, (layer, attn), both, [self.q_side] + kv_sides, "")
+            (qn, Q), (kn, K) = got[0], got[1]
             where = {int(p): r for r, p in enumerate(both.tolist())}
+            k_rows = [where[int(p)] for p in k_pos]
             self.q_names, self.Q = qn, Q[:, [where[int(p)] for p in q_pos]]
-            self.k_names, self.K = kn, K[:, [where[int(p)] for p in k_pos]]
+            self.k_names, self.K = kn, K[:, k_rows]
+            if value:
+                self.v_names, self.V = got[2][0], got[2][1][:, k_rows]
 
     def _side(self, stack, stop, P, sides: Sequence[_Side], prefix: str):
         """[(names, C x |P| x d_k)] for each side, the stream of `stack` walked to `stop` at P."""
@@ -350,7 +362,7 @@ class _Decomposition:
                     mine = y_proj.view(len(P), side.n_heads, dk)[:, side.g]
                     fac = torch.rsqrt(mine.pow(2).mean(-1) + side.norm.eps)
                 V.mul_(fac[None, :, None] * gain)
-            if rope is not None:  # a block of components at a time: rotation's temporaries stay small
+            if rope is not None and side.rotates:  # a block of components at a time: rotation's temporaries stay small
                 step = max(1, 2**22 // max(1, len(P) * dk))
                 for c0 in range(0, V.shape[0], step):
                     V[c0:c0 + step] = apply_rope(V[c0:c0 + step], rope, self.mod.rope_layout)
@@ -523,6 +535,13 @@ def pattern_attribution(trace, stack: str, layer: int, head: int, attn: str = "s
     n_q, n_k = _lengths(trace, stack, attn)
     dec = _Decomposition(trace, stack, layer, head, attn, torch.arange(n_q), torch.arange(n_k))
     A = _weights(trace, stack, layer, attn, head)  # n_q x n_k
+    return pattern_frame(trace, dec, A, group)
+
+
+def pattern_frame(trace, dec: "_Decomposition", A: torch.Tensor, group: str = "component") -> pd.DataFrame:
+    """pattern_attribution's frame from a decomposition at every position and the head's weights A."""
+    stack, layer, head, attn = dec.stack, dec.layer, dec.head, dec.attn
+    n_q, n_k = A.shape
     # pair after grouping where the grouping is coarser (bilinear: sums commute with the pairing)
     ql, qm = _aggregate(dec.q_names, group)
     kl, km = _aggregate(dec.k_names, group)

@@ -4,13 +4,15 @@ The network hands a few of its values to `point(rec, name, value)` and goes on w
 comes back. Without hooks it is the value itself (a recorder only reads it); with a
 `Hooks` object a function registered under the value's full name may return another
 tensor of the same shape, and the pass continues from that. This is the one intervention
-mechanism of the core: head ablation, activation patching and input attribution are all
+mechanism of the core: head ablation, activation patching, path patching and input attribution are all
 functions registered on these points.
 
 The points, by full name (`{stack}` encoder | decoder, `{attn}` self_attn | cross_attn):
 
     embed.{stack}.tokens      (B, n, d)     token embeddings as the model adds them (scaled)
     {stack}.{i}.in            (B, n, d)     the residual stream entering layer i ("resid_pre")
+    {stack}.{i}.{attn}.q      (B, H, n, d_k) queries (after QK-norm and RoPE)
+    {stack}.{i}.{attn}.k / .v (B, H_kv, n_k, d_k) keys (after RoPE) and values, cached ones included
     {stack}.{i}.{attn}.heads  (B, H, n, d_k) every head's output, before Concat and W_o
     {stack}.{i}.{attn}.out    (B, n, d)     the attention sub-layer's output ("attn_out")
     {stack}.{i}.ffn.out       (B, n, d)     the feed-forward sub-layer's output ("mlp_out")

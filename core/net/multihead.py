@@ -246,14 +246,12 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         explicit = records_maps(rec)
-        if rec and not explicit:  # the fused path: q, k, v for a trace that keeps them (core/api.py)
-            rec("q", q)
-            rec("k", k)
-            rec("v", v)
+        # q, k, v (after RoPE; k and v with any cached positions): recorded (the fused path too, for a
+        # trace that keeps them, core/api.py) and hook points (path patching replaces one head's)
+        q = point(rec, "q", q)
+        k = point(rec, "k", k)
+        v = point(rec, "v", v)
         if explicit:
-            rec("q", q)
-            rec("k", k)
-            rec("v", v)
             if mask is None and is_causal:
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]
             m = mask if mask is not None else q.new_zeros(1, 1, n_q, n_k)

@@ -333,11 +333,28 @@ add(Fault("the terms add up to the model's own score", "explore", WHY,
           holds="The terms add up to the model's own score"))
 
 
+# ------------------------------------------------------------------ the Circuits page
+CIRCUIT = {"model": "toy-translate", "text": TEXT, "layer": "2", "head": "1"}
+add(Fault("the edges add up to the head's own score and output", "circuits", CIRCUIT,
+          "the sum of the query/key edges' terms (the stored stream, norms frozen, W_q, W_k) vs the head's own "
+          "attention-weighted score from the trace's re-run layer",
+          explicit_path("scale"), fails="The edges do not add up to the model's own numbers",
+          holds="Exact on this text"))
+add(Fault("the value sources add up to the head's own output", "circuits", CIRCUIT,
+          "the value-side components through W_v from the state dict, weighted by the head's attention, vs the "
+          "head's own output stored by the pass",
+          projection(MHA, "w_v"), fails="The edges do not add up to the model's own numbers",
+          holds="Exact on this text"))
+
+
 # ------------------------------------------------------------------ running a page
 def _clear_caches():
     from viz.ui import models
 
+    from viz.circuits.run_panel import circuit_cache
+
     models.trace_cache.clear()
+    circuit_cache().clear()  # the Circuits page's edges, computed from a trace
     st.cache_data.clear()  # the data caches, models.prefix_check (the decoder's check) among them
 
 

@@ -52,6 +52,8 @@ def test_quickstart_runs_and_shows_every_view(executed):
     assert "plain:" in printed and "ablated:" in printed  # the ablation cell ran
     assert "perplexity: full cache" in printed and "sinks removed:" in printed  # the KV cache cells ran
     assert any("<table" in h and "mass_lost" in h for h in html)
+    assert "path patching L16H0 -> L18H6 (key)" in printed  # the circuits cell ran and drew its graph
+    assert any("plotly-graph-div" in h and "L16H0" in h and "components" in h for h in html)
     assert (work / "cross-attention.svg").is_file() or any(
         "install Debian's Chromium" in "".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
 

@@ -18,6 +18,7 @@ final norm before the keys, relative position bias outside the score)."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -30,6 +31,17 @@ TOL = 1e-4
 
 
 # ------------------------------------------------------------------------------ the reference
+_SD64 = weakref.WeakKeyDictionary()
+
+
+def _sd64(model):
+    """The model's state dict in float64, made once per model (the reference reads it at every position)."""
+    sd = _SD64.get(model.net)
+    if sd is None:
+        sd = _SD64[model.net] = {k: v.detach().to(F64) for k, v in model.net.state_dict().items()}
+    return sd
+
+
 def _norm_map(sd, prefix, z, eps, layer_norm):
     """A norm frozen at z (its recorded input, d): fn(v, with_shift) and its shift (or None).
     None when the state dict holds no such norm (an identity)."""
@@ -80,7 +92,7 @@ def _stream(model, tr, stack, p, upto, prefix=""):
     (before that sub-layer's own pre-norm), or the stack's output (upto None), plus the recorded
     value the last pre-norm is frozen at."""
     cfg = model.config
-    sd = {k: v.detach().to(F64) for k, v in model.net.state_dict().items()}
+    sd = _sd64(model)
     ln = cfg.norm == "layernorm"
     eps = cfg.norm_eps
     pre = cfg.norm_placement == "pre"
@@ -124,49 +136,57 @@ def _stream(model, tr, stack, p, upto, prefix=""):
     return comps, last, f"{stack}_norm"
 
 
+def side_vectors(model, tr, stack, layer, head, attn, which, p):
+    """[(component, d_k vector)] of head `head`'s q (which="q"; `head` a query head), k or v
+    (a kv head) at position p, in float64: the stream's components mapped through the frozen
+    norms, W_q / W_k / W_v from the state dict, QK-norm and RoPE (q and k only)."""
+    cfg = model.config
+    sd = _sd64(model)
+    ln, eps, dk = cfg.norm == "layernorm", cfg.norm_eps, cfg.d_head
+    pre = cfg.norm_placement == "pre"
+    base = f"{stack}.{layer}.{attn}"
+    h = head
+    if attn == "cross_attn" and which != "q":
+        stream_stack, upto, prefix = "encoder", None, "enc."
+    else:
+        stream_stack, upto, prefix = stack, (layer, attn), ""
+    comps, frozen_at, norm_name = _stream(model, tr, stream_stack, p, upto, prefix)
+    if pre:
+        comps = _through(comps, _norm_map(sd, norm_name, frozen_at, eps, ln), prefix + "bias")
+    w = sd[f"{base}.w_{which}.weight"][h * dk:(h + 1) * dk]
+    vecs = [(n, w @ v) for n, v in comps]
+    if f"{base}.w_{which}.bias" in sd:
+        vecs.append(("bias", sd[f"{base}.w_{which}.bias"][h * dk:(h + 1) * dk]))
+    if which == "v":
+        return vecs
+    if f"{base}.{which}_norm.weight" in sd:  # QK-norm at its recorded input
+        rec = tr[f"{base}.{which}_pre_norm"][:, p].to(F64)  # heads x d_k
+        gain = sd[f"{base}.{which}_norm.weight"]
+        if cfg.qk_norm == "full":
+            fac = 1.0 / math.sqrt(float((rec ** 2).mean()) + eps)
+            gain = gain[h * dk:(h + 1) * dk]
+        else:
+            fac = 1.0 / math.sqrt(float((rec[h] ** 2).mean()) + eps)
+        vecs = [(n, v * fac * gain) for n, v in vecs]
+    if cfg.positional == "rope" and attn == "self_attn":
+        local = cfg.layer_types is not None and cfg.layer_types[layer] == "sliding_attention"
+        theta = cfg.rope_theta_local if (local and cfg.rope_theta_local is not None) else cfg.rope_theta
+        factor = 1.0
+        if not (local and cfg.rope_theta_local is not None) and cfg.rope_scaling:
+            assert cfg.rope_scaling["type"] == "linear"
+            factor = float(cfg.rope_scaling["factor"])
+        dims = cfg.rotary_dim or dk
+        vecs = [(n, _rope(v, p / factor, dims, theta, cfg.rope_layout)) for n, v in vecs]
+    return vecs
+
+
 def reference(model, tr, stack, layer, head, attn, i, j):
     """{(query component, key component): term} and their sum, in float64."""
     cfg = model.config
-    sd = {k: v.detach().to(F64) for k, v in model.net.state_dict().items()}
-    ln, eps, dk = cfg.norm == "layernorm", cfg.norm_eps, cfg.d_head
-    pre = cfg.norm_placement == "pre"
+    dk = cfg.d_head
     g = head // (cfg.n_heads // cfg.n_kv_heads)
-    base = f"{stack}.{layer}.{attn}"
-
-    def side(which, stream_stack, p, upto, prefix, h):
-        comps, frozen_at, norm_name = _stream(model, tr, stream_stack, p, upto, prefix)
-        if pre:
-            comps = _through(comps, _norm_map(sd, norm_name, frozen_at, eps, ln), prefix + "bias")
-        w = sd[f"{base}.w_{which}.weight"][h * dk:(h + 1) * dk]
-        vecs = [(n, w @ v) for n, v in comps]
-        if f"{base}.w_{which}.bias" in sd:
-            vecs.append(("bias", sd[f"{base}.w_{which}.bias"][h * dk:(h + 1) * dk]))
-        if f"{base}.{which}_norm.weight" in sd:  # QK-norm at its recorded input
-            rec = tr[f"{base}.{which}_pre_norm"][:, p].to(F64)  # heads x d_k
-            gain = sd[f"{base}.{which}_norm.weight"]
-            if cfg.qk_norm == "full":
-                fac = 1.0 / math.sqrt(float((rec ** 2).mean()) + eps)
-                gain = gain[h * dk:(h + 1) * dk]
-            else:
-                fac = 1.0 / math.sqrt(float((rec[h] ** 2).mean()) + eps)
-            vecs = [(n, v * fac * gain) for n, v in vecs]
-        if cfg.positional == "rope" and attn == "self_attn":
-            local = cfg.layer_types is not None and cfg.layer_types[layer] == "sliding_attention"
-            theta = cfg.rope_theta_local if (local and cfg.rope_theta_local is not None) else cfg.rope_theta
-            factor = 1.0
-            if not (local and cfg.rope_theta_local is not None) and cfg.rope_scaling:
-                assert cfg.rope_scaling["type"] == "linear"
-                factor = float(cfg.rope_scaling["factor"])
-            dims = cfg.rotary_dim or dk
-            vecs = [(n, _rope(v, p / factor, dims, theta, cfg.rope_layout)) for n, v in vecs]
-        return vecs
-
-    if attn == "cross_attn":
-        qs = side("q", stack, i, (layer, attn), "", head)
-        ks = side("k", "encoder", j, None, "enc.", g)
-    else:
-        qs = side("q", stack, i, (layer, attn), "", head)
-        ks = side("k", stack, j, (layer, attn), "", g)
+    qs = side_vectors(model, tr, stack, layer, head, attn, "q", i)
+    ks = side_vectors(model, tr, stack, layer, g, attn, "k", j)
     scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(dk)
     terms = {}
     for a, qa in qs:

@@ -146,7 +146,7 @@ if pa_on == "repeat":
 if pa_trace is not None:
     url.update(why_panel.pattern_section(state, pa_trace, model_name, stack,
                                          (int(top_row["layer"]), int(top_row["head"])) if top_row is not None
-                                         else (0, 0)))
+                                         else (0, 0), text=text, on="repeat" if pa_trace is not trace else "text"))
 # a closed expander still mounts its children: the data grid is drawn only once it is opened
 table_box = st.expander("Every score (table)", key="heads.table", on_change="rerun")
 if table_box.open:

@@ -10,6 +10,7 @@ from viz.figures import model_view
 from viz.ui import registry, url_switches
 
 EXPLORE = registry.page("explore").file
+CIRCUITS = registry.page("circuits").file
 
 
 def explore_params(model: str, text: str, stack: str, layer: int, head: int,
@@ -17,6 +18,23 @@ def explore_params(model: str, text: str, stack: str, layer: int, head: int,
     """The Explore page's URL for one head (head 0 where a cell names a layer only: head -1)."""
     return {"model": model, "text": text, "attn": f"{stack}.{attn}", "layer": str(int(layer)),
             "head": str(max(0, int(head)))}
+
+
+def circuit_params(model: str, text: str, stack: str, layer: int, head: int, on: str = "text") -> dict:
+    """The Circuits page's URL for one self-attention head (on: "repeat" reads it on the
+    repeated random sequence)."""
+    params = {"model": model, "text": text, "stack": stack, "layer": str(int(layer)), "head": str(max(0, int(head)))}
+    if on != "text":
+        params["on"] = on
+    return params
+
+
+def circuit_link(container, model: str, text: str, stack: str, layer: int, head: int, label: str = "",
+                 on: str = "text", **kw) -> None:
+    """A link that opens the Circuits page on one self-attention head."""
+    container.page_link(CIRCUITS, label=label or f"Circuit of layer {layer} · head {head}: which heads make it attend",
+                        query_params=circuit_params(model, text, stack, layer, head, on),
+                        icon=":material/account_tree:", **kw)
 
 
 def link(container, label: str, params: dict, **kw) -> None:
@@ -41,13 +59,15 @@ def follow(page: str) -> None:
 
 
 def head_links(col, model, model_name: str, text: str, stack: str, kind: str, layer: int, head: int) -> None:
-    """A link to patch the selected head (where the model has an output to measure) and to the
-    logit lens of the sentence."""
+    """A link to patch the selected head (where the model has an output to measure), to its
+    circuit (self-attention) and to the logit lens of the sentence."""
     if kind == "self_attn" and stack == {"decoder": "decoder", "encoder-decoder": "encoder"}.get(model.kind):
         st.page_link(registry.page("patching").file, label=f"Patch this head (layer {layer}, head {head}): does the output "
                      "need it?", query_params={"model": model_name, "text": text, "what": "head",
                                                "layer": str(int(layer)), "head": str(int(head))},
                      icon=":material/healing:")
+    if kind == "self_attn":
+        circuit_link(st, model_name, text, stack, layer, head)
     col.page_link(registry.page("lens").file, label="logit lens", query_params={"model": model_name, "text": text})
 
 

@@ -130,6 +130,24 @@ def pattern_bytes(cfg, n_tokens: int) -> int:
     return int(MARGIN * 8 * 2 * components * n_tokens * 2 * d_k)
 
 
+def circuit_bytes(cfg, n_tokens: int) -> int:
+    """Peak bytes of one head's circuit edges (core.analysis.head_circuit, one head): pattern
+    attribution's walk with a third side (the values), so 3 d_k float64 values a position and
+    component instead of 2."""
+    return pattern_bytes(cfg, n_tokens) * 3 // 2
+
+
+def path_patch_bytes(cfg, n_tokens: int) -> int:
+    """Peak bytes of one path patch (core.analysis.path_patch): a forward pass's working set,
+    every head's output and MLP write of the layers between sender and receiver kept (at most
+    L of each: 2 L n d floats beside the H n d_k heads), and the receiver's layer run with its
+    maps recorded (H n^2 floats for each of scores, scaled, masked, weights, value norms)."""
+    d, L, H = cfg.d_model, cfg.n_layers, cfg.n_heads
+    kept = 2 * L * n_tokens * d * 2
+    maps = 5 * H * n_tokens * n_tokens
+    return batch_bytes(cfg, n_tokens) + int(MARGIN * 4 * (kept + maps))
+
+
 def maps_bytes(cfg, n_tokens: int) -> int:
     """Peak bytes of a long input's views after its trace (overview and zoom, the model view's
     pooled maps, head profiles: core.head_maps.LayerMaps, one head and a tile of rows at a time):

@@ -20,7 +20,7 @@ from core import trace_names as tn
 from core.head_maps import long_layer
 from viz.ui import gate
 from viz.figures import why as wf
-from viz.ui import admission, charts, models
+from viz.ui import admission, charts, explore_links, models
 from viz.ui.url_state import PageState
 
 FIELDS = ("why", "versus", "why_group")
@@ -161,6 +161,9 @@ def panel(state: PageState, keys: Dict[str, str], trace, model_name: str, text: 
         if head is None:
             st.info("Pick one head (not the average over heads): a score belongs to one head.")
             return
+        if kind == tn.SELF:
+            explore_links.circuit_link(st, model_name, text, stack, layer, head,
+                                       label=f"Which earlier heads make layer {layer} head {head} attend: its circuit")
         causal = stack == "decoder" and kind == tn.SELF
         scaled = _row(trace, stack, layer, kind, head, i, "scaled")
         weights = _row(trace, stack, layer, kind, head, i, "weights")
@@ -230,10 +233,11 @@ def panel(state: PageState, keys: Dict[str, str], trace, model_name: str, text: 
                    "slice of Wᴼ, each MLP's output, and biases.")
 
 
-def pattern_section(state: PageState, trace, model_name: str, stack: str, default_head, key: str = "heads") -> Dict:
+def pattern_section(state: PageState, trace, model_name: str, stack: str, default_head, key: str = "heads",
+                    text: Optional[str] = None, on: str = "text") -> Dict:
     """The Heads page's "What drives a head's pattern": pattern_attribution of one head (URL
-    pa=layer,head; pa_group), its terms grouped, its marginals and its sum check. Returns the
-    URL fields."""
+    pa=layer,head; pa_group), its terms grouped, its marginals and its sum check, and a link to the
+    head's circuit (on `text`, or the repeated sequence: on="repeat"). Returns the URL fields."""
     n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 
     def valid(c):
@@ -273,6 +277,10 @@ def pattern_section(state: PageState, trace, model_name: str, stack: str, defaul
         st.error(f"This head's pattern cannot be taken apart: {exc}")
         return {"pa": cell_url((layer, head)), "pa_group": None}
     sum_check(df, what="attention-weighted score")
+    if text is not None:
+        explore_links.circuit_link(st, model_name, text, stack, layer, head, on=on,
+                                   label=f"Layer {layer} head {head}'s circuit: these sources as a graph, expanded and "
+                                         "checked by patching")
     st.markdown("**Largest terms of the whole pattern** (each cell's terms weighted by the attention it gets): "
                 + "; ".join(wf.term_sentences(df, None, None, 3)))
     charts.chart(wf.terms_heatmap(df, title=f"L{layer}H{head}: Σ_ij a_ij × term_ij, {GROUP_LABELS[group_name]}"),
