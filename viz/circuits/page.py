@@ -15,7 +15,7 @@ from core import analysis
 from core.analysis.circuits import parse_head
 from viz.circuits import figures as cf
 from viz.circuits import run_panel
-from viz.ui import charts, explore_links, models, url_state, urlflags, widgets
+from viz.ui import charts, explore_links, models, url_state, url_switches, widgets
 
 TOP_CHOICES = (3, 5, 8)
 ON = {"text": "your text", "repeat": "a repeated random sequence (where induction is scored)"}
@@ -37,9 +37,9 @@ with text_col:
     text = widgets.text_box("Sentence", text_key, help="The circuit is read on this text, or on a repeated random "
                                                       "sequence (below).")
 url = dict(model=model_name, text=text)
-on_key = urlflags.option(state, "on", "text", list(ON))
+on_key = url_switches.option(state, "on", "text", list(ON))
 on = st.radio("Read the circuit on", list(ON), key=on_key, horizontal=True, format_func=ON.get)
-url["on"] = urlflags.changed(on, "text")
+url["on"] = url_switches.changed(on, "text")
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -51,11 +51,11 @@ def _repeat(model_name: str, stack: str, _model):
 
 stacks = ["decoder"] if model.kind == "decoder" else ["encoder"] + (["decoder"] if model.kind == "encoder-decoder"
                                                                       else [])
-stack_key = urlflags.option(state, "stack", stacks[0], stacks)
+stack_key = url_switches.option(state, "stack", stacks[0], stacks)
 stack = stacks[0]
 if len(stacks) > 1:
     stack = st.radio("Stack", stacks, key=stack_key, horizontal=True, format_func=lambda s: f"{s} self-attention")
-url["stack"] = urlflags.changed(stack, stacks[0])
+url["stack"] = url_switches.changed(stack, stacks[0])
 read_text, rep = text, None
 if on == "repeat":
     rep = _repeat(model_name, stack, model)
@@ -76,10 +76,10 @@ layer_key = url_state.int_from_url(state, "layer", n_layers - 1, 0, n_layers - 1
 layer = c[0].selectbox("Layer", list(range(n_layers)), key=layer_key)
 head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{model_name}'s heads")
 head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
-top_key = urlflags.option(state, "top", 5, TOP_CHOICES)
+top_key = url_switches.option(state, "top", 5, TOP_CHOICES)
 top = c[2].select_slider("Sources per side", TOP_CHOICES, key=top_key,
                          help="The heaviest sources of each side listed (and, among heads, expanded by a click).")
-url.update(layer=layer, head=head, top=urlflags.changed(top, 5))
+url.update(layer=layer, head=head, top=url_switches.changed(top, 5))
 root = f"L{layer}H{head}"
 
 # the expanded heads: from the URL, then every click; only heads below the chosen one's layer stay
@@ -139,7 +139,7 @@ edge_key = state.seeded_key("edge", options[0] if options else "")
 if st.session_state.get(edge_key) not in options:
     st.session_state[edge_key] = options[0] if options else None
 state.keep(edge_key)
-score_key = urlflags.option(state, "score", "induction", list(SCORES))
+score_key = url_switches.option(state, "score", "induction", list(SCORES))
 checked_key = state.seeded_key("checked", "")
 raw_checked = [e for e in str(st.session_state.get(checked_key) or "").split(";") if e]
 checked = [e for e in raw_checked if e in options]
@@ -215,7 +215,7 @@ else:
                         f"{a['output_change']:.1%}.")
 url.update(open=",".join(opened) or None, edge=st.session_state.get(edge_key) if options and
            st.session_state.get(edge_key) != options[0] else None,
-           checked=";".join(checked) or None, score=urlflags.changed(st.session_state[score_key], "induction"))
+           checked=";".join(checked) or None, score=url_switches.changed(st.session_state[score_key], "induction"))
 st.download_button("Edges (CSV)", edges.assign(model=model_name, stack=stack).to_csv(index=False).encode(),
                    file_name=f"{model_name}-{stack}-{root}-circuit.csv", mime="text/csv", key="circuits-csv",
                    on_click="ignore")
