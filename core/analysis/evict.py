@@ -275,12 +275,13 @@ def _static_pass(model, ids, last: np.ndarray, progress: Progress, frac=(0.0, 0.
     Before each block the cache drops the keys no query of the block (or after it) reads, as a
     decoder with that policy does (decode's cache["dropped"]): a block attends to its budget
     and itself, not to every key before it. Not for a model whose positions are not the cache's
-    own business (sliding windows, a relative position bias): there the evicted keys stay in
+    own business (sliding windows, chunks, a relative position bias): there the evicted keys stay in
     the cache, masked."""
     net, n = model.net, len(ids)
     x = _ids_tensor(model, ids)
     L = model.config.n_layers
-    trim = model.config.positional != "relative" and all(net.window("decoder", i) is None for i in range(L))
+    trim = model.config.positional != "relative" and all(
+        net.window("decoder", i) is None and net.chunk("decoder", i) is None for i in range(L))
     last_t = torch.as_tensor(last).long()
     cache = {} if cache is None else cache
     pos = torch.arange(start)  # the positions of the keys the cache holds
@@ -511,7 +512,8 @@ def _reference(model, ids, last: np.ndarray, first: int, sinks: int, need_mass: 
                 s, bw = band
                 cols = torch.arange(a, r1, device=w.device)[:, None] - bw + 1 + torch.arange(bw, device=w.device)
                 held = w.gather(-1, cols.expand(H, -1, -1)).double().sum(-1) + w[:, :, :s].double().sum(-1)
-                lost = (1.0 - held).clamp_min_(0.0)
+                # the row's mass on keys (1 - a learned sink's share, gpt-oss) less what the cache holds
+                lost = (w.double().sum(-1) - held).clamp_min_(0.0)
             else:
                 gone = torch.arange(a, r1)[None, :, None] > lt[i][:, None, :r1].long()  # (H_kv, c, r1)
                 lost = (w.view(hkv, g, r1 - a, r1) * gone.to(w.device)[:, None]).sum(-1).view(H, r1 - a).double()
