@@ -198,8 +198,8 @@ def mask_figure(trace) -> Tuple[go.Figure, str]:
     if "decoder" in trace.stacks() and trace.layers("decoder"):
         w = trace.head(tn.self_attn("decoder", 0, "weights"), 0)
         tok = trace.tokens("target") or trace.tokens("source")
-        fig = attention_heatmap(w, tok, tok, title="decoder layer 0, head 0: weights under the look-ahead mask",
-                                height=figure_height(len(tok)))
+        fig = _fitted(attention_heatmap(w, tok, tok, title="decoder layer 0, head 0: weights under the look-ahead mask",
+                                        height=figure_height(len(tok))), tok, tok)
         return fig, ("Below: your sentence's decoder self-attention, layer 0, head 0: every weight above the "
                      "diagonal is 0.")
     n = len(trace.tokens("source"))
