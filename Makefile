@@ -22,7 +22,8 @@ lint: setup
 screenshots: setup
 	ATTENTION_LAB_SCREENSHOTS="$(CURDIR)/docs/screenshots" .venv/bin/python -m pytest -q tests/browser/test_browser.py \
 		tests/browser/test_browser_corpus.py tests/browser/test_browser_heads.py tests/browser/test_browser_long.py \
-		tests/browser/test_browser_newcomer.py tests/browser/test_browser_training.py
+		tests/browser/test_browser_newcomer.py tests/browser/test_browser_training.py \
+		tests/browser/test_browser_reading.py
 
 setup:
 	bash scripts/setup.sh --test

@@ -18,8 +18,10 @@ runs the model's own forward pass (fused attention), batched.
 Methods (docs/design.md, "What the output owes to each part"):
     grad_x_input          sum_d df/de_i * e_i
     integrated_gradients  (e_i - b_i) . mean_k grad f(b + alpha_k (e - b)), alpha_k = (k + 0.5) / steps
-                          (captum's IntegratedGradients, method="riemann_middle"); fix_first=True
-                          keeps token 0 (the attention sink) at its own embedding on the path
+                          (captum's "riemann_middle" rule, the steps batched); fix_first=True
+                          keeps token 0 (the attention sink) at its own embedding on the path;
+                          complete_within=0.05 triples the steps (reusing every earlier point)
+                          until the completeness error is within 5%, up to max_steps
     occlusion             f(x) - f(x with e_i replaced by b_i) (captum's Occlusion, one row at a time)
     attention             the last layer's attention, mean of heads, the explained position's row
     rollout, flow         attention rollout / flow (core/analysis/attention_flow.py), that row
@@ -207,19 +209,48 @@ def _path_baseline(s: Setup, fix_first: bool) -> torch.Tensor:
     return b
 
 
-def _integrated_gradients(s: Setup, steps: int, fix_first: bool = False):
-    """(per-position scores, f(x), f(b)) with captum's midpoint rule, the steps batched."""
-    from captum.attr import IntegratedGradients
+REFINE = 3  # each refinement triples the steps: the midpoints of N steps are among those of 3N
+COMPLETE_WITHIN = 0.05  # the completeness error an adaptive integration stops at (the page's warning line)
 
+
+def _path_grad_sum(s: Setup, e: torch.Tensor, b: torch.Tensor, alphas: Sequence[float]) -> torch.Tensor:
+    """Σ_k ∂f/∂emb at b + α_k (e − b), (n, d) in float64, the alphas run in batches of
+    s.batch_rows() rows (one forward and one backward pass per batch)."""
+    total = torch.zeros(e.shape[1:], dtype=torch.float64)
+    rows = s.batch_rows()
+    for lo in range(0, len(alphas), rows):
+        a = torch.tensor(alphas[lo:lo + rows], dtype=e.dtype, device=e.device)[:, None, None]
+        path = (b + a * (e - b)).detach().requires_grad_(True)
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(s.f(path).sum(), path)
+        total += g.double().sum(0).cpu()
+    return total
+
+
+def _integrated_gradients(s: Setup, steps: int, fix_first: bool = False, complete_within: Optional[float] = None,
+                          max_steps: Optional[int] = None):
+    """(per-position scores, f(x), f(b), steps used, completeness error) by the midpoint rule
+    α_k = (k + 0.5) / steps, the steps batched. complete_within (e.g. 0.05): while the
+    completeness error is above it, the steps are tripled (64 -> 192 -> 576) up to max_steps
+    (default 9 x steps). Tripling, not doubling: the midpoints of N steps are exactly every third
+    midpoint of 3N ((k + 0.5) / N = (3k + 1 + 0.5) / 3N), so each refinement reuses every gradient
+    already taken and pays only for the 2N new points; doubling's midpoints share none."""
     steps = checks.whole(steps, "steps", lo=1)
     e, b = s.e, _path_baseline(s, fix_first)
-    ig = IntegratedGradients(lambda emb: s.f(emb))
-    with torch.enable_grad():
-        attr = ig.attribute(e, baselines=b, n_steps=steps, method="riemann_middle",
-                            internal_batch_size=min(steps, s.batch_rows()))
     with torch.no_grad():
         fx, fb = s.f(torch.cat([e, b])).double().cpu().tolist()
-    return attr.sum(-1)[0].double().cpu().numpy(), fx, fb
+    delta = (e - b)[0].double().cpu()
+    limit = max(steps, max_steps if max_steps is not None else steps * REFINE ** 2)
+    n = steps
+    grad_sum = _path_grad_sum(s, e, b, [(k + 0.5) / n for k in range(n)])
+    while True:
+        scores = (delta * grad_sum / n).sum(-1).numpy()
+        err = completeness_error(scores, fx, fb)
+        if complete_within is None or err <= complete_within or n * REFINE > limit:
+            return scores, fx, fb, n, err
+        new = [(k + 0.5) / (n * REFINE) for k in range(n * REFINE) if k % REFINE != 1]  # k % 3 == 1: the old points
+        grad_sum = grad_sum + _path_grad_sum(s, e, b, new)
+        n *= REFINE
 
 
 def completeness_error(scores, f_x: float, f_b: float) -> float:
@@ -290,9 +321,12 @@ def _frame(s: Setup, scores: np.ndarray, method: str, extra: Optional[dict] = No
 
 
 def attribute_setup(s: Setup, methods=None, steps: int = 64, fix_first: bool = False, trace=None,
-                    progress: Progress = None) -> Dict[str, pd.DataFrame]:
+                    progress: Progress = None, complete_within: Optional[float] = None,
+                    max_steps: Optional[int] = None) -> Dict[str, pd.DataFrame]:
     """Every asked-for method on one explained output (one trace shared by the attention-based
-    ones): method -> DataFrame (position, token, score)."""
+    ones): method -> DataFrame (position, token, score). complete_within / max_steps: integrated
+    gradients' adaptive steps (_integrated_gradients); its frame's attrs say the steps used
+    ("steps") and asked ("steps_asked")."""
     methods = _check_methods(methods)
     out: Dict[str, pd.DataFrame] = {}
     for k, m in enumerate(methods):
@@ -301,9 +335,12 @@ def attribute_setup(s: Setup, methods=None, steps: int = 64, fix_first: bool = F
         if m == "grad_x_input":
             out[m] = _frame(s, _grad_x_input(s), m)
         elif m == "integrated_gradients":
-            scores, fx, fb = _integrated_gradients(s, steps, fix_first)
-            out[m] = _frame(s, scores, m, {"completeness_error": completeness_error(scores, fx, fb), "f_x": fx,
-                                           "f_baseline": fb, "steps": int(steps), "fix_first": bool(fix_first)})
+            scores, fx, fb, used, _ = _integrated_gradients(s, steps, fix_first, complete_within, max_steps)
+            # the error shown is computed here from the returned scores, outside the integration, so a
+            # faulty integration shows as one (tests/app/test_app_attribution.py injects one)
+            out[m] = _frame(s, scores, m, {"completeness_error": completeness_error(scores, fx, fb), "f_x": fx, "f_baseline": fb,
+                                           "steps": int(used), "steps_asked": int(steps),
+                                           "complete_within": complete_within, "fix_first": bool(fix_first)})
         elif m == "occlusion":
             out[m] = _frame(s, _occlusion(s), m)
         else:
@@ -316,20 +353,24 @@ def attribute_setup(s: Setup, methods=None, steps: int = 64, fix_first: bool = F
 
 
 def attribute_all(model, text: str, methods=None, target=None, baseline=None, steps: int = 64, baseline_token=None,
-                  position: Optional[int] = None, fix_first: bool = False, progress: Progress = None):
+                  position: Optional[int] = None, fix_first: bool = False, progress: Progress = None,
+                  complete_within: Optional[float] = None, max_steps: Optional[int] = None):
     """(Setup, {method: DataFrame}) for several methods at once (one setup, one trace)."""
     methods = _check_methods(methods)
     s = setup(model, text, target, baseline, baseline_token, position)
     trace = model.trace(text) if any(m in ATTENTION_METHODS for m in methods) else None
-    return s, attribute_setup(s, methods, steps, fix_first, trace, progress)
+    return s, attribute_setup(s, methods, steps, fix_first, trace, progress, complete_within, max_steps)
 
 
 def attribute(model, text: str, method: str, target=None, baseline=None, steps: int = 64, baseline_token=None,
-              position: Optional[int] = None, fix_first: bool = False) -> pd.DataFrame:
+              position: Optional[int] = None, fix_first: bool = False, complete_within: Optional[float] = None,
+              max_steps: Optional[int] = None) -> pd.DataFrame:
     """Which input tokens f = logit[target] - logit[baseline] depends on (the module's
     docstring): columns position, token, score; df.attrs["baseline_token_id"], and for
-    integrated gradients df.attrs["completeness_error"] = |sum - (f(x) - f(b))| / |f(x) - f(b)|."""
-    return attribute_all(model, text, [method], target, baseline, steps, baseline_token, position, fix_first)[1][method]
+    integrated gradients df.attrs["completeness_error"] = |sum - (f(x) - f(b))| / |f(x) - f(b)|
+    and df.attrs["steps"], the steps used (more than `steps` only with complete_within)."""
+    return attribute_all(model, text, [method], target, baseline, steps, baseline_token, position, fix_first,
+                         None, complete_within, max_steps)[1][method]
 
 
 # --------------------------------------------------------------------------- faithfulness

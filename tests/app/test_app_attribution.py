@@ -32,7 +32,7 @@ def test_drawn_scores_are_the_core_attributions_and_the_table_is_sorted(app_test
     for method in ca.ATTRIBUTION_METHODS:
         want = ca.attribute(toy, TEXT, method, steps=16)["score"].to_numpy()
         np.testing.assert_allclose(rows[method], want, rtol=1e-5, atol=1e-7, err_msg=method)
-    table = at.dataframe[0].value
+    table = at.table[0].value
     assert set(table["method"]) == set(ca.ATTRIBUTION_METHODS) | {"random"}
     assert list(table["difference"]) == sorted(table["difference"], reverse=True)
     curves = figure(chart_by_key(at, "attribution-curves"))
@@ -58,13 +58,12 @@ def test_url_controls_round_trip_and_change_what_is_explained(app_test, toy):
 
 
 def test_a_faulty_integration_shows_the_warning_and_the_steps_can_be_raised(app_test, toy, monkeypatch):
-    real = A._integrated_gradients
+    real = A._path_grad_sum
 
-    def doubled(s, steps, fix_first=False):
-        scores, fx, fb = real(s, steps, fix_first)
-        return scores * 2, fx, fb  # the integral off by 100%
+    def doubled(s, e, b, alphas):
+        return real(s, e, b, alphas) * 2  # the integral off by 100%, at every refinement
 
-    monkeypatch.setattr(A, "_integrated_gradients", doubled)
+    monkeypatch.setattr(A, "_path_grad_sum", doubled)
     at = app_test("attribution", model="toy-translate", text="the cat sees the small dog", steps="16")
     at.run()
     assert_no_exception(at)
@@ -76,11 +75,18 @@ def test_a_faulty_integration_shows_the_warning_and_the_steps_can_be_raised(app_
     assert at.query_params["steps"] == "32"
 
 
-def test_a_target_outside_the_vocabulary_is_an_error_not_a_traceback(app_test, toy):
+def test_a_target_outside_the_vocabulary_is_a_warning_with_its_replacement(app_test, toy):
+    """As on the Lens page: the URL's token is named, with what is used instead, and the page runs."""
     at = app_test("attribution", model="toy-translate", text=TEXT, target="chat")
     at.run()
     assert_no_exception(at)
-    assert any("not in toy-translate's vocabulary" in e.value for e in at.error)
+    assert not at.error, [e.value for e in at.error]
+    assert any("target='chat'" in w.value and "not in toy-translate's vocabulary" in w.value for w in at.warning)
+    assert "target" not in at.query_params  # the default (the top-1) is what the page explains
+    at.text_input(key="attribution.target").set_value("chat").run()  # typed: said, the box keeps it
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any("not in toy-translate's vocabulary" in w.value and "top-1 instead" in w.value for w in at.warning)
     assert at.query_params["target"] == "chat"  # the user's input is kept
 
 

@@ -94,6 +94,28 @@ def test_gpt2_matches_autograd_by_hand(gpt2):
     assert ca.attribute(ours, text, "occlusion", target=target).attrs["baseline_token_id"] == bid
 
 
+def test_gpt2_refined_integration_is_the_midpoint_rule_at_the_steps_it_reports(gpt2):
+    """complete_within=0 never stops early: 8 steps tripled twice reuse the earlier points, and the
+    result must be transformers' by-hand midpoint rule at 72 steps (not at 8, nor a mixture)."""
+    hf, ours = gpt2
+    text = "the small dog sees the old cat near the"
+    ids = torch.tensor([ours.encode(text).ids])
+    bid = A.baseline_token_id(ours)
+    target = 7
+
+    def logits_of(x):
+        return hf(inputs_embeds=x).logits[:, -1]
+
+    df = ca.attribute(ours, text, "integrated_gradients", target=target, steps=STEPS, complete_within=0.0)
+    assert df.attrs["steps"] == STEPS * 9 and df.attrs["steps_asked"] == STEPS
+    ref = by_hand(hf.transformer.wte, logits_of, ids, target, bid, steps=STEPS * 9)
+    assert _rel(df["score"], ref["integrated_gradients"]) < REL
+    coarse = by_hand(hf.transformer.wte, logits_of, ids, target, bid, steps=STEPS)
+    assert _rel(coarse["integrated_gradients"], ref["integrated_gradients"]) > 10 * REL  # the test can tell them apart
+    loose = ca.attribute(ours, text, "integrated_gradients", target=target, steps=STEPS, complete_within=10.0)
+    assert loose.attrs["steps"] == STEPS  # within the tolerance at once: no refinement
+
+
 def _smollm2_reference():
     if importlib.util.find_spec("gguf") is None or not core.MODELS["smollm2"].available():
         pytest.skip("smollm2's GGUF or the gguf package is not installed")

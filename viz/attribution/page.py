@@ -8,22 +8,15 @@ import streamlit as st
 
 from core.analysis import input_attribution as A
 from core.analysis import faithfulness_scores as F
-from core.analysis.token_ids import output_token_id
+from core.analysis.token_ids import input_token_id, output_token_id
 from core.errors import InputError
 from viz.attribution import figures as af
+from viz.attribution.defaults import DEFAULT_POSITION, DEFAULT_TEXT, STEPS, STEPS_DEFAULT
 from viz.attribution import run_panel as attribution_run
 from viz.ui import charts, models, registry, url_state, url_switches, widgets
 
-STEPS = (8, 16, 32, 64, 128, 256, 512)
-STEPS_DEFAULT = 64
-WARN_COMPLETENESS = 0.05  # integrated gradients' completeness error above which the page warns
-# The default examples, chosen by measuring the faithfulness table (20 random draws): on smollm2 the
-# baker's ' bread' splits the methods (occlusion +0.21 over random, rollout and flow 0.26-0.28 below
-# it, sd 0.11), where "The capital of France is" ties every method with random. On toy-translate
-# every method ties at the translation's first word ('le' follows 'the' alone); its third word
-# splits them (five ranks, differences 1.0 to -1.0).
-DEFAULT_TEXT = {"decoder": "Every morning the baker opens his shop at six and sells fresh loaves of"}
-DEFAULT_POSITION = {"the small dog sees the cat": 2}  # encoder-decoders: the measured position of a default text
+WARN_COMPLETENESS = A.COMPLETE_WITHIN  # integrated gradients' completeness error above which the page warns
+# (the computation refines its steps until within it, up to 9 x the steps chosen)
 
 widgets.header("attribution")
 st.caption("Attention says where a head looks, not whether that matters for the output. Here gradient-based and "
@@ -35,6 +28,10 @@ state = url_state.PageState("attribution", fields=("model", "text", "target", "c
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
     st.stop()
+if model.kind != "encoder-decoder":  # only a translation has positions to choose from
+    state.ignored_if_given("position", f"{model_name} is {'a decoder' if model.kind == 'decoder' else 'an encoder'}: "
+                           f"the output explained is {'the next token' if model.kind == 'decoder' else 'the mask'}, "
+                           "so there is no translation position to choose")
 if model.kind == "encoder" and getattr(model, "mlm_head", None) is None:
     st.info(f"Attribution needs an output: {model_name} is an encoder without an output head (no masked-LM head), "
             "so there is no prediction whose inputs could be weighed. Its attention can be read on Explore and "
@@ -76,12 +73,27 @@ def _top(model_name: str, text: str, position, _model):
 try:
     tops = _top(model_name, text, position, model)
 except (InputError, ValueError) as exc:
-    st.error(str(exc))
+    # bad input (an empty text) is a warning saying what to do, as on every page that traces it
+    (st.warning if isinstance(exc, InputError) else st.error)(str(exc))
     state.end_here(**url)
 
-target_key = state.seeded_key("target", "")
-contrast_key = state.seeded_key("contrast", "")
-baseline_key = state.seeded_key("baseline", "")
+def _token_of(field: str, what: str):
+    """A typed token as given, once the model's vocabulary holds it (a ValueError says why not):
+    an output token for the target and the contrast, an input token for the baseline."""
+    def parse(raw) -> str:
+        raw = str(raw)
+        if raw:
+            (input_token_id if field == "baseline" else output_token_id)(model, raw, what)
+        return raw
+    return parse
+
+
+TOKEN_FIELDS = {"target": "target token", "contrast": "contrast token", "baseline": "baseline token"}
+# a URL's token the model cannot read is replaced by the default (empty) with a warning that names
+# it, as on the Lens page; one typed into a box is said below, the default used meanwhile
+target_key, contrast_key, baseline_key = (
+    state.seeded_key(f, "", parse=_token_of(f, what), why=lambda raw, exc: str(exc) or "not one token of this model")
+    for f, what in TOKEN_FIELDS.items())
 
 
 def _fill(pick_key: str, into: str) -> None:
@@ -125,6 +137,16 @@ fix_first = c2[0].toggle("Hold the first token fixed", key=fix_key,
                               "the integral converge (docs/design.md). On by default for decoders.")
 words_key = url_switches.flag(state, "words")
 words = c2[1].toggle("Read in words", key=words_key, help="A word's score is the sum of its pieces' scores.")
+typed = {"target": target, "contrast": contrast, "baseline": baseline}
+for f, value in typed.items():  # a token typed into a box that the model cannot read: said, the default used
+    try:
+        _token_of(f, TOKEN_FIELDS[f])(value)
+    except ValueError as exc:
+        instead = {"target": "the model's top-1", "contrast": "no contrast (the target's logit alone)",
+                   "baseline": "the default baseline token"}[f]
+        st.warning(f"{str(exc)[:1].upper()}{str(exc)[1:]}: using {instead} instead. Type a token of "
+                   f"{model_name}'s vocabulary, or pick one from the list.")
+        typed[f] = ""
 url.update(target=target or None, contrast=contrast or None, baseline=baseline or None,
            steps=url_switches.changed(steps, STEPS_DEFAULT), fix_first=url_switches.flag_url(fix_first, fix_default),
            words=url_switches.flag_url(words))
@@ -155,7 +177,8 @@ def _progress(f: float, what: str) -> None:
 try:
     # the fields as typed or picked: a leading or trailing space belongs to the token (' Mary' is
     # not 'Mary'), so nothing is stripped; an empty field takes the page's default
-    info, frames, table = attribution_run.compute(model_name, text, target, contrast, baseline, steps,
+    info, frames, table = attribution_run.compute(model_name, text, typed["target"], typed["contrast"],
+                                                  typed["baseline"], steps,
                                                   fix_first, position, model, _progress)
 except (InputError, ValueError) as exc:
     bar.empty()
@@ -173,13 +196,18 @@ st.markdown(f"Explained: **f = {f_text}** ({ids_text}) {where}. Baseline: the em
 
 ig = frames["integrated_gradients"]
 err = ig.attrs["completeness_error"]
+used = int(ig.attrs["steps"])
+steps_text = (f"{used} steps: {steps} chosen, tripled until within {WARN_COMPLETENESS:.0%}" if used != steps
+              else f"{steps} steps")
 st.caption(f"Integrated gradients' completeness: the scores sum to {ig['score'].sum():.4g}, f(x) − f(baseline) = "
            f"{ig.attrs['f_x'] - ig.attrs['f_baseline']:.4g}; completeness error **{err:.1%}** "
-           f"({steps} steps{', first token fixed' if fix_first else ''}).")
+           f"({steps_text}{', first token fixed' if fix_first else ''}).")
 if err > WARN_COMPLETENESS:
     higher = next((s for s in STEPS if s > steps), None)
     st.warning(f"Integrated gradients is not complete here: its scores miss f(x) − f(baseline) by {err:.1%} "
-               f"(above {WARN_COMPLETENESS:.0%}), so they are not yet the integral they stand for. Raise the steps"
+               f"(above {WARN_COMPLETENESS:.0%}) even at {used} steps ({steps} chosen, tripled while above "
+               f"{WARN_COMPLETENESS:.0%}), so they are not yet the integral they stand for: the path crosses a region "
+               "where the output changes too sharply for this many steps. Raise the steps"
                + ("" if fix_first else " or hold the first token fixed on the path") + ".")
     if higher is not None:
         st.button(f"Raise the steps to {higher}", key="attribution.raise",
@@ -222,9 +250,10 @@ if (methods_only["verdict"] == "indistinguishable from random").all():
 elif methods_only["tied"].any():
     st.info("Some methods tie (the same rank, written =): their rankings replace the same tokens first, so the test "
             "cannot tell them apart.")
-st.dataframe(af.table_for_display(table), hide_index=True, width="stretch",
-             column_config={c: st.column_config.NumberColumn(format="%.4f")
-                            for c in ("comprehensiveness", "sufficiency", "difference")})
+# a static table: its cells wrap, so every column (the verdict last) fits the page at any width
+with st.container(key="attribution-table"):
+    st.table(af.table_for_display(table).style.format({c: "{:.4f}" for c in ("comprehensiveness", "sufficiency",
+                                                                              "difference")}), hide_index=True)
 st.download_button("Faithfulness table (CSV)", table.to_csv(index=False), file_name=f"{model_name}-faithfulness.csv",
                    mime="text/csv", key="attribution-table-csv", on_click="ignore", icon=":material/download:")
 charts.chart(af.deletion_figure(F.curves_frame(table), info["target"], order=list(table["method"]),

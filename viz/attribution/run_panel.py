@@ -51,7 +51,9 @@ def _run(text, target, contrast, baseline, steps, fix_first, position, _model, _
         raise InputError(f"the sentence is {s.n} tokens; this page explains up to {MAX_TOKENS} (occlusion and the "
                          "deletion curves run one pass per token): shorten it")
     trace = _model.trace(text)
-    frames = A.attribute_setup(s, None, steps, fix_first, trace, lambda f, what: _progress(0.7 * f, what))
+    # integrated gradients refines its steps until complete within the page's warning line
+    frames = A.attribute_setup(s, None, steps, fix_first, trace, lambda f, what: _progress(0.7 * f, what),
+                               complete_within=A.COMPLETE_WITHIN)
     table = F.faithfulness_from_scores(s, {m: df["score"].to_numpy() for m, df in frames.items()},
                                        progress=lambda f, what: _progress(0.7 + 0.3 * f, what), fix_first=fix_first)
     tk = _model.target_tokenizer if _model.kind == "encoder-decoder" else _model.tokenizer

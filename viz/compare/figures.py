@@ -36,6 +36,7 @@ from core.tokens.words import merge_attention, word_groups, word_labels
 from viz.figures.heatmaps import CHAR_PX, MAX_LABEL_CHARS, safe_label, to_numpy
 from viz.figures.reduce import thinned
 from viz.figures.select import SPECIAL_TOKENS
+from viz.figures.text import html_text
 
 BANK_A = "I swam across the river to get to the other bank."
 BANK_B = "I walked across the road to get cash from the bank."
@@ -309,7 +310,7 @@ def cosine_figure(table: pd.DataFrame, word: str, *, mark_layer: Optional[int] =
     """Cosine of the word's vectors (A vs B) at every depth; depth 0 is the input embedding.
     A dashed grey line shows the baseline (A's word vs B's other words) when present."""
     x = table["depth"].tolist()
-    word_s = html.escape(word, quote=False)
+    word_s = html_text(word)
     fig = go.Figure()
     fig.add_trace(go.Scatter(
         x=x, y=table["cosine"].to_numpy(dtype=float), mode="lines+markers",

@@ -14,13 +14,14 @@ click there carries the head (customdata [head]).
 
 from __future__ import annotations
 
-import html
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from viz.figures.text import html_text
 
 QUERY_COLOUR, KEY_COLOUR = "#1b9e77", "#e7298a"  # AttentionViz: queries green, keys pink
 COLOR_BY = {"type": "query / key", "position": "position", "token": "token (most frequent)"}
@@ -43,7 +44,7 @@ def sentence_tokens(rows: pd.DataFrame) -> Dict[int, List[str]]:
 
 def token_in_sentence(tokens: Sequence[str], position: int, window: int = HOVER_WINDOW) -> str:
     """The sentence as hover HTML with the token at `position` marked: … a b <b>[c]</b> d …"""
-    return _marked([html.escape(t) for t in tokens], position, window)
+    return _marked([html_text(t) for t in tokens], position, window)
 
 
 def _marked(escaped: Sequence[str], position: int, window: int) -> str:
@@ -54,7 +55,7 @@ def _marked(escaped: Sequence[str], position: int, window: int) -> str:
 
 def hover_windows(rows: pd.DataFrame, window: int = HOVER_WINDOW) -> List[str]:
     """Per row, token_in_sentence of its sentence at its position (each sentence escaped once)."""
-    escaped = {sid: [html.escape(t) for t in toks] for sid, toks in sentence_tokens(rows).items()}
+    escaped = {sid: [html_text(t) for t in toks] for sid, toks in sentence_tokens(rows).items()}
     return [_marked(escaped[int(sid)], int(pos), window)
             for sid, pos in zip(rows.sentence_id.to_numpy(), rows.position.to_numpy())]
 
@@ -106,7 +107,7 @@ def joint_scatter(xy: np.ndarray, rows: pd.DataFrame, color_by: str = "type", ti
             hovertemplate=f"<b>{side}</b> · sentence %{{customdata[0]}} · position %{{customdata[1]}}<br>"
                           "%{hovertext}<extra></extra>"))
     if color_by == "token" and top:
-        legend = ", ".join(f"<span style='color:{TOKEN_PALETTE[i]}'>■</span> {html.escape(t)}" for i, t in enumerate(top))
+        legend = ", ".join(f"<span style='color:{TOKEN_PALETTE[i]}'>■</span> {html_text(t)}" for i, t in enumerate(top))
         fig.add_annotation(text=legend + f" · <span style='color:{OTHER_COLOUR}'>■</span> other", showarrow=False,
                            xref="paper", yref="paper", x=0, y=-0.08, xanchor="left", align="left")
     fig.update_layout(title=title or None, height=height, margin=dict(l=20, r=20, t=50 if title else 20, b=50),

@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.figures.reduce import thinned
-from viz.figures.text import token_text
+from viz.figures.text import html_text, token_text
 
 ATTN_SCALE = "Blues"
 DIVERGING = "RdBu_r"
@@ -26,8 +26,9 @@ NEG_INF_TEXT_UP_TO = 32  # write '-∞' in masked cells up to this many rows and
 
 
 def safe_label(tok: str) -> str:
-    """A token as plain text for plotly (escapes markup, shows whitespace)."""
-    return html.escape(token_text(tok.replace("\t", "\\t")), quote=False)
+    """A token as plain text for plotly (escapes markup once, shows whitespace). Figures built
+    by matrix_heatmap / attention_heatmap take the tokens as they are and call this themselves."""
+    return html_text(token_text(tok.replace("\t", "\\t")))
 
 
 def safe_labels(tokens: Sequence[str]) -> list:
@@ -324,3 +325,25 @@ def attention_frame(weights, query_tokens: Sequence[str], key_tokens: Sequence[s
     rows = [f"{i}:{t}" for i, t in enumerate(query_tokens)]
     cols = [f"{j}:{t}" for j, t in enumerate(key_tokens)]
     return pd.DataFrame(w, index=pd.Index(rows, name="query"), columns=cols)
+
+
+MASK_ALLOWED, MASK_MASKED = "#4a7fb5", "#d9d9d9"  # the two colours of a mask (allowed / masked)
+
+
+def mask_heatmap(mask, query_tokens: Sequence[str], key_tokens: Sequence[str], *, title: str = "",
+                 height: Optional[int] = None) -> go.Figure:
+    """An additive attention mask (0 where a query may look, −∞ where it may not) in two colours
+    with a two-entry legend, "allowed (0)" and "masked (−∞)": a mask has two values, so a
+    continuous colour bar would only mislead (plotly scales a lone 0 to −0.4…0.4)."""
+    m = to_numpy(mask)
+    allowed = np.isfinite(m)
+    fig = matrix_heatmap(allowed.astype(float), query_tokens, key_tokens, title=title, zmin=0.0, zmax=1.0,
+                         colorscale=[[0.0, MASK_MASKED], [0.5, MASK_MASKED], [0.5, MASK_ALLOWED], [1.0, MASK_ALLOWED]],
+                         x_title="key", y_title="query", value_name="allowed (1) or masked (0)", height=height,
+                         neg_inf_text=False)
+    fig.update_traces(showscale=False)
+    for name, colour in (("allowed (0)", MASK_ALLOWED), ("masked (−∞)", MASK_MASKED)):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True, hoverinfo="skip",
+                                 marker=dict(symbol="square", size=14, color=colour, line=dict(color="#888", width=1))))
+    fig.update_layout(legend=dict(orientation="h", x=1, xanchor="right", y=-0.02, yanchor="top"), showlegend=True)
+    return fig

@@ -4,6 +4,7 @@ cut to fit a URL, and URL values quoted safely for a message. Pure Python (no St
 from __future__ import annotations
 
 import bisect
+import html
 import itertools
 import re
 import string
@@ -62,6 +63,13 @@ def token_text(tok: str) -> str:
     space symbol ␣ per character, so ' ' is seen and told apart from '  '."""
     tok = tok.replace("\n", "\\n")
     return tok if tok.strip() else "␣" * max(1, len(tok))
+
+
+def html_text(text: str) -> str:
+    """Text where it meets HTML (plotly's labels, hover and legends read HTML tags; an HTML
+    block): markup escaped, once. The one place the app escapes text for HTML: a token such as
+    '<unk>' or '<b>' then reads as typed, and a label passed through it twice would read '&lt;'."""
+    return html.escape(str(text), quote=False)
 
 
 def _md_code(tok: str) -> str:

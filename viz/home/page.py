@@ -6,7 +6,7 @@ sentence and model. The stops and their figures: viz/home/path.py."""
 import streamlit as st
 
 from viz.home import path as hp
-from viz.ui import charts, models, registry, url_state, widgets
+from viz.ui import charts, models, registry, url_state, vocab, widgets
 
 EXAMPLES = {  # each example opens on the model that reads it (no <unk>): the notes' "bank" pair is English
     "the small dog sees the cat": ("toy-translate", "the small dog sees the cat"),
@@ -62,15 +62,20 @@ if trace is None:
     state.end_here(**url)
 state.publish(**url)
 state.show_messages()
+vocab.offer_reader(state, model_name, trace, key="home-reader")
 
 st.subheader(f"{stop}. {spec.title}")
-fig = None
+fig = own = None  # the stop's figure, and where it has one, the same idea on the user's sentence after it
+own_text = ""
 if stop == 1:
     fig, hand = hp.hand_figure()
     st.markdown(spec.text)
     s, w = hand["scaled"][0], hand["weights"][0]
     st.caption(f"Computed here: the scores of “help” are {hand['scores'][0][0]:g} and {hand['scores'][0][1]:g}, scaled "
                f"{s[0]:g} and {s[1]:g}; softmax gives {w[0]:.2f} and {w[1]:.2f} (they sum to {w.sum():g}).")
+    own, own_where = hp.own_weights_figure(trace)
+    own_text = (f"Then your sentence: {model_name}'s weights in {own_where}. Each row is one token's weighted "
+                "average over the tokens it looks at, and sums to 1, like “help”'s row above.")
 elif stop == 2:
     fig, where = hp.scores_figure(trace)
     st.markdown(spec.text.format(where=where))
@@ -81,6 +86,13 @@ elif stop == 3:
     st.caption(f"{model_name}'s own positions: {model.config.positional} "
                f"({'added to the embeddings' if model.config.positional in ('sinusoidal', 'learned') else 'applied inside each head' if model.config.positional == 'rope' else 'none added'}); "
                "the Positions page shows them.")
+    own = hp.own_positions_figure(trace)
+    if own is not None:
+        own_text = (f"Then your sentence: the position vectors {model_name} itself adds to its {n} tokens "
+                    f"({model.config.positional}).")
+    else:
+        st.caption(f"{model_name} adds no position vector to the tokens, so there is none of its own to draw here: "
+                   "its positions act inside each head (the Positions page shows how).")
 elif stop == 4:
     fig, mask_where = hp.mask_figure(trace)
     st.markdown(spec.text.format(mask_where=mask_where))
@@ -97,11 +109,27 @@ else:
         fig = hp.grid_figure(prof["previous"], f"previous-token weight, {prof['stack']} self-attention",
                              "mean weight on the previous token", zmax=1.0)
 if fig is not None:
+    if own is not None:
+        st.caption("First the notes' example:")
     charts.chart(fig, key="home-fig", width="stretch", name=f"{model_name}-path-stop{stop}")
+if own is not None:
+    st.caption(own_text)
+    charts.chart(own, key="home-own-fig", width="stretch", name=f"{model_name}-path-stop{stop}-yours")
 
-link_params = {"model": model_name, "text": text, **dict(spec.params)}
-st.page_link(registry.page(spec.page).file, label=spec.link + " →", query_params=link_params,
-             icon=registry.page(spec.page).icon)
+# each link opens a page that applies to this model, or names the model it switches to and why
+switch_kinds = {m: models.model_kind(m) for m in hp.SWITCH_TO if models.model_available(m)}
+has_mlm = getattr(model, "mlm_head", None) is not None
+
+
+def _link(key: str, label: str, params: dict) -> None:
+    to, why = hp.link_target(key, model_name, model.kind, has_mlm, switch_kinds)
+    if to is None:
+        st.caption(label + why)
+        return
+    st.page_link(registry.page(key).file, label=f"{label}{why} →", query_params={**params, "model": to, "text": text},
+                 icon=registry.page(key).icon)
+
+
+_link(spec.page, spec.link, dict(spec.params))
 for key, what in spec.extra:
-    st.page_link(registry.page(key).file, label=f"{registry.page(key).title}: {what} →",
-                 query_params={"model": model_name, "text": text}, icon=registry.page(key).icon)
+    _link(key, f"{registry.page(key).title}: {what}", {})

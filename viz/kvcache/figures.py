@@ -14,6 +14,7 @@ core.analysis.evict returns.
 
 from __future__ import annotations
 
+
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -95,30 +96,49 @@ def loss_difference(df: pd.DataFrame) -> np.ndarray:
     return (df["logprob_full"] - df["logprob"]).to_numpy(dtype=float)
 
 
-def loss_frame(df: pd.DataFrame, per_row: int = 16):
-    """The text as rows of `per_row` tokens, each token shaded by the loss the policy adds when it
-    predicts the next token (red: worse than the full cache, blue: better), as a pandas Styler."""
+LINE_CHARS = 100  # the text's line length, in characters, before it wraps
+LINE_PX = 22  # a line's height
+
+
+def loss_text_figure(df: pd.DataFrame, line_chars: int = LINE_CHARS) -> go.Figure:
+    """The text as it reads, wrapped like a paragraph, each token on a cell as wide as its text
+    and shaded by the loss the policy adds when it predicts the next token (red: worse than the
+    full cache, blue: better; position and value on hover). A newline token ends its line (shown
+    as ↵). Every token whole: nothing is cut to fit a column."""
     diff = loss_difference(df)
-    toks = [safe_label(t) for t in df["token"]]
-    top = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 0.0
-    n = len(toks)
-    rows = [toks[i:i + per_row] + [""] * max(0, i + per_row - n) for i in range(0, n, per_row)]
-    vals = [list(diff[i:i + per_row]) + [np.nan] * max(0, i + per_row - n) for i in range(0, n, per_row)]
-    frame = pd.DataFrame(rows, index=[int(df["position"].iloc[i]) for i in range(0, n, per_row)])
-    v = pd.DataFrame(vals, index=frame.index)
-
-    def shade(col):
-        out = []
-        for x in v[col.name]:
-            if not np.isfinite(x) or top <= 0:
-                out.append("")
-                continue
-            a = min(1.0, abs(x) / top)
-            rgb = "214, 39, 40" if x > 0 else "31, 119, 180"
-            out.append(f"background-color: rgba({rgb}, {0.85 * a:.3f}); color: {'white' if a > 0.6 else 'black'}")
-        return out
-
-    return frame.style.apply(shade, axis=0)
+    top = float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 1.0
+    x0, line, col = [], [], 0
+    shown, widths = [], []
+    row = 0
+    for tok in df["token"]:
+        t = str(tok)
+        text = t.replace("\n", "↵").replace("\t", "⇥")
+        w = max(1, len(text))
+        if col and col + w > line_chars:
+            row, col = row + 1, 0
+        x0.append(col)
+        line.append(row)
+        widths.append(w)
+        shown.append(safe_label(text) if text.strip() else "␣" * w)
+        col += w
+        if "\n" in t:
+            row, col = row + 1, 0
+    lines = (line[-1] + 1) if line else 1
+    z = np.where(np.isfinite(diff), diff, 0.0)
+    fig = go.Figure(go.Bar(
+        y=line, x=widths, base=x0, orientation="h", width=0.9, text=shown, textposition="inside",
+        insidetextanchor="middle", textangle=0, constraintext="none", cliponaxis=False,
+        marker=dict(color=z, cmin=-top, cmax=top, colorscale=[[0, "rgb(31,119,180)"], [0.5, "white"],
+                                                             [1, "rgb(214,39,40)"]], line=dict(width=0),
+                    colorbar=dict(title="nats", thickness=10)),
+        customdata=np.stack([df["position"].to_numpy(), diff], axis=-1),
+        hovertemplate="%{text} (position %{customdata[0]}): %{customdata[1]:+.3f} nats<extra></extra>",
+        textfont=dict(family="monospace", size=12, color="black")))
+    fig.update_layout(height=40 + LINE_PX * lines, margin=dict(l=10, r=10, t=10, b=10), bargap=0,
+                      uniformtext=dict(minsize=12, mode="show"), plot_bgcolor="white",
+                      xaxis=dict(visible=False, range=[-0.5, line_chars + 0.5], fixedrange=True),
+                      yaxis=dict(visible=False, autorange="reversed", fixedrange=True))
+    return fig
 
 
 def loss_figure(df: pd.DataFrame) -> go.Figure:
@@ -136,16 +156,36 @@ def loss_figure(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def log_range(values, pad: float = 0.08) -> list:
+    """A log axis's range (log10 units, as plotly takes it) that fits these values, padded a little."""
+    v = np.asarray([x for x in values if np.isfinite(x) and x > 0], dtype=float)
+    if not v.size:
+        return [0.0, 1.0]
+    lo, hi = float(np.log10(v.min())), float(np.log10(v.max()))
+    span = max(hi - lo, 0.1)
+    return [lo - pad * span, hi + pad * span]
+
+
 def ppl_figure(sweep: pd.DataFrame, full: float, title: str = "Perplexity against budget") -> go.Figure:
-    """sweep: rows (policy, budget, perplexity). Log axes, the full cache a dashed line."""
+    """sweep: rows (policy, budget, perplexity). Log axes whose ranges follow the data, the budgets
+    labelled as the numbers chosen, the full cache a dashed line (a trace, meta "full-cache", in
+    the legend: plotly reads an annotation's y on a log axis as a power of 10)."""
     fig = go.Figure()
     for policy, g in sweep.groupby("policy", sort=False):
         g = g.sort_values("budget")
         fig.add_trace(go.Scatter(x=g["budget"], y=g["perplexity"], mode="lines+markers", name=POLICY_LABELS.get(policy, policy),
                                  line=dict(color=POLICY_COLOURS.get(policy))))
-    fig.add_hline(y=full, line=dict(color="black", dash="dash"), annotation_text=f"full cache {full:.2f}")
-    fig.update_layout(title=title, height=380, xaxis=dict(title="budget (keys per query)", type="log"),
-                      yaxis=dict(title="perplexity", type="log"), margin=dict(l=60, r=20, t=50, b=50))
+    budgets = sorted({int(b) for b in sweep["budget"]})
+    if budgets:
+        fig.add_trace(go.Scatter(x=[budgets[0], budgets[-1]], y=[full, full], mode="lines", meta="full-cache",
+                                 name=f"full cache ({full:.2f})", line=dict(color="black", dash="dash"),
+                                 hovertemplate=f"full cache: {full:.3f}<extra></extra>"))
+    x_range = log_range(budgets, pad=0.05) if budgets else None
+    fig.update_layout(title=title, height=380,
+                      xaxis=dict(title="budget (keys per query)", type="log", tickvals=budgets,
+                                 ticktext=[str(b) for b in budgets], range=x_range, minor=dict(showgrid=False)),
+                      yaxis=dict(title="perplexity", type="log", range=log_range(list(sweep["perplexity"]) + [full])),
+                      margin=dict(l=60, r=20, t=50, b=50))
     return fig
 
 

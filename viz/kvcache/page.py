@@ -172,7 +172,7 @@ st.subheader("Where forgetting hurts")
 charts.chart(kf.loss_figure(df), key="kvcache-loss", name=f"kvcache-loss-{policy}-{budget}", width="stretch")
 st.caption("Each token shaded by the loss the policy adds when it predicts the next one: log p_full − log p_policy "
            "(red: worse than the full cache, blue: better).")
-st.dataframe(kf.loss_frame(df), key="kvcache-text", height=300)
+charts.chart(kf.loss_text_figure(df), key="kvcache-text", name=f"kvcache-text-{policy}-{budget}", width="stretch")
 
 # ------------------------------------------------------------------ sinks removed
 st.subheader("What removing the sinks does")

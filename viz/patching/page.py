@@ -118,9 +118,10 @@ url = dict(model=model_name, text=text, corrupt=corrupt, answer=answer or None, 
            what=url_switches.changed(what, "resid_pre"), layer=None if marked is None else str(marked[0]),
            head=None if marked is None else str(marked[1]))
 if swapped is not None and corrupt == swapped[0]:
-    st.info(f"The corrupted prompt was the clean one, which leaves nothing to restore: word {swapped[1]} "
-            f"({swapped[2]!r}) is swapped for {swapped[3]!r} (same number of tokens). Change it above, or swap "
-            "another word.")
+    st.info(f"Patching compares two prompts that differ in one word, and no different corrupted prompt was given "
+            "(the same sentence twice leaves nothing to restore). So this page made one from yours: word "
+            f"{swapped[1]}, {swapped[2]!r}, is swapped for {swapped[3]!r}, which keeps the number of tokens the same. "
+            "Edit the corrupted prompt above to choose another change.")
 state.show_messages()
 
 # ------------------------------------------------------------------ the pair

@@ -149,11 +149,19 @@ class PageState:
         part = "" if raw is None else str(raw)
         if whole is not None and whole.startswith(part):
             return whole
-        self.say(f"This link's {field} was too long for a web address, so the server that made the link kept it "
-                 f"whole under the key {url_value(stored, 48)}, and this server does not hold that key (another "
-                 f"server, or an old link past the {text_store.MAX_ITEMS} texts kept). The box shows only the part "
-                 f"the address carries: its first {len(part):,} characters. Paste the whole text into the box to "
-                 "read all of it.")
+        shown = (f"its first {len(part):,} characters, the part the address carries" if part
+                 else "the page's own example (the address carries none of it)")
+        if not text_store.valid_key(stored):
+            self.say(f"The URL's {field}{KEY_SUFFIX}={said(stored)} is ignored: it is not a key this app makes (a "
+                     f"stored text's key is {text_store.KEY_CHARS} hexadecimal characters). The box shows {shown}.")
+        elif whole is not None:
+            self.say(f"The URL's {field}{KEY_SUFFIX}={said(stored)} holds a different text from the one the link "
+                     f"starts with, so it is ignored. The box shows {shown}.")
+        else:
+            self.say(f"This link's {field} was too long for a web address, so the server that made the link kept it "
+                     f"whole under the key {url_value(stored, 48)}; this server does not hold that key (the link "
+                     f"comes from another server, or is older than the {text_store.MAX_ITEMS} texts kept). The box "
+                     f"shows {shown}. Paste the whole text into the box to read all of it.")
         return raw
 
     def keep(self, key: str, value=None) -> None:

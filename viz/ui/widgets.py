@@ -14,7 +14,7 @@ import streamlit as st
 
 import core
 from viz.figures.citations import cite_text
-from viz.ui import registry
+from viz.ui import page_guide, registry
 from viz.ui.models import get_model, model_kind, model_label, model_names
 from viz.ui.url_state import PageState, int_from_url
 from viz.figures.select import attention_views
@@ -69,6 +69,11 @@ def header(key: str) -> None:
     spec = registry.page(key)
     st.title(spec.heading)
     st.caption(f"**{spec.question}**")
+    guide = page_guide.section(spec.title)
+    if guide:
+        with st.expander("Page guide: what this page shows and how to read it", icon=":material/help:"):
+            st.markdown(guide)
+            st.caption("From the page guide, docs/pages.md, which holds every page's.")
 
 
 def sidebar(model=None) -> None:
