@@ -148,6 +148,55 @@ def test_the_default_budget_comes_from_the_machine_or_the_environment(monkeypatc
     assert vg.default_budget() == 512 * MB
 
 
+def _files(root, files: dict) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_default_budget_keeps_within_the_cgroup_s_limit_v2(tmp_path):
+    """cgroup v2: the process's cgroup and its ancestors' memory.max bind it, less what each uses
+    (memory.current without its reclaimable inactive_file); "max" is no limit."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/user.slice/app\n")
+    _files(tmp_path / "fs", {"user.slice/app/memory.max": f"{1024 * MB}\n",
+                             "user.slice/app/memory.current": f"{200 * MB}\n",
+                             "user.slice/app/memory.stat": f"anon {150 * MB}\ninactive_file {50 * MB}\n",
+                             "user.slice/memory.max": "max\n", "memory.max": "max\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == (1024 - 150) * MB
+    _files(tmp_path / "fs", {"user.slice/memory.max": f"{512 * MB}\n", "user.slice/memory.current": f"{100 * MB}\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == 412 * MB  # the parent's limit binds tighter
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  16777216 kB\nMemAvailable:  8388608 kB\n")  # 16 GiB, 8 GiB available
+    assert vg.machine_memory(str(proc), str(tmp_path / "fs"), str(meminfo)) == 412 * MB
+    (tmp_path / "fs/user.slice/memory.max").write_text("max\n")
+    (tmp_path / "fs/user.slice/app/memory.max").write_text("max\n")
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) is None
+    assert vg.machine_memory(str(proc), str(tmp_path / "fs"), str(meminfo)) == 8192 * MB  # no limit: the machine's
+
+
+def test_the_default_budget_keeps_within_the_cgroup_s_limit_v1_and_takes_the_smaller(tmp_path):
+    """cgroup v1: memory.limit_in_bytes under the memory controller's mount; a container that sees its own
+    cgroup as the mount's root (the path /proc/self/cgroup names is not there) reads the root's files; the
+    kernel's "no limit" (2^63 rounded down to a page) is no limit. With both hierarchies, the smaller."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("9:name=systemd:/\n4:memory:/docker/abc\n2:cpu,cpuacct:/\n")
+    _files(tmp_path / "fs", {"memory/memory.limit_in_bytes": f"{2048 * MB}\n",
+                             "memory/memory.usage_in_bytes": f"{1024 * MB}\n",
+                             "memory/memory.stat": f"inactive_file 1\ntotal_inactive_file {24 * MB}\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == (2048 - 1000) * MB
+    (tmp_path / "fs/memory/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) is None
+    (tmp_path / "fs/memory/memory.limit_in_bytes").write_text(f"{4096 * MB}\n")
+    proc.write_text("4:memory:/docker/abc\n0::/app\n")  # a hybrid host: v1's memory and v2's unified
+    _files(tmp_path / "fs", {"unified/app/memory.max": f"{700 * MB}\n", "unified/app/memory.current": "0\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == 700 * MB
+    (tmp_path / "fs/unified/app/memory.max").write_text(f"{8192 * MB}\n")
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == (4096 - 1000) * MB
+    assert vg.cgroup_memory(str(tmp_path / "missing"), str(tmp_path / "fs")) is None
+
+
 def test_a_trace_cost_grows_with_its_shapes():
     cfg = core.load_model("toy-translate").config
     sizes = [vg.trace_bytes(cfg, n, n) for n in (100, 200, 300)]

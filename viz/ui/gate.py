@@ -63,19 +63,98 @@ TRIM_BYTES = 256 * 2**20  # a job this large hands its freed memory back to the 
 STALL = 10.0  # seconds with nothing running and nothing changed before the first waiting job enters anyway
 
 
-def machine_memory() -> int:
-    """Bytes of memory available to the process now (MemAvailable), else the machine's total."""
+UNLIMITED = 2**60  # a cgroup v1 limit at or above this is "no limit" (the kernel writes 2^63 rounded to a page)
+
+
+def _read_int(path: str) -> Optional[int]:
+    """An integer file's value; None when it is missing, unreadable, "max" (cgroup v2's no limit) or garbage."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
+            raw = f.read().strip()
+    except OSError:
+        return None
+    return int(raw) if raw.isdigit() else None
+
+
+def _stat(path: str, key: str) -> int:
+    """One counter of a cgroup's memory.stat (0 when absent)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def cgroup_memory(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """Bytes the process's memory cgroups leave it now: for each cgroup that limits memory, its limit minus what
+    it uses (its reclaimable page cache, inactive_file, counted as free), the smallest of them; None where no
+    cgroup limits memory. Read for cgroup v2 (`memory.max`, `memory.current`, the unified hierarchy at `root`)
+    and v1 (`memory.limit_in_bytes`, `memory.usage_in_bytes` under `root`/memory), each at the process's own
+    cgroup (from `proc_cgroup`) and at every ancestor up to the mount's root, since a parent's limit binds its
+    children too. A path that is not there under the mount (a container that sees its own cgroup as the root)
+    is walked up until it is. The paths are arguments so that tests can hand in fake files."""
+    try:
+        with open(proc_cgroup, encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2: "0::/path", the unified hierarchy (at root, or root/unified in hybrid mode)
+            mounts = [root, os.path.join(root, "unified")]
+            files = ("memory.max", "memory.current", "memory.stat", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: "4:memory:/path"
+            mounts = [os.path.join(root, "memory")]
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat", "total_inactive_file")
+        else:
+            continue
+        limit_file, usage_file, stat_file, inactive = files
+        for mount in mounts:
+            if not os.path.isdir(mount):
+                continue
+            parts_ = [p for p in path.strip("/").split("/") if p and p != ".."]
+            while parts_ and not os.path.isdir(os.path.join(mount, *parts_)):
+                parts_.pop()  # not under this mount as named: walk up to where it is
+            while True:
+                here = os.path.join(mount, *parts_)
+                limit = _read_int(os.path.join(here, limit_file))
+                if limit is not None and limit < UNLIMITED:
+                    used = _read_int(os.path.join(here, usage_file)) or 0
+                    used = max(0, used - _stat(os.path.join(here, stat_file), inactive))
+                    found.append(max(0, limit - used))
+                if not parts_:
+                    break
+                parts_.pop()
+    return min(found) if found else None
+
+
+def machine_memory(proc_cgroup: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup",
+                   meminfo: str = "/proc/meminfo") -> int:
+    """Bytes of memory available to the process now: the machine's MemAvailable (else its total), or what
+    the process's memory cgroups leave it (cgroup_memory, v1 or v2), whichever is smaller. A container's
+    limit is a cgroup's: past it the kernel kills the process, whatever the machine has free."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
-        return info.get("MemAvailable") or info["MemTotal"]
+        machine = info.get("MemAvailable") or info["MemTotal"]
     except (OSError, KeyError, ValueError, IndexError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limited = cgroup_memory(proc_cgroup, cgroup_root)
+    return machine if limited is None else min(machine, limited)
 
 
 def default_budget() -> int:
-    """$ATTENTION_LAB_MEMORY_BUDGET_MB, else half the memory available at start (the loaded
-    models, Streamlit and the browser sessions' own state live in the other half)."""
+    """$ATTENTION_LAB_MEMORY_BUDGET_MB, else half the memory available at start (machine_memory: the
+    machine's, or a container's cgroup limit where that is smaller; the loaded models, Streamlit and the
+    browser sessions' own state live in the other half)."""
     raw = os.environ.get(BUDGET_ENV, "").strip()
     if raw:
         return max(1, int(float(raw) * 2**20))
