@@ -292,27 +292,29 @@ def get_steps(model_name: str, text: str):
 
 
 @st.cache_data(max_entries=256, show_spinner="Running the decoder on this step's prefix alone…")
-def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _full):
+def prefix_check(model_name: str, text: str, target: str, n_rows: int, drawn: str, _model, _full, _drawn=None):
     """Teacher forcing = inference on the same prefix, checked for one step: the first n_rows
     decoder rows of `_full` (get_trace(model_name, text, target=target)) against the decoder
     run on those n_rows inputs alone, in a forward pass of its own on `_model`
     (get_model(model_name)); viz.figures.prefix_check.prefix_difference compares them. One extra pass per
-    step shown, cached per (model, text, target, step): the two objects are not hashed."""
+    step shown, cached per (model, text, target, step, what the page drew: `drawn`, the digest of
+    `_drawn`, viz.figures.prefix_check.Drawn, which the check compares too): the objects are not hashed."""
     from viz.figures import prefix_check as pc
 
     alone = _model.trace_decoder_input(clean_text(text)[0], _full.meta["target_ids"][:n_rows])
-    return pc.prefix_difference(_full, alone)
+    return pc.prefix_difference(_full, alone, drawn=_drawn)
 
 
 @st.cache_data(max_entries=256, show_spinner="Running the decoder on this step's prefix alone…")
-def step_check(model_name: str, text: str, step: int, _model, _view):
+def step_check(model_name: str, text: str, step: int, drawn: str, _model, _view, _drawn=None):
     """An inference step checked: the step view `_view` (model.steps' step `step` on `text`, a
     view of one traced pass) against the decoder run on that step's input alone, in a forward
-    pass of its own on `_model` (viz.figures.prefix_check.prefix_difference). Cached per (model, text, step)."""
+    pass of its own on `_model` (viz.figures.prefix_check.prefix_difference), and the arrays the page
+    drew of it (`_drawn`, whose digest is `drawn`). Cached per (model, text, step, what was drawn)."""
     from viz.figures import prefix_check as pc
 
     alone = _model.trace_decoder_input(clean_text(text)[0], _view.meta["target_ids"])
-    return pc.prefix_difference(_view, alone)
+    return pc.prefix_difference(_view, alone, drawn=_drawn)
 
 
 @st.cache_data(max_entries=64, show_spinner="Generating again without the KV cache…")
