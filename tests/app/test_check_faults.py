@@ -361,7 +361,8 @@ def _clear_caches():
     from viz.ui import models
 
     models.trace_cache.clear()
-    st.cache_data.clear()  # the data caches, models.prefix_check (the decoder's check) among them
+    models.check_cache.clear()  # the decoder stepper's checks
+    st.cache_data.clear()  # the data caches
 
 
 def _run(app_test, entry: Fault):

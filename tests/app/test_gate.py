@@ -559,3 +559,83 @@ def test_a_finished_page_run_keeps_no_trace_alive(app_test, minilm, page, monkey
     assert [r() for r in kept] == [None] * len(kept)
     at.run(timeout=120)  # the page's callbacks and state still work on the next run
     assert_no_exception(at)
+
+
+def test_the_decoder_stepper_s_checks_pass_the_gate_costed_from_shapes(app_test, monkeypatch):
+    """The stepper's step check, teacher-forcing check and KV-cache check each run a forward pass of
+    their own: each is admitted by the gate (kind "check", ahead of waiting traces), costed from
+    shapes by gate.prefix_check_bytes / generation_check_bytes, and the page shows every check."""
+    from viz.ui import admission, models
+
+    seen = []
+    g = _gate_calling(lambda gate, kind, cost, first, owner, on_wait: seen.append((kind, cost, first)),
+                      10_000 * MB, caches=[models.trace_cache()])
+    monkeypatch.setattr(admission, "gate", lambda: g)
+    models.check_cache.clear()
+    toy = core.load_model("toy-translate")
+    text = "the small dog sees the cat"
+    at = app_test("decoder", model="toy-translate", text=text, step="2")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    assert not at.error and any("Step view check:" in s.value for s in at.success), [e.value for e in at.error]
+    steps = toy.steps(text)
+    checks = [(cost, first) for kind, cost, first in seen if kind == "check"]
+    assert sorted(c for c, _ in checks) == sorted([
+        vg.prefix_check_bytes(toy.config, 2, len(steps[-1].tokens("target")), len(steps[0].tokens("source"))),
+        vg.generation_check_bytes(toy.config, 1, len(steps), len(steps[0].tokens("source")))])
+    assert all(first for _, first in checks)
+    target = " ".join(s.meta["chosen"] for s in steps[:-1])
+    at = app_test("decoder", model="toy-translate", text=text, mode="teacher", target=target, step="3")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    assert any("Teacher forcing = inference on the same prefix" in s.value for s in at.success)
+    assert any(kind == "check" and cost == vg.prefix_check_bytes(toy.config, 3, len(steps), len(steps[0].tokens("source")))
+               for kind, cost, _ in seen[-4:]), seen[-4:]
+    assert g.status()["running"] == 0 and g.held_bytes() == 0
+
+
+def test_a_fragment_s_run_holds_what_it_draws_until_it_ends_and_its_arguments_hold_no_trace():
+    """The stepper's fragment: Streamlit keeps its arguments (stepper.Run) until the session's next full
+    run, so they hold getters, never the steps or the trace; a fragment run alone (a click reran only the
+    fragment) is a page run of its own, and what it holds goes when it ends; inside a page run it is that run."""
+    import gc
+    import weakref
+
+    from viz.decoder import stepper_panel
+    from viz.ui import admission, results_again
+
+    class Step:
+        def __init__(self, i):
+            self.i = i
+
+    steps, made = [Step(0), Step(1)], []
+    cache = ByteLRU(1000 * MB, size_of=lambda v: 1)
+    cache.put(("m", "text", "steps"), steps)
+    results_again.remember(steps, cache, ("m", "text", "steps"), lambda: made.append(1) or [Step(0), Step(1)])
+    get_steps, get_full = stepper_panel.light(steps, None)
+    assert [s.i for s in get_steps()] == [0, 1] and get_steps()[1] is steps[1] and get_full() is None
+    assert results_again.whole(steps[1]) is steps  # the cache's own list: the gate counts it once
+    refs = [weakref.ref(s) for s in steps]
+    cache.clear()
+    del steps
+    gc.collect()
+    assert [r() for r in refs] == [None, None], "the fragment's arguments must not keep the steps alive"
+    assert [s.i for s in get_steps()] == [0, 1] and made == [1]  # made again, once, through the cache
+
+    g = vg.Gate(100 * MB)
+    original = admission.gate
+    admission.gate = lambda: g
+    try:
+        assert admission.current_run() is None
+        with admission.fragment_run() as run:
+            admission.hold("the steps", 30 * MB)
+            assert admission.current_run() is run and g.held_bytes() == 30 * MB
+        assert g.held_bytes() == 0 and admission.current_run() is None
+        with admission.page_run() as page:
+            with admission.fragment_run() as run:
+                assert run is page
+                admission.hold("the steps", 30 * MB)
+            assert g.held_bytes() == 30 * MB  # the page's run holds it until the page ends
+        assert g.held_bytes() == 0
+    finally:
+        admission.gate = original

@@ -235,7 +235,9 @@ def generation_check(model, steps: list, run_key: tuple) -> None:
         return
     shown = tuple(int(s.meta["chosen_id"]) for s in steps)
     try:
-        check = models.generation_check(run_key[0], run_key[1], shown, run_model)
+        check = models.generation_check(run_key[0], run_key[1], shown, run_model,
+                                        n_prompt=int(steps[0].meta.get("prefix_len", 1)),
+                                        n_source=len(steps[0].tokens("source")) if model.kind == "encoder-decoder" else 0)
     except Exception as exc:  # the check's own runs failed: say so, never a traceback
         st.error(f"Could not generate again without the KV cache to check the output: {exc}")
         return

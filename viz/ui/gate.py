@@ -239,6 +239,49 @@ def surprisal_bytes(cfg, n_tokens: int) -> int:
     return int(MARGIN * 3 * 8 * min(ROWS, max(1, int(n_tokens))) * cfg.tgt_vocab_size)
 
 
+def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
+    """Peak bytes of the decoder stepper's step check or teacher-forcing check
+    (viz.figures.prefix_check.prefix_difference, through models.step_check and models.prefix_check)
+    above the model and the trace the page holds, in float32:
+    - the decoder run on the prefix alone: a trace of n_rows decoder positions (trace_bytes, over an
+      encoder-decoder's n_source source positions);
+    - the self-attention weights compared: layer by layer while a layer's maps are short, the pass
+      behind the view's H n_pass^2 weights and the prefix run's H n_rows^2, each made beside its
+      scores and masked scores (3 copies), and the difference's temporaries (4 H n_rows^2); past
+      core.head_maps.LONG_LAYER_BYTES one head and a tile of rows at a time (two LayerMaps: 2
+      maps_bytes), never a layer;
+    - an encoder-decoder's cross-attention, read with its whole layer (8 H n_pass n_source);
+    - the drawn maps' reference, one head's three n_rows^2 maps in float64 (short prefixes; a long
+      one's is a block row at a time).
+    Times MARGIN."""
+    from core.head_maps import LONG_LAYER_BYTES
+
+    n_rows, n_pass = max(1, int(n_rows)), max(1, int(n_rows), int(n_pass))
+    H = cfg.n_heads
+    alone = trace_bytes(cfg, n_source or n_rows, n_rows) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n_rows)
+    tiled = cfg.positional != "relative" and H * n_pass * n_pass * 4 > LONG_LAYER_BYTES
+    if tiled:
+        maps = 2 * maps_bytes(cfg, n_pass) / MARGIN  # maps_bytes has its margin
+    else:
+        maps = 4 * (3 * H * n_pass ** 2 + 7 * H * n_rows ** 2) + 3 * 8 * n_rows ** 2
+    cross = 4 * 8 * H * n_pass * n_source if cfg.kind == "encoder-decoder" else 0
+    return int(alone + MARGIN * (maps + cross))
+
+
+def generation_check_bytes(cfg, n_prompt: int, n_new: int, n_source: int = 0) -> int:
+    """Peak bytes of the decoder stepper's KV-cache check (viz.figures.prefix_check.generation_difference,
+    through models.generation_check) above the model, in float32: greedy decoding through the KV cache
+    (the prompt's pass, its keys and values, 2 L H_kv d_k (P + T) floats, and T next-token logits over the
+    vocabulary) and one uncached pass over the prompt and the T generated tokens (at most a trace of
+    P + T positions: trace_bytes) with its T rows of logits. Times MARGIN."""
+    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+    kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    n = max(1, int(n_prompt) + int(n_new))
+    T, V = max(1, int(n_new)), cfg.tgt_vocab_size
+    one_pass = trace_bytes(cfg, n_source or n, n) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n)
+    return int(one_pass + MARGIN * 4 * (2 * cfg.n_layers * kv * d_k * n + 3 * T * V))
+
+
 @dataclass
 class Ticket:
     cost: int
