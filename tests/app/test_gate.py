@@ -639,3 +639,39 @@ def test_a_fragment_s_run_holds_what_it_draws_until_it_ends_and_its_arguments_ho
         assert g.held_bytes() == 0
     finally:
         admission.gate = original
+
+
+PROBE_JOBS = ("trace", "steps", "pattern attribution", "maps", "surprisal", "step check", "step check, long",
+              "KV-cache check", "attribution", "kv cache policy", "patching")
+
+
+@pytest.fixture(scope="module")
+def measured_peaks():
+    """Every gate estimate and its job's measured peak (tests/app/peak_probe.py, in a process of its own:
+    the resident memory's high-water mark above rest, which other processes on a busy machine do not move)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("this system cannot reset a process's resident high-water mark (/proc/self/clear_refs)")
+    probe = os.path.join(os.path.dirname(__file__), "peak_probe.py")
+    out = subprocess.run([sys.executable, probe], capture_output=True, text=True, timeout=600, check=True).stdout
+    return {row["job"]: row for row in map(json.loads, out.splitlines())}
+
+
+@pytest.mark.parametrize("job", PROBE_JOBS)
+def test_each_memory_estimate_covers_its_job_s_measured_peak(measured_peaks, job):
+    row = measured_peaks[job]
+    print(f"{job}: estimate {row['estimate'] / MB:.1f} MiB, measured {row['measured'] / MB:.1f} MiB")
+    assert row["measured"] > 0
+    assert row["measured"] <= row["estimate"], (job, row["measured"] / MB, row["estimate"] / MB)
+
+
+def test_the_pattern_estimate_counts_the_walk_and_the_head_s_maps():
+    """pattern_bytes grows with n^2 (the head's maps in float64) and with the layers walked."""
+    cfg = core.load_model("toy-translate").config
+    a, b, c = (vg.pattern_bytes(cfg, n, 0) for n in (100, 200, 300))
+    assert (c - b) - (b - a) == pytest.approx(2 * 5 * 8 * 100 * 100 * vg.MARGIN, rel=0.01)  # 5 n^2 float64
+    assert vg.pattern_bytes(cfg, 200, 0) < vg.pattern_bytes(cfg, 200, 1) <= vg.pattern_bytes(cfg, 200)

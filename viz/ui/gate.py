@@ -163,6 +163,7 @@ def default_budget() -> int:
 
 LOGIT_ROWS = 256  # core.api computes next-token distributions this many positions at a time
 MARGIN = 1.1  # over the measured peaks below
+SMALL_JOB = 2 * 2**20  # what a job allocates beside its arrays (torch's and the allocator's own): about 1 MiB measured on small jobs, twice that
 TRACE_MARGIN = 1.35  # a trace's: measured as the app allocates (core.device.keep_freed_memory), see trace_bytes
 
 
@@ -188,28 +189,62 @@ def trace_bytes(cfg, n_tokens: int, n_target: int = 0) -> int:
     return int(TRACE_MARGIN * 4 * (stored + working + logits))
 
 
-def batch_bytes(cfg, tokens: int, grad: bool = False) -> int:
+def steps_bytes(cfg, n_prompt: int, n_new: int) -> int:
+    """Peak bytes of the decoder stepper's run (core.api steps): greedy decoding through the KV cache,
+    then one traced pass over the prompt and the generated tokens: a trace of n_prompt + n_new
+    positions (trace_bytes)."""
+    return trace_bytes(cfg, int(n_prompt) + int(n_new))
+
+
+def batch_bytes(cfg, tokens: int, grad: bool = False, n_keys: int = 0) -> int:
     """Peak bytes of batched passes over `tokens` positions in all (patching's corrupted runs,
     integrated gradients' steps, occlusions), in float32: one layer's working set,
     2 tokens (4 d + 3 m) floats, held for every layer when gradients flow back through them
-    (autograd keeps each layer's activations), plus a decoder's output at the positions read.
+    (autograd keeps each layer's activations), plus a decoder's output at the positions read;
+    n_keys: the keys each position attends over, whose scores and weights (2 H n_keys floats a
+    position) a pass with gradients keeps for every layer, one without for one.
     Measured for integrated gradients (64 steps of smollm2's 14-token indirect-object prompt,
-    VmHWM above the model): 1,547 MiB; this gives 1,856."""
+    VmHWM above the model): 1,547 MiB; this gives 1,856. A random 2-layer decoder (d 256) at 512
+    tokens, 8 steps a batch (tests/app/peak_probe.py): the maps term is a third of the peak there."""
     d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
     working = 2 * tokens * (4 * d + 3 * m)
-    held = working * (L if grad else 1) + 2 * tokens * d * (L + 2)  # the stream kept beside it
+    maps = 2 * tokens * cfg.n_heads * max(0, int(n_keys))
+    held = (working + maps) * (L if grad else 1) + 2 * tokens * d * (L + 2)  # the stream kept beside it
     logits = 3 * LOGIT_ROWS * cfg.tgt_vocab_size if cfg.kind != "encoder" else 0
     return int(MARGIN * 4 * (held + logits))
 
 
-def pattern_bytes(cfg, n_tokens: int) -> int:
-    """Peak bytes of one head's pattern attribution (core.analysis.score_attribution): every
-    component of the stream (each head's write, each layer's MLP and biases, the embeddings)
-    projected to the query and the key side, 2 d_k float64 values a position each, for the two
-    sides, times MARGIN. Measured on smollm2 at 512 tokens: 232 MiB above the trace; this gives 367."""
-    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
-    components = cfg.n_layers * (cfg.n_heads + 2) + 4
-    return int(MARGIN * 8 * 2 * components * n_tokens * 2 * d_k)
+def patching_bytes(cfg, n_tokens: int, cells: int) -> int:
+    """Peak bytes of a patching grid (core.analysis.patch) over n_tokens positions with `cells` cells
+    a layer (positions, or heads): the clean and the corrupted run's values kept at every layer (two
+    traces: 2 trace_bytes) and one batch of patched runs, at most BATCH_TOKENS positions in all and
+    one item per cell (batch_bytes, each position over n_tokens keys)."""
+    from core.analysis.activation_patching import BATCH_TOKENS
+
+    n = max(1, int(n_tokens))
+    tokens = min(max(BATCH_TOKENS // n, 1), max(1, int(cells))) * n
+    return 2 * trace_bytes(cfg, n) + batch_bytes(cfg, tokens, n_keys=n)
+
+
+def pattern_bytes(cfg, n_tokens: int, layer: Optional[int] = None) -> int:
+    """Peak bytes of one head's pattern attribution (core.analysis.pattern_attribution) of layer `layer`
+    (default: the last) above its trace, in float64, times MARGIN:
+    - the layers the walk along the stream goes through (0 to `layer`), each with its weights in
+      float64, d (4 d + 3 m) values, and its working set, 2 n (4 d + 3 m);
+    - every component of the stream up to the head (each head's write, each layer's MLP and biases,
+      the embeddings: C = (layer + 1)(H + 2) + 4) projected to the query and the key side, 2 d_k
+      values a position each, the two sides made and then taken at the positions (4 C n d_k);
+    - the head's n x n maps: its weights, its scaled scores and their product, with the temporaries
+      beside them (5 n^2).
+    Measured (tests/app/peak_probe.py; VmHWM above the trace): a random 2-layer decoder (d 256) at 512
+    tokens, 57-59 MiB (this gives 81); smollm2's layer 3 at 512 and 1,024 tokens, 128 and 137 MiB
+    (this gives 257 and 402); the estimate without the walk and the maps gave 18 MiB for the first."""
+    d, m, d_k = cfg.d_model, cfg.d_ff, cfg.d_head or cfg.d_model // cfg.n_heads
+    n = max(1, int(n_tokens))
+    walked = cfg.n_layers if layer is None else min(cfg.n_layers, int(layer) + 1)
+    components = walked * (cfg.n_heads + 2) + 4
+    walk = walked * d * (4 * d + 3 * m) + 2 * n * (4 * d + 3 * m)
+    return int(MARGIN * 8 * (walk + 4 * components * n * d_k + 5 * n * n))
 
 
 def maps_bytes(cfg, n_tokens: int) -> int:
@@ -226,17 +261,19 @@ def maps_bytes(cfg, n_tokens: int) -> int:
     kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
     n = int(n_tokens)
     held = n * cfg.d_model + 2 * n * d_k + n * d_k * (1 + kv)
-    return int(MARGIN * 4 * (held + 16 * TILE_ROWS * n))
+    return int(MARGIN * 4 * (held + 16 * TILE_ROWS * n) + SMALL_JOB)
 
 
 def surprisal_bytes(cfg, n_tokens: int) -> int:
     """Peak bytes of a decoder's surprisal over a trace (core.analysis.surprisal): the logits of
-    ROWS positions at a time over the vocabulary, in float64 with their log-softmax and its
-    exponent, 3 x 8 bytes a cell, times MARGIN; the same at any length past ROWS. Measured
-    (smollm2, 4,400 tokens, VmHWM above the resident trace): 288 MiB; this gives 332."""
+    ROWS positions at a time over the vocabulary, in float32, then in float64 with their log-softmax,
+    its exponent and their product (4 + 3 x 8 bytes a cell), three float64 values a position for the
+    result, and SMALL_JOB; times MARGIN; the same at any length past ROWS. Measured (smollm2, 4,400
+    tokens, VmHWM above the resident trace): 288 MiB; this gives 371."""
     from core.analysis.surprisal import ROWS
 
-    return int(MARGIN * 3 * 8 * min(ROWS, max(1, int(n_tokens))) * cfg.tgt_vocab_size)
+    n = max(1, int(n_tokens))
+    return int(MARGIN * (28 * min(ROWS, n) * cfg.tgt_vocab_size + 24 * n) + SMALL_JOB)
 
 
 def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
