@@ -229,22 +229,23 @@ def patching_bytes(cfg, n_tokens: int, cells: int) -> int:
 def pattern_bytes(cfg, n_tokens: int, layer: Optional[int] = None) -> int:
     """Peak bytes of one head's pattern attribution (core.analysis.pattern_attribution) of layer `layer`
     (default: the last) above its trace, in float64, times MARGIN:
-    - the layers the walk along the stream goes through (0 to `layer`), each with its weights in
-      float64, d (4 d + 3 m) values, and its working set, 2 n (4 d + 3 m);
     - every component of the stream up to the head (each head's write, each layer's MLP and biases,
-      the embeddings: C = (layer + 1)(H + 2) + 4) projected to the query and the key side, 2 d_k
-      values a position each, the two sides made and then taken at the positions (4 C n d_k);
+      the embeddings: C = (layer + 1)(H + 2) + 4), made along the stream, n d values each (C n d),
+      then projected to the query and the key side, 2 d_k values a position each, the two sides made
+      and then taken at the positions (4 C n d_k);
+    - the walk's working set in one layer, 2 n (4 d + 3 m);
     - the head's n x n maps: its weights, its scaled scores and their product, with the temporaries
       beside them (5 n^2).
-    Measured (tests/app/peak_probe.py; VmHWM above the trace): a random 2-layer decoder (d 256) at 512
-    tokens, 57-59 MiB (this gives 81); smollm2's layer 3 at 512 and 1,024 tokens, 128 and 137 MiB
-    (this gives 257 and 402); the estimate without the walk and the maps gave 18 MiB for the first."""
+    Measured (VmHWM above the trace): a random 2-layer decoder (d 256) at 512 tokens, 57-59 MiB (this
+    gives 81; tests/app/peak_probe.py); smollm2 at 64 tokens, layers 3, 20 and 29: 20, 75 and 111 MiB
+    (this gives 29, 113 and 157), and layer 3 at 512 and 1,024 tokens, 128 and 137 MiB (242 and 506).
+    The estimate without the components' own vectors, the walk and the maps gave 18 MiB for the first."""
     d, m, d_k = cfg.d_model, cfg.d_ff, cfg.d_head or cfg.d_model // cfg.n_heads
     n = max(1, int(n_tokens))
     walked = cfg.n_layers if layer is None else min(cfg.n_layers, int(layer) + 1)
     components = walked * (cfg.n_heads + 2) + 4
-    walk = walked * d * (4 * d + 3 * m) + 2 * n * (4 * d + 3 * m)
-    return int(MARGIN * 8 * (walk + 4 * components * n * d_k + 5 * n * n))
+    made = components * n * (d + 4 * d_k)
+    return int(MARGIN * 8 * (made + 2 * n * (4 * d + 3 * m) + 5 * n * n))
 
 
 def maps_bytes(cfg, n_tokens: int) -> int:

@@ -159,7 +159,12 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain
         st.warning(m)
     def job() -> tuple:  # (bytes, seconds, label) of the computation, from the tokens it reads
         n = _tokens(model, text)
-        return gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n), f"{model_name}, {n:,} tokens"
+        if key[0] == "steps":  # the prompt, then the tokens generated after it, in one traced pass
+            new = int(getattr(model, "max_new_tokens", 0) or 0)
+            cost = gate.steps_bytes(model.config, n, new)
+        else:
+            cost = gate.trace_bytes(model.config, n)
+        return cost, longdoc.trace_seconds(model, model_name, n), f"{model_name}, {n:,} tokens"
 
     def admitted_run():  # one computation per key (the cache), admitted within the memory budget
         admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
