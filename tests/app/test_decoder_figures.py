@@ -423,3 +423,23 @@ def test_the_step_check_compares_the_drawn_maps_and_fails_when_they_are_shifted(
     m = np.where(np.tril(np.ones((4, 4))) > 0, w, -np.inf)
     got = pc.reference_blocks(lambda r0, r1: m[r0:r1], 2, 4, [[0, 1], [2, 3]], "masked")
     assert got[0].tolist() == [(0 + 4 + 5) / 3, -np.inf] and np.isnan(got[1]).all()  # rows past the prefix: not compared
+
+
+def test_a_long_layer_s_step_maps_are_one_head_computed_alone(tiny_decoder, monkeypatch):
+    """Past LONG_LAYER_BYTES the step view reads one head's maps a tile of rows at a time and the mask from
+    the layer's rule: the same numbers as the whole layer gives, and no layer of H maps made or kept."""
+    import core.head_maps as hm
+
+    prompt = "the small dog sees the old cat near the river"
+    whole = tiny_decoder.steps(prompt, max_new_tokens=3)[-1]
+    names = [f"decoder.1.self_attn.{w}" for w in ("mask", "masked", "weights")]
+    expected = [dv.head_matrix(whole, name, 2, rows_from=1) for name in names]  # short: from the layer
+    monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
+    view = tiny_decoder.steps(prompt, max_new_tokens=3)[-1]  # a fresh pass: nothing cached
+    got = [dv.head_matrix(view, name, 2, rows_from=1) for name in names]
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape
+        assert np.array_equal(np.isneginf(e), np.isneginf(g))
+        assert np.allclose(np.where(np.isfinite(e), e, 0), np.where(np.isfinite(g), g, 0), atol=1e-6)
+    base = view._base
+    assert not base._cache, list(base._cache)  # no layer made for one head's view
