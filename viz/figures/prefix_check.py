@@ -222,18 +222,32 @@ def tiles_layers(rows, alone) -> bool:
     return hm.long_layer(base, "decoder") or hm.long_layer(alone, "decoder")
 
 
+CHECK_TILE_BYTES = 32 * 2**20  # a tile of the check's comparison: this many bytes of one head's rows (float32)
+
+
+def check_tile_rows(n: int) -> int:
+    """Rows of one head's map the check compares at once: CHECK_TILE_BYTES of them (a whole head up to
+    about 2,900 positions), at least core.head_maps.TILE_ROWS; fewer, larger tiles than the views read,
+    since each tile costs a call per side (at 1,024 tokens of smollm2, 128-row tiles took 5 times as long
+    as the layer-by-layer comparison)."""
+    from core import head_maps as hm
+
+    return max(hm.TILE_ROWS, CHECK_TILE_BYTES // (4 * max(1, int(n))))
+
+
 def _tiled_difference(view, alone, i: int) -> Tuple[float, Optional[tuple], int]:
-    """max |Δ| of layer i's self-attention weights, view against alone, one head and TILE_ROWS rows at a
-    time; (max, (head, row, key), heads)."""
+    """max |Δ| of layer i's self-attention weights, view against alone, one head and check_tile_rows rows
+    at a time; (max, (head, row, key), heads)."""
     from core import head_maps as hm
 
     a, b = hm.LayerMaps(view, "decoder", i), hm.LayerMaps(alone, "decoder", i)
     if a.n != b.n:
         return float("inf"), None, b.n_heads
     worst, where = 0.0, None
+    rows = check_tile_rows(b.n)
     for h in range(b.n_heads):
-        for r0 in range(0, b.n, hm.TILE_ROWS):
-            r1 = min(b.n, r0 + hm.TILE_ROWS)
+        for r0 in range(0, b.n, rows):
+            r1 = min(b.n, r0 + rows)
             d, at = _max_diff(a.tile(h, r0, r1)[0], b.tile(h, r0, r1)[0])
             if d > worst or where is None:
                 worst, where = d, (h, r0 + at[0], at[1]) if at else (h, r0, 0)

@@ -286,8 +286,9 @@ def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
     - the self-attention weights compared: layer by layer while a layer's maps are short, the pass
       behind the view's H n_pass^2 weights and the prefix run's H n_rows^2, each made beside its
       scores and masked scores (3 copies), and the difference's temporaries (4 H n_rows^2); past
-      core.head_maps.LONG_LAYER_BYTES one head and a tile of rows at a time (two LayerMaps: 2
-      maps_bytes), never a layer;
+      core.head_maps.LONG_LAYER_BYTES one head and a tile of rows at a time (two LayerMaps' inputs,
+      and 16 tiles' worth of a tile a side and their temporaries: prefix_check.check_tile_rows),
+      never a layer;
     - an encoder-decoder's cross-attention, read with its whole layer (8 H n_pass n_source);
     - the drawn maps' reference, one head's three n_rows^2 maps in float64 (short prefixes; a long
       one's is a block row at a time).
@@ -298,8 +299,13 @@ def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
     H = cfg.n_heads
     alone = trace_bytes(cfg, n_source or n_rows, n_rows) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n_rows)
     tiled = cfg.positional != "relative" and H * n_pass * n_pass * 4 > LONG_LAYER_BYTES
-    if tiled:
-        maps = 2 * maps_bytes(cfg, n_pass) / MARGIN  # maps_bytes has its margin
+    if tiled:  # two LayerMaps' inputs and q, k, and a tile a side with its temporaries (16 tiles' worth)
+        from viz.figures.prefix_check import check_tile_rows
+
+        d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+        kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+        held = n_pass * cfg.d_model + 2 * n_pass * d_k + n_pass * d_k * (1 + kv)
+        maps = 4 * (2 * held + 16 * min(n_pass, check_tile_rows(n_pass)) * n_pass)
     else:
         maps = 4 * (3 * H * n_pass ** 2 + 7 * H * n_rows ** 2) + 3 * 8 * n_rows ** 2
     cross = 4 * 8 * H * n_pass * n_source if cfg.kind == "encoder-decoder" else 0
