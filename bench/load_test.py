@@ -5,12 +5,16 @@ tokens and time; traffic to 127.0.0.1 only.
     python -m bench.load_test                      # 12 sessions, 4,000 tokens, the gate's default budget
     python -m bench.load_test --budget-mb 1500     # a tighter budget: jobs wait their turn
     python -m bench.load_test --no-gate            # the budget set far above the machine: what it was before
+    python -m bench.load_test --stepper 2          # and 2 decoder-stepper sessions on 1,024-token prompts
 
 It samples the server's resident memory every SAMPLE seconds and checks:
 - the server stays up;
 - its memory stays within the budget plus what the loaded model and the server hold at rest
   (measured after a warm-up session, before the load);
 - every session draws its map (after a visible wait, where it waited);
+- with --stepper K, K more sessions open the decoder stepper on smollm2 with a --stepper-tokens prompt
+  each (different prompts): each draws its step and shows its step-view and KV-cache checks, passing
+  (the checks run a forward pass of their own each, through the same gate);
 - a fresh session afterwards draws its map.
 Printed (JSON): the budget, the resting and peak memory, each session's time and whether it saw
 a wait, how many traces were computed (the gate's admissions, from the server log) against the
@@ -36,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ROOT.parent / "shared" / "seeds"
 SAMPLE = 0.5
 CHART = '.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot .main-svg'
+STEP_CHART = '.st-key-decoder-weights[data-stale="false"] .js-plotly-plot .main-svg'
+STEP_CHECKS = ("Step view check", "KV-cache check")  # the stepper's checks, as the page words them
 
 
 def long_text(tokens: int, tag: str) -> str:
@@ -61,19 +67,25 @@ class Sampler(threading.Thread):
             time.sleep(SAMPLE)
 
 
-async def session(browser, url: str, timeout_s: float) -> dict:
+async def session(browser, url: str, timeout_s: float, stepper: bool = False) -> dict:
+    """One browser session: Explore's map drawn, or (stepper) the decoder step's weights drawn and both
+    its checks shown (checks_passed: neither says it failed)."""
     ctx = await browser.new_context(viewport={"width": 1400, "height": 1600})
     page = await ctx.new_page()
     t0 = time.monotonic()
-    out = {"waited": False, "drawn": False}
+    out = {"waited": False, "drawn": False, **({"stepper": True, "checks_passed": False} if stepper else {})}
     try:
         await page.goto(url, timeout=timeout_s * 1000)
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
-            if await page.locator(CHART).count():
+            text = " ".join(await page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+            if stepper and await page.locator(STEP_CHART).count() and all(c in text for c in STEP_CHECKS):
+                out["drawn"] = True
+                out["checks_passed"] = "failed" not in text and "does not match" not in text
+                break
+            if not stepper and await page.locator(CHART).count():
                 out["drawn"] = True
                 break
-            text = " ".join(await page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
             if "Waiting:" in text:
                 out["waited"] = True
                 out.setdefault("first_wait_message", re.sub(r"\s+", " ", text)[:160])
@@ -85,13 +97,15 @@ async def session(browser, url: str, timeout_s: float) -> dict:
     return out
 
 
-async def drive(server_url: str, texts, timeout_s: float):
+async def drive(server_url: str, texts, timeout_s: float, prompts=()):
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         urls = [f"{server_url}/explore?" + urllib.parse.urlencode({"model": "smollm2", "text": t}) for t in texts]
-        results = await asyncio.gather(*(session(browser, u, timeout_s) for u in urls))
+        steppers = [f"{server_url}/decoder?" + urllib.parse.urlencode({"model": "smollm2", "text": t}) for t in prompts]
+        results = await asyncio.gather(*(session(browser, u, timeout_s) for u in urls),
+                                       *(session(browser, u, timeout_s, stepper=True) for u in steppers))
         fresh = await session(browser, f"{server_url}/explore?model=smollm2&text=" +
                               urllib.parse.quote("A fresh session after the load."), 300)
         await browser.close()
@@ -154,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-mb", type=int, default=None, help="the gate's budget (default: the app's own)")
     ap.add_argument("--no-gate", action="store_true", help="a budget far above the machine: no job ever waits")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a session may take")
+    ap.add_argument("--stepper", type=int, default=0, help="decoder-stepper sessions beside them (0 to 4)")
+    ap.add_argument("--stepper-tokens", type=int, default=1024, help="each stepper session's prompt (tokens)")
     ap.add_argument("--calibrate", action="store_true", help="the gate's estimate against a measured trace, and exit")
     ap.add_argument("--server-log", default="", help="keep the server's log (the gate's admissions and waits) here")
     args = ap.parse_args(argv)
@@ -167,6 +183,7 @@ def main(argv=None) -> int:
         env["ATTENTION_LAB_MEMORY_BUDGET_MB"] = str(args.budget_mb)
     shared = long_text(args.tokens, "Shared document")
     texts = [shared if i % 2 == 0 else long_text(args.tokens, f"Document {i}") for i in range(sessions)]
+    prompts = [long_text(args.stepper_tokens, f"Prompt {i}") for i in range(max(0, min(args.stepper, 4)))]
     with tempfile.TemporaryDirectory() as tmp:
         server = start_app(ROOT, Path(tmp), env=env, timeout=180)
         try:
@@ -176,7 +193,7 @@ def main(argv=None) -> int:
             sampler = Sampler(server)
             sampler.start()
             t0 = time.monotonic()
-            results, fresh = asyncio.run(drive(server.url, texts, args.timeout))
+            results, fresh = asyncio.run(drive(server.url, texts, args.timeout, prompts))
             wall = time.monotonic() - t0
             sampler.stop_flag.set()
             sampler.join()
@@ -189,15 +206,20 @@ def main(argv=None) -> int:
     budget = re.findall(r"gate: budget (\d+) MiB", log)
     budget_mib = int(budget[-1]) if budget else None
     # the load's own traces (the warm-up's and the fresh session's are a few tokens)
-    admitted = sum(int(n.replace(",", "")) >= args.tokens // 2
+    explore = [r for r in results if not r.get("stepper")]
+    steppers = [r for r in results if r.get("stepper")]
+    admitted = sum(int(n.replace(",", "")) >= args.tokens // 2 and int(n.replace(",", "")) != args.stepper_tokens
                    for n in re.findall(r"gate: admitted smollm2, (\d[\d,]*) tokens", log))
+    checks_admitted = len(re.findall(r"gate: admitted smollm2 (?:step|KV-cache) check", log))
     waited = len(re.findall(r"gate: admitted .* after waiting", log))
     peak = max((r for _, r, _ in sampler.samples if r == r), default=float("nan"))
     distinct = len(set(texts))
     checks = {
         "server stayed up": alive and all(up for _, _, up in sampler.samples),
         "memory within budget + resting": budget_mib is not None and peak <= rest + budget_mib,
-        "every session drew its map": all(r["drawn"] for r in results),
+        "every session drew its map": all(r["drawn"] for r in explore),
+        "every stepper session drew its step and its checks passed": all(r["drawn"] and r["checks_passed"]
+                                                                         for r in steppers),
         "a fresh session afterwards works": fresh["drawn"],
         # identical requests in flight share one computation; a trace dropped from the cache to make room
         # for another job is computed again when asked again, so the count can pass the distinct texts
@@ -205,6 +227,8 @@ def main(argv=None) -> int:
     }
     report = {
         "sessions": sessions, "tokens": args.tokens, "distinct_texts": distinct, "budget_mib": budget_mib,
+        "stepper_sessions": len(prompts), "stepper_tokens": args.stepper_tokens if prompts else None,
+        "stepper_checks_admitted": checks_admitted,
         "resting_rss_mib": round(rest), "peak_rss_mib": round(peak), "peak_above_resting_mib": round(peak - rest),
         "wall_s": round(wall, 1), "slowest_session_s": max(r["seconds"] for r in results),
         "sessions_that_saw_a_wait": sum(r["waited"] for r in results), "traces_computed": admitted,

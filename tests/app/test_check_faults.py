@@ -3,7 +3,8 @@
 REGISTRY lists the checks, one entry each: the page and view that shows it, what it compares,
 how the fault is injected (monkeypatch on the core: the explicit attention path's softmax,
 scale, scores or mask; a projection's output; RoPE's angles; the fused kernel's output; a norm;
-the FFN; how the norms are built) and the texts that mark its failure and its success. For
+the FFN; how the norms are built; or, for a check of what a page drew, the page's own drawing: the
+decoder step view's rows one position late) and the texts that mark its failure and its success. For
 each entry the page runs under AppTest with the fault in place and must show the failure
 visibly (an st.error with the check's text); then, the fault removed, it must show the check's
 success and no error at all. The trace cache and streamlit's data caches are cleared around
@@ -278,6 +279,21 @@ add(Fault("teacher-forced rows = the prefix run alone", "decoder", _decoder_para
           shifted_step_rows, fails="max |Δ| =", holds="max |Δ| =", verify=_says_how_much_and_where))
 
 
+def drawn_rows_shifted(mp):
+    """Not the core: the step view draws its maps one row late (row i shows the trace's row i - 1, the
+    shapes unchanged), as a page whose drawing code misreads the trace would. The trace behind the
+    view is right, so only a check of the arrays drawn can see it."""
+    import viz.decoder.figures as dv
+
+    original = dv.head_matrix
+
+    def shifted(trace, name, head, rows_from=0):
+        m = original(trace, name, head, rows_from)
+        return m if m.shape[0] < 2 else __import__("numpy").roll(m, 1, axis=0)
+
+    mp.setattr(dv, "head_matrix", shifted)
+
+
 def cached_positions_shifted(mp):
     """Greedy decoding through the KV cache places each new token one position late (its
     embedding's position offset n_past + 1): the cached steps change, a pass over the whole
@@ -293,6 +309,13 @@ add(Fault("inference step view = the prefix run alone", "decoder", INFERENCE,
           "the maps and next-token probabilities drawn for an inference step (a view of one pass over the whole "
           "generation) vs the decoder run on that step's input alone (its own forward pass)",
           shifted_step_rows, fails="Step view check failed", holds="Step view check:"))
+add(Fault("inference step view as drawn = the prefix run alone", "decoder", INFERENCE,
+          "the arrays the step view drew (the mask, masked scores and weights of the layer and head shown, the "
+          "cross-attention, the next-token bars) vs the decoder run on that step's input alone",
+          drawn_rows_shifted, fails="Step view check failed", holds="Step view check:"))
+add(Fault("teacher-forced rows as drawn = the prefix run alone", "decoder", _decoder_params,
+          "the arrays the teacher-forcing view drew, rows 0 to the step's, vs the decoder run on that prefix alone",
+          drawn_rows_shifted, fails="max |Δ| =", holds="max |Δ| ="))
 add(Fault("KV-cache generation = the uncached run", "decoder", INFERENCE,
           "the tokens generated through the KV cache and its next-token logits vs greedy decoding with the decoder "
           "run on the whole prefix at every step", cached_positions_shifted, fails="KV-cache check failed",
@@ -355,7 +378,8 @@ def _clear_caches():
 
     models.trace_cache.clear()
     circuit_cache().clear()  # the Circuits page's edges, computed from a trace
-    st.cache_data.clear()  # the data caches, models.prefix_check (the decoder's check) among them
+    models.check_cache.clear()  # the decoder stepper's checks
+    st.cache_data.clear()  # the data caches
 
 
 def _run(app_test, entry: Fault):

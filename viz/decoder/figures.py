@@ -42,7 +42,27 @@ BAR_COLOUR = "#6baed6"
 def head_matrix(trace, name: str, head: int, rows_from: int = 0) -> np.ndarray:
     """One head's n_q x n_k matrix of an H x n_q x n_k trace tensor (a 2-D tensor, such as
     the mask, has no head axis), from row `rows_from` on. The head and rows are cut before
-    converting, so the other heads (and a long prefix's other rows) are never copied."""
+    converting, so the other heads (and a long prefix's other rows) are never copied. Where the
+    pass's layer is long (core.head_maps.long_layer: its H maps past LONG_LAYER_BYTES), the
+    self-attention's maps are computed for this head alone, a tile of rows at a time, and its mask
+    from the layer's rule (LayerMaps.mask_rows), so that no layer of H n x n maps is made, or kept
+    in the trace's layer cache, for one head's view."""
+    from core import head_maps as hm
+    from core import trace_names as tn
+
+    where = tn.parse(name)
+    base = getattr(trace, "_base", None) or trace  # a step view (Trace.prefix) reads its whole pass's layer
+    if where.part == tn.SELF and where.step in ("mask",) + hm.MAPS and hm.long_layer(base, where.stack) \
+            and not trace.is_stored(name):
+        if where.step == "mask":
+            maps = hm.layer_maps(trace, where.stack, where.layer)
+            off = maps.mask_rows(rows_from, maps.n)
+            return np.zeros((maps.n - rows_from, maps.n), np.float32) if off is None else \
+                np.where(off.cpu().numpy(), np.float32(-np.inf), np.float32(0.0))
+        if rows_from:  # the rows asked for alone (the all-steps figure reads each step's last rows)
+            maps = hm.layer_maps(trace, where.stack, where.layer)
+            return to_numpy(maps.tile(head, rows_from, maps.n, where.step)[0])
+        return to_numpy(trace.head(name, head))
     t = trace[name]
     t = t if t.ndim == 2 else t[head]
     return to_numpy(t[rows_from:])

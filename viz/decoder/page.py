@@ -137,7 +137,8 @@ else:
 
 # ------------------------------------------------------------------ the step: controls and maps (a fragment)
 state.show_messages()  # the URL's model, text, mode and target; the fragment says its own (layer, head, step)
-stepper.stepper(stepper.Run(model_name, model, steps, full, prefix_len, decoder_only, end_token, mode_key, cut,
+stepper.stepper(stepper.Run(model_name, model, *stepper.light(steps, full), prefix_len, decoder_only, end_token, mode_key,
+                            cut,
                             url=dict(model=model_name, text=text, mode=mode, **({"target": target} if full is not None
                                                                                  else {})),
                             run_key=(run_model, run_text, target)),

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, List, Optional
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from viz.decoder import figures as decoder_figures
 from viz.decoder import view_panel as decoder_view
-from viz.ui import downloads, url_state, url_switches
+from viz.ui import admission, downloads, models, result_getter, url_state, url_switches
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
@@ -28,11 +28,17 @@ IN_BROWSER = "decoder-in-browser"  # the toggle (URL browser=1): every step in o
 
 @dataclass
 class Run:
-    """What the page computed once for the fragment: the model, the steps, the URL values of its top."""
+    """What the page computed once for the fragment: the model, the steps, the URL values of its top.
+
+    Streamlit keeps a fragment's arguments (this Run) until the session's next full run, however
+    long the tab stays idle: so it holds no trace, only getters (viz.ui.result_getter: the steps and
+    the teacher-forced trace while they live, else from the trace cache, else computed again through
+    the gate). What stays is the model's name, the shared model, the prompt in `url` and `run_key`
+    and a few numbers. A run of the fragment holds what it draws from (admission.fragment_run)."""
     model_name: str
     model: object
-    steps: list
-    full: Optional[object]  # teacher forcing: the whole target's trace; inference: None
+    get_steps: Callable[[], List]  # the steps (one traced pass's views), from getters
+    get_full: Callable[[], Optional[object]]  # teacher forcing: the whole target's trace; inference: None
     prefix_len: int
     decoder_only: bool
     end_token: str
@@ -73,10 +79,27 @@ def _rerun_fragment() -> None:
         st.rerun()
 
 
+def light(steps: list, full) -> tuple:
+    """(get_steps, get_full) for Run: getters that do not keep the steps or the trace alive."""
+    each = [result_getter.getter(s) for s in steps]
+    get_full = result_getter.getter(full) if full is not None else (lambda: None)
+    return (lambda: [g() for g in each]), get_full
+
+
 @st.fragment
 def stepper(run: Run, extra: dict) -> None:
     """Layer, head and step controls, then what the step shows. `extra`: fields the page's
-    other panels add to the URL (the training step)."""
+    other panels add to the URL (the training step). The steps and the trace it draws from count
+    against the memory budget while it runs (admission.fragment_run), alone or within the page's run."""
+    with admission.fragment_run():
+        steps, full = run.get_steps(), run.get_full()
+        admission.hold(result_getter.whole(steps[0]), models._size_of(steps))  # the cache's own list, counted once
+        if full is not None:
+            admission.hold(full, models._size_of(full))
+        _stepper(run, steps, full, extra)
+
+
+def _stepper(run: Run, steps: list, full, extra: dict) -> None:
     ss = st.session_state
     if ss.pop(TO_TEACHER, False):
         st.rerun()  # "Check against teacher forcing" changed the page's mode
@@ -88,7 +111,7 @@ def stepper(run: Run, extra: dict) -> None:
     # the URL as it is now (a fragment rerun reads its own); the toggle keeps its own key
     state = url_state.PageState("decoder", keys={"browser": IN_BROWSER})
     state.extra.update(extra)
-    steps, full, first = run.steps, run.full, run.steps[0]
+    first = steps[0]
     n_layers = first.layers("decoder")
     n_heads = first.n_heads("decoder")
     if full is not None:

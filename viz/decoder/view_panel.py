@@ -19,6 +19,8 @@ import streamlit as st
 from core import trace_names as tn
 from viz.decoder import figures as decoder_figures
 from viz.decoder import steps as decoder_steps
+from viz.ui import prefix_check as pc
+from viz.figures.model_view import blocks
 from viz.ui import charts, models
 
 THREE_UP_TO, TWO_UP_TO = 4, 24  # matrices three to a row up to this many tokens, then two, then one
@@ -37,12 +39,14 @@ class StepView:
     forced_prob: Optional[float] = None  # ... and the model's probability of it
     dec_ids: Optional[list] = None  # teacher forcing: the decoder input ids (the trace's own)
     ends_with: Optional[int] = None  # the teacher's token after the last input (<end>), if known
+    next_ids: Optional[list] = None  # the ids of next_tokens
+    forced_id: Optional[int] = None  # the teacher's next token's id
 
 
 def _inference(tr, step: int, prefix_len: int, decoder_only: bool, cut: int = 0) -> StepView:
     row = decoder_figures.newest_row(tr)
     v = StepView(tr, row, tr.tokens("target"), tr.tokens("next"), decoder_figures.to_numpy(tr[tn.NEXT_PROBS]).tolist(),
-                 tr.meta["chosen"])
+                 tr.meta["chosen"], next_ids=[int(i) for i in decoder_figures.to_numpy(tr[tn.NEXT_IDS]).ravel()])
     n_gen = len(v.q_tokens) - prefix_len
     st.markdown(f"**Decoder input at step {step}** ({'prompt + ' if decoder_only else ''}{n_gen} generated "
                 f"token{'s' if n_gen != 1 else ''}), current token in bold, then the token it chooses:")
@@ -63,7 +67,8 @@ def _teacher(model, full, step: int, prefix_len: int, decoder_only: bool, cut: i
     forced_id = None
     if dec_ids is not None:
         forced_id = dec_ids[row + 1] if row + 1 < len(dec_ids) else ends_with
-    v = StepView(full, row, q_tokens, next_tokens, p, next_tokens[0], dec_ids=dec_ids, ends_with=ends_with)
+    v = StepView(full, row, q_tokens, next_tokens, p, next_tokens[0], dec_ids=dec_ids, ends_with=ends_with,
+                 next_ids=list(ids), forced_id=forced_id)
     if forced_id is not None:
         v.forced, v.forced_prob = model.target_strings([forced_id])[0], float(probs_row[forced_id])
     st.markdown(f"**Teacher forcing:** the decoder gets all {len(q_tokens)} input tokens at once; step {step} is "
@@ -103,22 +108,27 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     height = int(min(900, max(360, 170 + 34 * n)))
     per_row = 3 if n <= THREE_UP_TO else 2 if n <= TWO_UP_TO else 1
     maps = dict(highlight_row=shown_row, height=height, fit=fit_self)
+    drawn: dict = {}  # what each figure drew, read back from it for the check (pc.Drawn)
+
+    def draw(what: str, fig, key: str) -> None:
+        drawn[what] = fig
+        charts.chart(fig, key=key, width="stretch")
 
     def mask_panel() -> None:
-        charts.chart(decoder_figures.look_ahead_mask_figure(mask, shown_tokens, title=f"Look-ahead mask M ({n}×{n})", **maps),
-                     key="decoder-mask", width="stretch")
+        draw("mask", decoder_figures.look_ahead_mask_figure(mask, shown_tokens, title=f"Look-ahead mask M ({n}×{n})", **maps),
+             "decoder-mask")
         st.caption("M(i, j) = 0 if j ≤ i, −∞ if j > i (Lecture 10's M, Transformers handout's B): the same in every "
                    "layer and head.")
 
     def masked_panel() -> None:
-        charts.chart(decoder_figures.masked_scores_figure(masked, shown_tokens, title=f"Masked scores QKᵀ/√d_k + M · {where}",
-                                             **maps), key="decoder-masked", width="stretch")
+        draw("masked", decoder_figures.masked_scores_figure(masked, shown_tokens, title=f"Masked scores QKᵀ/√d_k + M · {where}",
+                                               **maps), "decoder-masked")
         st.caption("Scaled scores plus the mask: −∞ wherever a query would see a later token (adding M before or "
                    "after dividing by √d_k gives the same matrix).")
 
     def weights_panel() -> None:
-        charts.chart(decoder_figures.weights_figure(shown_weights, shown_tokens, title=f"Weights S' = softmax(…) · {where}", **maps),
-                     key="decoder-weights", width="stretch")
+        draw("weights", decoder_figures.weights_figure(shown_weights, shown_tokens, title=f"Weights S' = softmax(…) · {where}",
+                                          **maps), "decoder-weights")
         newest = (f"The outlined row {row} ({decoder_figures.chip(q_tokens[row])}) is the newest position; its output gives the "
                   f"next token." if full is None else f"The outlined row {row} ({decoder_figures.chip(q_tokens[row])}) is the one "
                   f"step {step} of inference adds.")
@@ -133,9 +143,9 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
             return
         src = tr.tokens("source")
         cross = decoder_figures.head_matrix(tr, tn.cross_attn("decoder", layer, "weights"), head)
-        charts.chart(decoder_figures.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
-                                               fit=(run_tokens, src), title=f"Cross-attention over the source · {where}"),
-                     key="decoder-cross", width="stretch")
+        draw("cross", decoder_figures.cross_attention_figure(cross, q_tokens, src, highlight_row=row, height=height,
+                                                fit=(run_tokens, src), title=f"Cross-attention over the source · {where}"),
+             "decoder-cross")
         best = int(np.argmax(cross[row]))
         st.caption(f"Queries from the decoder, keys and values from the encoder's output (Lecture 10). "
                    f"Row {row} ({decoder_figures.chip(q_tokens[row])}) looks most at source token {best} "
@@ -144,9 +154,8 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
     def next_panel() -> None:
         title = (f"Next token after step {step} (top {len(v.next_tokens)})" if full is None
                  else f"Row {row}'s next-token distribution (top {len(v.next_tokens)})")
-        charts.chart(decoder_figures.next_token_figure(v.next_tokens, v.next_probs, chosen=v.chosen, forced=v.forced,
-                                          forced_prob=v.forced_prob, title=title),
-                     key="decoder-next", width="stretch")
+        draw("bars", decoder_figures.next_token_figure(v.next_tokens, v.next_probs, chosen=v.chosen, forced=v.forced,
+                                          forced_prob=v.forced_prob, title=title), "decoder-next")
         st.caption(f"Linear layer + softmax over the vocabulary (Lecture 10); greedy decoding takes the most likely "
                    f"token (red) and appends it to the input of step {step + 1}." if full is None else
                    "Red: the model's most likely token; green: the teacher's token, which the next row gets as "
@@ -162,14 +171,30 @@ def show_step(model, steps: list, full, *, step: int, layer: int, head: int, pre
         for col, panel in zip(cols, panels):
             with col:
                 panel()
+    seen = _drawn(drawn, v, layer=layer, head=head, n=n)
     if full is not None:
-        _teacher_check(model, steps, full, v, step=step, prefix_len=prefix_len, run_key=run_key)
+        _teacher_check(model, steps, full, v, step=step, prefix_len=prefix_len, run_key=run_key, drawn=seen)
     else:
-        _inference_check(steps[step - 1], step=step, run_key=run_key)
+        _inference_check(steps[step - 1], step=step, run_key=run_key, drawn=seen)
     return tr, weights, q_tokens
 
 
-def _inference_check(view, *, step: int, run_key: tuple) -> None:
+def _drawn(figures: dict, v: StepView, *, layer: int, head: int, n: int) -> pc.Drawn:
+    """What the step's figures drew, read back from them (each heatmap's z, the bars' lengths): the
+    arrays the check holds against the decoder run on the prefix alone."""
+    maps = {what: np.asarray(fig.data[0].z, dtype=np.float64) for what, fig in figures.items() if what != "bars"}
+    bars = []
+    if "bars" in figures:
+        ids = list(v.next_ids or [])
+        drawn_p = [float(p) for p in figures["bars"].data[0].x]
+        if len(drawn_p) > len(ids) and v.forced_id is not None:  # the teacher's token, added below the top k
+            ids.append(int(v.forced_id))
+        bars = list(zip(ids, drawn_p))
+    groups = blocks(n, decoder_figures.MAX_SIDE) if n > decoder_figures.MAX_SIDE else None
+    return pc.Drawn(layer, head, v.row + 1, maps, groups=groups, bars=bars, top=len(v.next_ids or []))
+
+
+def _inference_check(view, *, step: int, run_key: tuple, drawn: Optional[pc.Drawn] = None) -> None:
     """The step view drawn above (a view of the one traced pass model.steps makes) against the
     decoder run on this step's input alone, in a forward pass of its own, within a stated
     tolerance: its self- (and cross-) attention weights in every layer and head, and its
@@ -182,7 +207,8 @@ def _inference_check(view, *, step: int, run_key: tuple) -> None:
     if run_model is None:
         return
     try:
-        check = models.step_check(run_key[0], run_key[1], step, run_model, view)
+        check = models.step_check(run_key[0], run_key[1], step, drawn.digest() if drawn else "", run_model, view,
+                                  drawn)
     except Exception as exc:  # the check's own pass failed: say so, never a traceback
         st.error(f"Could not run the decoder on this step's prefix alone to check the step: {exc}")
         return
@@ -209,7 +235,9 @@ def generation_check(model, steps: list, run_key: tuple) -> None:
         return
     shown = tuple(int(s.meta["chosen_id"]) for s in steps)
     try:
-        check = models.generation_check(run_key[0], run_key[1], shown, run_model)
+        check = models.generation_check(run_key[0], run_key[1], shown, run_model,
+                                        n_prompt=int(steps[0].meta.get("prefix_len", 1)),
+                                        n_source=len(steps[0].tokens("source")) if model.kind == "encoder-decoder" else 0)
     except Exception as exc:  # the check's own runs failed: say so, never a traceback
         st.error(f"Could not generate again without the KV cache to check the output: {exc}")
         return
@@ -229,7 +257,8 @@ def generation_check(model, steps: list, run_key: tuple) -> None:
                  f"{check.worst:.1e} > {check.tol:.0e} at {check.where}.")
 
 
-def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_len: int, run_key: tuple) -> None:
+def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_len: int, run_key: tuple,
+                   drawn: Optional[pc.Drawn] = None) -> None:
     """Teacher forcing = inference on the same prefix: the step's rows of the whole target's pass
     against the decoder run on that prefix alone (its own forward pass), within a stated
     tolerance; and every position's next-token probabilities at once."""
@@ -249,7 +278,8 @@ def _teacher_check(model, steps: list, full, v: StepView, *, step: int, prefix_l
     else:
         run_model = models.get_model(run_key[0])
         try:
-            check = models.prefix_check(*run_key, n, run_model, full) if run_model is not None else None
+            check = models.prefix_check(*run_key, n, drawn.digest() if drawn else "", run_model, full,
+                                        drawn) if run_model is not None else None
         except Exception as exc:  # the check's own pass failed: say so, never a traceback
             st.error(f"Could not run the decoder on this step's prefix alone to check the rows: {exc}")
     if check is not None:

@@ -37,9 +37,11 @@ def grid(model, model_name: str, text: str, corrupt: str, answer_id: int, wrong_
         store.move_to_end(key)
         return store[key]
     label = f"{model_name} patching grid ({what_})"
-    # the two runs' activations are what it holds (measured on smollm2's 14-token indirect-object pair:
-    # 30 MiB above the model at its peak; this estimate says 160): a trace of the prompt's length
-    with admission.admitted(gate.trace_bytes(model.config, models._tokens(model, text)), 0.0, label, kind="patching"):
+    # the two runs' activations and a batch of patched runs, one item a cell (gate.patching_bytes: measured
+    # against a random decoder's grid in tests/app/peak_probe.py; a trace's cost alone was an eighth of it)
+    n = models._tokens(model, text)
+    cells = model.config.n_heads if what_ == "head" else n
+    with admission.admitted(gate.patching_bytes(model.config, n, cells), 0.0, label, kind="patching"):
         df, chk = _grid(model, text, corrupt, answer_id, wrong_id, what_)
     store[key] = (df, chk)
     while len(store) > 8:

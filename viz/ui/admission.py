@@ -122,6 +122,19 @@ def page_run():
         gate().release_holds(owner)
 
 
+@contextmanager
+def fragment_run():
+    """Around an `st.fragment`'s body: inside a page run (the fragment drawn with its page) that run;
+    alone (a click reran the fragment only: app.py's page_run does not run then) a page run of its own,
+    so that what the fragment holds counts against the budget until it ends, as a page's does."""
+    run = current_run()
+    if run is not None:
+        yield run
+        return
+    with page_run() as own:
+        yield own
+
+
 def hold(value, nbytes: int) -> None:
     """Count `value` (nbytes) against the budget until this page run ends (nothing outside one),
     and have the page script that asked for it let go of it then (_empty_heavy)."""

@@ -63,19 +63,98 @@ TRIM_BYTES = 256 * 2**20  # a job this large hands its freed memory back to the 
 STALL = 10.0  # seconds with nothing running and nothing changed before the first waiting job enters anyway
 
 
-def machine_memory() -> int:
-    """Bytes of memory available to the process now (MemAvailable), else the machine's total."""
+UNLIMITED = 2**60  # a cgroup v1 limit at or above this is "no limit" (the kernel writes 2^63 rounded to a page)
+
+
+def _read_int(path: str) -> Optional[int]:
+    """An integer file's value; None when it is missing, unreadable, "max" (cgroup v2's no limit) or garbage."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
+            raw = f.read().strip()
+    except OSError:
+        return None
+    return int(raw) if raw.isdigit() else None
+
+
+def _stat(path: str, key: str) -> int:
+    """One counter of a cgroup's memory.stat (0 when absent)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def cgroup_memory(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """Bytes the process's memory cgroups leave it now: for each cgroup that limits memory, its limit minus what
+    it uses (its reclaimable page cache, inactive_file, counted as free), the smallest of them; None where no
+    cgroup limits memory. Read for cgroup v2 (`memory.max`, `memory.current`, the unified hierarchy at `root`)
+    and v1 (`memory.limit_in_bytes`, `memory.usage_in_bytes` under `root`/memory), each at the process's own
+    cgroup (from `proc_cgroup`) and at every ancestor up to the mount's root, since a parent's limit binds its
+    children too. A path that is not there under the mount (a container that sees its own cgroup as the root)
+    is walked up until it is. The paths are arguments so that tests can hand in fake files."""
+    try:
+        with open(proc_cgroup, encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2: "0::/path", the unified hierarchy (at root, or root/unified in hybrid mode)
+            mounts = [root, os.path.join(root, "unified")]
+            files = ("memory.max", "memory.current", "memory.stat", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: "4:memory:/path"
+            mounts = [os.path.join(root, "memory")]
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat", "total_inactive_file")
+        else:
+            continue
+        limit_file, usage_file, stat_file, inactive = files
+        for mount in mounts:
+            if not os.path.isdir(mount):
+                continue
+            parts_ = [p for p in path.strip("/").split("/") if p and p != ".."]
+            while parts_ and not os.path.isdir(os.path.join(mount, *parts_)):
+                parts_.pop()  # not under this mount as named: walk up to where it is
+            while True:
+                here = os.path.join(mount, *parts_)
+                limit = _read_int(os.path.join(here, limit_file))
+                if limit is not None and limit < UNLIMITED:
+                    used = _read_int(os.path.join(here, usage_file)) or 0
+                    used = max(0, used - _stat(os.path.join(here, stat_file), inactive))
+                    found.append(max(0, limit - used))
+                if not parts_:
+                    break
+                parts_.pop()
+    return min(found) if found else None
+
+
+def machine_memory(proc_cgroup: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup",
+                   meminfo: str = "/proc/meminfo") -> int:
+    """Bytes of memory available to the process now: the machine's MemAvailable (else its total), or what
+    the process's memory cgroups leave it (cgroup_memory, v1 or v2), whichever is smaller. A container's
+    limit is a cgroup's: past it the kernel kills the process, whatever the machine has free."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
-        return info.get("MemAvailable") or info["MemTotal"]
+        machine = info.get("MemAvailable") or info["MemTotal"]
     except (OSError, KeyError, ValueError, IndexError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limited = cgroup_memory(proc_cgroup, cgroup_root)
+    return machine if limited is None else min(machine, limited)
 
 
 def default_budget() -> int:
-    """$ATTENTION_LAB_MEMORY_BUDGET_MB, else half the memory available at start (the loaded
-    models, Streamlit and the browser sessions' own state live in the other half)."""
+    """$ATTENTION_LAB_MEMORY_BUDGET_MB, else half the memory available at start (machine_memory: the
+    machine's, or a container's cgroup limit where that is smaller; the loaded models, Streamlit and the
+    browser sessions' own state live in the other half)."""
     raw = os.environ.get(BUDGET_ENV, "").strip()
     if raw:
         return max(1, int(float(raw) * 2**20))
@@ -84,6 +163,7 @@ def default_budget() -> int:
 
 LOGIT_ROWS = 256  # core.api computes next-token distributions this many positions at a time
 MARGIN = 1.1  # over the measured peaks below
+SMALL_JOB = 2 * 2**20  # what a job allocates beside its arrays (torch's and the allocator's own): about 1 MiB measured on small jobs, twice that
 TRACE_MARGIN = 1.35  # a trace's: measured as the app allocates (core.device.keep_freed_memory), see trace_bytes
 
 
@@ -106,28 +186,63 @@ def trace_bytes(cfg, n_tokens: int, n_target: int = 0) -> int:
     return int(TRACE_MARGIN * 4 * (stored + working + logits))
 
 
-def batch_bytes(cfg, tokens: int, grad: bool = False) -> int:
+def steps_bytes(cfg, n_prompt: int, n_new: int) -> int:
+    """Peak bytes of the decoder stepper's run (core.api steps): greedy decoding through the KV cache,
+    then one traced pass over the prompt and the generated tokens: a trace of n_prompt + n_new
+    positions (trace_bytes)."""
+    return trace_bytes(cfg, int(n_prompt) + int(n_new))
+
+
+def batch_bytes(cfg, tokens: int, grad: bool = False, n_keys: int = 0) -> int:
     """Peak bytes of batched passes over `tokens` positions in all (patching's corrupted runs,
     integrated gradients' steps, occlusions), in float32: one layer's working set,
     2 tokens (4 d + 3 m) floats, held for every layer when gradients flow back through them
-    (autograd keeps each layer's activations), plus a decoder's output at the positions read.
+    (autograd keeps each layer's activations), plus a decoder's output at the positions read;
+    n_keys: the keys each position attends over, whose scores and weights (2 H n_keys floats a
+    position) a pass with gradients keeps for every layer, one without for one.
     Measured for integrated gradients (64 steps of smollm2's 14-token indirect-object prompt,
-    VmHWM above the model): 1,547 MiB; this gives 1,856."""
+    VmHWM above the model): 1,547 MiB; this gives 1,856. A random 2-layer decoder (d 256) at 512
+    tokens, 8 steps a batch (tests/app/peak_probe.py): the maps term is a third of the peak there."""
     d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
     working = 2 * tokens * (4 * d + 3 * m)
-    held = working * (L if grad else 1) + 2 * tokens * d * (L + 2)  # the stream kept beside it
+    maps = 2 * tokens * cfg.n_heads * max(0, int(n_keys))
+    held = (working + maps) * (L if grad else 1) + 2 * tokens * d * (L + 2)  # the stream kept beside it
     logits = 3 * LOGIT_ROWS * cfg.tgt_vocab_size if cfg.kind != "encoder" else 0
     return int(MARGIN * 4 * (held + logits))
 
 
-def pattern_bytes(cfg, n_tokens: int) -> int:
-    """Peak bytes of one head's pattern attribution (core.analysis.score_attribution): every
-    component of the stream (each head's write, each layer's MLP and biases, the embeddings)
-    projected to the query and the key side, 2 d_k float64 values a position each, for the two
-    sides, times MARGIN. Measured on smollm2 at 512 tokens: 232 MiB above the trace; this gives 367."""
-    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
-    components = cfg.n_layers * (cfg.n_heads + 2) + 4
-    return int(MARGIN * 8 * 2 * components * n_tokens * 2 * d_k)
+def patching_bytes(cfg, n_tokens: int, cells: int) -> int:
+    """Peak bytes of a patching grid (core.analysis.patch) over n_tokens positions with `cells` cells
+    a layer (positions, or heads): the clean and the corrupted run's values kept at every layer (two
+    traces: 2 trace_bytes) and one batch of patched runs, at most BATCH_TOKENS positions in all and
+    one item per cell (batch_bytes, each position over n_tokens keys)."""
+    from core.analysis.activation_patching import BATCH_TOKENS
+
+    n = max(1, int(n_tokens))
+    tokens = min(max(BATCH_TOKENS // n, 1), max(1, int(cells))) * n
+    return 2 * trace_bytes(cfg, n) + batch_bytes(cfg, tokens, n_keys=n)
+
+
+def pattern_bytes(cfg, n_tokens: int, layer: Optional[int] = None) -> int:
+    """Peak bytes of one head's pattern attribution (core.analysis.pattern_attribution) of layer `layer`
+    (default: the last) above its trace, in float64, times MARGIN:
+    - every component of the stream up to the head (each head's write, each layer's MLP and biases,
+      the embeddings: C = (layer + 1)(H + 2) + 4), made along the stream, n d values each (C n d),
+      then projected to the query and the key side, 2 d_k values a position each, the two sides made
+      and then taken at the positions (4 C n d_k);
+    - the walk's working set in one layer, 2 n (4 d + 3 m);
+    - the head's n x n maps: its weights, its scaled scores and their product, with the temporaries
+      beside them (5 n^2).
+    Measured (VmHWM above the trace): a random 2-layer decoder (d 256) at 512 tokens, 57-59 MiB (this
+    gives 81; tests/app/peak_probe.py); smollm2 at 64 tokens, layers 3, 20 and 29: 20, 75 and 111 MiB
+    (this gives 29, 113 and 157), and layer 3 at 512 and 1,024 tokens, 128 and 137 MiB (242 and 506).
+    The estimate without the components' own vectors, the walk and the maps gave 18 MiB for the first."""
+    d, m, d_k = cfg.d_model, cfg.d_ff, cfg.d_head or cfg.d_model // cfg.n_heads
+    n = max(1, int(n_tokens))
+    walked = cfg.n_layers if layer is None else min(cfg.n_layers, int(layer) + 1)
+    components = walked * (cfg.n_heads + 2) + 4
+    made = components * n * (d + 4 * d_k)
+    return int(MARGIN * 8 * (made + 2 * n * (4 * d + 3 * m) + 5 * n * n))
 
 
 def circuit_bytes(cfg, n_tokens: int) -> int:
@@ -162,17 +277,68 @@ def maps_bytes(cfg, n_tokens: int) -> int:
     kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
     n = int(n_tokens)
     held = n * cfg.d_model + 2 * n * d_k + n * d_k * (1 + kv)
-    return int(MARGIN * 4 * (held + 16 * TILE_ROWS * n))
+    return int(MARGIN * 4 * (held + 16 * TILE_ROWS * n) + SMALL_JOB)
 
 
 def surprisal_bytes(cfg, n_tokens: int) -> int:
     """Peak bytes of a decoder's surprisal over a trace (core.analysis.surprisal): the logits of
-    ROWS positions at a time over the vocabulary, in float64 with their log-softmax and its
-    exponent, 3 x 8 bytes a cell, times MARGIN; the same at any length past ROWS. Measured
-    (smollm2, 4,400 tokens, VmHWM above the resident trace): 288 MiB; this gives 332."""
+    ROWS positions at a time over the vocabulary, in float32, then in float64 with their log-softmax,
+    its exponent and their product (4 + 3 x 8 bytes a cell), three float64 values a position for the
+    result, and SMALL_JOB; times MARGIN; the same at any length past ROWS. Measured (smollm2, 4,400
+    tokens, VmHWM above the resident trace): 288 MiB; this gives 371."""
     from core.analysis.surprisal import ROWS
 
-    return int(MARGIN * 3 * 8 * min(ROWS, max(1, int(n_tokens))) * cfg.tgt_vocab_size)
+    n = max(1, int(n_tokens))
+    return int(MARGIN * (28 * min(ROWS, n) * cfg.tgt_vocab_size + 24 * n) + SMALL_JOB)
+
+
+def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
+    """Peak bytes of the decoder stepper's step check or teacher-forcing check
+    (viz.ui.prefix_check.prefix_difference, through models.step_check and models.prefix_check)
+    above the model and the trace the page holds, in float32:
+    - the decoder run on the prefix alone: a trace of n_rows decoder positions (trace_bytes, over an
+      encoder-decoder's n_source source positions);
+    - the self-attention weights compared: layer by layer while a layer's maps are short, the pass
+      behind the view's H n_pass^2 weights and the prefix run's H n_rows^2, each made beside its
+      scores and masked scores (3 copies), and the difference's temporaries (4 H n_rows^2); past
+      core.head_maps.LONG_LAYER_BYTES one head and a tile of rows at a time (two LayerMaps' inputs,
+      and 16 tiles' worth of a tile a side and their temporaries: prefix_check.check_tile_rows),
+      never a layer;
+    - an encoder-decoder's cross-attention, read with its whole layer (8 H n_pass n_source);
+    - the drawn maps' reference, one head's three n_rows^2 maps in float64 (short prefixes; a long
+      one's is a block row at a time).
+    Times MARGIN."""
+    from core.head_maps import LONG_LAYER_BYTES
+
+    n_rows, n_pass = max(1, int(n_rows)), max(1, int(n_rows), int(n_pass))
+    H = cfg.n_heads
+    alone = trace_bytes(cfg, n_source or n_rows, n_rows) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n_rows)
+    tiled = cfg.positional != "relative" and H * n_pass * n_pass * 4 > LONG_LAYER_BYTES
+    if tiled:  # two LayerMaps' inputs and q, k, and a tile a side with its temporaries (16 tiles' worth)
+        from viz.ui.prefix_check import check_tile_rows
+
+        d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+        kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+        held = n_pass * cfg.d_model + 2 * n_pass * d_k + n_pass * d_k * (1 + kv)
+        maps = 4 * (2 * held + 16 * min(n_pass, check_tile_rows(n_pass)) * n_pass)
+    else:
+        maps = 4 * (3 * H * n_pass ** 2 + 7 * H * n_rows ** 2) + 3 * 8 * n_rows ** 2
+    cross = 4 * 8 * H * n_pass * n_source if cfg.kind == "encoder-decoder" else 0
+    return int(alone + MARGIN * (maps + cross))
+
+
+def generation_check_bytes(cfg, n_prompt: int, n_new: int, n_source: int = 0) -> int:
+    """Peak bytes of the decoder stepper's KV-cache check (viz.ui.prefix_check.generation_difference,
+    through models.generation_check) above the model, in float32: greedy decoding through the KV cache
+    (the prompt's pass, its keys and values, 2 L H_kv d_k (P + T) floats, and T next-token logits over the
+    vocabulary) and one uncached pass over the prompt and the T generated tokens (at most a trace of
+    P + T positions: trace_bytes) with its T rows of logits. Times MARGIN."""
+    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+    kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    n = max(1, int(n_prompt) + int(n_new))
+    T, V = max(1, int(n_new)), cfg.tgt_vocab_size
+    one_pass = trace_bytes(cfg, n_source or n, n) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n)
+    return int(one_pass + MARGIN * 4 * (2 * cfg.n_layers * kv * d_k * n + 3 * T * V))
 
 
 @dataclass

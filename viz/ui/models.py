@@ -159,7 +159,12 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain
         st.warning(m)
     def job() -> tuple:  # (bytes, seconds, label) of the computation, from the tokens it reads
         n = _tokens(model, text)
-        return gate.trace_bytes(model.config, n), longdoc.trace_seconds(model, model_name, n), f"{model_name}, {n:,} tokens"
+        if key[0] == "steps":  # the prompt, then the tokens generated after it, in one traced pass
+            new = int(getattr(model, "max_new_tokens", 0) or 0)
+            cost = gate.steps_bytes(model.config, n, new)
+        else:
+            cost = gate.trace_bytes(model.config, n)
+        return cost, longdoc.trace_seconds(model, model_name, n), f"{model_name}, {n:,} tokens"
 
     def admitted_run():  # one computation per key (the cache), admitted within the memory budget
         admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
@@ -291,38 +296,89 @@ def get_steps(model_name: str, text: str):
     return _cached_run(model_name, text, ("steps",), lambda m, t: m.steps(t), "Generating, one token at a time…")
 
 
-@st.cache_data(max_entries=256, show_spinner="Running the decoder on this step's prefix alone…")
-def prefix_check(model_name: str, text: str, target: str, n_rows: int, _model, _full):
+# ------------------------------------------------------------------ the decoder stepper's checks
+@st.cache_resource(show_spinner=False)
+def check_cache() -> ByteLRU:
+    """The decoder stepper's check results, shared by every session: a few numbers and a sentence
+    each (counted at CHECK_BYTES apiece), per (check, model, prompt, step or target, what was drawn)."""
+    return ByteLRU(CHECK_ENTRIES * CHECK_BYTES, max_entries=CHECK_ENTRIES, size_of=lambda _: CHECK_BYTES)
+
+
+CHECK_ENTRIES, CHECK_BYTES = 512, 4096
+
+
+def _check(key: tuple, cost: int, seconds: float, label: str, spinner: str, compute):
+    """compute() once per key (check_cache), admitted by the gate like the other heavy work: the check runs
+    a forward pass of its own, as long as the stepper's prompt (up to the model's context). It is work on the
+    steps the page holds, so it goes ahead of the waiting traces (first=True)."""
+    def admitted_run():
+        with admission.admitted(cost, seconds, label, kind="check", first=True):
+            return compute()
+
+    with st.spinner(spinner):
+        return check_cache().get_or_compute(key, admitted_run)
+
+
+def _n_source(model, trace) -> int:
+    """An encoder-decoder's source positions (0 for a decoder-only model)."""
+    return len(trace.tokens("source")) if getattr(model, "kind", None) == "encoder-decoder" else 0
+
+
+def prefix_check(model_name: str, text: str, target: str, n_rows: int, drawn: str, _model, _full, _drawn=None):
     """Teacher forcing = inference on the same prefix, checked for one step: the first n_rows
     decoder rows of `_full` (get_trace(model_name, text, target=target)) against the decoder
     run on those n_rows inputs alone, in a forward pass of its own on `_model`
-    (get_model(model_name)); viz.ui.prefix_check.prefix_difference compares them. One extra pass per
-    step shown, cached per (model, text, target, step): the two objects are not hashed."""
+    (get_model(model_name)); viz.ui.prefix_check.prefix_difference compares them, and the
+    arrays the page drew (`_drawn`, viz.ui.prefix_check.Drawn; `drawn` is its digest). One
+    extra pass per step shown, admitted by the gate (gate.prefix_check_bytes), kept per (model,
+    text, target, step, what was drawn)."""
     from viz.ui import prefix_check as pc
 
-    alone = _model.trace_decoder_input(clean_text(text)[0], _full.meta["target_ids"][:n_rows])
-    return pc.prefix_difference(_full, alone)
+    def compute():
+        alone = _model.trace_decoder_input(clean_text(text)[0], _full.meta["target_ids"][:n_rows])
+        return pc.prefix_difference(_full, alone, drawn=_drawn)
+
+    n_pass = len(_full.tokens("target"))
+    cost = gate.prefix_check_bytes(_model.config, n_rows, n_pass, _n_source(_model, _full))
+    return _check(("prefix", model_name, text, target, n_rows, drawn), cost,
+                  2 * longdoc.trace_seconds(_model, model_name, n_rows), f"{model_name} step check, {n_rows:,} rows",
+                  "Running the decoder on this step's prefix alone…", compute)
 
 
-@st.cache_data(max_entries=256, show_spinner="Running the decoder on this step's prefix alone…")
-def step_check(model_name: str, text: str, step: int, _model, _view):
+def step_check(model_name: str, text: str, step: int, drawn: str, _model, _view, _drawn=None):
     """An inference step checked: the step view `_view` (model.steps' step `step` on `text`, a
     view of one traced pass) against the decoder run on that step's input alone, in a forward
-    pass of its own on `_model` (viz.ui.prefix_check.prefix_difference). Cached per (model, text, step)."""
+    pass of its own on `_model` (viz.ui.prefix_check.prefix_difference), and the arrays the page
+    drew of it (`_drawn`, whose digest is `drawn`). Admitted by the gate (gate.prefix_check_bytes),
+    kept per (model, text, step, what was drawn)."""
     from viz.ui import prefix_check as pc
 
-    alone = _model.trace_decoder_input(clean_text(text)[0], _view.meta["target_ids"])
-    return pc.prefix_difference(_view, alone)
+    def compute():
+        alone = _model.trace_decoder_input(clean_text(text)[0], _view.meta["target_ids"])
+        return pc.prefix_difference(_view, alone, drawn=_drawn)
+
+    n_rows = len(_view.meta["target_ids"])
+    base = getattr(_view, "_base", None) or _view  # a step view reads its whole pass's layers
+    cost = gate.prefix_check_bytes(_model.config, n_rows, len(base.tokens("target")), _n_source(_model, _view))
+    return _check(("step", model_name, text, step, drawn), cost, 2 * longdoc.trace_seconds(_model, model_name, n_rows),
+                  f"{model_name} step check, {n_rows:,} rows", "Running the decoder on this step's prefix alone…",
+                  compute)
 
 
-@st.cache_data(max_entries=64, show_spinner="Generating again without the KV cache…")
-def generation_check(model_name: str, text: str, shown_ids: tuple, _model):
+def generation_check(model_name: str, text: str, shown_ids: tuple, _model, n_prompt: int = 0, n_source: int = 0):
     """The KV cache checked: the tokens the steps show (generated through the cache) against
     greedy decoding with no cache, and the two runs' next-token logits
-    (viz.ui.prefix_check.generation_difference). Cached per (model, text, tokens shown)."""
+    (viz.ui.prefix_check.generation_difference). Admitted by the gate
+    (gate.generation_check_bytes: n_prompt decoder positions before the generated ones, n_source an
+    encoder-decoder's source), kept per (model, text, tokens shown)."""
     from viz.ui import prefix_check as pc
 
-    return pc.generation_difference(_model, clean_text(text)[0], list(shown_ids))
+    T = len(shown_ids)
+    cost = gate.generation_check_bytes(_model.config, n_prompt, T, n_source)
+    return _check(("generation", model_name, text, tuple(shown_ids)), cost,
+                  3 * longdoc.trace_seconds(_model, model_name, n_prompt + T),
+                  f"{model_name} KV-cache check, {n_prompt + T:,} tokens", "Generating again without the KV cache…",
+                  lambda: pc.generation_difference(_model, clean_text(text)[0], list(shown_ids)))
 
 
 def show_trace_notes(trace) -> None:

@@ -7,8 +7,9 @@ where the worst cell is. Pure functions, no Streamlit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -58,14 +59,211 @@ def _where(what: str, at: Optional[tuple], axes: Sequence[str], a, b) -> str:
     return what + "".join(f", {ax} {i}" for ax, i in zip(axes, at))
 
 
-def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
+@dataclass
+class Drawn:
+    """What a step view drew for one layer and head, read back from its figures, so that the check
+    holds the very arrays on the page against the decoder run on the prefix alone. maps: "mask",
+    "masked", "weights" (the look-ahead mask, the masked scores, the weights: N x N, or B x B
+    blocks), "cross" (N x n_source), as the heatmaps hold them (a -inf cell drawn blank, NaN); rows:
+    how many of the drawn rows the prefix covers (inference: all N; teacher forcing: up to the
+    step's); groups: each block's positions where the maps are drawn in blocks (None: one cell a
+    position); bars: the next-token bars, (token id, probability drawn), the first `top` of them
+    the k likeliest tokens."""
+    layer: int
+    head: int
+    rows: int
+    maps: Dict[str, np.ndarray]
+    groups: Optional[List[Sequence[int]]] = None
+    bars: List[Tuple[int, float]] = field(default_factory=list)
+    top: int = 0
+
+    def digest(self) -> str:
+        """A short hash of everything drawn (the checks are cached per what the page drew)."""
+        h = hashlib.sha1(repr((self.layer, self.head, self.rows, self.top, self.bars,
+                               None if self.groups is None else [(g[0], len(g)) for g in self.groups])).encode())
+        for k in sorted(self.maps):
+            a = np.ascontiguousarray(np.asarray(self.maps[k], dtype=np.float64))
+            h.update(k.encode() + repr(a.shape).encode() + a.tobytes())
+        return h.hexdigest()
+
+
+DRAWN_LABELS = {"mask": "drawn mask", "masked": "drawn masked scores", "weights": "drawn weights",
+                "cross": "drawn cross-attention", "bars": "drawn next-token bars"}
+
+
+def _alone_rows(alone, layer: int, head: int, what: str) -> Callable[[int, int], np.ndarray]:
+    """rows(r0, r1): rows r0:r1 of the prefix run's map `what` ("mask", "masked", "weights") for one
+    head, in float64 over its own n keys (a masked cell -inf in the mask and the masked scores, 0 in
+    the weights). A long prefix is read one head and a tile of rows at a time (core.head_maps), so no
+    n x n map is held; a short one (or a map that does not tile) from the trace's own layer."""
+    from core import head_maps as hm
+
+    if hm.long_layer(alone, "decoder"):
+        maps = hm.LayerMaps(alone, "decoder", layer)
+
+        def tiled(r0: int, r1: int) -> np.ndarray:
+            if what == "mask":
+                off = maps.mask_rows(r0, r1)
+                shape = (r1 - r0, maps.n)
+                return np.zeros(shape) if off is None else np.where(off.cpu().numpy(), -np.inf, 0.0)
+            return maps.tile(head, r0, r1, what)[0].double().cpu().numpy()
+
+        return tiled
+    t = alone[tn.self_attn("decoder", layer, what)]
+    full = (t if t.dim() == 2 else t[head]).double().cpu().numpy()
+    return lambda r0, r1: full[r0:r1]
+
+
+def reference_blocks(rows: Callable[[int, int], np.ndarray], n: int, n_keys: int, groups: List[Sequence[int]],
+                     what: str) -> np.ndarray:
+    """The drawn grid of a map known for its rows 0..n-1 (rows(r0, r1), n keys each; the keys n..n_keys-1
+    after them are masked: weight 0, -inf), reduced as the step view's blocks are drawn and written here
+    again, a block at a time, so that the drawing's own reduction is not its reference: weights summed
+    over each block's keys and averaged over its queries; the mask and the masked scores the mean of a
+    block's finite cells (-inf where none is). A block row reaching past row n-1 is NaN (not compared)."""
+    out = np.full((len(groups), len(groups)), np.nan)
+    for bi, g in enumerate(groups):
+        r0, r1 = int(g[0]), int(g[-1]) + 1
+        if r1 > n:
+            break
+        m = np.asarray(rows(r0, r1), dtype=np.float64)
+        if n_keys > m.shape[1]:
+            m = np.concatenate([m, np.full((m.shape[0], n_keys - m.shape[1]), 0.0 if what == "weights" else -np.inf)],
+                               axis=1)
+        for bj, h in enumerate(groups):
+            cell = m[:, int(h[0]):int(h[-1]) + 1]
+            if what == "weights":
+                out[bi, bj] = cell.sum() / cell.shape[0]
+            else:
+                fin = cell[np.isfinite(cell)]
+                out[bi, bj] = fin.mean() if fin.size else -np.inf
+    return out
+
+
+def _drawn_map_difference(got, ref) -> Tuple[float, Optional[tuple]]:
+    """max |Δ| between a drawn map (-inf drawn as NaN) and its reference (-inf; NaN: not compared), and
+    where; a cell blank on one side and not on the other is inf."""
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if got.shape != ref.shape:
+        return float("inf"), None
+    known = ~np.isnan(ref)
+    blank_ref, blank_got = np.isneginf(ref), np.isnan(got) | np.isneginf(got)
+    d = np.where(blank_ref | blank_got, np.where(blank_ref == blank_got, 0.0, np.inf),
+                 np.abs(np.nan_to_num(got, nan=0.0, neginf=0.0) - np.nan_to_num(ref, nan=0.0, neginf=0.0)))
+    d = np.where(known, d, 0.0)
+    if d.size == 0:
+        return 0.0, ()
+    k = int(np.argmax(d))
+    return float(d.flat[k]), tuple(int(i) for i in np.unravel_index(k, d.shape))
+
+
+def drawn_difference(drawn: Drawn, alone) -> Tuple[Dict[str, float], float, str]:
+    """The arrays a step view drew (Drawn) against the decoder run on the prefix alone: for the layer and
+    head drawn, the mask, masked scores and weights (reduced to the drawn blocks by reference_blocks where
+    the maps are drawn in blocks), the cross-attention, and the next-token bars (each bar's probability
+    against the prefix run's last row; the first `top` bars must be its k likeliest tokens: none left
+    out is likelier than the least of them, beyond the tolerance). Returns (diffs, worst, where)."""
+    n = len(alone.tokens("target"))
+    diffs: Dict[str, float] = {}
+    worst, where = -1.0, ""
+    if drawn.rows != n:
+        return {"drawn rows": float("inf")}, float("inf"), f"the drawn view covers {drawn.rows} rows, the prefix {n}"
+    for what in ("mask", "masked", "weights"):
+        got = drawn.maps.get(what)
+        if got is None:
+            continue
+        got = np.asarray(got, dtype=np.float64)
+        groups = drawn.groups or [[i] for i in range(got.shape[1])]
+        ref = reference_blocks(_alone_rows(alone, drawn.layer, drawn.head, what), n, sum(len(g) for g in groups),
+                               groups, what)
+        d, at = _drawn_map_difference(got, ref)
+        diffs[DRAWN_LABELS[what]] = d
+        if d > worst:
+            axes = ("block row", "block column") if drawn.groups else ("row", "key")
+            worst, where = d, (f"{DRAWN_LABELS[what]} (layer {drawn.layer}, head {drawn.head})" +
+                               ("".join(f", {ax} {i}" for ax, i in zip(axes, at)) if at is not None
+                                else f": drawn {got.shape}, reference {ref.shape}"))
+    if drawn.maps.get("cross") is not None and has_cross_attention(alone):
+        got = np.asarray(drawn.maps["cross"], dtype=np.float64)[:n]
+        ref = alone[tn.cross_attn("decoder", drawn.layer, "weights")][drawn.head].double().cpu().numpy()
+        d, at = _drawn_map_difference(got, ref)
+        diffs[DRAWN_LABELS["cross"]] = d
+        if d > worst:
+            worst, where = d, f"{DRAWN_LABELS['cross']} (layer {drawn.layer}, head {drawn.head})" + (
+                "".join(f", {ax} {i}" for ax, i in zip(("row", "source key"), at)) if at is not None else "")
+    if drawn.bars and tn.LAST_PROBS in alone:
+        last = alone[tn.LAST_PROBS].double().cpu().numpy().ravel()
+        d, at_bar = 0.0, None
+        for i, (tid, p) in enumerate(drawn.bars):
+            e = abs(float(p) - float(last[int(tid)])) if 0 <= int(tid) < last.size else float("inf")
+            if e > d:
+                d, at_bar = e, f"bar {i} (token id {int(tid)})"
+        if drawn.top:
+            top_ids = {int(t) for t, _ in drawn.bars[:drawn.top]}
+            rest = np.delete(last, [t for t in top_ids if 0 <= t < last.size])
+            least = min(float(last[t]) if 0 <= t < last.size else -np.inf for t in top_ids)
+            missed = float(rest.max()) - least if rest.size else 0.0
+            if missed > d:
+                d, at_bar = missed, f"a token left out of the top {drawn.top} is likelier than bar {drawn.top - 1}"
+        diffs[DRAWN_LABELS["bars"]] = d
+        if d > worst:
+            worst, where = d, f"{DRAWN_LABELS['bars']}, {at_bar}"
+    return diffs, worst, where
+
+
+def tiles_layers(rows, alone) -> bool:
+    """Whether the check reads the self-attention weights one head and a tile of rows at a time
+    (core.head_maps.LayerMaps): where a layer's maps of the pass behind `rows` (a step view reads its
+    whole pass's layer) are long (core.head_maps.long_layer), so that the check never holds a layer's
+    H x n x n maps; else layer by layer, as the trace computes them."""
+    from core import head_maps as hm
+
+    base = getattr(rows, "_base", None) or rows  # a step view (Trace.prefix) computes its base pass's layers
+    return hm.long_layer(base, "decoder") or hm.long_layer(alone, "decoder")
+
+
+CHECK_TILE_BYTES = 32 * 2**20  # a tile of the check's comparison: this many bytes of one head's rows (float32)
+
+
+def check_tile_rows(n: int) -> int:
+    """Rows of one head's map the check compares at once: CHECK_TILE_BYTES of them (a whole head up to
+    about 2,900 positions), at least core.head_maps.TILE_ROWS; fewer, larger tiles than the views read,
+    since each tile costs a call per side (at 1,024 tokens of smollm2, 128-row tiles took 5 times as long
+    as the layer-by-layer comparison)."""
+    from core import head_maps as hm
+
+    return max(hm.TILE_ROWS, CHECK_TILE_BYTES // (4 * max(1, int(n))))
+
+
+def _tiled_difference(view, alone, i: int) -> Tuple[float, Optional[tuple], int]:
+    """max |Δ| of layer i's self-attention weights, view against alone, one head and check_tile_rows rows
+    at a time; (max, (head, row, key), heads)."""
+    from core import head_maps as hm
+
+    a, b = hm.LayerMaps(view, "decoder", i), hm.LayerMaps(alone, "decoder", i)
+    if a.n != b.n:
+        return float("inf"), None, b.n_heads
+    worst, where = 0.0, None
+    rows = check_tile_rows(b.n)
+    for h in range(b.n_heads):
+        for r0 in range(0, b.n, rows):
+            r1 = min(b.n, r0 + rows)
+            d, at = _max_diff(a.tile(h, r0, r1)[0], b.tile(h, r0, r1)[0])
+            if d > worst or where is None:
+                worst, where = d, (h, r0 + at[0], at[1]) if at else (h, r0, 0)
+    return worst, where, b.n_heads
+
+
+def prefix_difference(rows, alone, tol: float = PREFIX_TOL, drawn: Optional[Drawn] = None) -> PrefixCheck:
     """Teacher forcing = inference on the same prefix, checked: the first n decoder rows of
     `rows` (a teacher-forced trace, or a step view) against `alone`, the decoder run on those n
     inputs in a forward pass of its own (model.trace_decoder_input). Compared: the
     self-attention weights (and an encoder-decoder's cross-attention weights) of every decoder
     layer and head, read layer by layer (trace.each_layer), the top-k next-token probabilities
-    of every row and the whole next-token distribution of the last. Raises ValueError when the
-    two decoder inputs differ (then no difference is expected to be small)."""
+    of every row and the whole next-token distribution of the last; and, given `drawn`, the arrays
+    the page drew from `rows` (drawn_difference), so that a view that draws something other than
+    its trace fails too. Raises ValueError when the two decoder inputs differ (then no difference
+    is expected to be small)."""
     n = len(alone.tokens("target"))
     ids_rows, ids_alone = rows.meta.get("target_ids"), alone.meta.get("target_ids")
     if ids_rows is not None and ids_alone is not None and list(ids_rows[:n]) != list(ids_alone):
@@ -79,7 +277,18 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
     if view.layers("decoder") != n_layers:
         return PrefixCheck(n, {"layers": float("inf")}, float("inf"),
                            f"{view.layers('decoder')} decoder layers against {n_layers}", n_layers, 0, tol)
-    for i, (got, ref) in enumerate(zip(view.each_layer("decoder", names), alone.each_layer("decoder", names))):
+    self_w = tn.local(tn.SELF, "weights")
+    tiled = tiles_layers(rows, alone)
+    if tiled:  # a long prefix: the self-attention weights one head and a tile of rows at a time, never a layer
+        names = [s for s in names if s != self_w]
+        for i in range(n_layers):
+            d, at, n_heads = _tiled_difference(view, alone, i)
+            diffs[labels[self_w]] = max(diffs.get(labels[self_w], 0.0), d)
+            if d > worst:
+                worst, where = d, f"{labels[self_w]}, layer {i}" + "".join(
+                    f", {ax} {j}" for ax, j in zip(("head", "row", "key"), at or ()))
+    layers = zip(view.each_layer("decoder", names), alone.each_layer("decoder", names)) if names else ()
+    for i, (got, ref) in enumerate(layers):
         for s in names:
             n_heads = max(n_heads, int(ref[s].shape[0]))
             d, at = _max_diff(got[s], ref[s])
@@ -94,6 +303,11 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL) -> PrefixCheck:
             if d > worst:
                 worst, where = d, _where(label + (f", row {n - 1}" if name == tn.LAST_PROBS else ""), at, axes,
                                          view[name], alone[name])
+    if drawn is not None:
+        got, d, at = drawn_difference(drawn, alone)
+        diffs.update(got)
+        if d > worst:
+            worst, where = d, at
     return PrefixCheck(n, diffs, max(worst, 0.0), where, n_layers, n_heads, tol)
 
 

@@ -54,3 +54,17 @@ def getter(value) -> Callable[[], object]:
         return got
 
     return get
+
+
+def whole(value):
+    """The cached result `value` is an item of (a decoder run's list of steps, as the cache keeps that very
+    list), else `value`: what to hold against the budget so that the gate counts it once with the cache."""
+    try:
+        again = _AGAIN.get(value)
+    except TypeError:
+        return value
+    if again is None or again[3] is None:
+        return value
+    cache, cache_key, _, index = again
+    got = cache.get(cache_key)
+    return got if isinstance(got, list) and index < len(got) and got[index] is value else value

@@ -269,7 +269,7 @@ def pattern_section(state: PageState, trace, model_name: str, stack: str, defaul
     try:
         n = len(trace[tn.embed(stack)])
         cfg = models.get_model(model_name).config
-        with admission.admitted(gate.pattern_bytes(cfg, n), 0.0, f"{model_name} pattern attribution, {n} tokens",
+        with admission.admitted(gate.pattern_bytes(cfg, n, layer), 0.0, f"{model_name} pattern attribution, {n} tokens",
                                 kind="pattern"), \
                 st.spinner(f"Taking apart every score of layer {layer} head {head}…"):
             df = analysis.pattern_attribution(trace, stack, layer, head, group=GROUPS[group_name])
