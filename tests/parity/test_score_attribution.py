@@ -168,16 +168,44 @@ def side_vectors(model, tr, stack, layer, head, attn, which, p):
         else:
             fac = 1.0 / math.sqrt(float((rec[h] ** 2).mean()) + eps)
         vecs = [(n, v * fac * gain) for n, v in vecs]
-    if cfg.positional == "rope" and attn == "self_attn":
+    elif cfg.qk_norm == "l2" and (cfg.qk_norm_layers is None or layer in cfg.qk_norm_layers):
+        # Llama 4: an RMSNorm without gain over each head, frozen at this position's own q or k
+        # (the sum of the side's vectors: the norm's input, as projected)
+        whole = sum(v for _, v in vecs)
+        fac = 1.0 / math.sqrt(float((whole ** 2).mean()) + eps)
+        vecs = [(n, v * fac) for n, v in vecs]
+    nope = cfg.nope_layers is not None and layer in cfg.nope_layers  # SmolLM3, Llama 4, EXAONE 4: no rotation
+    if cfg.positional == "rope" and attn == "self_attn" and not nope:
         local = cfg.layer_types is not None and cfg.layer_types[layer] == "sliding_attention"
         theta = cfg.rope_theta_local if (local and cfg.rope_theta_local is not None) else cfg.rope_theta
         factor = 1.0
+        dims = cfg.rotary_dim or dk
+        if cfg.rope_scaling and cfg.rope_scaling["type"] == "yarn":
+            # YaRN (gpt-oss): the frequencies are core's (held against transformers by the logits'
+            # parity of tests/parity/test_new_attention.py); the rotation, and the attention factor
+            # on cos and sin (so on each side), are written here
+            from core.net.positional import rope_attention_factor, rope_inv_freq
+            inv = rope_inv_freq(dims, theta, cfg.rope_scaling).double()
+            att = rope_attention_factor(cfg.rope_scaling)
+            return [(n, att * _rope_freqs(v, p, inv, cfg.rope_layout)) for n, v in vecs]
         if not (local and cfg.rope_theta_local is not None) and cfg.rope_scaling:
             assert cfg.rope_scaling["type"] == "linear"
             factor = float(cfg.rope_scaling["factor"])
-        dims = cfg.rotary_dim or dk
         vecs = [(n, _rope(v, p / factor, dims, theta, cfg.rope_layout)) for n, v in vecs]
     return vecs
+
+
+def _rope_freqs(v, p, inv, layout):
+    """v (d_k,) rotated for position p with the given frequencies (len(inv) pairs)."""
+    v = v.clone()
+    half = len(inv)
+    for k in range(half):
+        ang = p * float(inv[k])
+        c, s = math.cos(ang), math.sin(ang)
+        a, b = (k, k + half) if layout == "half" else (2 * k, 2 * k + 1)
+        x1, x2 = float(v[a]), float(v[b])
+        v[a], v[b] = x1 * c - x2 * s, x2 * c + x1 * s
+    return v
 
 
 def reference(model, tr, stack, layer, head, attn, i, j):
