@@ -39,8 +39,20 @@ from typing import Optional
 
 KEY_CHARS = 32  # 128 bits of SHA-256: a key names one text
 MAX_ITEMS = 200
-MAX_BYTES = int(float(os.environ.get("ATTENTION_LAB_TEXT_STORE_MB", "64")) * 2**20)
-TTL_DAYS = float(os.environ.get("ATTENTION_LAB_TEXT_STORE_DAYS", "30"))
+
+
+def _setting(name: str, default: float) -> float:
+    """A positive number from the environment; the default where it is unset or not one (the
+    app must start whatever the setting says)."""
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+MAX_BYTES = int(_setting("ATTENTION_LAB_TEXT_STORE_MB", 64) * 2**20)
+TTL_DAYS = _setting("ATTENTION_LAB_TEXT_STORE_DAYS", 30)
 TMP_AGE = 600  # seconds: a temporary file older than this is a failed write's
 SUFFIX = ".attention-lab.txt"  # the store's own marker: the only texts it removes
 TMP_SUFFIX = ".attention-lab.tmp"
@@ -245,10 +257,11 @@ def _client():
 
 
 def _redis_call(fn):
+    client = _client()  # Unreachable without the redis client
     import redis
 
     try:
-        return fn(_client())
+        return fn(client)
     except redis.RedisError as exc:
         raise Unreachable(f"the text store ({where()}) cannot be reached: {exc}") from exc
 
