@@ -18,9 +18,10 @@ It samples the server's resident memory every SAMPLE seconds and checks:
 Through the balancer (--replicas N): the same sessions go through scripts/replicas.py's HAProxy to N
 replicas sharing a redis-server text store, the machine's budget split between them; it samples every
 replica's memory, records which replica served each session (its SERVERID cookie), opens the link one
-replica made from a browser pinned to another, and with --kill-one-after S kills one replica S seconds
-into the load: its sessions must reconnect to a survivor and draw their text's map again, and new
-sessions and existing links must work through the survivors.
+replica made from a browser pinned to another, and with --kill-one-after S kills one replica S
+seconds into the load (after the stored texts' links are made): its sessions must reconnect to a
+survivor and draw their text's map again, and new sessions and existing links must work through the
+survivors.
 Printed (JSON): the budget, the resting and peak memory, each session's time and whether it saw
 a wait, how many traces were computed (the gate's admissions, from the server log) against the
 number of sessions, and the checks. Exit status 1 when a check fails.
@@ -43,7 +44,9 @@ from bench.app_server import CHROMIUM, CHROMIUM_ARGS, IDLE_JS, start_app
 from bench.common import status_kib
 
 ROOT = Path(__file__).resolve().parent.parent
-SEEDS = ROOT.parent / "shared" / "seeds"
+# the lecture notes beside the checkout (../shared/seeds), or beside the folder of worktrees it is one of
+SEEDS = next((d for d in (ROOT.parent / "shared" / "seeds", ROOT.parent.parent / "shared" / "seeds") if d.is_dir()),
+             ROOT.parent / "shared" / "seeds")
 SAMPLE = 0.5
 CHART = '.st-key-explore-heatmap[data-stale="false"] .js-plotly-plot .main-svg'
 
@@ -52,7 +55,9 @@ def long_text(tokens: int, tag: str) -> str:
     """About `tokens` smollm2 tokens of the lecture notes (English prose), starting with `tag`
     so that different tags are different requests."""
     notes = " ".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(SEEDS.glob("*.txt")))
-    notes = re.sub(r"\s+", " ", notes)
+    notes = re.sub(r"\s+", " ", notes).strip()
+    if not notes:
+        raise SystemExit(f"load_test: no lecture notes in {SEEDS} to build long texts from")
     words = notes.split(" ")
     n_words = int(tokens / 1.45)  # smollm2 reads ~1.45 tokens a word of these notes
     while len(words) < n_words:
@@ -77,10 +82,11 @@ async def _replica(ctx) -> str:
 
 
 async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | None" = None,
-                  pin: str = "", text: str = "") -> dict:
+                  pin: str = "", text: str = "", fill: bool = False, made: "asyncio.Event | None" = None) -> dict:
     """One browser opens `url` and waits for the map. `pin`: the balancer's cookie set first (this replica).
-    `killed`: once set (a replica was killed), a session that was on the dead replica must reconnect to
-    another and draw the map again with its whole `text` in the box."""
+    `fill`: `text` is pasted into the box (a text too long for the URL: the app keeps it in the text store
+    and its link carries a key). `killed`: once set (a replica was killed), a session that was on the dead
+    replica must reconnect to another and draw the map again with its whole `text` in the box."""
     ctx = await browser.new_context(viewport={"width": 1400, "height": 1600})
     if pin:
         await ctx.add_cookies([{"name": "SERVERID", "value": pin, "url": url}])
@@ -90,12 +96,24 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
     try:
         await page.goto(url, timeout=timeout_s * 1000)
         out["replica"] = await _replica(ctx)
+        if fill:
+            box = page.locator(".st-key-explore-text textarea").first
+            await box.fill(text, timeout=timeout_s * 1000)
+            await box.press("Control+Enter")
+            await page.wait_for_function("() => location.search.includes('text_key=')", timeout=timeout_s * 1000)
+            out["link"] = page.url
+            out["link_made_s"] = round(time.monotonic() - t0, 1)
+        if made is not None:
+            made.set()
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
             if killed is not None and killed.is_set() and "moved_to" not in out:
                 now = await _replica(ctx)
                 if now != out["replica"] and now:
                     out["moved_to"], out["drawn"] = now, False  # reconnected: the map is drawn again there
+                elif out["replica"] in killed.dead and int(time.monotonic() - t0) % 20 == 0:
+                    print(f"load_test: a session of {out['replica']} still there at {time.monotonic() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
             if await page.locator(CHART).count():
                 out["drawn"] = True
                 out.setdefault("drawn_s", round(time.monotonic() - t0, 1))
@@ -108,11 +126,13 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
                 out["waited"] = True
                 out.setdefault("first_wait_message", re.sub(r"\s+", " ", text_seen)[:160])
             await asyncio.sleep(0.5)
-        out["link"] = page.url
+        out.setdefault("link", page.url)
         if text:
             out["text_whole"] = await page.locator(".st-key-explore-text textarea").first.input_value() == text
     except Exception as exc:  # noqa: BLE001 - reported, and the check fails
         out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    if made is not None:
+        made.set()
     out["seconds"] = round(time.monotonic() - t0, 1)
     await ctx.close()
     return out
@@ -126,10 +146,16 @@ class Kill(asyncio.Event):
         self.dead: set = set()
 
 
-async def drive(server_url: str, texts, timeout_s: float, kill=None):
+STORED = "".join(f"Line {i}: the small dog sees the cat near the old river bank.\n" for i in range(1000))[:50_000]
+
+
+async def drive(server_url: str, texts, timeout_s: float, kill=None, replicas=()):
     """The sessions at once, then a fresh one. `kill`: (seconds, fn) where fn() kills a replica and
-    returns its name; called that many seconds into the load. Returns the sessions, the fresh session,
-    and, through a balancer, the cross-replica link checks."""
+    returns its name; called that many seconds into the load. `replicas` (their names, behind a
+    balancer): beside the load, one session pinned to each replica pastes a 50,000-character text
+    (toy-translate: cheap to draw) too long for its URL, so its link names the text store; after the load
+    each such link is opened by a browser pinned to another replica. Returns the load's sessions, the
+    fresh session, the stored-text sessions and the cross-replica link checks."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
@@ -137,29 +163,35 @@ async def drive(server_url: str, texts, timeout_s: float, kill=None):
         urls = [f"{server_url}/explore?" + urllib.parse.urlencode({"model": "smollm2", "text": t}) for t in texts]
         killed = Kill() if kill else None
 
-        async def killer():
+        made = [asyncio.Event() for _ in replicas]
+
+        async def killer():  # S seconds into the load, once the stored texts' links exist
+            await asyncio.gather(*(e.wait() for e in made))
             await asyncio.sleep(kill[0])
             killed.dead.add(await asyncio.to_thread(kill[1]))
             killed.set()
 
         jobs = [session(browser, u, timeout_s, killed, text=t) for u, t in zip(urls, texts)]
+        jobs += [session(browser, f"{server_url}/explore?model=toy-translate", timeout_s, killed, pin=r,
+                         text=STORED, fill=True, made=e) for r, e in zip(replicas, made)]
         if kill:
             jobs.append(killer())
-        results = (await asyncio.gather(*jobs))[:len(urls)]
+        done = await asyncio.gather(*jobs)
+        results, stored = done[:len(urls)], done[len(urls):len(urls) + len(replicas)]
         fresh = await session(browser, f"{server_url}/explore?model=smollm2&text=" +
                               urllib.parse.quote("A fresh session after the load."), 300)
         links = []
-        # a link one replica made, opened by a browser the balancer sends to another (replicas alive)
-        alive = sorted({r.get("moved_to") or r.get("replica") for r in results} - (killed.dead if killed else set()))
-        if len(alive) > 1 or killed:
-            made = [(r, t) for r, t in zip(results, texts) if r.get("link") and "text_key=" in r["link"]]
-            for r, t in made[:4]:
-                other = next((a for a in alive if a != r.get("replica")), alive[0] if alive else "")
-                out = await session(browser, r["link"], 600, pin=other, text=t)
-                out.update(made_on=r.get("replica"), opened_on=out.get("replica"))
-                links.append(out)
+        alive = [r for r in replicas if not killed or r not in killed.dead]
+        for r in stored:  # a link one replica made, opened by a browser pinned to another (a survivor)
+            if "text_key=" not in r.get("link", ""):
+                links.append({"made_on": r.get("replica"), "drawn": False, "error": "no link with a key"})
+                continue
+            other = next((a for a in alive if a != r.get("replica")), alive[0] if alive else "")
+            out = await session(browser, r["link"], 600, pin=other, text=STORED)
+            out.update(made_on=r.get("replica"), opened_on=out.get("replica"))
+            links.append(out)
         await browser.close()
-    return results, fresh, links
+    return results, fresh, stored, links
 
 
 def warm(server_url: str) -> None:
@@ -276,7 +308,7 @@ def main(argv=None) -> int:
     if args.url:
         warm(args.url)
         t0 = time.monotonic()
-        results, fresh, links = asyncio.run(drive(args.url.rstrip("/"), texts, args.timeout))
+        results, fresh, _, _ = asyncio.run(drive(args.url.rstrip("/"), texts, args.timeout))
         report = {"url": args.url, "sessions": sessions, "tokens": args.tokens, "wall_s": round(time.monotonic() - t0, 1),
                   "slowest_session_s": max(r.get("drawn_s", r["seconds"]) for r in results),
                   "sessions_that_saw_a_wait": sum(r["waited"] for r in results),
@@ -294,7 +326,7 @@ def main(argv=None) -> int:
             sampler = Sampler(server)
             sampler.start()
             t0 = time.monotonic()
-            results, fresh, _ = asyncio.run(drive(server.url, texts, args.timeout))
+            results, fresh, _, _ = asyncio.run(drive(server.url, texts, args.timeout))
             wall = time.monotonic() - t0
             sampler.stop_flag.set()
             sampler.join()
@@ -363,7 +395,8 @@ def main_replicas(args) -> int:
 
             kill = (args.kill_one_after, kill_one) if args.kill_one_after is not None else None
             t0 = time.monotonic()
-            results, fresh, links = asyncio.run(drive(info["url"], texts, args.timeout, kill=kill))
+            results, fresh, stored, links = asyncio.run(drive(info["url"], texts, args.timeout, kill=kill,
+                                                              replicas=sorted(pids)))
             wall = time.monotonic() - t0
             sampler.stop_flag.set()
             sampler.join()
@@ -385,8 +418,8 @@ def main_replicas(args) -> int:
                   "traces_computed": sum(int(x.replace(",", "")) >= args.tokens // 2
                                          for x in re.findall(r"gate: admitted smollm2, (\d[\d,]*) tokens", logs[n])),
                   "killed": n in dead}
-    moved = [r for r in results if r.get("moved_to")]
-    on_dead = [r for r in results if r.get("replica") in dead]
+    moved = [r for r in results + stored if r.get("moved_to")]
+    on_dead = [r for r in results + stored if r.get("replica") in dead]
     checks = {
         "the command kept serving": command_up,
         "the survivors stayed up": all(not v["killed"] for n, v in per.items() if n not in dead) and
@@ -395,14 +428,14 @@ def main_replicas(args) -> int:
                                                          v["peak_above_resting_mib"] <= v["budget_mib"]
                                                          for v in per.values() if not v["killed"]),
         "every session drew its map": all(r["drawn"] for r in results),
-        "every session's box holds its whole text": all(r.get("text_whole") for r in results),
+        "every session's box holds its whole text": all(r.get("text_whole") for r in results + stored),
         "a fresh session afterwards works": fresh["drawn"],
         "links open whole on another replica": bool(links) and all(x["drawn"] and x.get("text_whole") for x in links),
         "stopping the command stopped everything": stopped,
     }
     if kill:
-        checks["the killed replica's sessions reconnected to a survivor"] = all(r.get("moved_to") and r["drawn"]
-                                                                                for r in on_dead)
+        checks["the killed replica's sessions reconnected to a survivor"] = bool(on_dead) and all(
+            r.get("moved_to") and r["drawn"] and r.get("text_whole") for r in on_dead)
     report = {
         "replicas": args.replicas, "sessions": sessions, "tokens": args.tokens, "distinct_texts": len(set(texts)),
         "machine_budget_mib": info["machine_budget_mb"], "per_replica": per, "wall_s": round(wall, 1),
@@ -412,6 +445,7 @@ def main_replicas(args) -> int:
         "slowest_moved_session_redrawn_s": max((r.get("redrawn_s", r["seconds"]) for r in moved), default=None),
         "fresh_session_s": fresh["seconds"], "fresh_session_replica": fresh.get("replica"),
         "links": [{k: x.get(k) for k in ("made_on", "opened_on", "drawn", "text_whole", "seconds")} for x in links],
+        "stored_text_sessions": [{k: v for k, v in r.items() if k != "link"} for r in stored],
         "sessions_detail": [{k: v for k, v in r.items() if k != "link"} for r in results], "checks": checks,
     }
     print(json.dumps(report, indent=1))

@@ -7,7 +7,7 @@ when this one is stopped: SIGINT or SIGTERM):
 - N app processes, `streamlit run app.py` on 127.0.0.1 ports of their own;
 - HAProxy on the balancer's port: sticky per browser session (the cookie SERVERID names the
   replica; Streamlit's websocket, /_stcore/stream, stays on the replica that holds the session),
-  checking each replica's /_stcore/health every 2 s; a replica that stops answering is taken out
+  checking each replica's /_stcore/health every 2 s (three failures take it out); a replica that stops answering is taken out
   and its sessions reconnect to another (`option redispatch`);
 - with ATTENTION_LAB_TEXT_STORE=redis, a redis-server on 127.0.0.1 for the text store.
 
@@ -72,6 +72,9 @@ defaults
     timeout server 1h
     timeout tunnel 1h
     timeout http-request 30s
+    # a replica busy with a long trace on a loaded machine can take seconds to answer its health check:
+    # only a refused connection or three slow answers in a row take it out
+    timeout check 10s
 
 frontend app
     bind 127.0.0.1:{port}
@@ -82,7 +85,7 @@ backend replicas
     cookie SERVERID insert indirect nocache httponly
     option httpchk GET {health}
     http-check expect status 200
-    default-server inter 2s fall 2 rise 2
+    default-server inter 2s fall 3 rise 2
 {servers}
 """
 
