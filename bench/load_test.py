@@ -96,6 +96,9 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
     try:
         await page.goto(url, timeout=timeout_s * 1000)
         out["replica"] = await _replica(ctx)
+        if killed is not None:
+            await page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_s * 1000)
+            await page.evaluate(RUNS_JS)
         if fill:
             box = page.locator(".st-key-explore-text textarea").first
             await box.fill(text, timeout=timeout_s * 1000)
@@ -107,13 +110,17 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
             made.set()
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
+            if killed is not None and killed.is_set() and not out.get("runs_counted"):
+                await page.evaluate("() => { window.__runs = 0; }")  # from the kill on, a run is a survivor's
+                out["runs_counted"] = True
             if killed is not None and killed.is_set() and "moved_to" not in out:
                 now = await _replica(ctx)
                 if now != out["replica"] and now:
                     out["moved_to"], out["drawn"] = now, False  # reconnected: the map is drawn again there
-                elif out["replica"] in killed.dead and int(time.monotonic() - t0) % 20 == 0:
-                    print(f"load_test: a session of {out['replica']} still there at {time.monotonic() - t0:.0f} s",
-                          file=sys.stderr, flush=True)
+            if "moved_to" in out and not (await page.evaluate("() => window.__runs > 0") and
+                                          await page.evaluate(IDLE_JS)):
+                await asyncio.sleep(0.5)  # moved, but the page has not run again there (to its end) yet
+                continue
             if await page.locator(CHART).count():
                 out["drawn"] = True
                 out.setdefault("drawn_s", round(time.monotonic() - t0, 1))
@@ -136,6 +143,12 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
     out["seconds"] = round(time.monotonic() - t0, 1)
     await ctx.close()
     return out
+
+
+# counts the page's runs (Streamlit's script state turning to "running") from the moment it is reset
+RUNS_JS = """() => { window.__runs = 0; const app = document.querySelector('[data-testid="stApp"]');
+    new MutationObserver(() => { if (app.getAttribute('data-test-script-state') === 'running') window.__runs++; })
+        .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']}); }"""
 
 
 class Kill(asyncio.Event):
