@@ -20,8 +20,8 @@ replicas sharing a redis-server text store, the machine's budget split between t
 replica's memory, records which replica served each session (its SERVERID cookie), opens the link one
 replica made from a browser pinned to another, and with --kill-one-after S kills one replica S
 seconds into the load (after the stored texts' links are made): its sessions must reconnect to a
-survivor and draw their text's map again, and new sessions and existing links must work through the
-survivors.
+survivor and, reloaded, draw their text's map again there, and new sessions and existing links must
+work through the survivors.
 Printed (JSON): the budget, the resting and peak memory, each session's time and whether it saw
 a wait, how many traces were computed (the gate's admissions, from the server log) against the
 number of sessions, and the checks. Exit status 1 when a check fails.
@@ -96,9 +96,6 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
     try:
         await page.goto(url, timeout=timeout_s * 1000)
         out["replica"] = await _replica(ctx)
-        if killed is not None:
-            await page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_s * 1000)
-            await page.evaluate(RUNS_JS)
         if fill:
             box = page.locator(".st-key-explore-text textarea").first
             await box.fill(text, timeout=timeout_s * 1000)
@@ -110,17 +107,13 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
             made.set()
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
-            if killed is not None and killed.is_set() and not out.get("runs_counted"):
-                await page.evaluate("() => { window.__runs = 0; }")  # from the kill on, a run is a survivor's
-                out["runs_counted"] = True
             if killed is not None and killed.is_set() and "moved_to" not in out:
                 now = await _replica(ctx)
                 if now != out["replica"] and now:
-                    out["moved_to"], out["drawn"] = now, False  # reconnected: the map is drawn again there
-            if "moved_to" in out and not (await page.evaluate("() => window.__runs > 0") and
-                                          await page.evaluate(IDLE_JS)):
-                await asyncio.sleep(0.5)  # moved, but the page has not run again there (to its end) yet
-                continue
+                    # reconnected: Streamlit's frontend keeps showing the old page and runs it on the survivor at
+                    # the next input; the user reloads, and the page runs there from its URL
+                    out["moved_to"], out["drawn"] = now, False
+                    await page.reload(timeout=timeout_s * 1000)
             if await page.locator(CHART).count():
                 out["drawn"] = True
                 out.setdefault("drawn_s", round(time.monotonic() - t0, 1))
@@ -143,12 +136,6 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
     out["seconds"] = round(time.monotonic() - t0, 1)
     await ctx.close()
     return out
-
-
-# counts the page's runs (Streamlit's script state turning to "running") from the moment it is reset
-RUNS_JS = """() => { window.__runs = 0; const app = document.querySelector('[data-testid="stApp"]');
-    new MutationObserver(() => { if (app.getAttribute('data-test-script-state') === 'running') window.__runs++; })
-        .observe(app, {attributes: true, attributeFilter: ['data-test-script-state']}); }"""
 
 
 class Kill(asyncio.Event):
