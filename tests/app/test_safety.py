@@ -112,7 +112,8 @@ def test_streamlit_reads_those_settings():
 
 def test_launch_scripts_do_not_rebind_the_server():
     """No launcher overrides those settings on the command line."""
-    for path in [*(ROOT / "scripts").glob("*.sh"), ROOT / "Makefile", ROOT / "tests" / "browser_utils.py"]:
+    for path in [*(ROOT / "scripts").glob("*.sh"), *(ROOT / "scripts").glob("*.py"), ROOT / "Makefile",
+                 ROOT / "tests" / "browser_utils.py"]:
         text = path.read_text()
         assert "0.0.0.0" not in text, path
         for unsafe in (r"server\.address\W+(?!127\.0\.0\.1)[\w:.]", r"enableXsrfProtection\W+false",

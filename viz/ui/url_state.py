@@ -145,8 +145,14 @@ class PageState:
         stored = self.qp.get(field + KEY_SUFFIX)
         if stored is None:
             return raw
-        whole = text_store.get(stored)
         part = "" if raw is None else str(raw)
+        try:
+            whole = text_store.fetch(stored)
+        except text_store.Unreachable as exc:
+            self.say(f"This link's {field} was too long for a web address and is kept in the text store under a "
+                     f"key, but {exc}. The box shows only the part the address carries: its first {len(part):,} "
+                     "characters. Reload the page later to read all of it, or paste the whole text into the box.")
+            return raw
         if whole is not None and whole.startswith(part):
             return whole
         shown = (f"its first {len(part):,} characters, the part the address carries" if part
@@ -210,13 +216,13 @@ class PageState:
             v = str(v)
             params[k] = url_text(v)
             if params[k] != v:  # too long for the URL: kept whole here, its key in the URL
-                stored = text_store.put(v[:MAX_CHARS])
-                if stored is not None:
-                    params[k + KEY_SUFFIX] = stored
-                else:
+                try:
+                    params[k + KEY_SUFFIX] = text_store.store(v[:MAX_CHARS])
+                except text_store.StoreError as exc:
                     st.warning(f"The {k} ({len(v):,} characters) is too long for the web address, which keeps its "
-                               f"first {len(params[k]):,}, and this server could not store it (disk): a reload, "
-                               f"Back or a shared link will bring back only those {len(params[k]):,} characters.")
+                               f"first {len(params[k]):,}, and {exc}: a reload, Back or a shared link will bring "
+                               f"back only those {len(params[k]):,} characters. The page itself works on the "
+                               "whole text.")
         if st.query_params.to_dict() != params:
             st.query_params.from_dict(params)
         st.session_state["_url_last"] = params
