@@ -137,6 +137,7 @@ PAGES = {  # page -> (the text box's key or None, the page-specific choice: (kin
     "patching": ("patching.text", ("radio", "patching.what", "attn_out")),
     "home": ("home.text", ("radio", "home.stop", 3)),
     "attribution": ("attribution.text", ("toggle", "attribution.words", True)),
+    "circuits": ("circuits.text", ("selectbox", "circuits.head", 1)),
 }
 
 
@@ -302,7 +303,7 @@ def test_long_prompt_keeps_its_last_tokens(app_test, monkeypatch):
     cut = [w for w in warns if "are cut" in w]
     assert cut, warns
     n_cut = int(re.search(r"the first ([\d,]+) are cut", cut[0]).group(1).replace(",", ""))
-    step1 = [m.value for m in at.markdown if "tokens cut]" in m.value]
+    step1 = [m.value for m in at.markdown if "tokens cut]*" in m.value]  # the chips (the page guide names the marker too)
     assert step1 and step1[0].startswith(f"*… [{n_cut} tokens cut]*"), step1
     shown = re.findall(r"`([^`]*)`", step1[0].split("→")[0])
     assert len(shown) <= 24 and shown[-1].strip() == "is", shown  # the prompt's end is what the model reads
