@@ -15,7 +15,7 @@ from core.errors import InputError
 from core.head_maps import layer_maps
 from viz.kvcache import figures as kf
 from viz.figures.text import clean_text
-from viz.ui import charts, models, url_state, urlflags, widgets
+from viz.ui import charts, dl, models, url_state, urlflags, widgets
 from viz.kvcache import run_panel as kr
 
 DEFAULT_TEXT = (
@@ -126,7 +126,7 @@ m[1].metric(f"Perplexity, {policy}", f"{a['perplexity']:.3f}", delta=f"{a['perpl
             delta_color="inverse")
 m[2].metric("Mean KL(full ‖ policy)", f"{df['kl'].mean():.4f} nats")
 m[3].metric("Attention mass lost", f"{df['mass_lost'].mean():.3f}")
-st.download_button("Per position (CSV)", lambda: df.to_csv(index=False).encode(), key="kvcache-csv",
+st.download_button("Per position (CSV)", dl.csv_later(df), key="kvcache-csv",
                    file_name=f"kvcache-{model_name}-{policy}-{budget}.csv", mime="text/csv", on_click="ignore")
 
 # ------------------------------------------------------------------ the chosen head's map
@@ -208,5 +208,5 @@ else:
         table = kf.sweep_table(results)
         charts.chart(kf.ppl_figure(table, float(table["perplexity_full"].iloc[0])), key="kvcache-ppl", name=f"kvcache-ppl-{model_name}",
                      width="stretch")
-        st.download_button("The sweep (CSV)", lambda: table.to_csv(index=False).encode(), key="kvcache-sweep-csv",
+        st.download_button("The sweep (CSV)", dl.csv_later(table), key="kvcache-sweep-csv",
                            file_name=f"kvcache-sweep-{model_name}.csv", mime="text/csv", on_click="ignore")
