@@ -106,3 +106,35 @@ def test_a_deferred_download_refuses_to_hold_a_trace(toy):
     frame = pd.DataFrame({"a": [1, 2]})
     frame.attrs["kept"] = np.zeros(10)
     assert dl.csv_later(frame)() == b"a\n1\n2\n"
+
+
+def _lambdas_over_globals(source: str) -> list:
+    """The download buttons of a page script whose data is a lambda written at the script's top level
+    (outside any function): it reads the page's globals when clicked, after page_run dropped them."""
+    import ast
+
+    found = []
+
+    def visit(node, in_function: bool):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function = True
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "download_button" and not in_function:
+            data = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "data"), None)
+            if isinstance(data, ast.Lambda):
+                found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_no_page_builds_a_download_from_its_globals():
+    from conftest import ROOT
+
+    bad = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "viz").glob("*/page.py"))
+           if (lines := _lambdas_over_globals(p.read_text(encoding="utf-8")))}
+    assert not bad, f"download buttons whose data is a lambda over the page's globals (use dl.later): {bad}"
+    # the check can fail: the Lens page's CSV as it was
+    assert _lambdas_over_globals('st.download_button("The lens (CSV)", lambda: lens_df.to_csv().encode())') == [1]
+    assert _lambdas_over_globals("def f():\n    st.download_button('x', lambda: local)\n") == []
