@@ -137,27 +137,29 @@ def _label(loc) -> str:
     return re.sub(r"\s+", " ", loc.inner_text()).strip()
 
 
+# One round trip reads every control's label (a label as the user reads it: whitespace folded).
+LABELS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => e.innerText.replace(/\\s+/g, ' ').trim())"""
+
+
+def _labels(page, sel: str) -> list:
+    return page.evaluate(LABELS_JS, sel)
+
+
 def _controls(page) -> list:
     """(kind, label, occurrence) of every control of the page as it is now."""
-    out, seen = [], Counter()
+    out = []
     for kind, sel in KINDS.items():
-        for i in range(page.locator(sel).count()):
-            label = _label(page.locator(sel).nth(i))
-            seen[(kind, label)] += 1
-            out.append((kind, label, seen[(kind, label)] - 1))
+        seen = Counter()
+        for label in _labels(page, sel):
+            out.append((kind, label, seen[label]))
+            seen[label] += 1
     return out
 
 
 def _find(page, kind: str, label: str, occurrence: int):
     """The control (kind, label, occurrence) on the page now, or None."""
-    sel, n = KINDS[kind], 0
-    loc = page.locator(sel)
-    for i in range(loc.count()):
-        if _label(loc.nth(i)) == label:
-            if n == occurrence:
-                return loc.nth(i)
-            n += 1
-    return None
+    hits = [i for i, t in enumerate(_labels(page, KINDS[kind])) if t == label]
+    return page.locator(KINDS[kind]).nth(hits[occurrence]) if len(hits) > occurrence else None
 
 
 def _clickable(loc):
@@ -199,12 +201,6 @@ def _parse(name: str, data: bytes) -> str:
     return ext
 
 
-def _key_of(loc) -> str:
-    """The Streamlit key of the widget (its st-key-* class), '' where it has none."""
-    return loc.evaluate("e => { const k = e.closest('[class*=\"st-key-\"]'); "
-                        "return k ? Array.from(k.classList).find(c => c.startsWith('st-key-')) : ''; }")
-
-
 def _download(page, button, what: str) -> None:
     """Click, and parse the file that comes; a failure is listed in CRAWL["failed"] (the page's test
     fails at its end, naming every download that failed, not only the first)."""
@@ -223,36 +219,42 @@ def _download(page, button, what: str) -> None:
         CRAWL["failed"].append(f"{what}: {type(exc).__name__}: {exc}")
 
 
-def _downloads(page, where: str, done: set) -> None:
-    """Click every download button on the page and in every popover that `done` does not hold
-    (an SVG: the chart's key, once per page; any other file: its key or label, once per view)."""
-    def todo(b) -> bool:
-        if _clickable(b).is_disabled():
-            return False  # not offered (over the download budget): its help says why
-        label = _label(b)
-        ident = (_key_of(b) or label) if label.endswith("SVG") else (where, _key_of(b) or label)
+# Each download button on the page: its key (st-key-* class, '' without), label, whether it is
+# visible (one in a closed popover or expander is not: it is clicked there) and disabled.
+DOWNLOADS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => {
+    const k = e.closest('[class*="st-key-"]');
+    const b = Array.from(e.querySelectorAll('button')).find(x => x.offsetParent !== null);
+    return [k ? Array.from(k.classList).find(c => c.startsWith('st-key-')) : '',
+            e.innerText.replace(/\\s+/g, ' ').trim(), !!b, !!b && b.disabled];
+})"""
+
+
+def _downloads(page, where: str, done: set, popovers: bool = True) -> None:
+    """Click every download button on the page (and, with `popovers`, in every popover) that `done`
+    does not hold (an SVG: the chart's key, once per page; any other file: its key or label, once
+    per view). A disabled one is not offered (over the download budget; its help says why)."""
+    def todo(key: str, label: str) -> bool:
+        ident = (key or label) if label.endswith("SVG") else (where, key or label)
         if ident in done:
             return False
         done.add(ident)
         return True
 
-    buttons = page.locator(f"{MAIN} {DOWNLOAD}")
-    for i in range(buttons.count()):
-        b = buttons.nth(i)
-        if b.is_visible() and todo(b):  # one not visible is in a closed popover or expander: clicked there
-            _download(page, b, f"{where}: download {_label(b)!r}")
+    sel = f"{MAIN} {DOWNLOAD}"
+    for i, (key, label, visible, disabled) in enumerate(page.evaluate(DOWNLOADS_JS, sel)):
+        if visible and not disabled and todo(key, label):
+            _download(page, page.locator(sel).nth(i), f"{where}: download {label!r}")
     pops = page.locator(KINDS["popover"])
-    for i in range(pops.count()):
+    for i, pop_label in enumerate(_labels(page, KINDS["popover"]) if popovers else []):
         if not pops.nth(i).is_visible():
             continue
         _clickable(pops.nth(i)).click()
         body = page.locator(POPOVER_BODY).last
         body.wait_for(state="visible", timeout=TIMEOUT)
-        inside = body.locator(DOWNLOAD)
-        for j in range(inside.count()):
-            if todo(inside.nth(j)):
-                _download(page, inside.nth(j), f"{where}: download {_label(inside.nth(j))!r} in popover "
-                                               f"{_label(pops.nth(i))!r}")
+        inner_sel = f"{POPOVER_BODY} {DOWNLOAD}"
+        for j, (key, label, visible, disabled) in enumerate(page.evaluate(DOWNLOADS_JS, inner_sel)):
+            if not disabled and todo(key, label):
+                _download(page, page.locator(inner_sel).nth(j), f"{where}: download {label!r} in popover {pop_label!r}")
         page.keyboard.press("Escape")
     assert not _raised(page), f"{where}: after the downloads: {_raised(page)}"
 
@@ -320,7 +322,7 @@ def _click(page, target, where: str, what: str, done: set) -> None:
     target.click()
     _settle(page)
     assert not _raised(page), f"{where}: after clicking {what}: {_raised(page)}"
-    _downloads(page, where, done)  # a click can offer a file of its own (the KV cache page's sweep)
+    _downloads(page, where, done, popovers=False)  # a click can offer a file of its own (the KV cache page's sweep)
 
 
 def _crawl(page, url: str, spec, model, seen: dict) -> None:
