@@ -137,8 +137,9 @@ def _label(loc) -> str:
     return re.sub(r"\s+", " ", loc.inner_text()).strip()
 
 
-# One round trip reads every control's label (a label as the user reads it: whitespace folded).
-LABELS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => e.innerText.replace(/\\s+/g, ' ').trim())"""
+# One round trip reads every control's label (its text, whitespace folded: the same whether it is
+# shown or inside a closed expander).
+LABELS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => e.textContent.replace(/\\s+/g, ' ').trim())"""
 
 
 def _labels(page, sel: str) -> list:
@@ -346,6 +347,11 @@ def _crawl(page, url: str, spec, model, seen: dict) -> None:
             loc = _find(page, kind, label, occurrence)
         assert loc is not None, f"{where}: the {kind} {label!r} of the first view cannot be found again"
         seen["controls"].add((kind, label, occurrence))
+        if not loc.is_visible():  # inside a closed expander ("Make corrupted" on Patching): open it first
+            loc.evaluate("e => { const d = e.closest('details'); if (d && !d.open) d.querySelector('summary').click(); }")
+            _settle(page)
+            loc = _find(page, kind, label, occurrence)
+            assert loc is not None and loc.is_visible(), f"{where}: the {kind} {label!r} is never shown"
         target = loc if kind in ("tab", "radio", "segment", "expander") else _clickable(loc)
         if target.is_disabled():
             CRAWL["clicks"][f"{kind} (disabled)"] += 1
@@ -360,12 +366,14 @@ def _crawl(page, url: str, spec, model, seen: dict) -> None:
                 if ("button", inner_label, 0) in seen["controls"]:
                     continue
                 seen["controls"].add(("button", inner_label, 0))
-                pop = page.locator(KINDS["popover"]).filter(has_text=label).first
-                if not pop.count():
-                    page.goto(url)
-                    _settle(page)
-                _clickable(page.locator(KINDS["popover"]).filter(has_text=label).first).click()
-                b = page.locator(f"{POPOVER_BODY} [data-testid='stButton']").filter(has_text=inner_label).first
+                page.goto(url)  # the first view again: the last example changed the sentence
+                _settle(page)
+                pop = _find(page, kind, label, occurrence)
+                assert pop is not None, f"{where}: the popover {label!r} of the first view cannot be found again"
+                _clickable(pop).click()
+                page.locator(POPOVER_BODY).last.wait_for(state="visible", timeout=TIMEOUT)
+                inner = page.locator(f"{POPOVER_BODY} [data-testid='stButton']")
+                b = inner.nth([_label(inner.nth(k)) for k in range(inner.count())].index(inner_label))
                 _click(page, _clickable(b), where, f"{inner_label!r} in {label!r}", seen["files"])
                 CRAWL["clicks"]["button"] += 1
     for href in links:
