@@ -42,7 +42,8 @@ def heatmap_svg(tmp_path_factory):
     w = np.zeros((4, 4))
     for q, k in ONES:
         w[q, k] = 1.0
-    fig = attention_heatmap(w, ["a", "b", "c", "d"], ["w", "x", "y", "z"], title="export test")
+    # a key that is a control character, as a byte-level vocabulary has ("\x10"): XML forbids it in a file
+    fig = attention_heatmap(w, ["a", "b", "c", "d"], ["w", "x", "\x10", "z"], title="export test")
     path = export.save(fig, tmp_path_factory.mktemp("export") / "map.svg")
     return fig, path
 
@@ -57,6 +58,7 @@ def test_svg_is_valid_and_holds_the_cells(heatmap_svg):
     assert root.tag == SVG_NS + "svg"
     texts = " ".join(t.text or "" for t in root.iter(SVG_NS + "text"))
     assert "export test" in texts and "key" in texts and "query" in texts
+    assert "\u2410" in texts  # the control character, drawn as its control picture (export.well_formed)
     layers = [g for g in root.iter(SVG_NS + "g") if "heatmaplayer" in g.get("class", "")]
     assert len(layers) == 1
     images = list(layers[0].iter(SVG_NS + "image"))
@@ -78,6 +80,13 @@ def test_svg_is_valid_and_holds_the_cells(heatmap_svg):
             px = img[int((q + 0.5) * h / 4), int((k + 0.5) * w / 4)]
             want = hi if (q, k) in ONES else lo
             assert np.abs(px - want).max() <= 3, (q, k, px, want)
+
+
+def test_well_formed_draws_forbidden_controls_as_pictures():
+    raw = "<svg><text>a\x10b\x00\té</text></svg>".encode()
+    with pytest.raises(ET.ParseError):
+        ET.fromstring(raw)
+    assert ET.fromstring(export.well_formed(raw)).find("text").text == "a\u2410b\u2400\té"  # a tab is legal: kept
 
 
 def test_png_is_twice_the_size(tmp_path):

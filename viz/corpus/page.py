@@ -15,7 +15,7 @@ import core.cli.corpus_job as cc
 import core.analysis.joint as cj
 from core.cli.corpus_data import CORPUS_FILE
 from viz.corpus import figures as vc
-from viz.ui import charts, explore_links, url_state, widgets
+from viz.ui import charts, downloads, explore_links, url_state, widgets
 
 MAX_UPLOAD_BYTES = 1_000_000  # an uploaded or pasted corpus
 MAX_SENTENCES = 2_000  # sentences one run reads (more are cut, with a warning)
@@ -196,7 +196,7 @@ if heads_box.open:
         charts.chart(vc.head_multiples(heads_xy, cap_small, title=f"layer {layer}: {n_heads} heads"),
                      "corpus-heads", on_select=_pick_head, selection_mode="points", width="stretch")
 
-st.download_button("Download this layer's vectors (Parquet)", lambda: _parquet(table), file_name=
+st.download_button("Download this layer's vectors (Parquet)", downloads.later(_parquet, table), file_name=
                    f"{model_name}-L{layer}-vectors.parquet", mime="application/octet-stream", on_click="ignore",
                    key="corpus-dl")
 

@@ -14,6 +14,8 @@ PNG is drawn at scale 2 by default (twice the figure's pixel size).
 
 from __future__ import annotations
 
+import re
+
 import os
 import shutil
 from pathlib import Path
@@ -77,9 +79,21 @@ def to_bytes(fig: go.Figure, fmt: str = "svg", scale: float = 2, width: Optional
                 width=width or layout.get("width") or DEFAULT_SIZE[0],
                 height=height or layout.get("height") or DEFAULT_SIZE[1])
     try:
-        return kaleido.calc_fig_sync(fig_dict, opts=opts, kopts={"path": path, "mathjax": False})
+        data = kaleido.calc_fig_sync(fig_dict, opts=opts, kopts={"path": path, "mathjax": False})
     except ChromeNotFoundError as exc:
         raise ExportError(f"the browser at {path!r} could not be started for figure export; {INSTALL_HINT}") from exc
+    return well_formed(data) if fmt == "svg" else data
+
+
+# Characters XML 1.0 forbids (C0 controls but tab, newline and return). A token can be one (a byte-level
+# vocabulary holds "\x10"), and plotly writes it into the SVG as it is: no XML reader opens that file.
+_XML_ILLEGAL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def well_formed(svg: bytes) -> bytes:
+    """The SVG with each control character XML forbids drawn as its Unicode control picture
+    (\x10 as U+2410, "␐"). In UTF-8 these bytes are never part of a longer character."""
+    return _XML_ILLEGAL.sub(lambda m: chr(0x2400 + m.group()[0]).encode(), svg)
 
 
 def save(fig: go.Figure, path, scale: float = 2, width: Optional[int] = None, height: Optional[int] = None,

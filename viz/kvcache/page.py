@@ -15,7 +15,7 @@ from core.errors import InputError
 from core.head_maps import layer_maps
 from viz.kvcache import figures as kf
 from viz.figures.text import clean_text
-from viz.ui import charts, models, url_state, url_switches, widgets
+from viz.ui import charts, downloads, models, url_state, url_switches, widgets
 from viz.kvcache import run_panel as kr
 
 DEFAULT_TEXT = (
@@ -129,7 +129,7 @@ m[3].metric("Attention mass lost", f"{df['mass_lost'].mean():.3f}")
 if policy == "snapkv" and a["observe"] != observe:
     st.caption(f"SnapKV observed the prompt's last {a['observe']} queries, not {observe}: the observed queries' keys "
                f"stay in the cache, which holds budget − 1 = {budget - 1} keys (and the prompt's {n_prompt} at most).")
-st.download_button("Per position (CSV)", lambda: df.to_csv(index=False).encode(), key="kvcache-csv",
+st.download_button("Per position (CSV)", downloads.csv_later(df), key="kvcache-csv",
                    file_name=f"kvcache-{model_name}-{policy}-{budget}.csv", mime="text/csv", on_click="ignore")
 
 # ------------------------------------------------------------------ the chosen head's map
@@ -212,5 +212,5 @@ else:
         table = kf.sweep_table(results)
         charts.chart(kf.ppl_figure(table, float(table["perplexity_full"].iloc[0])), key="kvcache-ppl", name=f"kvcache-ppl-{model_name}",
                      width="stretch")
-        st.download_button("The sweep (CSV)", lambda: table.to_csv(index=False).encode(), key="kvcache-sweep-csv",
+        st.download_button("The sweep (CSV)", downloads.csv_later(table), key="kvcache-sweep-csv",
                            file_name=f"kvcache-sweep-{model_name}.csv", mime="text/csv", on_click="ignore")

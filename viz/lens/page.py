@@ -10,7 +10,7 @@ from core.analysis.token_ids import output_token_id
 from viz.lens import figures as lf
 from core.head_maps import derived as per_trace
 from viz.figures.text import _md_code
-from viz.ui import charts, explore_links, longdoc, models, url_state, url_switches, widgets
+from viz.ui import charts, downloads, explore_links, longdoc, models, url_state, url_switches, widgets
 from core import trace_names as tn
 
 IOI = "When Mary and John went to the store, John gave a drink to"
@@ -113,7 +113,7 @@ if lens_df is not None:
                   if len(shown) < n_pos else "")
                + ("" if target else " Target: the model's own top-1 at each position."))
     charts.chart(lf.lens_grid(lens_df, colour), key="lens-grid", name=f"logit-lens-{model_name}", width="stretch")
-    st.download_button("The lens (CSV)", lambda: lf.lens_table(lens_df).to_csv(index=False).encode(),
+    st.download_button("The lens (CSV)", downloads.csv_later(lens_df, lf.lens_table),
                        help="One row per stream and position: after_block (-1 = the embeddings, k = after block k) "
                             "and stream ('embed', 'after L23') name the row.",
                        file_name=f"logit-lens-{model_name}.csv", mime="text/csv", key="lens-csv", on_click="ignore")
@@ -178,7 +178,7 @@ if attr is not None:
                 explore_links.link(st, f"{lf.head_label(row.layer, row.head)} (layer {row.layer} · "
                                                            f"head {row.head}): {row.contribution:+.3f}",
                              explore_links.explore_params(model_name, text, "decoder", row.layer, row.head, row.attn))
-    st.download_button("The attribution (CSV)", lambda: lf.attribution_table(attr).to_csv(index=False).encode(),
+    st.download_button("The attribution (CSV)", downloads.csv_later(attr, lf.attribution_table),
                        help="One row per part: block (-1 for the embeddings and the final biases), head (-1 where not "
                             "a head) and label ('L23H3', 'L23 MLP', 'embed').",
                        file_name=f"logit-attribution-{model_name}.csv", mime="text/csv", key="attribution-csv",

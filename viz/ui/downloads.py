@@ -1,10 +1,18 @@
 """Downloads under a map, in one "Download this map's data" popover: the map (CSV), its layer
 (NPZ), the whole trace (NPZ), each labelled with what it holds and its size, and named for it; a file over the download budget
-(viz.ui.download_sizes.download_budget) is not offered, and the page says why."""
+(viz.ui.download_sizes.download_budget) is not offered, and the page says why.
+
+Every deferred download (a file built when its button is clicked) holds what it needs: `later` binds
+the function and its inputs at the run that offers the button. A lambda over a page's globals does
+not: Streamlit calls it after the page run has ended, and by then admission.page_run has dropped the
+page's heavy globals (a frame, a figure), so it failed with a NameError and no file came. A trace is
+never bound (it would stay alive outside the memory budget while the tab is open): a download that
+reads one takes result_getter.getter(trace), as `offer` does."""
 
 from __future__ import annotations
 
 import io
+from typing import Callable
 
 import streamlit as st
 
@@ -13,6 +21,32 @@ from viz.ui import result_getter
 from viz.figures.heatmaps import attention_frame
 
 WHOLE_WARN_BYTES = 100 * 2**20  # above this, say that the whole trace takes a while to write
+
+
+def later(build: Callable, *inputs) -> Callable[[], bytes]:
+    """A deferred download's data function: build(*inputs) when the button is clicked, with the
+    inputs bound now (never read from the page's globals then). A trace among the inputs is a
+    TypeError: pass result_getter.getter(trace) instead, which does not keep it alive."""
+    from core.trace import Trace
+
+    if any(isinstance(v, Trace) for v in inputs):
+        raise TypeError("a deferred download must not hold a trace: pass result_getter.getter(trace)")
+    return lambda: build(*inputs)
+
+
+def _csv(table: Callable, frame) -> bytes:
+    return (frame if table is None else table(frame)).to_csv(index=False).encode()
+
+
+def csv_later(frame, table: Callable | None = None) -> Callable[[], bytes]:
+    """A deferred CSV of table(frame) (of frame itself without `table`), without the index. Holds
+    the frame only: when `table` is None its attrs (a KV cache run's kept keys, its maps) are left
+    behind, as the CSV writes none of them."""
+    if table is None:
+        import pandas as pd
+
+        frame = pd.DataFrame(frame)  # the same columns (copy on write), none of the attrs (frame.copy copies them)
+    return later(_csv, table, frame)
 
 
 def _base(model: str, stack: str, kind: str, layer: int) -> str:
