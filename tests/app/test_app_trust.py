@@ -50,7 +50,7 @@ def test_faithfulness_where_every_method_ties_says_so(app_test, smollm2):
     assert_no_exception(at)
     warns = " ".join(w.value for w in at.warning)
     assert "no method is distinguishable from random" in warns, warns
-    table = at.dataframe[0].value
+    table = at.table[0].value  # the faithfulness table (st.table: its cells wrap)
     assert (table["verdict"][table["method"] != "random"] == "indistinguishable from random").all()
     assert table["rank"].iloc[0] == "1=" and table["margin over random"].str.contains("±").all()
     assert any("20 seeded random rankings" in c.value for c in at.caption)
@@ -62,7 +62,7 @@ def test_the_default_toy_example_is_one_where_methods_differ(app_test, toy):
     at.run(timeout=600)
     assert_no_exception(at)
     assert at.selectbox(key="attribution.position").value == 2
-    table = at.dataframe[0].value
+    table = at.table[0].value  # the faithfulness table (st.table: its cells wrap)
     methods = table[table["method"] != "random"]
     assert methods["rank"].nunique() >= 3, table  # not one tie
     assert "above random" in set(methods["verdict"])

@@ -134,12 +134,16 @@ def _raised(page) -> str:
 
 
 def _label(loc) -> str:
-    return re.sub(r"\s+", " ", loc.inner_text()).strip()
+    return re.sub(r"\s+", " ", re.sub(ICONS, "", loc.inner_text())).strip()
 
 
 # One round trip reads every control's label (its text, whitespace folded: the same whether it is
 # shown or inside a closed expander).
-LABELS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => e.textContent.replace(/\\s+/g, ' ').trim())"""
+# An expander's summary carries its Material icon's name in its text (keyboard_arrow_right when closed,
+# keyboard_arrow_down when open): left out, so one expander has one label whether or not a click opened it.
+ICONS = r"keyboard_arrow_(?:right|down|up|left)|expand_(?:more|less)"
+LABELS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => e.textContent
+  .replace(/keyboard_arrow_(?:right|down|up|left)|expand_(?:more|less)/g, '').replace(/\\s+/g, ' ').trim())"""
 
 
 def _labels(page, sel: str) -> list:
