@@ -37,21 +37,11 @@ def head_edges(trace, cfg, model_name: str, text_key: str, stack: str, layer: in
     """One head's depth-1 edges (all three sides), cached; None after a message."""
     key = ("circuit", model_name, text_key, stack, int(layer), int(head), int(top))
     n = _n(trace, stack)
-
-    def compute():
-        admission.gate().count(circuit_cache())
-        with admission.admitted(gate.circuit_bytes(cfg, n), 0.0, f"{model_name} circuit of L{layer}H{head}, {n} tokens",
-                                kind="circuit"):
-            return ca.head_circuit(trace, stack, layer, head, depth=1, top=top)
-
-    try:
-        with st.spinner(f"Taking apart what layer {layer} head {head} reads…"):
-            return circuit_cache().get_or_compute(key, compute)
-    except ValueError as exc:
-        st.error(f"The circuit of layer {layer} head {head} cannot be read exactly here: {exc}")
-    except Exception as exc:  # the page keeps working
-        st.error(f"The circuit of layer {layer} head {head} could not be computed: {exc}")
-    return None
+    return _gated(key, gate.circuit_bytes(cfg, n), f"{model_name} circuit of L{layer}H{head}, {n} tokens", "circuit",
+                  lambda: ca.head_circuit(trace, stack, layer, head, depth=1, top=top),
+                  f"Taking apart what layer {layer} head {head} reads…",
+                  lambda exc: st.error(f"The circuit of layer {layer} head {head} cannot be read exactly here: {exc}"),
+                  f"The circuit of layer {layer} head {head} could not be computed")
 
 
 def cached_patch(model_name: str, text_key: str, edge: str, score: str) -> Optional[pd.DataFrame]:
@@ -66,20 +56,30 @@ def patch(model, model_name: str, text_key: str, edge: str, clean_ids: Sequence[
     n = len(clean_ids)
 
     def compute():
+        df = ca.path_patch(model, list(clean_ids), list(corrupt_ids), sender, receiver, side,
+                           score=score if targets is None else "induction", targets=targets, stack=stack)
+        return _keep_attrs(df.iloc[0:0].copy(), df)
+
+    return _gated(key, gate.path_patch_bytes(model.config, n), f"{model_name} path patch {edge}, {n} tokens",
+                  "path_patch", compute, f"Path patching {edge}…",
+                  lambda exc: st.warning(f"Path patching {edge}: {exc}"), f"Path patching {edge} could not run")
+
+
+def _gated(key, cost: int, label: str, kind: str, fn, spinner: str, said, failed: str):
+    """fn() once per key in the shared cache, admitted by the gate at `cost` bytes; a ValueError
+    (the analysis cannot apply) goes to said(exc), any other failure to an st.error: None after either."""
+    def compute():
         admission.gate().count(circuit_cache())
-        with admission.admitted(gate.path_patch_bytes(model.config, n), 0.0,
-                                f"{model_name} path patch {edge}, {n} tokens", kind="path_patch"):
-            df = ca.path_patch(model, list(clean_ids), list(corrupt_ids), sender, receiver, side,
-                               score=score if targets is None else "induction", targets=targets, stack=stack)
-            return _keep_attrs(df.iloc[0:0].copy(), df)
+        with admission.admitted(cost, 0.0, label, kind=kind):
+            return fn()
 
     try:
-        with st.spinner(f"Path patching {edge}…"):
+        with st.spinner(spinner):
             return circuit_cache().get_or_compute(key, compute)
     except ValueError as exc:
-        st.warning(f"Path patching {edge}: {exc}")
+        said(exc)
     except Exception as exc:  # the page keeps working
-        st.error(f"Path patching {edge} could not run: {exc}")
+        st.error(f"{failed}: {exc}")
     return None
 
 
