@@ -145,3 +145,21 @@ def test_window_reads_whole_maps_or_their_last_rows_alike():
     np.testing.assert_allclose(whole.weights.sum(1), 1)
     with pytest.raises(ValueError, match="at least one step"):
         ds.steps_figure([])
+
+
+def test_a_play_mark_left_by_a_lost_fragment_rerun_pauses_the_next_full_run(monkeypatch):
+    """Play marks its next fragment rerun; a page switch during Play's delay wins over that rerun and
+    leaves the mark set. Opened again (a full run), the page must pause, not play on to the end."""
+    from types import SimpleNamespace
+
+    from viz.decoder import stepper_panel as sp
+
+    ss = {}
+    monkeypatch.setattr(sp, "st", SimpleNamespace(session_state=ss))
+    for fragment_ids, mark, resumed in [([], "fragment", False), (["f1"], "fragment", True), ([], "page", True),
+                                        ([], "click", True), (["f1"], "click", True), (["f1"], None, False)]:
+        monkeypatch.setattr(sp, "get_script_run_ctx", lambda ids=fragment_ids: SimpleNamespace(fragment_ids_this_run=ids))
+        if mark is not None:
+            ss[sp.RESUME] = mark
+        assert sp._resumed() is resumed, (fragment_ids, mark)
+        assert sp.RESUME not in ss  # a mark counts for one run only

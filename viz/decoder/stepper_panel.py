@@ -15,6 +15,7 @@ from typing import Callable, List, Optional
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from viz.decoder import figures as decoder_figures
 from viz.decoder import view_panel as decoder_view
@@ -58,7 +59,8 @@ def _play_pause(step_key: str, n: int) -> None:
     if ss.get(PLAYING):
         ss[PLAYING] = False
         return
-    ss[PLAYING] = ss[RESUME] = True
+    ss[PLAYING] = True
+    ss[RESUME] = "click"  # the run this click starts plays on
     if int(ss.get(step_key, 1)) >= n:
         ss[step_key] = 1  # from the end, play again from the start
 
@@ -71,12 +73,27 @@ def _check_with_teacher(mode_key: str, target_key: str) -> None:
     ss[TO_TEACHER] = True  # the mode is the page's: the whole page reruns (see stepper)
 
 
-def _rerun_fragment() -> None:
-    """Rerun only the fragment; in a full-page run (the first, or any AppTest run) the whole page."""
+def _play_on() -> None:
+    """Rerun only the fragment, marked as Play's own rerun; in a full-page run (the first, or any
+    AppTest run), where a fragment-scoped rerun is refused, the whole page."""
+    ss = st.session_state
+    ss[RESUME] = "fragment"
     try:
         st.rerun(scope="fragment")
     except StreamlitAPIException:
+        ss[RESUME] = "page"
         st.rerun()
+
+
+def _resumed() -> bool:
+    """Whether this run is Play's next step. Play's fragment rerun can lose to a click that came
+    during its delay (a page switch): its mark is then still set when the page is next opened, in
+    a full run, which must pause. So a mark made for a fragment rerun counts in a fragment run only."""
+    mark = st.session_state.pop(RESUME, None)
+    if mark == "fragment":
+        ctx = get_script_run_ctx()
+        return bool(ctx is not None and ctx.fragment_ids_this_run)
+    return mark in ("click", "page")
 
 
 def light(steps: list, full) -> tuple:
@@ -105,7 +122,7 @@ def _stepper(run: Run, steps: list, full, extra: dict) -> None:
         st.rerun()  # "Check against teacher forcing" changed the page's mode
     # Play advances one step per rerun and marks each of its reruns; any other run (a click, a page
     # switch and back, a reload) pauses it, so coming back to the page never jumps to the end.
-    resumed = bool(ss.pop(RESUME, False))
+    resumed = _resumed()
     if ss.get(PLAYING) and not resumed:
         ss[PLAYING] = False
     # the URL as it is now (a fragment rerun reads its own); the toggle keeps its own key
@@ -192,5 +209,4 @@ def _stepper(run: Run, steps: list, full, extra: dict) -> None:
     if playing:  # Play: one step per rerun of this fragment, to the end
         time.sleep(PLAY_DELAY_S)
         ss[GOTO] = step + 1
-        ss[RESUME] = True
-        _rerun_fragment()
+        _play_on()
