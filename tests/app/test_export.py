@@ -144,3 +144,60 @@ def test_app_charts_offer_png_2x_and_svg(app_test):
         assert key in chart.proto.id
         assert any(f"{key}-svg" in i for i in svg_buttons), key
     assert len(svg_buttons) == len(charts)
+
+
+def test_a_pipe_message_choreographer_skips_is_one_warning_and_other_errors_stay(caplog):
+    """choreographer's recovered decode failure (logged with a traceback) reads as one warning line;
+    any other error of the library is still an error."""
+    import logging
+
+    from viz.figures import export
+
+    export._skip_pipe_tracebacks()
+    export._skip_pipe_tracebacks()  # once, however often an export runs
+    log = logging.getLogger("choreographer.channels.pipe")
+    assert hasattr(log, "debug2") and len(log.filters) == 1  # still choreographer's own logger class
+    with caplog.at_level(logging.DEBUG, logger="choreographer.channels.pipe"):
+        try:
+            raise ValueError("Expecting property name enclosed in double quotes")
+        except ValueError:
+            log.exception("JSONError decoding message. Ignoring")
+        log.error("Error in trying to decode JSON off our read.")
+    (skipped, other) = caplog.records
+    assert (skipped.levelno, skipped.exc_info, "skipped" in skipped.getMessage()) == (logging.WARNING, None, True)
+    assert other.levelno == logging.ERROR
+
+
+def test_a_figure_the_first_browser_gave_no_answer_for_is_drawn_by_a_second(monkeypatch, caplog):
+    """kaleido waits out its timeout when a browser's answer is lost: the export starts one more
+    browser, says so in the log, and raises only when that one fails too."""
+    import logging
+
+    import kaleido
+    import plotly.graph_objects as go
+
+    from viz.figures import export
+
+    calls = []
+
+    def flaky_once(fig, opts, kopts):
+        calls.append(opts["format"])
+        if len(calls) == 1:
+            raise TimeoutError("no answer")
+        return b"<svg xmlns='http://www.w3.org/2000/svg'><g/></svg>"
+
+    monkeypatch.setattr(export, "find_browser", lambda browser=None: "/usr/bin/chromium")
+    monkeypatch.setattr(kaleido, "calc_fig_sync", flaky_once)
+    with caplog.at_level(logging.WARNING, logger="attention_lab.export"):
+        assert export.to_bytes(go.Figure(), "svg").startswith(b"<svg")
+    assert calls == ["svg", "svg"] and "drawing it again" in caplog.text
+
+    def never(fig, opts, kopts):
+        calls.append(opts["format"])
+        raise TimeoutError("no answer")
+
+    calls.clear()
+    monkeypatch.setattr(kaleido, "calc_fig_sync", never)
+    with pytest.raises(TimeoutError):
+        export.to_bytes(go.Figure(), "svg")
+    assert calls == ["svg", "svg"]

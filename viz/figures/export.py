@@ -14,15 +14,16 @@ PNG is drawn at scale 2 by default (twice the figure's pixel size).
 
 from __future__ import annotations
 
-import re
-
+import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
 import plotly.graph_objects as go
 
+LOG = logging.getLogger("attention_lab.export")
 FORMATS = ("svg", "pdf", "png")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = ("install Debian's Chromium (`sudo apt-get install chromium`, or `bash scripts/setup.sh --test`), "
@@ -32,6 +33,32 @@ DEFAULT_SIZE = (700, 500)  # plotly's own default width and height
 
 class ExportError(RuntimeError):
     """A figure could not be exported (no browser, or an unknown format)."""
+
+
+class _SkippedPipeMessage(logging.Filter):
+    """choreographer, kaleido's link to its browser, logs a message from the browser it cannot
+    decode with a full traceback, at ERROR, and goes on without it. That is the library's own
+    recovery, not a failure of the export: it is logged as one WARNING line. Were the skipped
+    message the one the export waits for, kaleido's timeout raises and the export fails as
+    it should (to_bytes raises; the page says so)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("JSONError decoding message"):
+            record.msg, record.args = "kaleido's browser pipe: one message did not decode and was skipped", ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _skip_pipe_tracebacks() -> None:
+    """Install _SkippedPipeMessage on choreographer's pipe logger, once. Called after kaleido is
+    imported: choreographer's loggers are logistro's own class, made at its import (a logger asked
+    for by name before then would be a plain one, without the levels choreographer logs at)."""
+    import choreographer.channels.pipe  # noqa: F401 - makes the logger, of logistro's class
+
+    log = logging.getLogger("choreographer.channels.pipe")
+    if not any(isinstance(f, _SkippedPipeMessage) for f in log.filters):
+        log.addFilter(_SkippedPipeMessage())
 
 
 def _is_exe(path) -> bool:
@@ -73,15 +100,25 @@ def to_bytes(fig: go.Figure, fmt: str = "svg", scale: float = 2, width: Optional
         from kaleido.errors import ChromeNotFoundError
     except ImportError as exc:  # pragma: no cover - kaleido is a pinned dependency
         raise ExportError("figure export needs kaleido: pip install kaleido==1.5.0") from exc
+    _skip_pipe_tracebacks()
     fig_dict = go.Figure(fig).to_plotly_json()
     layout = fig_dict.get("layout", {})
     opts = dict(format=fmt, scale=scale,
                 width=width or layout.get("width") or DEFAULT_SIZE[0],
                 height=height or layout.get("height") or DEFAULT_SIZE[1])
-    try:
-        data = kaleido.calc_fig_sync(fig_dict, opts=opts, kopts={"path": path, "mathjax": False})
-    except ChromeNotFoundError as exc:
-        raise ExportError(f"the browser at {path!r} could not be started for figure export; {INSTALL_HINT}") from exc
+    for attempt in (1, 2):
+        try:
+            data = kaleido.calc_fig_sync(fig_dict, opts=opts, kopts={"path": path, "mathjax": False})
+            break
+        except ChromeNotFoundError as exc:
+            raise ExportError(f"the browser at {path!r} could not be started for figure export; {INSTALL_HINT}") from exc
+        except Exception as exc:  # noqa: BLE001 - one more browser, then the error as it is
+            # Each call starts its own browser. On a loaded machine choreographer can lose a message
+            # of that browser's (see _SkippedPipeMessage) and kaleido then waits out its timeout:
+            # the second browser draws the same figure. A figure that cannot be drawn fails twice.
+            if attempt == 2:
+                raise
+            LOG.warning("figure export: %s: %s; drawing it again in a new browser", type(exc).__name__, exc)
     return well_formed(data) if fmt == "svg" else data
 
 
