@@ -129,7 +129,6 @@ def test_a_long_texts_link_opens_whole_from_five_new_browsers_over_both_replicas
     assert made_on in ("r0", "r1") and set(served) == {"r0", "r1"}, (made_on, served)  # made on one, read on both
 
 
-@pytest.mark.flaky(reruns=0)  # it kills a replica: a second try would find one already gone
 def test_a_replica_killed_under_a_session_leaves_it_to_reconnect_to_the_survivor_with_its_text(server, browser):
     link = LINKS.get("long")
     if link is None:
@@ -167,7 +166,6 @@ def test_a_replica_killed_under_a_session_leaves_it_to_reconnect_to_the_survivor
     assert f"{victim} (pid {pid}) exited" in server.stderr_path.read_text()
 
 
-@pytest.mark.flaky(reruns=0)  # it stops the arrangement
 def test_stopping_the_command_stops_everything_it_started(server):
     ports = [r["port"] for r in server.info["replicas"]]
     ports += [urllib.parse.urlsplit(server.url).port, urllib.parse.urlsplit(server.info["redis"]).port]
