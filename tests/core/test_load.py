@@ -6,11 +6,11 @@
 2. One server serves N_SENTENCES different sentences (visits of five: each a new session that
    opens one sentence with ?text=... and types four more); its resident memory is printed at
    the start, after a warm-up, after the first half and after the second. The trace cache's
-   byte budget is set small here (a toy trace is ~0.2 MB, so MEMORY_CACHE_MB = 4 fills within
-   the first half's first 20 sentences): once it is full, the second half must not grow the
+   byte budget is set small here (a toy trace is ~0.2 MB, so MEMORY_CACHE_MB = 2 fills within
+   the first half's first 10 sentences): once it is full, the second half must not grow the
    server (memory is bounded, not proportional to the number of sentences served). The
    property is the bound, not the count: the default budget (1 GB) bounds it the same way,
-   only later. 200 sentences with a 32 MB cache (the size this ran at before) is
+   only later. 200 sentences with a 32 MB cache (the size this ran at before 80, then 40) is
    `python -m bench.bench_large_checks --part memory`.
 
 Both drive Chromium through Playwright's async API (one browser, one context per user). The
@@ -34,8 +34,8 @@ from core.toy import toy_task
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 N_SESSIONS = 8
-N_SENTENCES = int(os.environ.get("ATTENTION_LAB_LOAD_SENTENCES", 80))  # bench/bench_large_checks.py: 200
-MEMORY_CACHE_MB = int(os.environ.get("ATTENTION_LAB_LOAD_CACHE_MB", 4))  # and 32
+N_SENTENCES = int(os.environ.get("ATTENTION_LAB_LOAD_SENTENCES", 40))  # bench/bench_large_checks.py: 200
+MEMORY_CACHE_MB = int(os.environ.get("ATTENTION_LAB_LOAD_CACHE_MB", 2))  # and 32
 SENTENCES_PER_VISIT = 5  # each visit (session) opens one sentence by URL and types four more
 RSS_LIMIT_MB = 1500
 LOAD_LINE = re.compile(r"attention_lab INFO loaded model (\S+)")

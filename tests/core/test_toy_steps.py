@@ -111,7 +111,8 @@ def test_exact_match_rises_over_the_saved_steps(steps, scores):
 @pytest.mark.slow
 def test_metrics_json_agrees_with_an_independent_scoring(steps, scores):
     """metrics.json (core.toy.evaluate: greedy decoding) against the teacher-forced scoring above,
-    every step; and core.toy.evaluate itself re-run on two steps."""
+    every step; and core.toy.evaluate itself re-run on the last step (its 1,000 greedy decodes
+    are the test's cost: one step shows the file is that function's output)."""
     metrics = toy_steps.load_metrics()
     assert [r["step"] for r in metrics["steps"]] == steps and metrics["n_heldout"] == 1000
     for r in metrics["steps"]:
@@ -122,7 +123,7 @@ def test_metrics_json_agrees_with_an_independent_scoring(steps, scores):
     for r in metrics["steps"]:
         i = min(r["step"], steps[-1] - 1)
         assert r["train_loss"] == pytest.approx(losses["ce"][i] + 0.5 * losses["align"][i], abs=2e-6)
-    for s in (steps[-3], steps[-1]):  # trained steps decode fast (they stop at <end>)
+    for s in steps[-1:]:  # a trained step decodes fast (it stops at <end>)
         fresh = evaluate_toy(core.load_model("toy-translate", device="cpu", step=s), n=1000)
         row = next(r for r in metrics["steps"] if r["step"] == s)
         assert abs(row["exact_match"] - fresh["exact_match"]) <= 0.002
