@@ -39,8 +39,8 @@ class _SkippedPipeMessage(logging.Filter):
     """choreographer, kaleido's link to its browser, logs a message from the browser it cannot
     decode with a full traceback, at ERROR, and goes on without it. That is the library's own
     recovery, not a failure of the export: it is logged as one WARNING line. Were the skipped
-    message the one the export waits for, kaleido's timeout raises and the export fails as
-    it should (to_bytes raises; the page says so)."""
+    message the one the export waits for, kaleido's timeout raises, and to_bytes draws the
+    figure once more in a new browser (then raises if that fails too)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.getMessage().startswith("JSONError decoding message"):
