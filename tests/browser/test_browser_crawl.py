@@ -154,12 +154,12 @@ def _label(loc) -> str:
 # An expander's summary carries its Material icon's name in its text (keyboard_arrow_right when closed,
 # keyboard_arrow_down when open): left out, so one expander has one label whether or not a click opened it.
 ICONS = r"keyboard_arrow_(?:right|down|up|left)|expand_(?:more|less)"
-LABELS_JS = """sel => Array.from(document.querySelectorAll(sel)).map(e => e.textContent
-  .replace(/keyboard_arrow_(?:right|down|up|left)|expand_(?:more|less)/g, '').replace(/\\s+/g, ' ').trim())"""
+LABELS_JS = """([sel, icons]) => Array.from(document.querySelectorAll(sel)).map(e => e.textContent
+  .replace(new RegExp(icons, 'g'), '').replace(/\\s+/g, ' ').trim())"""  # ICONS, passed in
 
 
 def _labels(page, sel: str) -> list:
-    return page.evaluate(LABELS_JS, sel)
+    return page.evaluate(LABELS_JS, [sel, ICONS])
 
 
 def _controls(page) -> list:
