@@ -29,7 +29,7 @@ names are kept; `nbytes()` counts what is stored.
 Because the stored output came from the fused kernel and the re-run takes the explicit
 formula, the two check each other: `recomputed(f"{stack}.{i}.out")` is the re-run's output
 of layer i, to compare with the stored `{stack}.{i}.out`; the stored `heads` (fused) is to
-compare with A V from the re-run's weights and values (viz.figures.checks shows both).
+compare with A V from the re-run's weights and values (viz.inside.step_checks shows both).
 
 A trace loaded from an .npz file has every name stored and recomputes nothing. A decoder
 step (`AttentionModel.steps`) is `prefix(t)`: a view of the first t decoder positions of one

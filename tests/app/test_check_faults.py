@@ -439,7 +439,7 @@ def test_registry_names_every_check_of_the_inside_page(toy, smollm2):
     least one entry above per step (as many as the step shows checks)."""
     from collections import Counter
 
-    from viz.figures.checks import layer_checks
+    from viz.inside.step_checks import layer_checks
 
     shown: Counter = Counter()
     for model in (toy, smollm2):

@@ -1,4 +1,4 @@
-"""The Inside page's pieces (viz.figures.steps, viz.figures.checks, viz.figures.step_figures) on random core models:
+"""The Inside page's pieces (viz.inside.step_model, viz.inside.step_checks, viz.inside.figures) on random core models:
 steps hold the trace's real tensors, the column notation is the transpose of the row one,
 the checks hold (and catch tampering), and large inputs are drawn reduced."""
 
@@ -10,14 +10,13 @@ import torch
 
 import core
 from core import trace_names as tn
-from viz.figures.checks import head_checks, residual_checks, row_sum_error
 from viz.figures.heatmaps import to_numpy
 from viz.figures.reduce import block_means
-from viz.figures.step import COLS, ROWS, Step, kv_head, mask_kind
-from viz.figures.step_figures import (
+from viz.inside.figures import (
     MAX_CELLS_DRAWN, MAX_TOKENS_DRAWN, MIN_FEATURES_DRAWN, colour_limit, drawn_matrix, step_figure,
 )
-from viz.figures.steps import layer_steps, shapes_table, steps_by_key
+from viz.inside.step_checks import head_checks, residual_checks, row_sum_error
+from viz.inside.step_model import COLS, ROWS, Step, kv_head, layer_steps, mask_kind, shapes_table, steps_by_key
 
 TEXT = "the small dog sees the cat"
 

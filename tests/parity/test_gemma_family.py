@@ -165,7 +165,7 @@ def test_weights_alone_and_cached_decoding_agree_with_the_full_pass(tmp_path, fa
     for i in range(m.config.n_layers):
         alone = tr._runner.self_weights(tr, stack, i)
         assert torch.allclose(alone, tr[f"{stack}.{i}.self_attn.weights"], atol=1e-6), i
-    from viz.figures.checks import layer_checks  # a switched-off head: the numpy layer zeroes it too
+    from viz.inside.step_checks import layer_checks  # a switched-off head: the numpy layer zeroes it too
 
     off = m.trace(SENTENCES[1], ablate=[(stack, 0, 1)])
     checks = layer_checks(off, stack, "self_attn", 0, 1)

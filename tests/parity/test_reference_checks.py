@@ -1,4 +1,4 @@
-"""The Inside page's checks (viz.figures.checks) against viz.figures.reference, the float64 numpy layer, on every
+"""The Inside page's checks (viz.inside.step_checks) against viz.figures.reference, the float64 numpy layer, on every
 family the loaders support: on the model as it is every check holds; with the core computing one
 projection wrong (a forward hook scales W_k's output by 1.02, the checkpoint's weight left as
 it is) the checks of K and everything after it fail, while the numpy side, which reads the
@@ -9,7 +9,7 @@ import torch
 
 import core
 from hf_builders import build
-from viz.figures.checks import layer_checks
+from viz.inside.step_checks import layer_checks
 
 pytest.importorskip("transformers")
 

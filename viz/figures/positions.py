@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 import core
 from core import trace_names as tn
-from viz.figures.checks import Check, _tol, max_abs_diff
+from viz.figures.checks import Check, max_abs_diff, tolerance
 from viz.figures.heatmaps import DIVERGING, fixed_margins_layout, matrix_heatmap, to_numpy
 from viz.figures.reduce import tick_indices
 
@@ -307,7 +307,7 @@ def position_checks(trace, info: dict) -> list:
         return []
     what = ("the sinusoid formula, computed again in float64 numpy" if info["scheme"] == "sinusoidal"
             else "the rows of the checkpoint's position table")
-    checks = [Check(f"the recorded P equals {what}", max_abs_diff(P, own), _tol(own))]
+    checks = [Check(f"the recorded P equals {what}", max_abs_diff(P, own), tolerance(own))]
     x = info["tokens_emb"] + own + (trace[tn.embed(stack, "types")].double().numpy() if info["types"] else 0.0)
     label = "the recorded layer-0 input X equals X′ + P"
     if info["embed_norm"]:
@@ -318,7 +318,7 @@ def position_checks(trace, info: dict) -> list:
         mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
         x = (x - mu) / np.sqrt(var + emb.norm.eps) * g + b
         label = "the recorded layer-0 input X equals LayerNorm(X′ + P + token types), in numpy"
-    checks.append(Check(label, max_abs_diff(X, x), _tol(X)))
+    checks.append(Check(label, max_abs_diff(X, x), tolerance(X)))
     return checks
 
 

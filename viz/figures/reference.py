@@ -1,5 +1,6 @@
 """One layer of the model, computed again in float64 numpy from the layer's stored input and
-the checkpoint's own weight tensors: the other side of the Inside page's checks (viz/figures/checks.py).
+the checkpoint's own weight tensors: the other side of the Inside page's checks
+(viz/inside/step_checks.py) and of the Playground's (viz/figures/checks.py's scaled_check).
 
 Nothing here calls the core's forward code. The weights are read from the model's modules as
 plain arrays (W_q, W_k, W_v, W_o and their biases, the norms' gains and shifts, the FFN's

@@ -3,22 +3,21 @@
 X -> (+P) -> Q, K, V -> QKᵀ -> /√d_k -> +M -> softmax -> AV -> Concat(heads) Wᴼ -> add & norm
 -> FFN -> add & norm, in the order the model computes them (post- or pre-norm), each step
 the real recorded tensor with its formula in the notes' notation (tokens as rows, or as
-columns like Lecture 10), its shape, and numerical checks. Steps come from viz.figures.steps,
-checks from viz.figures.checks, figures from viz.figures.step_figures.
+columns like Lecture 10), its shape, and numerical checks. Steps come from viz.inside.step_model,
+checks from viz.inside.step_checks, figures from viz.inside.figures.
 """
 
 import streamlit as st
 
 from core import trace_names as tn
 from viz.figures import why as why_figures
-from viz.figures.checks import layer_checks
 from viz.figures.citations import cite_text
+from viz.figures.select import axis_tokens
+from viz.inside.figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
+from viz.inside.step_checks import layer_checks
+from viz.inside.step_model import NOTATIONS, ROWS, Step, block_notes, groups, kv_head, layer_steps, shapes_table
 from viz.ui import charts, downloads, models, training_panel, url_state, vocab, why_panel, widgets
 from viz.ui.download_sizes import human, layer_bytes
-from viz.figures.select import axis_tokens
-from viz.figures.step import NOTATIONS, ROWS, Step, kv_head
-from viz.figures.step_figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
-from viz.figures.steps import block_notes, groups, layer_steps, shapes_table
 
 CLICKABLE = ("scores", "scaled", "masked", "weights")  # maps whose cells open "Why here?"
 INSIDE_LAYER_BYTES = 3 * 2**30 // 2  # one layer's every name above this is not computed here (long inputs)

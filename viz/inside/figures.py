@@ -1,4 +1,4 @@
-"""The picture of one `Step` (viz/figures/steps.py): a heatmap in either notation, with long token
+"""The picture of one `Step` (viz/inside/step_model.py): a heatmap in either notation, with long token
 axes drawn as blocks (viz/figures/reduce.py) and long feature axes cut, so a page never draws more
 than about MAX_CELLS_DRAWN cells."""
 
@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from viz.figures.heatmaps import ATTN_SCALE, DIVERGING, attention_heatmap, fixed_margins_layout, matrix_heatmap, safe_label
 from viz.figures.reduce import block_means, block_size, blocks, tick_indices
-from viz.figures.step import COLS, ROWS, Step
+from viz.inside.step_model import COLS, ROWS, Step
 
 MAX_TOKENS_DRAWN = 128  # token axes longer than this are drawn as block means
 MAX_CELLS_DRAWN = 16_384  # feature axes are cut so a drawn matrix stays within about this many cells
