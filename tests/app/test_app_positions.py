@@ -7,7 +7,7 @@ import torch
 
 import core
 from conftest import assert_no_exception, chart_by_key, heatmap_z
-from viz.figures import positions as vp
+from viz.positions import figures as vp
 
 LONG_TEXT = " ".join(["the small dog sees the cat"] * 100)  # 600 words
 

@@ -217,21 +217,21 @@ def positions_off_by_one(mp):
 def pe_formula_without_cosines(mp):
     """Not the core: the page's own formula with its cosines replaced by sines, so PE·PEᵀ is no
     longer constant along its diagonals (section 3's check is about the formula itself)."""
-    import viz.figures.positions
+    import viz.figures.sinusoid
 
-    real = viz.figures.positions.pe_matrix
+    real = viz.figures.sinusoid.pe_matrix
 
     def broken(n, d, layout="interleaved", base=10000.0):
         pe = real(n, d, layout, base)
         pe[:, 1::2] = pe[:, 0::2][:, : d // 2] * 0.5 + 0.1
         return pe
 
-    mp.setattr(viz.figures.positions, "pe_matrix", broken)
+    mp.setattr(viz.figures.sinusoid, "pe_matrix", broken)
 
 
 POSITIONS = {"model": "toy-translate", "text": TEXT}
 add(Fault("model's P = the formula in numpy", "positions", POSITIONS,
-          "the recorded P vs the sinusoid formula written out again in float64 numpy (viz.figures.positions.pe_matrix)",
+          "the recorded P vs the sinusoid formula written out again in float64 numpy (viz.figures.sinusoid.pe_matrix)",
           positions_off_by_one, fails="the recorded P equals the sinusoid formula",
           holds="the recorded P equals the sinusoid formula"))
 add(Fault("model's X = X' + P in numpy", "positions", POSITIONS,

@@ -1,4 +1,4 @@
-"""viz.figures.positions: the sinusoidal matrix, its relative-distance property and the notes' example,
+"""viz.figures.sinusoid and viz.positions.figures: the sinusoidal matrix, its relative-distance property and the notes' example,
 checked against the formula written out independently here (radians, Vaswani et al. 2017)."""
 
 import math
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import core
-from viz.figures import positions as vp
+from viz.figures import sinusoid
+from viz.positions import figures as vp
 
 
 def formula(n: int, d: int) -> np.ndarray:
@@ -24,7 +25,7 @@ def formula(n: int, d: int) -> np.ndarray:
 
 @pytest.mark.parametrize("n,d", [(4, 4), (50, 16), (7, 10), (33, 128), (3, 5)])
 def test_pe_matrix_is_the_formula(n, d):
-    assert np.allclose(vp.pe_matrix(n, d), formula(n, d), atol=1e-12)
+    assert np.allclose(sinusoid.pe_matrix(n, d), formula(n, d), atol=1e-12)
 
 
 def test_money_table_recomputed_in_radians():
@@ -54,7 +55,7 @@ def test_degrees_reproduce_the_notes_mistake():
 
 @pytest.mark.parametrize("n,d", [(64, 4), (64, 128), (200, 512), (30, 1024)])
 def test_dot_product_depends_only_on_offset(n, d):
-    G = vp.pe_dot_matrix(vp.pe_matrix(n, d))
+    G = vp.pe_dot_matrix(sinusoid.pe_matrix(n, d))
     omegas = 1.0 / 10000 ** (np.arange(0, d, 2) / d)
     for i in range(0, n, max(1, n // 17)):
         for j in range(0, n, max(1, n // 13)):
@@ -66,7 +67,7 @@ def test_dot_product_depends_only_on_offset(n, d):
 
 
 def test_offset_curves_coincide_for_every_start():
-    P = vp.pe_matrix(80, 64)
+    P = sinusoid.pe_matrix(80, 64)
     curves = vp.dot_by_offset(P, [0, 20, 40])
     d0, v0 = curves[0]
     for i in (20, 40):
@@ -86,8 +87,8 @@ def test_stride_keeps_sin_cos_pairs():
 
 
 def test_heatmap_shows_exact_values():
-    P = vp.pe_matrix(12, 8)
-    fig = vp.positional_heatmap(P, title="t")
+    P = sinusoid.pe_matrix(12, 8)
+    fig = sinusoid.positional_heatmap(P, title="t")
     assert np.allclose(np.asarray(fig.data[0].z, dtype=float), core.sinusoidal_encoding(12, 8).numpy(), atol=1e-6)
 
 
@@ -107,7 +108,7 @@ def test_model_positions_of_the_bundled_model():
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_pe_matrix_is_independent_of_core(layout):
     """The page's formula is its own numpy code, and agrees with core's to float64 precision."""
-    ours = vp.pe_matrix(50, 12, layout)
+    ours = sinusoid.pe_matrix(50, 12, layout)
     assert np.allclose(ours, core.sinusoidal_encoding(50, 12, dtype=torch.float64, layout=layout).numpy(), atol=1e-12)
     if layout == "half":
         assert np.allclose(ours[:, :6], formula(50, 12)[:, 0::2]) and np.allclose(ours[:, 6:], formula(50, 12)[:, 1::2])
@@ -141,8 +142,8 @@ def test_position_checks_hold_on_learned_layernormed_and_half_layout_positions(t
 
 
 def test_toeplitz_check_fails_on_a_broken_formula():
-    assert vp.toeplitz_check(vp.pe_dot_matrix(vp.pe_matrix(20, 8))).ok
-    bad = vp.pe_matrix(20, 8)
+    assert vp.toeplitz_check(vp.pe_dot_matrix(sinusoid.pe_matrix(20, 8))).ok
+    bad = sinusoid.pe_matrix(20, 8)
     bad[:, 1::2] = np.sin(np.arange(20)[:, None] * 0.3)  # cosines replaced: no longer a rotation
     assert not vp.toeplitz_check(vp.pe_dot_matrix(bad)).ok
 

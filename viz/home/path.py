@@ -19,7 +19,7 @@ from core.head_maps import profiles
 from core.net.attention import causal_mask
 from viz.figures import by_hand
 from viz.figures.heatmaps import attention_heatmap, fixed_margins_layout, mask_heatmap, matrix_heatmap
-from viz.figures.positions import pe_matrix, positional_heatmap
+from viz.figures.sinusoid import pe_matrix, positional_heatmap
 from viz.figures.select import attention_views
 
 SMALL = 300  # height of a stop's figure (px), for a few tokens

@@ -1,11 +1,12 @@
 """Positions: the sinusoidal encoding (Lecture 10, Transformers handout and Missaoui), its relative-distance property, the
 notes' "Show me the money" example recomputed in radians, and a model's own positions on the
-user's sentence. Numbers come from core; figures from viz.figures.positions."""
+user's sentence. Numbers come from core; figures from viz.positions.figures and (the formula and
+the P heatmap, which the home path draws too) viz.figures.sinusoid."""
 
 import streamlit as st
 
-from viz.figures import positions as vp
-from viz.figures.heatmaps import DIVERGING, fix_margins, matrix_heatmap
+from viz.figures import sinusoid
+from viz.positions import figures as vp
 from viz.ui import charts, models, url_state, url_switches, widgets
 
 widgets.header("positions")
@@ -33,14 +34,14 @@ d = c[0].slider("d, the embedding dimension", 2, vp.MAX_D, step=2, key=d_key,
 n = c[1].slider("length, the number of positions", 1, vp.MAX_N, key=n_key)
 state.show_messages()
 
-P = vp.pe_matrix(n, d)
+P = sinusoid.pe_matrix(n, d)
 rows, cols = vp.stride_indices(n), vp.stride_indices(d, pairs=True)
 shown = P[rows][:, cols]
 title = f"P for n = {n} positions, d = {d}"
 if len(rows) < n or len(cols) < d:
     title += f" (every {rows[1] - rows[0] if len(rows) > 1 else 1}th position, every "\
              f"{(cols[2] - cols[0]) // 2 if len(cols) > 2 else 1}th sin/cos pair shown)"
-charts.chart(vp.positional_heatmap(shown, rows, cols, title=title), key="positions-pe", width="stretch")
+charts.chart(sinusoid.positional_heatmap(shown, rows, cols, title=title), key="positions-pe", width="stretch")
 st.caption("Left columns (small j) oscillate fast, right columns slowly: wavelengths run from 2π to 2π·10000 "
            "in a geometric progression, so every position gets a different pattern of values in [−1, 1]."
            + (" Large matrices are shown strided: the cells shown are exact values at the labelled indices."
@@ -131,11 +132,7 @@ if trace is not None:
                     f"is rotated by the angle i·θ^(−2j/d_k) (θ = {cfg.rope_theta:g}, d_k = {cfg.d_head}), so "
                     "q_i·k_j depends on the offset i − j. The angles for your sentence:")
             ang = vp.rope_angle_matrix(len(toks), cfg.d_head, cfg.rope_theta)
-            charts.chart(fix_margins(matrix_heatmap(ang, labels, [str(j) for j in range(ang.shape[1])],
-                                        title="RoPE rotation angle (radians, mod 2π) per position and feature pair",
-                                        zmin=0, zmax=6.2832, colorscale="Twilight", x_title="feature pair j",
-                                        y_title="position: token", value_name="angle")),
-                         key="positions-rope", width="stretch")
+            charts.chart(vp.rope_angle_figure(ang, labels), key="positions-rope", width="stretch")
         elif scheme == "relative" and vp.position_bias(trace) is not None:
             bias = vp.position_bias(trace)
             n_heads = bias["bias"].shape[0]
@@ -149,12 +146,7 @@ if trace is not None:
             head_key = url_state.int_from_url(state, "bias_head", 0, 0, n_heads - 1, of=f"{model_name}'s position bias")
             bias_head = st.slider("Head", 0, n_heads - 1, key=head_key)
             state.show_messages()
-            charts.chart(fix_margins(matrix_heatmap(bias["bias"][bias_head], labels, labels,
-                                                    title=f"Position bias of head {bias_head} ({bias['stack']}), "
-                                                          f"trace name {bias['name']}",
-                                                    colorscale=DIVERGING, x_title="key j", y_title="query i",
-                                                    value_name="bias", height=int(min(640, 220 + 18 * len(toks))))),
-                            key="positions-bias", width="stretch")
+            charts.chart(vp.bias_heatmap(bias, bias_head, labels), key="positions-bias", width="stretch")
             charts.chart(vp.bias_by_distance_figure(bias, title="Every head's bias against the distance j − i"),
                             key="positions-bias-distance", width="stretch")
             st.caption("Each diagonal of the heatmap is one distance, so it holds one value (largest spread along "
@@ -170,8 +162,8 @@ if trace is not None:
             ("positions-model-pe", info["P"], f"P: {scheme} positions added by {model_name} ({info['stack']})"),
             ("positions-model-sum", info["X"], "X = X′ + P: the input to layer 0"),
         ]:
-            charts.chart(vp.positional_heatmap(z, title=title, y_title="position: token", y_labels=labels,
-                                               height=height), key=key, width="stretch")
+            charts.chart(sinusoid.positional_heatmap(z, title=title, y_title="position: token", y_labels=labels,
+                                                     height=height), key=key, width="stretch")
         notes = []
         if info["embed_scale"]:
             notes.append(f"This model multiplies its token embeddings by √d = {info['d'] ** 0.5:.2f} before adding P "
@@ -191,10 +183,7 @@ if trace is not None:
                     "are shown without a check.")
         if scheme == "learned":
             Gm = vp.pe_dot_matrix(info["P"])
-            charts.chart(fix_margins(matrix_heatmap(Gm, labels, labels, title="learned positions: P_i · P_j",
-                                                    colorscale=DIVERGING, x_title="position j", y_title="position i",
-                                                    value_name="P_i·P_j", height=460)),
-                         key="positions-model-dot", width="stretch")
+            charts.chart(vp.learned_dot_figure(Gm, labels), key="positions-model-dot", width="stretch")
             st.caption("Learned positions are trained freely; compare their dot products with the banded pattern of "
                        "the sinusoidal matrix in section 3.")
 

@@ -1,11 +1,8 @@
-"""Positional encoding, computed and drawn: pure functions for the Positions page.
-
-Transformers handout (eq. 2-3), in radians as in Vaswani et al. (2017):
-    PE[i, 2j]   = sin(i / 10000^(2j/d))
-    PE[i, 2j+1] = cos(i / 10000^(2j/d))
-
-Every number comes from core.sinusoidal_encoding (or the same formula evaluated in degrees,
-to show where the notes' worked example went wrong). No Streamlit here.
+"""The Positions page's figures and numbers, pure: P's curves, PE_i · PE_j and its offsets, the
+notes' "Show me the money" recomputed, a model's own X', P and X with their checks, RoPE's
+angles and T5's position bias. The formula itself and the P heatmap, which the home path shows
+too, are viz/figures/sinusoid.py; the formula is also evaluated here in degrees, to show where
+the notes' worked example went wrong. No Streamlit here.
 """
 
 from __future__ import annotations
@@ -19,8 +16,9 @@ import plotly.graph_objects as go
 
 import core
 from core import trace_names as tn
+from viz.figures import sinusoid
 from viz.figures.checks import Check, max_abs_diff, tolerance
-from viz.figures.heatmaps import DIVERGING, fixed_margins_layout, matrix_heatmap, to_numpy
+from viz.figures.heatmaps import DIVERGING, fix_margins, matrix_heatmap, to_numpy
 from viz.figures.reduce import tick_indices
 
 MAX_D = 1024
@@ -41,28 +39,7 @@ MONEY_EMBEDDINGS = np.array(
 NOTES_PE_1_0 = 0.02
 
 
-# ------------------------------------------------------------------ the matrix
-def pe_matrix(n: int, d: int, layout: str = "interleaved", base: float = 10000.0) -> np.ndarray:
-    """P (n x d) in float64 numpy, written out from the formula (Vaswani et al. 2017, radians):
-    PE[i, 2j] = sin(i / base^(2j/d)), PE[i, 2j+1] = cos(i / base^(2j/d)); layout "half" puts the
-    sines in the first d/2 features and the cosines in the rest (Marian's layout). Written here
-    again, not taken from core.sinusoidal_encoding, so the page's check of the model's P holds
-    two independent computations against each other."""
-    i = np.arange(n, dtype=np.float64)[:, None]
-    angle = i / base ** (np.arange(0, d, 2, dtype=np.float64)[None, :] / d)  # n x ceil(d/2)
-    pe = np.zeros((n, d))
-    if layout == "half":
-        h = d // 2
-        pe[:, :h] = np.sin(angle[:, :h])
-        pe[:, h:2 * h] = np.cos(angle[:, :h])
-    elif layout == "interleaved":
-        pe[:, 0::2] = np.sin(angle)
-        pe[:, 1::2] = np.cos(angle[:, : d // 2])
-    else:
-        raise ValueError(f"unknown sinusoid layout {layout!r}")
-    return pe
-
-
+# ------------------------------------------------------------------ the matrix, strided
 def pe_degrees(n: int, d: int, base: float = 10000.0) -> np.ndarray:
     """The same formula with the angle i / base^(2j/d) read as DEGREES (what the notes did)."""
     i = np.arange(n, dtype=np.float64)[:, None]
@@ -87,54 +64,6 @@ def stride_indices(n: int, max_side: int = MAX_SIDE, pairs: bool = False) -> Lis
             out += [c for c in (2 * j, 2 * j + 1) if c < n]
         return out
     return tick_indices(n, max_side)
-
-
-def positional_heatmap(P, rows: Optional[Sequence[int]] = None, cols: Optional[Sequence[int]] = None,
-                       *, title: str = "", y_title: str = "position i", height: Optional[int] = None,
-                       y_labels: Optional[Sequence[str]] = None) -> go.Figure:
-    """Heatmap of a positions x dimensions matrix on a fixed -1..1 diverging scale.
-
-    rows / cols are the original indices of the shown rows / columns (after striding)."""
-    z = to_numpy(P)
-    rows = list(range(z.shape[0])) if rows is None else list(rows)
-    cols = list(range(z.shape[1])) if cols is None else list(cols)
-    lim = max(1.0, float(np.nanmax(np.abs(z))) if z.size else 1.0)
-    x_labels = [str(c) for c in cols]
-    ticks = {"xaxis": _ticks(x_labels, 16)}
-    if y_labels is None:
-        ticks["yaxis"] = _ticks([str(r) for r in rows], 16)
-    return matrix_heatmap(
-        z,
-        y_labels if y_labels is not None else [str(r) for r in rows],
-        x_labels,
-        title=title,
-        zmin=-lim,
-        zmax=lim,
-        colorscale=DIVERGING,
-        x_title="dimension",
-        y_title=y_title,
-        value_name="PE",
-        height=height or int(min(720, max(360, 160 + 4 * len(rows)))),
-        hover_from_axes=True,  # the hover reads a cell's indices from the axes: no two labels per cell to send
-        layout=fixed_layout(ticks, y_labels, title),
-    )
-
-
-def _ticks(labels: Sequence[str], max_ticks: int) -> dict:
-    """At most max_ticks evenly spaced, unrotated tick labels on a numeric axis (an axis's layout)."""
-    idx = tick_indices(len(labels), max_ticks)
-    return dict(tickvals=idx, ticktext=[labels[i] for i in idx], tickangle=0)
-
-
-def fixed_layout(ticks: dict, y_labels: Optional[Sequence[str]], title: str) -> dict:
-    """The heatmap's ticks, and margins that fit their labels instead of plotly's automargin, which
-    measures every tick label in the browser and draws the figure again when the margins move
-    (most of the Positions page's drawing time)."""
-    ys = ticks["yaxis"]["ticktext"] if "yaxis" in ticks else list(y_labels or [])
-    layout = fixed_margins_layout(ys, ticks["xaxis"]["ticktext"], bool(title))
-    for ax, upd in ticks.items():
-        layout[ax].update(upd)
-    return layout
 
 
 LINE_MARGIN = dict(l=70, r=10, t=50, b=50)  # room for numeric tick labels and the axis titles
@@ -171,10 +100,10 @@ def pe_dot_matrix(P) -> np.ndarray:
 def dot_heatmap(G: np.ndarray, idx: Sequence[int], d: int, *, title: str = "", height: int = 480) -> go.Figure:
     """Heatmap of PE_i . PE_j for the positions idx (rows and columns of G already selected)."""
     labels = [str(i) for i in idx]
-    ticks = {"xaxis": _ticks(labels, 16), "yaxis": _ticks(labels, 16)}
+    ticks = {"xaxis": sinusoid.axis_ticks(labels, 16), "yaxis": sinusoid.axis_ticks(labels, 16)}
     return matrix_heatmap(G, labels, labels, title=title, zmin=-d / 2, zmax=d / 2, colorscale=DIVERGING,
                           x_title="position j", y_title="position i", value_name="PE_i·PE_j", height=height,
-                          hover_from_axes=True, layout=fixed_layout(ticks, None, title))
+                          hover_from_axes=True, layout=sinusoid.fixed_layout(ticks, None, title))
 
 
 def dot_by_offset(P, anchors: Sequence[int]) -> Dict[int, Tuple[np.ndarray, np.ndarray]]:
@@ -216,7 +145,7 @@ def money_tables(d: int = 4) -> Dict[str, pd.DataFrame]:
     idx = pd.Index([f"{i} {t}" for i, t in enumerate(MONEY_TOKENS)])
     cols = [str(c) for c in range(d)]
     x = MONEY_EMBEDDINGS[:, :d]
-    pe = pe_matrix(n, d)
+    pe = sinusoid.pe_matrix(n, d)
     return {
         "x": pd.DataFrame(x, index=idx, columns=cols),
         "pe": pd.DataFrame(pe, index=idx, columns=cols),
@@ -227,7 +156,7 @@ def money_tables(d: int = 4) -> Dict[str, pd.DataFrame]:
 
 def money_note() -> str:
     """The discrepancy between the notes and the formula, with numbers computed here."""
-    rad = pe_matrix(4, 4)
+    rad = sinusoid.pe_matrix(4, 4)
     deg = pe_degrees(4, 4)
     return (
         f"The notes print PE₁,₀ = {NOTES_PE_1_0}. The formula in radians gives sin(1) = {rad[1, 0]:.4f} "
@@ -288,7 +217,7 @@ def _model_position_table(trace, info: dict) -> Optional[np.ndarray]:
     None for a trace without its model (loaded from .npz) when the positions are learned."""
     n, d = info["P"].shape
     if info["scheme"] == "sinusoidal":
-        return pe_matrix(n, d, info["sinusoid_layout"])
+        return sinusoid.pe_matrix(n, d, info["sinusoid_layout"])
     emb = _embedding(trace, info["stack"])
     if emb is None or getattr(emb, "pos", None) is None:
         return None
@@ -334,6 +263,14 @@ def rope_angle_matrix(n: int, d_k: int, theta: float) -> np.ndarray:
     return np.mod(core.rope_angles(n, d_k, theta).numpy(), 2 * math.pi)
 
 
+def rope_angle_figure(angles: np.ndarray, labels: Sequence[str]) -> go.Figure:
+    """rope_angle_matrix's angles as a heatmap: one row per position (labelled), one column per feature pair."""
+    return fix_margins(matrix_heatmap(angles, list(labels), [str(j) for j in range(angles.shape[1])],
+                                      title="RoPE rotation angle (radians, mod 2π) per position and feature pair",
+                                      zmin=0, zmax=6.2832, colorscale="Twilight", x_title="feature pair j",
+                                      y_title="position: token", value_name="angle"))
+
+
 def position_bias(trace) -> Optional[dict]:
     """T5's relative position bias on the user's sentence (None for other models): the bias
     of the first stack (H x n x n, shared by its layers) and, per head, its value by the
@@ -360,3 +297,18 @@ def bias_by_distance_figure(info: dict, *, title: str = "", height: int = 380) -
     fig.update_layout(title=title, height=height, xaxis_title="distance j − i (key − query)",
                       yaxis_title="bias added to the score", margin=dict(l=60, r=20, t=50, b=50))
     return fig
+
+
+def bias_heatmap(info: dict, head: int, labels: Sequence[str]) -> go.Figure:
+    """One head's position bias (position_bias's `info`) as a query x key heatmap."""
+    return fix_margins(matrix_heatmap(info["bias"][head], list(labels), list(labels),
+                                      title=f"Position bias of head {head} ({info['stack']}), trace name {info['name']}",
+                                      colorscale=DIVERGING, x_title="key j", y_title="query i", value_name="bias",
+                                      height=int(min(640, 220 + 18 * len(labels)))))
+
+
+def learned_dot_figure(G: np.ndarray, labels: Sequence[str]) -> go.Figure:
+    """P_i · P_j of a model's learned positions (pe_dot_matrix of its P), labelled by token."""
+    return fix_margins(matrix_heatmap(G, list(labels), list(labels), title="learned positions: P_i · P_j",
+                                      colorscale=DIVERGING, x_title="position j", y_title="position i",
+                                      value_name="P_i·P_j", height=460))
