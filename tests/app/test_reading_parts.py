@@ -12,6 +12,7 @@ import pandas as pd
 
 from viz.figures.heatmaps import mask_heatmap, matrix_heatmap
 from viz.figures.text import html_text
+from viz.home import figures as hf
 from viz.home import path as hp
 from viz.kvcache import figures as kf
 from viz.ui import page_guide, registry
@@ -26,16 +27,16 @@ def test_a_token_is_escaped_once_on_every_path_figure(toy):
     tr = toy.trace("the teacher gave a test")  # mostly <unk> to toy-translate
     toks = tr.tokens("source")
     assert "<unk>" in toks
-    for fig in (hp.scores_figure(tr)[0], hp.mask_figure(tr)[0], hp.own_weights_figure(tr)[0]):
+    for fig in (hf.scores_figure(tr)[0], hf.mask_figure(tr)[0], hf.own_weights_figure(tr)[0]):
         for ax in (fig.layout.xaxis, fig.layout.yaxis):
             shown = [html.unescape(t) for t in ax.ticktext]  # what plotly draws
             assert not [t for t in shown if "&lt;" in t or "&amp;" in t], shown
-    assert [html.unescape(t) for t in hp.scores_figure(tr)[0].layout.xaxis.ticktext] == toks
+    assert [html.unescape(t) for t in hf.scores_figure(tr)[0].layout.xaxis.ticktext] == toks
 
 
 def test_the_path_grows_with_the_sentence():
-    assert hp.figure_height(4) == hp.SMALL
-    assert hp.figure_height(22) >= 22 * 15 + 100  # 12 px labels need ~15 px a row, plus the margins
+    assert hf.figure_height(4) == hf.SMALL
+    assert hf.figure_height(22) >= 22 * 15 + 100  # 12 px labels need ~15 px a row, plus the margins
 
 
 def test_links_fit_the_model_or_say_where_they_go():

@@ -1,10 +1,11 @@
 """The home page at /: a path through the lecture notes' ideas, in their order, on one sentence
 the student can change. One stop at a time (its number in the URL, `stop`): a few sentences,
 one small live figure for the sentence, and a link that opens the full page on the same
-sentence and model. The stops and their figures: viz/home/path.py."""
+sentence and model. The stops: viz/home/path.py; their figures: viz/home/figures.py."""
 
 import streamlit as st
 
+from viz.home import figures as hf
 from viz.home import path as hp
 from viz.ui import charts, models, registry, url_state, vocab, widgets
 
@@ -68,25 +69,25 @@ st.subheader(f"{stop}. {spec.title}")
 fig = own = None  # the stop's figure, and where it has one, the same idea on the user's sentence after it
 own_text = ""
 if stop == 1:
-    fig, hand = hp.hand_figure()
+    fig, hand = hf.hand_figure()
     st.markdown(spec.text)
     s, w = hand["scaled"][0], hand["weights"][0]
     st.caption(f"Computed here: the scores of “help” are {hand['scores'][0][0]:g} and {hand['scores'][0][1]:g}, scaled "
                f"{s[0]:g} and {s[1]:g}; softmax gives {w[0]:.2f} and {w[1]:.2f} (they sum to {w.sum():g}).")
-    own, own_where = hp.own_weights_figure(trace)
+    own, own_where = hf.own_weights_figure(trace)
     own_text = (f"Then your sentence: {model_name}'s weights in {own_where}. Each row is one token's weighted "
                 "average over the tokens it looks at, and sums to 1, like “help”'s row above.")
 elif stop == 2:
-    fig, where = hp.scores_figure(trace)
+    fig, where = hf.scores_figure(trace)
     st.markdown(spec.text.format(where=where))
 elif stop == 3:
     n = len(trace.tokens("source"))
-    fig = hp.positions_figure(n, model.config.d_model)
+    fig = hf.positions_figure(n, model.config.d_model)
     st.markdown(spec.text.format(n=n))
     st.caption(f"{model_name}'s own positions: {model.config.positional} "
                f"({'added to the embeddings' if model.config.positional in ('sinusoidal', 'learned') else 'applied inside each head' if model.config.positional == 'rope' else 'none added'}); "
                "the Positions page shows them.")
-    own = hp.own_positions_figure(trace)
+    own = hf.own_positions_figure(trace)
     if own is not None:
         own_text = (f"Then your sentence: the position vectors {model_name} itself adds to its {n} tokens "
                     f"({model.config.positional}).")
@@ -94,19 +95,19 @@ elif stop == 3:
         st.caption(f"{model_name} adds no position vector to the tokens, so there is none of its own to draw here: "
                    "its positions act inside each head (the Positions page shows how).")
 elif stop == 4:
-    fig, mask_where = hp.mask_figure(trace)
+    fig, mask_where = hf.mask_figure(trace)
     st.markdown(spec.text.format(mask_where=mask_where))
 else:
-    prof = hp.head_profile(trace)
+    prof = hf.head_profile(trace)
     st.markdown(spec.text)
     if prof is None:
-        st.info(f"Your sentence is longer than {hp.MAX_PROFILE_TOKENS:,} tokens: this stop's figure is left out; the "
+        st.info(f"Your sentence is longer than {hf.MAX_PROFILE_TOKENS:,} tokens: this stop's figure is left out; the "
                 "linked page reads long inputs a tile at a time.")
     elif stop == 5:
-        fig = hp.grid_figure(prof["entropy"], f"mean row entropy (bits), {prof['stack']} self-attention",
+        fig = hf.grid_figure(prof["entropy"], f"mean row entropy (bits), {prof['stack']} self-attention",
                              "entropy (bits)")
     else:
-        fig = hp.grid_figure(prof["previous"], f"previous-token weight, {prof['stack']} self-attention",
+        fig = hf.grid_figure(prof["previous"], f"previous-token weight, {prof['stack']} self-attention",
                              "mean weight on the previous token", zmax=1.0)
 if fig is not None:
     if own is not None:

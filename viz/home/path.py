@@ -1,6 +1,7 @@
 """The home page's path through the lecture notes' ideas: its stops, in the notes' order, and
-the small figure each one draws for the student's sentence. Pure (Trace -> plotly Figure);
-the page is viz/home/page.py.
+which model each stop's link opens (`link_target`: the current one where the page applies to
+it, else smollm2 or toy-translate, the link saying why). Pure; the page is viz/home/page.py,
+each stop's figure viz/home/figures.py.
 
 Each stop names the full page that shows its idea (a key of viz/ui/registry.py), so the path
 and the sidebar cannot drift apart.
@@ -10,36 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
-
-import numpy as np
-import plotly.graph_objects as go
-
-from core import trace_names as tn
-from core.head_maps import profiles
-from core.net.attention import causal_mask
-from viz.figures import by_hand
-from viz.figures.heatmaps import attention_heatmap, fixed_margins_layout, mask_heatmap, matrix_heatmap
-from viz.figures.sinusoid import pe_matrix, positional_heatmap
-from viz.figures.select import attention_views
-
-SMALL = 300  # height of a stop's figure (px), for a few tokens
-ROW_PX = 18  # a token row's height at least, so that a long sentence's labels do not overlap
-
-
-def _fitted(fig: go.Figure, y_labels, x_labels) -> go.Figure:
-    """Margins that fit the tick labels, with the title above the key axis's labels (not on them),
-    and a height that leaves each token row ROW_PX however tall the labels make the top margin."""
-    layout = fixed_margins_layout(y_labels, x_labels, title=True)
-    m = layout["margin"]
-    layout["height"] = int(max(fig.layout.height or SMALL, m["t"] + m["b"] + ROW_PX * len(y_labels)))
-    return fig.update_layout(layout)
-
-
-def figure_height(n_rows: int) -> int:
-    """A token map's height: SMALL for a few tokens, growing by ROW_PX a row past that (labels
-    at plotly's 12 px need ~15 px each), up to 900."""
-    return int(min(900, max(SMALL, 150 + ROW_PX * n_rows)))
-MAX_PROFILE_TOKENS = 2048  # stop 5's and 6's head profiles are read a tile at a time; past this the stop says so
 
 
 @dataclass(frozen=True)
@@ -128,101 +99,3 @@ def link_target(page: str, model_name: str, kind: str, has_mlm: bool, available:
     if other is None:
         return None, f" (not for {model_name}: {why})"
     return other, f", on {other} ({why})"
-
-
-def hand_figure() -> Tuple[go.Figure, dict]:
-    """Stop 1: the notes' "help me!" weights, computed from its Q, K and V."""
-    ex = by_hand.help_me_example()
-    Q, K, V = (by_hand.to_matrix(ex[m], m)[0] for m in ("Q", "K", "V"))
-    out = by_hand.attention_by_hand(Q, K, V)
-    w = out["weights"]
-    fig = matrix_heatmap(w, y_labels=by_hand.row_labels(ex["Q"], "q"),
-                         x_labels=by_hand.row_labels(ex["K"], "k"), zmin=0, zmax=1,
-                         title="softmax(Q Kᵀ / √16): the weights of “help me!”", show_values=True, height=SMALL,
-                         x_title="key", y_title="query", value_name="weight")
-    return fig, out
-
-
-def own_weights_figure(trace) -> Tuple[go.Figure, str]:
-    """Stop 1, after the notes' example: the same weighted average on the user's sentence, the
-    weights of the model's first attention, layer 0, head 0."""
-    stack, kind = first_attention(trace)
-    w = trace.head(tn.attn(stack, 0, kind, "weights"), 0)
-    q_tok = trace.tokens("target" if stack == "decoder" else "source")
-    k_tok = trace.tokens("source" if kind == "cross_attn" or stack == "encoder" else "target")
-    where = f"{stack} layer 0's {'self' if kind == 'self_attn' else 'cross'}-attention, head 0"
-    fig = attention_heatmap(w, q_tok, k_tok, title=f"your sentence: the weights of {where}",
-                            height=figure_height(len(q_tok)), show_values=len(q_tok) <= 8 and len(k_tok) <= 8)
-    return fig, where
-
-
-def own_positions_figure(trace) -> Optional[go.Figure]:
-    """Stop 3, after the notes' sinusoids: the positional vectors the model itself adds to your
-    sentence's tokens (its trace's embed.{stack}.positions), or None where it adds none (RoPE,
-    relative biases)."""
-    stack = "encoder" if "encoder" in trace.stacks() else "decoder"
-    name = tn.embed(stack, "positions")
-    if name not in trace:
-        return None
-    P = trace[name].detach().double().numpy()
-    d = max(2, min(64, P.shape[1]))
-    return positional_heatmap(P[:, :d], title=f"the model's own positions on your sentence, {P.shape[0]} positions × "
-                                              f"its first {d} features", height=SMALL)
-
-
-def first_attention(trace) -> Tuple[str, str]:
-    """The first attention of the model (encoder self-attention where there is one)."""
-    return attention_views(trace)[0]
-
-
-def scores_figure(trace) -> Tuple[go.Figure, str]:
-    stack, kind = first_attention(trace)
-    where = f"{stack} layer 0's {'self' if kind == 'self_attn' else 'cross'}-attention"
-    s = trace.head(tn.attn(stack, 0, kind, "scaled"), 0)
-    q_tok = trace.tokens("target" if stack == "decoder" else "source")
-    k_tok = trace.tokens("source" if kind == "cross_attn" or stack == "encoder" else "target")
-    fig = matrix_heatmap(s, y_labels=q_tok, x_labels=k_tok,
-                         title=f"scaled scores, {where}, head 0", height=figure_height(len(q_tok)), x_title="key", y_title="query",
-                         value_name="score")
-    return _fitted(fig, q_tok, k_tok), where
-
-
-def positions_figure(n: int, d: int) -> go.Figure:
-    d = max(4, min(64, d - d % 2))  # the first 64 features are enough to see the waves
-    return positional_heatmap(pe_matrix(n, d), title=f"sinusoidal PE, {n} positions × {d} features", height=SMALL)
-
-
-def mask_figure(trace) -> Tuple[go.Figure, str]:
-    """Stop 4: the decoder's own masked self-attention where the model has a decoder, else the
-    look-ahead mask a decoder would use on this many tokens."""
-    if "decoder" in trace.stacks() and trace.layers("decoder"):
-        w = trace.head(tn.self_attn("decoder", 0, "weights"), 0)
-        tok = trace.tokens("target") or trace.tokens("source")
-        fig = _fitted(attention_heatmap(w, tok, tok, title="decoder layer 0, head 0: weights under the look-ahead mask",
-                                        height=figure_height(len(tok))), tok, tok)
-        return fig, ("Below: your sentence's decoder self-attention, layer 0, head 0: every weight above the "
-                     "diagonal is 0.")
-    n = len(trace.tokens("source"))
-    m = causal_mask(n).numpy()
-    tok = trace.tokens("source")
-    fig = _fitted(mask_heatmap(m, tok, tok, title="the look-ahead mask M for your sentence",
-                               height=figure_height(len(tok))), tok, tok)
-    return fig, (f"{trace.meta.get('model', 'This model')} is an encoder: every token sees every other, so it has "
-                 "no such mask. Below: the mask a decoder would add on your sentence's tokens.")
-
-
-def head_profile(trace) -> Optional[dict]:
-    """Stops 5 and 6: every head's mean row entropy and previous-token weight, read a tile of rows
-    at a time (core.head_maps.profiles), for the model's first self-attention stack."""
-    stack = "encoder" if "encoder" in trace.stacks() else "decoder"
-    n = len(trace.tokens("source" if stack == "encoder" else "target") or trace.tokens("source"))
-    if n > MAX_PROFILE_TOKENS:
-        return None
-    return {"stack": stack, **{k: v.numpy() for k, v in profiles(trace, stack).items()}}
-
-
-def grid_figure(values: np.ndarray, title: str, value_name: str, zmax: Optional[float] = None) -> go.Figure:
-    L, H = values.shape
-    return matrix_heatmap(values, y_labels=[f"L{i}" for i in range(L)], x_labels=[f"H{h}" for h in range(H)],
-                          zmin=0, zmax=zmax, title=title, height=max(SMALL, 22 * L + 90), x_title="head",
-                          y_title="layer", value_name=value_name, colorscale="Viridis")
