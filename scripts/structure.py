@@ -8,6 +8,11 @@ rules (tests/core/test_structure.py holds each at its target):
 - no feature folder imports another; `viz/figures/` (shared pure pieces) imports no feature and
   not `viz/ui/`; `viz/ui/` (shared Streamlit parts) imports no feature;
 - core never imports viz;
+- every module in `viz/figures/` is shared: used by at least two places, a place being a
+  feature folder, `viz/ui`, core, bench or viz's top level (tests and scripts are not places).
+  A use counts when the place imports the module directly or through other modules of
+  `viz/figures/` or `viz/ui/` (whoever uses those uses it too; `viz/ui` is a place as well).
+  A module that one feature alone uses belongs in that feature's folder;
 - nothing in `viz/figures/` (shared pure figures) runs a model: no call of a method that runs
   one (RUNS_A_MODEL: the model's trace, steps, greedy_run, forced_logits, trace_decoder_input,
   generate; a module's forward). What runs a model lives in core or `viz/ui/`;
@@ -170,6 +175,50 @@ def layer_breaks(graph: dict, rel_of: dict) -> list:
     return out
 
 
+def place_of(rel: str) -> str:
+    """The place a module belongs to, for the sharing rule: 'viz/<feature>', 'viz/ui', 'viz/figures',
+    'viz' (its top level), or its top folder ('core', 'bench')."""
+    parts = rel.split("/")
+    if parts[0] != "viz":
+        return parts[0]
+    return "viz" if len(parts) == 2 else f"viz/{parts[1]}"
+
+
+def users(graph: dict, rel_of: dict) -> dict:
+    """{module in viz/figures: the places that use it}, a use counted through other modules of
+    viz/figures and viz/ui (their users use it too; viz/ui is a place of its own as well)."""
+    importers = defaultdict(set)
+    for mod, deps in graph.items():
+        for dep in deps:
+            importers[dep].add(mod)
+    memo: dict = {}
+
+    def places(mod, seen):
+        if mod in memo:
+            return memo[mod]
+        out = set()
+        for imp in importers.get(mod, ()):
+            where = place_of(rel_of[imp])
+            if where in ("viz/figures", "viz/ui"):
+                if where == "viz/ui":
+                    out.add(where)
+                if imp not in seen:
+                    out |= places(imp, seen | {imp})
+            else:
+                out.add(where)
+        memo[mod] = out
+        return out
+
+    return {m: places(m, frozenset({m})) for m in sorted(graph) if place_of(rel_of[m]) == "viz/figures"
+            and rel_of[m] != "viz/figures/__init__.py"}
+
+
+def unshared(graph: dict, rel_of: dict) -> list:
+    """Modules of viz/figures that fewer than two places use, as 'path: used by ...'."""
+    return [f"{rel_of[m]}: used by {', '.join(sorted(p)) or 'nothing'}"
+            for m, p in users(graph, rel_of).items() if len(p) < 2]
+
+
 def longest_chain(graph: dict, prefix: str) -> list:
     """The longest chain of imports among the modules under `prefix`, importer first."""
     nodes = {m for m in graph if m.startswith(prefix + ".")}
@@ -254,6 +303,7 @@ def figures() -> dict:
         "streamlit_outside_pages_panels_ui": streamlit,
         "layer_breaks": layer_breaks(graph, rel_of),
         "model_runs_in_viz_figures": runs,
+        "viz_figures_used_by_one_place": unshared(graph, rel_of),
         "pages_not_registered": sorted(pages - registered),
         "registered_without_page": sorted(registered - pages),
         "core_longest_import_chain": len(chain),
@@ -289,6 +339,10 @@ def main(argv=None) -> int:
         print(f"  {w}")
     print(f"calls that run a model in viz/figures: {len(f['model_runs_in_viz_figures'])} (target 0)")
     for w in f["model_runs_in_viz_figures"]:
+        print(f"  {w}")
+    print(f"modules in viz/figures that fewer than two places use (features, viz/ui, core, bench; through "
+          f"viz/figures and viz/ui): {len(f['viz_figures_used_by_one_place'])} (target 0)")
+    for w in f["viz_figures_used_by_one_place"]:
         print(f"  {w}")
     print(f"pages not in the registry: {len(f['pages_not_registered'])}; registered pages with no page.py: "
           f"{len(f['registered_without_page'])} (target 0 and 0)")

@@ -1,6 +1,7 @@
 """The house's layout holds: what the README, docs/design.md, the notebook and the CLI use is
 importable from where they use it, and scripts/structure.py's figures for core stay on target
-(at most 14 modules at core's top level, no import cycle, imports inside functions counted)."""
+(at most 14 modules at core's top level, no import cycle, imports inside functions counted),
+its layer rules hold and every module in viz/figures is shared."""
 
 import importlib
 import importlib.util
@@ -136,6 +137,13 @@ def test_the_layer_rules_hold():
     assert f["pages_not_registered"] == [] and f["registered_without_page"] == [], f
 
 
+def test_every_viz_figures_module_is_shared():
+    """Each module in viz/figures is used by two places at least (features, viz/ui, core, bench;
+    counted through viz/figures and viz/ui): what one feature alone uses lives in its folder."""
+    f = figures()
+    assert f["viz_figures_used_by_one_place"] == [], f["viz_figures_used_by_one_place"]
+
+
 def _tree(tmp_path, files: dict):
     for rel, text in {"viz/__init__.py": "", "viz/ui/__init__.py": "", "viz/figures/__init__.py": "",
                       "core/__init__.py": "", "bench/__init__.py": "", **files}.items():
@@ -165,6 +173,26 @@ def test_structure_sees_each_broken_rule(tmp_path, monkeypatch):
                                          "viz.lens.page -> viz.heads.figures", "viz.ui.widgets -> viz.lens.figures"]
     assert f["pages_not_registered"] == ["heads"] and f["registered_without_page"] == ["gone"]
     assert f["model_runs_in_viz_figures"] == ["viz/figures/check.py:3 greedy_run"]  # a str's encode is no model
+
+
+def test_structure_sees_a_viz_figures_module_one_feature_uses(tmp_path, monkeypatch):
+    """The sharing rule can fail: a viz/figures module only Lens imports, one only that module
+    imports (still Lens alone) and one nothing imports are reported; a test's import is no use;
+    a module two features import, and one that viz/ui imports for a page, pass."""
+    s = load_structure()
+    _tree(tmp_path, {
+        "viz/ui/widgets.py": "from viz.figures import through_ui\n",
+        "viz/figures/lens_only.py": "from viz.figures import helper\n",
+        "viz/figures/helper.py": "", "viz/figures/unused.py": "",
+        "viz/figures/shared.py": "", "viz/figures/through_ui.py": "",
+        "viz/lens/__init__.py": "", "viz/lens/page.py": "from viz.figures import lens_only, shared\n",
+        "viz/heads/__init__.py": "", "viz/heads/page.py": "from viz.figures import shared\nfrom viz.ui import widgets\n",
+        "tests/test_lens.py": "from viz.figures import lens_only, unused\n",
+    })
+    monkeypatch.setattr(s, "ROOT", tmp_path)
+    assert s.figures()["viz_figures_used_by_one_place"] == [
+        "viz/figures/helper.py: used by viz/lens", "viz/figures/lens_only.py: used by viz/lens",
+        "viz/figures/unused.py: used by nothing"]
 
 
 def test_structure_counts_a_hand_spelled_trace_name(tmp_path):
