@@ -1,5 +1,5 @@
-"""viz.figures.sinusoid and viz.positions.figures: the sinusoidal matrix, its relative-distance property and the notes' example,
-checked against the formula written out independently here (radians, Vaswani et al. 2017)."""
+"""viz.figures.sinusoid and viz.positions.figures: the sinusoidal matrix, its relative-distance property and
+the notes' example, checked against the formula written out independently here (radians, Vaswani et al. 2017)."""
 
 import math
 

@@ -186,7 +186,8 @@ def test_structure_sees_a_viz_figures_module_one_feature_uses(tmp_path, monkeypa
         "viz/figures/helper.py": "", "viz/figures/unused.py": "",
         "viz/figures/shared.py": "", "viz/figures/through_ui.py": "",
         "viz/lens/__init__.py": "", "viz/lens/page.py": "from viz.figures import lens_only, shared\n",
-        "viz/heads/__init__.py": "", "viz/heads/page.py": "from viz.figures import shared\nfrom viz.ui import widgets\n",
+        "viz/heads/__init__.py": "",
+        "viz/heads/page.py": "from viz.figures import shared\nfrom viz.ui import widgets\n",
         "tests/test_lens.py": "from viz.figures import lens_only, unused\n",
     })
     monkeypatch.setattr(s, "ROOT", tmp_path)

@@ -301,8 +301,8 @@ def bias_by_distance_figure(info: dict, *, title: str = "", height: int = 380) -
 
 def bias_heatmap(info: dict, head: int, labels: Sequence[str]) -> go.Figure:
     """One head's position bias (position_bias's `info`) as a query x key heatmap."""
-    return fix_margins(matrix_heatmap(info["bias"][head], list(labels), list(labels),
-                                      title=f"Position bias of head {head} ({info['stack']}), trace name {info['name']}",
+    title = f"Position bias of head {head} ({info['stack']}), trace name {info['name']}"
+    return fix_margins(matrix_heatmap(info["bias"][head], list(labels), list(labels), title=title,
                                       colorscale=DIVERGING, x_title="key j", y_title="query i", value_name="bias",
                                       height=int(min(640, 220 + 18 * len(labels)))))
 
