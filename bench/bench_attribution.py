@@ -112,12 +112,12 @@ def page_first_load(model) -> list:
     no Streamlit session), for the page's example sentence and for the IOI sentence, each / one
     traced pass of its sentence."""
     from viz.attribution import defaults
-    from viz.attribution import run_panel
+    from viz.attribution import run_panel as attribution_run
 
     rows = []
     for label, text in (("its example", defaults.DEFAULT_TEXT["decoder"]), ("the IOI sentence", IOI)):
         traces = [timed(lambda: model.trace(text))[0] for _ in range(3)]
-        page_s, (_, frames, _) = timed(lambda: run_panel._run(text, "", "", "", defaults.STEPS_DEFAULT, True,
+        page_s, (_, frames, _) = timed(lambda: attribution_run._run(text, "", "", "", defaults.STEPS_DEFAULT, True,
                                                               None, model, lambda f, what: None))
         traces += [timed(lambda: model.trace(text))[0] for _ in range(3)]  # before and after: the load drifts
         trace_s = sorted(traces)[len(traces) // 2]

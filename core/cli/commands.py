@@ -86,23 +86,24 @@ def cmd_eval(args) -> int:
 def cmd_corpus(args) -> int:
     from pathlib import Path
 
-    from . import corpus_job as corpus
+    from . import corpus_job
 
     path = Path(args.input)
     if not path.is_file():
         raise InputError(f"no such file: {path}")
-    sentences = corpus.read_sentences(path.read_text(encoding="utf-8", errors="replace"))
+    sentences = corpus_job.read_sentences(path.read_text(encoding="utf-8", errors="replace"))
     if not sentences:
         raise InputError(f"{path} holds no sentences (one a line)")
     if args.ray is not None:
         print(f"corpus: {len(sentences)} sentences on Ray ({args.ray or 'a local Ray'})", file=sys.stderr)
-        result = corpus.run_ray(args.model, sentences, args.layers, address=args.ray or None,
+        result = corpus_job.run_ray(args.model, sentences, args.layers, address=args.ray or None,
                                 batch_size=args.batch_size)
     else:
         model = load_model(args.model, device=args.device)
         print(f"corpus: {len(sentences)} sentences, {model.name} on {model.device}", file=sys.stderr)
-        result = corpus.run(model, sentences, args.layers, batch_size=args.batch_size, progress=corpus.ProgressBar())
-    corpus.write_parquet(result.table, args.out)
+        result = corpus_job.run(model, sentences, args.layers, batch_size=args.batch_size,
+                                progress=corpus_job.ProgressBar())
+    corpus_job.write_parquet(result.table, args.out)
     for sid, why in result.skipped[:10]:
         print(f"skipped sentence {sid}: {why}", file=sys.stderr)
     if len(result.skipped) > 10:

@@ -36,7 +36,7 @@ from typing import Dict, List
 
 import torch
 
-from . import catalog as registry
+from . import catalog
 from ..api import AttentionModel
 from ..net.config import ModelConfig
 from ..device import pick_device
@@ -82,7 +82,7 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
 # ------------------------------------------------------------------------------ files
 def model_dir() -> Path:
     """The folder holding config.json, tokenizer.json and model.safetensors."""
-    pkg = registry.package_dir(MODULE)
+    pkg = catalog.package_dir(MODULE)
     if pkg is None:
         raise ModelUnavailable(
             f"model {NAME!r} needs the weight package {PACKAGE}, which is not installed. "

@@ -12,7 +12,7 @@ import pandas as pd
 
 from viz.figures.heatmaps import mask_heatmap, matrix_heatmap
 from viz.figures.text import html_text
-from viz.home import figures as hf
+from viz.home import figures as home_figures
 from viz.home import path as hp
 from viz.kvcache import figures as kf
 from viz.ui import page_guide, registry
@@ -27,16 +27,17 @@ def test_a_token_is_escaped_once_on_every_path_figure(toy):
     tr = toy.trace("the teacher gave a test")  # mostly <unk> to toy-translate
     toks = tr.tokens("source")
     assert "<unk>" in toks
-    for fig in (hf.scores_figure(tr)[0], hf.mask_figure(tr)[0], hf.own_weights_figure(tr)[0]):
+    for fig in (home_figures.scores_figure(tr)[0], home_figures.mask_figure(tr)[0],
+                home_figures.own_weights_figure(tr)[0]):
         for ax in (fig.layout.xaxis, fig.layout.yaxis):
             shown = [html.unescape(t) for t in ax.ticktext]  # what plotly draws
             assert not [t for t in shown if "&lt;" in t or "&amp;" in t], shown
-    assert [html.unescape(t) for t in hf.scores_figure(tr)[0].layout.xaxis.ticktext] == toks
+    assert [html.unescape(t) for t in home_figures.scores_figure(tr)[0].layout.xaxis.ticktext] == toks
 
 
 def test_the_path_grows_with_the_sentence():
-    assert hf.figure_height(4) == hf.SMALL
-    assert hf.figure_height(22) >= 22 * 15 + 100  # 12 px labels need ~15 px a row, plus the margins
+    assert home_figures.figure_height(4) == home_figures.SMALL
+    assert home_figures.figure_height(22) >= 22 * 15 + 100  # 12 px labels need ~15 px a row, plus the margins
 
 
 def test_links_fit_the_model_or_say_where_they_go():

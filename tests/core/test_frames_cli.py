@@ -13,7 +13,7 @@ import pytest
 
 import core
 from core import trace_names as tn
-from core.cli import attention_lab as cli
+from core.cli import attention_lab
 from core.__main__ import main as core_main
 from core.frames import attention_names, frame, frames, select_names
 
@@ -130,11 +130,11 @@ def test_console_script_is_declared():
 def test_streamlit_settings_match_config_toml():
     conf = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
     flat = {f"{sec}.{k}": v for sec, opts in conf.items() for k, v in opts.items()}
-    assert cli.STREAMLIT_SETTINGS == flat
+    assert attention_lab.STREAMLIT_SETTINGS == flat
 
 
 def test_run_command_points_at_the_app():
-    cmd = cli.streamlit_command(port=8765, extra=["--server.address=0.0.0.0"])
+    cmd = attention_lab.streamlit_command(port=8765, extra=["--server.address=0.0.0.0"])
     assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == ROOT / "app.py"
     assert "--server.port=8765" in cmd and cmd[-1] == "--server.address=0.0.0.0"
     assert "--server.headless=true" in cmd

@@ -212,12 +212,12 @@ def test_long_paths_of_rollout_and_head_scores_agree_with_the_full_maps(minilm, 
     import numpy as np
 
     import core.head_maps as hm
-    from core.analysis import attention_flow as af
+    from core.analysis import attention_flow
     from core.analysis import head_scoring as hs
 
     tr = minilm.trace("the bank of the river was steep and the water was cold and deep")
-    assert np.abs(af.rollout(tr, "encoder") - af.rollout(tr, "encoder", size=1)).max() < 1e-9
-    blocks = af.rollout(tr, "encoder", size=4)
+    assert np.abs(attention_flow.rollout(tr, "encoder") - attention_flow.rollout(tr, "encoder", size=1)).max() < 1e-9
+    blocks = attention_flow.rollout(tr, "encoder", size=4)
     assert blocks.shape[1:] == (4, 4) and np.allclose(blocks.sum(-1), 1)
     cols = ["previous_token", "first_token", "self"]
     full = hs.head_scores(minilm, trace=tr)[cols].values

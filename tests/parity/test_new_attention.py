@@ -208,20 +208,21 @@ def test_sinks_fused_blocked_and_explicit_agree(monkeypatch):
     """Learned sinks take three routes through the one formula: the fused CPU kernel corrected by
     each row's log-sum-exp, the unrecorded formula a block of queries at a time (gradients), and
     the recorded steps. All three against softmax([masked, sink]) V in float64, here."""
-    import core.net.attention as A
+    from core.net import attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 37, 8, generator=g) * 2 for _ in range(3))
     sink = torch.randn(1, 4, 1, 1, generator=g)
-    mask = A.additive(A.forbidden(torch.arange(37), torch.arange(37), causal=True, chunk=6))[None, None]
+    mask = attention.additive(attention.forbidden(torch.arange(37), torch.arange(37), causal=True, chunk=6))[None, None]
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(8) + mask.double()
     p = torch.softmax(torch.cat([s, sink.double().expand(1, 4, 37, 1)], -1), -1)
     want = p[..., :-1] @ v.double()
-    fused = A.scaled_dot_product_attention(q, k, v, mask, sink=sink)
+    fused = attention.scaled_dot_product_attention(q, k, v, mask, sink=sink)
     seen = {}
-    explicit = A.scaled_dot_product_attention(q, k, v, mask, record=lambda n, t: seen.setdefault(n, t), sink=sink)
-    monkeypatch.setattr(A, "SOFTCAP_ROWS", 16)
-    blocked = A.scaled_dot_product_attention(q.requires_grad_(), k, v, mask, sink=sink)
+    explicit = attention.scaled_dot_product_attention(q, k, v, mask, record=lambda n, t: seen.setdefault(n, t),
+                                                      sink=sink)
+    monkeypatch.setattr(attention, "SOFTCAP_ROWS", 16)
+    blocked = attention.scaled_dot_product_attention(q.requires_grad_(), k, v, mask, sink=sink)
     for got in (fused, explicit, blocked):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
     torch.testing.assert_close(seen["sink"].double(), p[..., -1], atol=1e-6, rtol=0)

@@ -14,7 +14,7 @@ import streamlit as st
 from core import analysis
 from core.analysis.circuits import parse_head
 from viz.circuits import figures as cf
-from viz.circuits import run_panel
+from viz.circuits import run_panel as circuits_run
 from viz.ui import charts, explore_links, models, url_state, url_switches, widgets
 
 TOP_CHOICES = (3, 5, 8)
@@ -113,7 +113,7 @@ read_key = ("repeat", REPEAT_R) if rep is not None else ("text", text)
 frames, depth_of = [], {root: 1}
 for name in [root] + opened:
     lh = parse_head(name)
-    e = run_panel.head_edges(trace, model.config, model_name, str(read_key), stack, lh[0], lh[1], top)
+    e = circuits_run.head_edges(trace, model.config, model_name, str(read_key), stack, lh[0], lh[1], top)
     if e is None:
         state.end_here(**url)
     e = e.copy()
@@ -164,7 +164,7 @@ def _targets(score: str):
 
 def _patch(eid: str, score: str):
     src, dst, side = cf.parse_edge(eid)
-    return run_panel.patch(model, model_name, str(read_key), eid, clean_ids, corrupt_ids, parse_head(src),
+    return circuits_run.patch(model, model_name, str(read_key), eid, clean_ids, corrupt_ids, parse_head(src),
                            parse_head(dst), side, score, stack, _targets(score))
 
 
@@ -203,7 +203,7 @@ else:
         if _patch(eid, score) is not None:
             st.session_state[checked_key] = ";".join(list(dict.fromkeys(checked + [eid])))
             st.rerun()
-    got = run_panel.cached_patch(model_name, str(read_key), eid, score)
+    got = circuits_run.cached_patch(model_name, str(read_key), eid, score)
     if got is not None:
         a = got.attrs
         if np.isnan(a["clean"]):

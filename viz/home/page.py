@@ -5,7 +5,7 @@ sentence and model. The stops: viz/home/path.py; their figures: viz/home/figures
 
 import streamlit as st
 
-from viz.home import figures as hf
+from viz.home import figures as home_figures
 from viz.home import path as hp
 from viz.ui import charts, models, registry, url_state, vocab, widgets
 
@@ -69,25 +69,25 @@ st.subheader(f"{stop}. {spec.title}")
 fig = own = None  # the stop's figure, and where it has one, the same idea on the user's sentence after it
 own_text = ""
 if stop == 1:
-    fig, hand = hf.hand_figure()
+    fig, hand = home_figures.hand_figure()
     st.markdown(spec.text)
     s, w = hand["scaled"][0], hand["weights"][0]
     st.caption(f"Computed here: the scores of “help” are {hand['scores'][0][0]:g} and {hand['scores'][0][1]:g}, scaled "
                f"{s[0]:g} and {s[1]:g}; softmax gives {w[0]:.2f} and {w[1]:.2f} (they sum to {w.sum():g}).")
-    own, own_where = hf.own_weights_figure(trace)
+    own, own_where = home_figures.own_weights_figure(trace)
     own_text = (f"Then your sentence: {model_name}'s weights in {own_where}. Each row is one token's weighted "
                 "average over the tokens it looks at, and sums to 1, like “help”'s row above.")
 elif stop == 2:
-    fig, where = hf.scores_figure(trace)
+    fig, where = home_figures.scores_figure(trace)
     st.markdown(spec.text.format(where=where))
 elif stop == 3:
     n = len(trace.tokens("source"))
-    fig = hf.positions_figure(n, model.config.d_model)
+    fig = home_figures.positions_figure(n, model.config.d_model)
     st.markdown(spec.text.format(n=n))
     st.caption(f"{model_name}'s own positions: {model.config.positional} "
                f"({'added to the embeddings' if model.config.positional in ('sinusoidal', 'learned') else 'applied inside each head' if model.config.positional == 'rope' else 'none added'}); "
                "the Positions page shows them.")
-    own = hf.own_positions_figure(trace)
+    own = home_figures.own_positions_figure(trace)
     if own is not None:
         own_text = (f"Then your sentence: the position vectors {model_name} itself adds to its {n} tokens "
                     f"({model.config.positional}).")
@@ -95,19 +95,19 @@ elif stop == 3:
         st.caption(f"{model_name} adds no position vector to the tokens, so there is none of its own to draw here: "
                    "its positions act inside each head (the Positions page shows how).")
 elif stop == 4:
-    fig, mask_where = hf.mask_figure(trace)
+    fig, mask_where = home_figures.mask_figure(trace)
     st.markdown(spec.text.format(mask_where=mask_where))
 else:
-    prof = hf.head_profile(trace)
+    prof = home_figures.head_profile(trace)
     st.markdown(spec.text)
     if prof is None:
-        st.info(f"Your sentence is longer than {hf.MAX_PROFILE_TOKENS:,} tokens: this stop's figure is left out; the "
-                "linked page reads long inputs a tile at a time.")
+        st.info(f"Your sentence is longer than {home_figures.MAX_PROFILE_TOKENS:,} tokens: this stop's figure is left "
+                "out; the linked page reads long inputs a tile at a time.")
     elif stop == 5:
-        fig = hf.grid_figure(prof["entropy"], f"mean row entropy (bits), {prof['stack']} self-attention",
+        fig = home_figures.grid_figure(prof["entropy"], f"mean row entropy (bits), {prof['stack']} self-attention",
                              "entropy (bits)")
     else:
-        fig = hf.grid_figure(prof["previous"], f"previous-token weight, {prof['stack']} self-attention",
+        fig = home_figures.grid_figure(prof["previous"], f"previous-token weight, {prof['stack']} self-attention",
                              "mean weight on the previous token", zmax=1.0)
 if fig is not None:
     if own is not None:
