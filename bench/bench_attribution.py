@@ -9,8 +9,7 @@
 - value_norms of one layer alone / that layer's weights alone (target <= 2x), from the trace;
 - the first load of /attribution?model=smollm2 (the page's computation at its defaults: its
   example sentence, 64 steps refined until complete within 5%, the first token fixed, every
-  method and the faithfulness table) / one traced pass of that sentence (target <= 250x; 122x and 139x
-  on 2026-11-28 under a load average of 21, the IOI sentence at 192 steps), with
+  method and the faithfulness table) / one traced pass of that sentence (target <= 250x), with
   integrated gradients' completeness error and the steps it took (`--page-only`: this row alone,
   for a run against an older checkout).
 Untraced forward pass: model.net.decode + the output projection of the last position under

@@ -15,7 +15,7 @@ Targets (one repetition each; the machine is shared, CPU time with one torch thr
 The lens costs 31 unembeddings (576 x 49,152) per position, about 6.5 times what one pass
 costs per position (30 layers of 4.4 M multiply-adds plus one unembedding), so against a pass
 of a prompt of n tokens its 32 positions cost about 6.5 x 32 / n of it, and more in practice
-(the float64 softmax the lens needs for 1e-4 on KL of 100+ nats): about 0.8x at 512 tokens. The attribution reads every MLP's weights once (each run again at
+(the float64 softmax the lens needs for 1e-4 on KL of 100+ nats). The attribution reads every MLP's weights once (each run again at
 one position) while a pass reads every weight once for all its positions: at a short prompt,
 where a pass is bound by reading the weights, the two cost alike.
 """

@@ -18,9 +18,8 @@ smollm2 at 8,000 tokens (the notes' passage repeated; the same ids on both sides
       every layer) / the traced pass -- <= 1.5x
 memory (smollm2, a fresh process; VmHWM reset through /proc/self/clear_refs):
     peak resident memory during the 8,000-token traced pass above the loaded model -- <= 3 GiB
-      (with what glibc's heap holds free after the pass: this row comes out at ~1.3 or ~1.8-1.9
-      GiB from one run to the next of the same code, by how many freed per-layer buffers are
-      left as holes in the heap; docs/benchmarks-history.md)
+      (what glibc's heap holds free after the pass included, which varies from one run to the
+      next of the same code: docs/decisions.md, "Measurements moved from the code")
     peak during trace.pooled of one head above the process before it -- <= 512 MiB
 """
 

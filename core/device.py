@@ -62,7 +62,7 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
     A trace of n tokens allocates H x n x n float32 buffers per layer (12 MiB each for
     minilm at 512). By default glibc serves such blocks with mmap, or trims them off the
     heap when freed, so every forward pass page-faults fresh, zeroed memory from the kernel
-    (a third of a traced forward's time at 512 tokens). With M_MMAP_THRESHOLD = 32 MiB
+    (what that cost: docs/decisions.md, "Measurements moved from the code"). With M_MMAP_THRESHOLD = 32 MiB
     (blocks below it come from the heap) and M_TRIM_THRESHOLD = 2 GiB (freed heap memory is
     kept), the next pass reuses the same pages. The price: the process's resident memory
     stays at its high-water mark instead of shrinking after a long input; the app bounds
@@ -132,9 +132,10 @@ def freeze_heap() -> int:
     collector's sight (gc.freeze); returns how many objects are frozen in all.
 
     A server that has imported torch, plotly and pandas and loaded a model holds 250,000 to
-    350,000 container objects, and a full collection walks every one of them: 0.12-0.21 s on
-    this project's CPUs. Streamlit runs a full collection after every script run, holding the
-    interpreter lock while the page waits for its last messages, so each click paid that time.
+    350,000 container objects, and a full collection walks every one of them (what that took:
+    docs/decisions.md, "Measurements moved from the code"). Streamlit runs a full collection
+    after every script run, holding the interpreter lock while the page waits for its last
+    messages, so each click would pay that time.
     Frozen objects are still freed by reference counting when nothing uses them; only a
     reference cycle among them would outlive its use. So call this when what is alive is
     meant to live as long as the process: after start-up imports, after loading a model.

@@ -7,8 +7,8 @@
 Every point carries customdata [sentence_id, position, is_key] (clicks open that sentence);
 its hover shows the token inside its sentence, the token marked. The per-point text is only
 that window of the sentence (hovertext, one list for both traces); "query/key · sentence s ·
-position p" comes from each trace's hovertemplate and the customdata, so 20,000 points send
-~3 MB instead of ~5 MB. head_multiples draws every head of a layer as small multiples; a
+position p" comes from each trace's hovertemplate and the customdata, so no point's text is
+sent twice (what it saves: docs/decisions.md, "Measurements moved from the code"). head_multiples draws every head of a layer as small multiples; a
 click there carries the head (customdata [head]).
 """
 

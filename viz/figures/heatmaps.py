@@ -126,8 +126,8 @@ def matrix_heatmap(
                                  line=dict(color="#d62728", width=3))]
     for k, v in extra.items():
         layout[k] = {**layout[k], **v} if isinstance(v, dict) and isinstance(layout.get(k), dict) else v
-    # one constructor call: each plotly update_* call validates its path anew (~1.5 ms each),
-    # which was most of the time a decoder step spent building its five figures
+    # one constructor call: each plotly update_* call validates its path anew (docs/decisions.md,
+    # "A heatmap is one constructor call")
     return go.Figure(go.Heatmap(**heatmap), layout=layout)
 
 
@@ -150,8 +150,8 @@ def fix_margins(fig: go.Figure, y_labels: Optional[Sequence[str]] = None,
     """A heatmap from matrix_heatmap with fixed margins instead of plotly's automargin.
 
     Automargin measures every tick label and draws the figure again whenever the margins
-    move; on a busy page that was a third of a chart's drawing time (and its check of each
-    label for overflow, which forces a page layout per label, is skipped). The margins come from
+    move (and checks each label for overflow, which forces a page layout per label); both are
+    skipped here (what they cost: docs/decisions.md, "Charts are drawn once"). The margins come from
     the labels given (default: the figure's own tick labels); pass the labels of the
     longest input to come (e.g. a decoder's whole run) and they stay put as the map grows."""
     y_labels = tick_labels(fig.layout.yaxis) if y_labels is None else y_labels

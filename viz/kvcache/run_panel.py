@@ -63,8 +63,8 @@ def run(model, model_name: str, text: str, policy: str, budget: int, sinks: int 
         bar.progress(min(1.0, max(0.0, float(frac))), text=f"{label or policy}: {what}")
 
     def admitted():
-        # the policy's pass beside the full model's reference pass: two traces' worth (measured on smollm2 at
-        # 2,000 tokens: 1,054 MiB above the model; this estimate says 1,120)
+        # the policy's pass beside the full model's reference pass: two traces' worth (the measurement it is
+        # held against: docs/decisions.md, "Measurements moved from the code")
         n = models._tokens(model, text + (continuation or ""))
         admission.gate().count(evict_cache())
         with admission.admitted(2 * gate.trace_bytes(model.config, n), estimate(model, n, policy),

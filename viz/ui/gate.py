@@ -162,7 +162,7 @@ def default_budget() -> int:
 
 
 LOGIT_ROWS = 256  # core.api computes next-token distributions this many positions at a time
-MARGIN = 1.1  # over the measured peaks below
+MARGIN = 1.1  # over the measured peaks (docs/decisions.md, "Measurements moved from the code")
 SMALL_JOB = 2 * 2**20  # what a job allocates beside its arrays (torch's and the allocator's own): about 1 MiB measured on small jobs, twice that
 TRACE_MARGIN = 1.35  # a trace's: measured as the app allocates (core.device.keep_freed_memory), see trace_bytes
 
@@ -199,10 +199,9 @@ def batch_bytes(cfg, tokens: int, grad: bool = False, n_keys: int = 0) -> int:
     2 tokens (4 d + 3 m) floats, held for every layer when gradients flow back through them
     (autograd keeps each layer's activations), plus a decoder's output at the positions read;
     n_keys: the keys each position attends over, whose scores and weights (2 H n_keys floats a
-    position) a pass with gradients keeps for every layer, one without for one.
-    Measured for integrated gradients (64 steps of smollm2's 14-token indirect-object prompt,
-    VmHWM above the model): 1,547 MiB; this gives 1,856. A random 2-layer decoder (d 256) at 512
-    tokens, 8 steps a batch (tests/app/peak_probe.py): the maps term is a third of the peak there."""
+    position) a pass with gradients keeps for every layer, one without for one. Times MARGIN;
+    held against the measured peak by tests/app/peak_probe.py (the figures: docs/decisions.md,
+    "Measurements moved from the code")."""
     d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
     working = 2 * tokens * (4 * d + 3 * m)
     maps = 2 * tokens * cfg.n_heads * max(0, int(n_keys))
@@ -233,10 +232,8 @@ def pattern_bytes(cfg, n_tokens: int, layer: Optional[int] = None) -> int:
     - the walk's working set in one layer, 2 n (4 d + 3 m);
     - the head's n x n maps: its weights, its scaled scores and their product, with the temporaries
       beside them (5 n^2).
-    Measured (VmHWM above the trace): a random 2-layer decoder (d 256) at 512 tokens, 57-59 MiB (this
-    gives 81; tests/app/peak_probe.py); smollm2 at 64 tokens, layers 3, 20 and 29: 20, 75 and 111 MiB
-    (this gives 29, 113 and 157), and layer 3 at 512 and 1,024 tokens, 128 and 137 MiB (242 and 506).
-    The estimate without the components' own vectors, the walk and the maps gave 18 MiB for the first."""
+    Held against the measured peak by tests/app/peak_probe.py (the figures: docs/decisions.md,
+    "Measurements moved from the code")."""
     d, m, d_k = cfg.d_model, cfg.d_ff, cfg.d_head or cfg.d_model // cfg.n_heads
     n = max(1, int(n_tokens))
     walked = cfg.n_layers if layer is None else min(cfg.n_layers, int(layer) + 1)
@@ -269,8 +266,8 @@ def maps_bytes(cfg, n_tokens: int) -> int:
     the layer's normed input and RoPE angles (n d + 2 n d_k floats), one head's q and each kv
     head's k (n d_k (1 + kv) floats), kept with the trace, and a tile of TILE_ROWS x n cells in
     up to 16 copies while it is pooled (scores to weights, the mask, padding, block sums, the
-    profile's temporaries). Times MARGIN. Measured (smollm2, 4,400 tokens, VmRSS after the trace
-    and the overview + zoom, one thread): 51 MiB; this gives 58."""
+    profile's temporaries). Times MARGIN (the measurement it is held against: docs/decisions.md,
+    "Measurements moved from the code")."""
     from core.head_maps import TILE_ROWS
 
     d_k = cfg.d_head or cfg.d_model // cfg.n_heads
@@ -284,8 +281,8 @@ def surprisal_bytes(cfg, n_tokens: int) -> int:
     """Peak bytes of a decoder's surprisal over a trace (core.analysis.surprisal): the logits of
     ROWS positions at a time over the vocabulary, in float32, then in float64 with their log-softmax,
     its exponent and their product (4 + 3 x 8 bytes a cell), three float64 values a position for the
-    result, and SMALL_JOB; times MARGIN; the same at any length past ROWS. Measured (smollm2, 4,400
-    tokens, VmHWM above the resident trace): 288 MiB; this gives 371."""
+    result, and SMALL_JOB; times MARGIN; the same at any length past ROWS (the measurement it is
+    held against: docs/decisions.md, "Measurements moved from the code")."""
     from core.analysis.surprisal import ROWS
 
     n = max(1, int(n_tokens))

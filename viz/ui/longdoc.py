@@ -124,7 +124,7 @@ def _timed_pass(model, n: int) -> float:
 def calibrate(model, model_name: str) -> tuple:
     """The model's measured cost (tokens, seconds, seconds per FLOP): the longest traced pass of
     this model measured in this process, else passes run now at the two CALIBRATION_TOKENS
-    lengths (about 4 s for smollm2 on this CPU), whose difference gives the cost of a FLOP without the per-pass overhead."""
+    lengths, whose difference gives the cost of a FLOP without the per-pass overhead."""
     with _CALIBRATING:  # once per model: sessions arriving together wait for the first one's passes
         if model_name not in _COST:
             _calibrate(model, model_name)
