@@ -143,6 +143,12 @@ async def session(browser, url: str, timeout_s: float, killed: "asyncio.Event | 
                 out.setdefault("first_wait_message", re.sub(r"\s+", " ", text_seen)[:160])
             await asyncio.sleep(0.5)
         out.setdefault("link", page.url)
+        if not out["drawn"]:  # what the page said when the session gave up, and whether it was connected
+            said = " ".join(await page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+            out["last_message"] = re.sub(r"\s+", " ", said)[:200]
+            out["status_widget"] = re.sub(r"\s+", " ", " ".join(
+                await page.locator('[data-testid="stStatusWidget"]').all_inner_texts()))[:120]
+            out["replica_at_end"] = await _replica(ctx)
         if text:
             out["text_whole"] = await page.locator(".st-key-explore-text textarea").first.input_value() == text
     except Exception as exc:  # noqa: BLE001 - reported, and the check fails
@@ -430,7 +436,8 @@ def main_replicas(args) -> int:
             wall = time.monotonic() - t0
             sampler.stop_flag.set()
             sampler.join()
-            logs = {n: (Path(tmp) / f"{n}.log").read_text(errors="replace") for n in pids}
+            logs = {n: (Path(tmp) / f"{n}.log").read_text(errors="replace") for n in [*pids, "haproxy"]
+                    if (Path(tmp) / f"{n}.log").exists()}  # the balancer's: a replica marked down, and why
             if args.server_log:
                 Path(args.server_log).write_text("\n".join(f"==> {n}\n{t}" for n, t in logs.items()), encoding="utf-8")
             dead = {n for n, pid in pids.items() if status_kib("VmRSS", pid) < 0}

@@ -26,6 +26,7 @@ STREAMLIT_SETTINGS = {
     "server.enableXsrfProtection": True,
     "server.maxUploadSize": 1,
     "server.runOnSave": False,
+    "server.fileWatcherType": "none",
     "client.showErrorDetails": "none",
     "client.toolbarMode": "minimal",
     "theme.base": "light",

@@ -363,11 +363,11 @@ def test_a_long_input_s_views_take_their_own_reservation_and_release_it(app_test
     assert_no_exception(at)
     chart_by_key(at, "explore-heatmap")
     chart_by_key(at, "explore-zoom")
-    kinds = [k for k, _, _, _ in seen]
+    kinds = [k.split()[0] for k, _, _, _ in seen]  # the work (gate.kind_of: the work, the model, the estimate)
     assert "trace" in kinds and "overview" in kinds and "zoom" in kinds, seen
     cfg, n = minilm.config, len(minilm.trace(text).tokens("source"))
     for kind, cost, first, running in seen:
-        if kind in ("overview", "zoom"):
+        if kind.split()[0] in ("overview", "zoom"):
             assert first and cost == vg.maps_bytes(cfg, n) and running == 0  # alone: the trace had ended
     assert g.running_bytes == 0 and g.status()["waiting"] == 0 and g.status()["admitted"] == len(seen)
     assert models.trace_cache().nbytes == 0  # the 1 MB budget left no room to keep the trace
@@ -491,7 +491,7 @@ def test_the_explore_page_holds_its_trace_while_it_draws_and_lets_go_after(app_t
     chart_by_key(at, "explore-heatmap")
     size = models._size_of(models.trace_cache().get(("minilm", text, "trace", None, None)))
     assert size > 0
-    held = {kind: b for kind, b, _ in seen}
+    held = {kind.split()[0]: b for kind, b, _ in seen}
     assert held["trace"] == 0 and held["overview"] == size, seen  # the trace held while the overview is computed
     assert len({owner for _, _, owner in seen}) == 1 and seen[0][2] is not None  # one page run asked for all
     assert g.status()["holds"] == 0 and g.held_bytes() == 0  # the run ended: nothing held
@@ -598,7 +598,7 @@ def test_a_finished_page_run_keeps_no_trace_alive(app_test, minilm, page, monkey
 
 def test_the_decoder_stepper_s_checks_pass_the_gate_costed_from_shapes(app_test, monkeypatch):
     """The stepper's step check, teacher-forcing check and KV-cache check each run a forward pass of
-    their own: each is admitted by the gate (kind "check", ahead of waiting traces), costed from
+    their own: each is admitted by the gate (measured as "<check> check <model>": gate.kind_of, ahead of waiting traces), costed from
     shapes by gate.prefix_check_bytes / generation_check_bytes, and the page shows every check."""
     from viz.ui import admission, models
 
@@ -614,7 +614,7 @@ def test_the_decoder_stepper_s_checks_pass_the_gate_costed_from_shapes(app_test,
     assert_no_exception(at)
     assert not at.error and any("Step view check:" in s.value for s in at.success), [e.value for e in at.error]
     steps = toy.steps(text)
-    checks = [(cost, first) for kind, cost, first in seen if kind == "check"]
+    checks = [(cost, first) for kind, cost, first in seen if kind.split()[1:3] == ["check", "toy-translate"]]
     assert sorted(c for c, _ in checks) == sorted([
         vg.prefix_check_bytes(toy.config, 2, len(steps[-1].tokens("target")), len(steps[0].tokens("source"))),
         vg.generation_check_bytes(toy.config, 1, len(steps), len(steps[0].tokens("source")))])
@@ -624,7 +624,7 @@ def test_the_decoder_stepper_s_checks_pass_the_gate_costed_from_shapes(app_test,
     at.run(timeout=120)
     assert_no_exception(at)
     assert any("Teacher forcing = inference on the same prefix" in s.value for s in at.success)
-    assert any(kind == "check" and cost == vg.prefix_check_bytes(toy.config, 3, len(steps), len(steps[0].tokens("source")))
+    assert any(kind.startswith("prefix check toy-translate") and cost == vg.prefix_check_bytes(toy.config, 3, len(steps), len(steps[0].tokens("source")))
                for kind, cost, _ in seen[-4:]), seen[-4:]
     assert g.status()["running"] == 0 and g.held_bytes() == 0
 
@@ -710,3 +710,19 @@ def test_the_pattern_estimate_counts_the_walk_and_the_head_s_maps():
     a, b, c = (vg.pattern_bytes(cfg, n, 0) for n in (100, 200, 300))
     assert (c - b) - (b - a) == pytest.approx(2 * 5 * 8 * 100 * 100 * vg.MARGIN, rel=0.01)  # 5 n^2 float64
     assert vg.pattern_bytes(cfg, 200, 0) < vg.pattern_bytes(cfg, 200, 1) <= vg.pattern_bytes(cfg, 200)
+
+
+def test_one_kind_s_measured_times_do_not_scale_another_model_s_estimate():
+    """A job's wait is estimated from the jobs measured as its kind (gate.kind_of: the work, the model and the
+    estimate's source). Short traces of a small model, timed mostly by their fixed overhead (0.2 s against a
+    rough 0.002 s: 100 times their estimate), leave a long calibrated trace of another model at its own 30 s;
+    the same model's next short trace is scaled by them."""
+    g = vg.Gate(1000 * MB)
+    small = vg.kind_of("trace", "toy-translate")
+    for _ in range(3):
+        with g.admit(1 * MB, 0.002, "toy-translate, 9 tokens", kind=small) as t:
+            t.share = 0.2  # as measured: what _share would have charged it
+    long_trace = vg.Ticket(400 * MB, 30.0, "smollm2, 2,072 tokens", 100, vg.kind_of("trace", "smollm2", True))
+    assert g.expected(long_trace) == 30.0
+    assert g.expected(vg.Ticket(1 * MB, 0.002, "toy-translate, 9 tokens", 101, small)) == pytest.approx(0.2, abs=0.01)
+    assert len({small, vg.kind_of("trace", "toy-translate", True), vg.kind_of("steps", "toy-translate")}) == 3

@@ -90,13 +90,14 @@ def test_config_file_binds_localhost_with_safe_defaults():
     assert browser.get("gatherUsageStats") is False
     assert 0 < server.get("maxUploadSize", 200) <= MAX_UPLOAD_MB
     assert server.get("runOnSave", False) is False
+    assert server.get("fileWatcherType") == "none"  # a served app does not watch (or re-read) its sources
     assert cfg.get("client", {}).get("showErrorDetails", "full") in ("none", False)  # no tracebacks to visitors
 
 
 def test_streamlit_reads_those_settings():
     """What Streamlit itself resolves from the project folder (no command-line flags)."""
     names = ["server.address", "server.enableXsrfProtection", "server.enableCORS", "server.headless",
-             "browser.gatherUsageStats", "server.maxUploadSize", "client.showErrorDetails"]
+             "browser.gatherUsageStats", "server.maxUploadSize", "client.showErrorDetails", "server.fileWatcherType"]
     code = ("import json; from streamlit import config; config.get_config_options(force_reparse=True); "
             f"print(json.dumps({{n: config.get_option(n) for n in {names!r}}}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -108,6 +109,7 @@ def test_streamlit_reads_those_settings():
     assert opts["server.headless"] is True and opts["browser.gatherUsageStats"] is False
     assert 0 < opts["server.maxUploadSize"] <= MAX_UPLOAD_MB
     assert opts["client.showErrorDetails"] in ("none", False)
+    assert opts["server.fileWatcherType"] == "none"
 
 
 def test_launch_scripts_do_not_rebind_the_server():

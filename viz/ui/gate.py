@@ -338,6 +338,14 @@ def generation_check_bytes(cfg, n_prompt: int, n_new: int, n_source: int = 0) ->
     return int(one_pass + MARGIN * 4 * (2 * cfg.n_layers * kv * d_k * n + 3 * T * V))
 
 
+def kind_of(what: str, model: str, calibrated: bool = False) -> str:
+    """What the gate measures a job's time by (Gate.admit's kind): the work, the model, and where the
+    caller's estimate came from. A ratio of measured to estimated time holds for one model's jobs
+    estimated one way; a small model's short traces, timed mostly by their fixed overhead against a
+    rough FLOP rate, would otherwise scale a long calibrated trace's estimate a hundredfold."""
+    return f"{what} {model} ({'calibrated' if calibrated else 'rough'} estimate)"
+
+
 @dataclass
 class Ticket:
     cost: int

@@ -66,7 +66,8 @@ def work(trace, what: str, stack: str = "decoder", maps: int = 1):
         d_k = cfg.d_head or cfg.d_model // cfg.n_heads
         cost, flop = vg.maps_bytes(cfg, n), 4.0 * n * n * d_k * max(1, maps)
     name = trace.meta.get("model") or getattr(model, "name", "model")
-    with admission.admitted(cost, flop * admission.SECONDS_PER_FLOP, f"{name} {what}, {n:,} tokens", kind=what,
+    with admission.admitted(cost, flop * admission.SECONDS_PER_FLOP, f"{name} {what}, {n:,} tokens",
+                            kind=vg.kind_of(what, name),
                             first=True):
         yield
 
@@ -105,6 +106,11 @@ def trace_seconds(model, model_name: str, n: int) -> float:
     if cost is not None:
         return expected_seconds(model, n, cost)
     return flops(model, n) * admission.SECONDS_PER_FLOP
+
+
+def calibrated(model_name: str) -> bool:
+    """Whether trace_seconds estimates this model's traces from a pass measured in this process."""
+    return model_name in _COST
 
 
 def _timed_pass(model, n: int) -> float:

@@ -157,23 +157,26 @@ def _cached_run(model_name: str, text: str, key: tuple, run, spinner: str, plain
     text, msgs = clean_text(text)
     for m in msgs:
         st.warning(m)
-    def job() -> tuple:  # (bytes, seconds, label) of the computation, from the tokens it reads
+    def job() -> tuple:  # (bytes, seconds, label, kind) of the computation, from the tokens it reads
         n = _tokens(model, text)
         if key[0] == "steps":  # the prompt, then the tokens generated after it, in one traced pass
             new = int(getattr(model, "max_new_tokens", 0) or 0)
             cost = gate.steps_bytes(model.config, n, new)
         else:
             cost = gate.trace_bytes(model.config, n)
-        return cost, longdoc.trace_seconds(model, model_name, n), f"{model_name}, {n:,} tokens"
+        seconds = longdoc.trace_seconds(model, model_name, n)
+        kind = gate.kind_of(key[0], model_name, longdoc.calibrated(model_name))  # key[0]: "trace" or "steps"
+        return cost, seconds, f"{model_name}, {n:,} tokens", kind
 
     def admitted_run():  # one computation per key (the cache), admitted within the memory budget
         admission.gate().count(trace_cache())  # what the cache holds counts against the same budget
-        with admission.admitted(*job(), kind=key[0]):  # "trace" or "steps"
+        cost, seconds, label, kind = job()
+        with admission.admitted(cost, seconds, label, kind=kind):
             return run(model, text)
 
     def again():  # the same, outside a page run: admitted by the gate alone (nothing to show a wait in)
-        cost, seconds, label = job()
-        with admission.gate().admit(cost, seconds, f"{label}, again", kind=key[0]):
+        cost, seconds, label, kind = job()
+        with admission.gate().admit(cost, seconds, f"{label}, again", kind=kind):
             return (plain or run)(model, text)
 
     try:
@@ -312,7 +315,8 @@ def _check(key: tuple, cost: int, seconds: float, label: str, spinner: str, comp
     a forward pass of its own, as long as the stepper's prompt (up to the model's context). It is work on the
     steps the page holds, so it goes ahead of the waiting traces (first=True)."""
     def admitted_run():
-        with admission.admitted(cost, seconds, label, kind="check", first=True):
+        kind = gate.kind_of(f"{key[0]} check", key[1], longdoc.calibrated(key[1]))  # key: (check, model, ...)
+        with admission.admitted(cost, seconds, label, kind=kind, first=True):
             return compute()
 
     with st.spinner(spinner):
