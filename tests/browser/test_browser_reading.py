@@ -69,6 +69,20 @@ def test_start_here_tokens_read_as_text_and_each_stop_shows_the_example_then_you
     assert own == want, (own, want)
 
 
+def test_start_here_on_smollm2_markup_reads_as_typed(server, page):
+    """smollm2 reads markup as its own pieces ("<", "b", ">"): the figure's labels show them as typed, the same
+    tokens as the model's (its byte pieces read as text), never "&lt;" or "&gt;"."""
+    if not core.MODELS["smollm2"].available():
+        pytest.skip("smollm2 is not installed")
+    text = "the <b>small</b> dog & the cat"
+    _open(page, server, "", model="smollm2", text=text, stop="2")
+    ticks = [t["text"] for t in _tick_texts(page, "home-fig", "y")]
+    assert not [t for t in ticks if "&lt;" in t or "&gt;" in t or "&amp;" in t], ticks
+    assert any("<" in t for t in ticks) and any(">" in t for t in ticks) and any("&" in t for t in ticks), ticks
+    want = core.load_model("smollm2", device="cpu").trace(text).tokens("target")
+    assert "".join(ticks).replace(" ", "") == "".join(want).replace(" ", "").replace("Ġ", ""), (ticks, want)
+
+
 def test_start_here_offers_a_model_that_reads_the_sentence(server, page):
     _minilm()
     _open(page, server, "", model="toy-translate", text=UNK_SENTENCE)
