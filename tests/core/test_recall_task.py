@@ -1,0 +1,50 @@
+"""The recall task's sequences: every query key's answer is the value that followed the same key in
+the context, the targets sit at the query keys only, and a seed gives the same sequences."""
+
+import random
+
+import torch
+
+from core.toy import recall_task as rt
+
+
+def test_every_query_answers_from_its_context_key():
+    rng = random.Random(3)
+    for n in (1, 5, 16):
+        ex = rt.make_example(n, rng)
+        assert len(ex.tokens) == 4 * n
+        assert len(set(ex.tokens[0:2 * n:2])) == n  # distinct keys
+        for q, k, a in zip(ex.query_positions, ex.answer_key_positions, ex.answers):
+            assert ex.tokens[q] == ex.tokens[k] and k < 2 * n <= q
+            assert ex.tokens[k + 1] == a == ex.tokens[q + 1]
+
+
+def test_targets_only_at_query_keys():
+    ids, tgt = rt.batch(6, 4, random.Random(0))
+    on = tgt != -100
+    assert on.sum(1).tolist() == [6] * 4
+    assert bool((on[:, :12] == 0).all())  # nothing is asked inside the context
+    rows, cols = torch.nonzero(on, as_tuple=True)
+    assert torch.equal(tgt[rows, cols], ids[rows, cols + 1])
+
+
+def test_accuracy_counts_right_answers_and_is_seeded():
+    index = {w: i for i, w in enumerate(rt.vocab())}
+
+    def oracle(ids):  # looks the key up in the context: always right
+        out = torch.zeros(*ids.shape, len(index))
+        for b in range(ids.shape[0]):
+            row = ids[b].tolist()
+            for p in range(len(row) // 2, len(row), 2):
+                out[b, p, row[row.index(row[p]) + 1]] = 1
+        return out
+
+    def first_value(ids):  # answers every query with the first value seen: right only by chance
+        out = torch.zeros(*ids.shape, len(index))
+        out[:, :, ids[0, 1]] = 1
+        return out
+
+    assert rt.accuracy(oracle, 8, 32, seed=1) == 1.0
+    assert rt.accuracy(first_value, 8, 32, seed=1) < 0.5
+    a, b = rt.batch(4, 3, random.Random(7)), rt.batch(4, 3, random.Random(7))
+    assert torch.equal(a[0], b[0])
