@@ -32,7 +32,6 @@ from ..net.config import ModelConfig
 from ..net.model import Transformer
 from ..toy import recall_task
 
-RECALL_DIR = Path(__file__).resolve().parents[2] / "assets" / "recall"
 MIXERS = ("softmax",)
 
 
@@ -96,7 +95,7 @@ def main(argv: Sequence[str] = None) -> Dict[str, dict]:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(RECALL_DIR))
+    ap.add_argument("--out", default=str(recall_task.RECALL_DIR))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)

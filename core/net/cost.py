@@ -18,6 +18,19 @@ from core.net.config import ModelConfig
 from core.net.model import Transformer
 
 
+# ------------------------------------------------------------------ token mixing
+def mixing_cost(n: np.ndarray, d: int, d_k: int) -> dict:
+    """Multiply-adds of one layer's token mixing on n tokens of width d (seed 004's count):
+    softmax attention's Q Kᵀ and weights·V take 2 n² d, its four projections 4 n d²; a linear
+    mixer (a state of d_k × d_v per head, d_v = d_k) writes and reads its state once per token:
+    2 n d d_k, with the same projections. Memory: a KV cache keeps 2 n d numbers; the state
+    d d_k, whatever n."""
+    n = np.asarray(n, dtype=float)
+    proj = 4 * n * d * d
+    return {"softmax": 2 * n * n * d + proj, "linear": 2 * n * d * d_k + proj,
+            "cache": 2 * n * d, "state": np.full_like(n, d * d_k)}
+
+
 # ------------------------------------------------------------------ parameters
 def meta_model(cfg: ModelConfig) -> torch.nn.Module:
     """Transformer(cfg) on the meta device: every shape, no memory, no initialisation cost."""

@@ -18,9 +18,11 @@ as text on every page. Everything here is plain Python and torch: no model, no p
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -29,6 +31,7 @@ VALUES = [str(i) for i in range(24)]  # 0 ... 23
 SPECIALS = ["<pad>", "<unk>"]
 MAX_PAIRS = 16
 PAIR_COUNTS = (2, 4, 8, 12, 16)  # the accuracy curve's x axis
+RECALL_DIR = Path(__file__).resolve().parents[2] / "assets" / "recall"  # one folder per mixer
 
 
 def vocab() -> List[str]:
@@ -106,3 +109,13 @@ def accuracy(logits_fn, n_pairs: int, n_examples: int, seed: int, size: int = 64
 def curve(logits_fn, counts: Sequence[int] = PAIR_COUNTS, n_examples: int = 256, seed: int = 1) -> dict:
     """Accuracy per number of pairs, on held-out sequences (seed 1; training draws from seed 0)."""
     return {int(n): accuracy(logits_fn, n, n_examples, seed) for n in counts}
+
+
+def shipped_curves(folder: Path = RECALL_DIR) -> Dict[str, Dict[int, float]]:
+    """The recall models' accuracy by number of pairs, as their training run measured it
+    (assets/recall/<mixer>/metrics.json), mixer -> {pairs: accuracy}; {} where none is shipped."""
+    out = {}
+    for f in sorted(Path(folder).glob("*/metrics.json")):
+        meta = json.loads(f.read_text())
+        out[meta["mixer"]] = {int(k): float(v) for k, v in meta["accuracy"].items()}
+    return out

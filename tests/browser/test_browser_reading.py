@@ -121,7 +121,7 @@ def test_on_minilm_labels_fit_the_mask_has_two_colours_and_links_say_where_they_
     assert "smollm2" in label and "minilm is an encoder" in label, label
     href = urllib.parse.parse_qs(urllib.parse.urlparse(link.get_attribute("href")).query)
     assert href["model"] == ["smollm2"] and href["text"] == [LONG_SENTENCE], href
-    _open(page, server, "", model="minilm", text=LONG_SENTENCE, stop="6")
+    _open(page, server, "", model="minilm", text=LONG_SENTENCE, stop="7")
     for key in ("lens", "patching", "attribution"):
         link = page.locator(f'[data-testid="stPageLink-NavLink"][href*="{key}"]')
         href = urllib.parse.parse_qs(urllib.parse.urlparse(link.get_attribute("href")).query)

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from core import trace_names as tn
 from core.head_maps import profiles
+from core.net.cost import mixing_cost
 from core.net.attention import causal_mask
 from viz.figures import by_hand
 from viz.figures.heatmaps import attention_heatmap, fixed_margins_layout, mask_heatmap, matrix_heatmap
@@ -37,7 +38,7 @@ def figure_height(n_rows: int) -> int:
     return int(min(900, max(SMALL, 150 + ROW_PX * n_rows)))
 
 
-MAX_PROFILE_TOKENS = 2048  # stop 5's and 6's head profiles are read a tile at a time; past this the stop says so
+MAX_PROFILE_TOKENS = 2048  # stop 5's and 7's head profiles are read a tile at a time; past this the stop says so
 
 
 def hand_figure() -> Tuple[go.Figure, dict]:
@@ -122,7 +123,7 @@ def mask_figure(trace) -> Tuple[go.Figure, str]:
 
 
 def head_profile(trace) -> Optional[dict]:
-    """Stops 5 and 6: every head's mean row entropy and previous-token weight, read a tile of rows
+    """Stops 5 and 7: every head's mean row entropy and previous-token weight, read a tile of rows
     at a time (core.head_maps.profiles), for the model's first self-attention stack."""
     stack = "encoder" if "encoder" in trace.stacks() else "decoder"
     n = len(trace.tokens("source" if stack == "encoder" else "target") or trace.tokens("source"))
@@ -136,3 +137,46 @@ def grid_figure(values: np.ndarray, title: str, value_name: str, zmax: Optional[
     return matrix_heatmap(values, y_labels=[f"L{i}" for i in range(L)], x_labels=[f"H{h}" for h in range(H)],
                           zmin=0, zmax=zmax, title=title, height=max(SMALL, 22 * L + 90), x_title="head",
                           y_title="layer", value_name=value_name, colorscale="Viridis")
+
+
+def cost_figure(n: int, d: int, d_k: int) -> go.Figure:
+    """Stop 6: the notes' O(N² D) + O(N D²) against a linear mixer's O(N D d_k) + O(N D²), per
+    layer, from 16 tokens to 32k, your sentence's length marked."""
+    N = np.unique(np.round(np.geomspace(16, 32768, 60)).astype(int))
+    c = mixing_cost(N, d, d_k)
+    fig = go.Figure()
+    for key, name, dash in (("softmax", "softmax attention: 2N²D + 4ND²", "solid"),
+                            ("linear", f"linear mixer: 2N·D·d_k + 4ND² (d_k = {d_k})", "dash")):
+        fig.add_trace(go.Scatter(x=N, y=c[key], name=name, mode="lines", line=dict(dash=dash),
+                                 hovertemplate="N = %{x:,}<br>%{y:.3s} multiply-adds<extra>" + key + "</extra>"))
+    mine = mixing_cost(np.array([n]), d, d_k)
+    fig.add_trace(go.Scatter(x=[n, n], y=[mine["linear"][0], mine["softmax"][0]], mode="markers+text",
+                             name=f"your sentence (N = {n})", marker=dict(size=9, color="black"),
+                             text=["", f"N = {n}"], textposition="top center",
+                             hovertemplate="N = %{x}<br>%{y:.3s} multiply-adds<extra>your sentence</extra>"))
+    fig.update_xaxes(type="log", title="tokens N")
+    fig.update_yaxes(type="log", title="multiply-adds per layer")
+    fig.update_layout(title=f"one layer's cost, D = {d}", height=SMALL + 60,
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=50, b=110))
+    return fig
+
+
+MIXER_NAMES = {"softmax": "softmax attention", "gated_delta": "Gated DeltaNet", "mamba2": "Mamba2"}
+
+
+def recall_figure(curves: dict) -> Optional[go.Figure]:
+    """Stop 6, after the cost: the recall models' accuracy (core.toy.recall_task: the same two-layer
+    decoder with each mixer) as the key-value pairs grow; None where none is shipped."""
+    if not curves:
+        return None
+    fig = go.Figure()
+    for mixer, acc in curves.items():
+        pairs = sorted(acc)
+        fig.add_trace(go.Scatter(x=[str(p) for p in pairs], y=[acc[p] for p in pairs], mode="lines+markers",
+                                 name=MIXER_NAMES.get(mixer, mixer),
+                                 hovertemplate="%{x} pairs: %{y:.1%}<extra>" + MIXER_NAMES.get(mixer, mixer) + "</extra>"))
+    fig.update_xaxes(type="category", title="key-value pairs in the context")
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", title="recall accuracy")
+    fig.update_layout(title="multi-query associative recall, held-out sequences", height=SMALL + 40,
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=50, b=100))
+    return fig

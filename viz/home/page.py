@@ -3,7 +3,11 @@ the student can change. One stop at a time (its number in the URL, `stop`): a fe
 one small live figure for the sentence, and a link that opens the full page on the same
 sentence and model. The stops: viz/home/path.py; their figures: viz/home/figures.py."""
 
+import numpy as np
 import streamlit as st
+
+from core.net.cost import mixing_cost
+from core.toy import recall_task
 
 from viz.home import figures as home_figures
 from viz.home import path as hp
@@ -97,6 +101,20 @@ elif stop == 3:
 elif stop == 4:
     fig, mask_where = home_figures.mask_figure(trace)
     st.markdown(spec.text.format(mask_where=mask_where))
+elif stop == 6:
+    n = len(trace.tokens("source") or trace.tokens("target"))  # the sentence's own tokens
+    d = model.config.d_model
+    d_k = model.config.d_head
+    c = mixing_cost(np.array([n]), d, d_k)
+    memory = (f"At your {n} tokens a KV cache would hold {int(c['cache'][0]):,} numbers per layer; a state of "
+              f"{int(c['state'][0]):,} holds them at any length.")
+    st.markdown(spec.text.format(model=model_name, d=d, memory=memory))
+    fig = home_figures.cost_figure(n, d, d_k)
+    own = home_figures.recall_figure(recall_task.shipped_curves())
+    own_text = ("What that costs: a fixed state must keep every key it will be asked about. The same two-layer "
+                "decoder, trained here on multi-query associative recall (Zoology, Arora et al. 2023) with each "
+                "mixer, asked for the value of every key in its context: softmax attention looks the key up; a "
+                "fixed state holds fewer pairs the more there are.")
 else:
     prof = home_figures.head_profile(trace)
     st.markdown(spec.text)
@@ -111,7 +129,7 @@ else:
                              "mean weight on the previous token", zmax=1.0)
 if fig is not None:
     if own is not None:
-        st.caption("First the notes' example:")
+        st.caption("First the notes' count, for this model:" if stop == 6 else "First the notes' example:")
     charts.chart(fig, key="home-fig", width="stretch", name=f"{model_name}-path-stop{stop}")
 if own is not None:
     st.caption(own_text)

@@ -53,6 +53,15 @@ STOPS: List[Stop] = [
          "they find; the model stacks such layers. Heads differ: below, how spread out each head's attention "
          "is on your sentence (the mean entropy of its rows, in bits: 0 = each token looks at one token).",
          "explore", "See every head of every layer in Explore", params=(("tab", "model"),)),
+    Stop("The cost of attention, and attention without softmax",
+         "The notes count what attention costs (seed 004): the scores Q Kᵀ and their mix with V take "
+         "O(N² D), the projections O(N D²). Past a few thousand tokens the N² term wins, and a decoder's "
+         "KV cache grows with every token. Many models of 2025-26 replace attention on most layers with a "
+         "**linear mixer** (Gated DeltaNet, Mamba2): each head keeps a state of d_k × d_v numbers, writes each "
+         "token into it and reads it with the query, so the cost grows like N and the memory stays fixed. "
+         "Such a layer still has an attention matrix, exact and signed, which Explore draws. "
+         "Below: one layer's cost at {model}'s width D = {d}, your sentence marked. {memory}",
+         "playground", "Measure attention's cost against N and D in the Playground", params=(("tab", "cost"),)),
     Stop("Beyond the notes: what heads do, and what matters",
          "Maps say where a head looks. The research pages ask what that does: which heads look at the previous "
          "token or copy an earlier match (below: the previous-token score of every head on your sentence), "
