@@ -89,10 +89,13 @@ def _token_of(field: str, what: str):
 
 
 TOKEN_FIELDS = {"target": "target token", "contrast": "contrast token", "baseline": "baseline token"}
+INSTEAD = {"target": "the model's top-1", "contrast": "no contrast (the target's logit alone)",
+           "baseline": "the default baseline token"}
 # a URL's token the model cannot read is replaced by the default (empty) with a warning that names
 # it, as on the Lens page; one typed into a box is said below, the default used meanwhile
 target_key, contrast_key, baseline_key = (
-    state.seeded_key(f, "", parse=_token_of(f, what), why=lambda raw, exc: str(exc) or "not one token of this model")
+    state.seeded_key(f, "", parse=_token_of(f, what), why=lambda raw, exc: str(exc) or "not one token of this model",
+                     instead=INSTEAD[f])
     for f, what in TOKEN_FIELDS.items())
 
 
@@ -149,9 +152,7 @@ for f, value in typed.items():  # a token typed into a box that the model cannot
     try:
         _token_of(f, TOKEN_FIELDS[f])(value)
     except ValueError as exc:
-        instead = {"target": "the model's top-1", "contrast": "no contrast (the target's logit alone)",
-                   "baseline": "the default baseline token"}[f]
-        st.warning(f"{str(exc)[:1].upper()}{str(exc)[1:]}: using {instead} instead. Type a token of "
+        st.warning(f"{str(exc)[:1].upper()}{str(exc)[1:]}: using {INSTEAD[f]} instead. Type a token of "
                    f"{model_name}'s vocabulary, or pick one from the list.")
         typed[f] = ""
 url.update(target=target or None, contrast=contrast or None, baseline=baseline or None,
