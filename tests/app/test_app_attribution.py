@@ -23,7 +23,7 @@ def _rows(at):
 
 
 def test_drawn_scores_are_the_core_attributions_and_the_table_is_sorted(app_test, toy):
-    at = app_test("attribution", model="toy-translate", text=TEXT, steps="16", position="0")
+    at = app_test("attribution", model="toy-translate", text=TEXT, steps="16", position="0", faithful="1")
     at.run()
     assert_no_exception(at)
     assert not at.error, [e.value for e in at.error]
@@ -126,3 +126,23 @@ def test_explore_norms_switch_draws_value_norms(app_test, toy):
     at.toggle(key="explore.norms").set_value(False).run()  # back to the weights
     np.testing.assert_allclose(heatmap_z(chart_by_key(at, "explore-enlarged")),
                                tr["encoder.1.self_attn.weights"][2].numpy(), atol=1e-6)
+
+
+def test_the_faithfulness_test_waits_for_its_switch(app_test, toy, monkeypatch):
+    """The first load computes every method's scores, not the faithfulness table (hundreds of
+    passes): the page says how to ask for it, and its switch runs it and keeps faithful=1 in the URL."""
+    from viz.attribution import run_panel
+
+    ran = []
+    real = run_panel._table
+    monkeypatch.setattr(run_panel, "_table", lambda *a: ran.append(1) or real(*a))
+    at = app_test("attribution", model="toy-translate", text="the old man sees the cat", steps="8")
+    at.run()
+    assert_no_exception(at)
+    assert not ran and not at.table and "attribution-curves" not in str([c.proto.id for c in at.get("plotly_chart")])
+    assert any("Test which method is faithful" in i.value for i in at.info)
+    chart_by_key(at, "attribution-text")  # the scores are drawn all the same
+    at.toggle(key="attribution.faithful").set_value(True).run()
+    assert_no_exception(at)
+    assert ran and len(at.table) == 1 and at.query_params["faithful"] == "1"
+    chart_by_key(at, "attribution-curves")

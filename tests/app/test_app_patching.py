@@ -69,8 +69,18 @@ def test_different_token_counts_name_both_and_show_both_tokenisations(app_test, 
 
 
 def test_bad_answer_and_encoder_model_get_messages(app_test):
+    # as on Lens and Attribution: the URL's token is named with what is used instead, and the grid drawn
     at = _run(app_test, model="toy-translate", text=TOY_CLEAN, corrupt=TOY_CORRUPT, answer="le chat noir")
-    assert any("not one" in e.value for e in at.error)
+    assert not at.error, [e.value for e in at.error]
+    assert any(w.value.startswith("The URL's answer='le chat noir' is replaced by the model's own choice")
+               and "not one" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert "answer" not in at.query_params
+    chart_by_key(at, "patching-map")
+    at.text_input(key="patching.answer").set_value("le chat noir").run()  # typed: said, the box keeps it
+    assert any("not one" in w.value and "using the model's own choice on the clean prompt instead" in w.value
+               for w in at.warning), [w.value for w in at.warning]
+    assert at.query_params["answer"] == "le chat noir" and not at.error
+    chart_by_key(at, "patching-map")
     at = _run(app_test, model="minilm")
     assert any("decoders and encoder-decoders" in w.value for w in at.warning)
 

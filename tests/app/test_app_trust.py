@@ -36,7 +36,7 @@ def test_attribution_explains_the_token_typed_leading_space_included(app_test, s
 def test_faithfulness_where_every_method_ties_says_so(app_test, smollm2):
     """"The capital of France is": every method scores as random does; the page says so, ranks
     them as ties (1=), and gives each method's margin over random with random's spread."""
-    at = app_test("attribution", model="smollm2", text="The capital of France is", steps="8")
+    at = app_test("attribution", model="smollm2", text="The capital of France is", steps="8", faithful="1")
     at.run(timeout=600)
     assert_no_exception(at)
     warns = " ".join(w.value for w in at.warning)
@@ -49,7 +49,7 @@ def test_faithfulness_where_every_method_ties_says_so(app_test, smollm2):
 
 
 def test_the_default_toy_example_is_one_where_methods_differ(app_test, toy):
-    at = app_test("attribution", model="toy-translate", steps="16")
+    at = app_test("attribution", model="toy-translate", steps="16", faithful="1")
     at.run(timeout=600)
     assert_no_exception(at)
     assert at.selectbox(key="attribution.position").value == 2

@@ -19,7 +19,7 @@ TEXT = "The capital of France is"
 def test_attribution_page_draws_the_core_scores(server, page):
     if not core.MODELS["smollm2"].available():
         pytest.skip("smollm2 is not installed")
-    page.goto(f"{server.url}/attribution?model=smollm2&steps=16&fix_first=1&text=" + urllib.parse.quote(TEXT))
+    page.goto(f"{server.url}/attribution?model=smollm2&steps=16&fix_first=1&faithful=1&text=" + urllib.parse.quote(TEXT))
     wait_idle(page, timeout=240_000)
     assert no_exception(page)
     data = chart_data(page, "attribution-text", timeout=240_000)

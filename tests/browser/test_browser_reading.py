@@ -146,7 +146,8 @@ def test_patching_from_start_here_says_what_it_did_in_plain_words(server, page):
 
 
 def test_attribution_is_complete_by_default_and_its_table_fits(server, page):
-    _open(page, server, "attribution", timeout=300_000, model="toy-translate", text="the small dog sees the cat")
+    _open(page, server, "attribution", timeout=300_000, model="toy-translate", text="the small dog sees the cat",
+          faithful="1")
     assert not [w for w in _alerts(page, "Warning") if "not complete" in w]
     sel = '.st-key-attribution-table table'
     page.wait_for_selector(sel, timeout=60_000)

@@ -39,7 +39,7 @@ def test_the_picked_token_is_the_token_explained_and_kept(server, page):
 
 
 def test_ties_with_random_read_as_ties(server, page):
-    page.goto(f"{server.url}/attribution?model=smollm2&steps=8&text=" + urllib.parse.quote("The capital of France is"))
+    page.goto(f"{server.url}/attribution?model=smollm2&steps=8&faithful=1&text=" + urllib.parse.quote("The capital of France is"))
     wait_idle(page, timeout=300_000)
     assert no_exception(page)
     body = _main(page)

@@ -23,7 +23,7 @@ st.caption("Attention says where a head looks, not whether that matters for the 
            "perturbation-based attributions stand beside the attention-based pictures of the same sentence, and "
            "a faithfulness test (DeYoung et al. 2020) says which of them follows what the model does.")
 state = url_state.PageState("attribution", fields=("model", "text", "target", "contrast", "baseline", "steps",
-                                                   "fix_first", "words", "position"))
+                                                   "fix_first", "words", "position", "faithful"))
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -89,10 +89,13 @@ def _token_of(field: str, what: str):
 
 
 TOKEN_FIELDS = {"target": "target token", "contrast": "contrast token", "baseline": "baseline token"}
+INSTEAD = {"target": "the model's top-1", "contrast": "no contrast (the target's logit alone)",
+           "baseline": "the default baseline token"}
 # a URL's token the model cannot read is replaced by the default (empty) with a warning that names
 # it, as on the Lens page; one typed into a box is said below, the default used meanwhile
 target_key, contrast_key, baseline_key = (
-    state.seeded_key(f, "", parse=_token_of(f, what), why=lambda raw, exc: str(exc) or "not one token of this model")
+    state.seeded_key(f, "", parse=_token_of(f, what), why=lambda raw, exc: str(exc) or "not one token of this model",
+                     instead=INSTEAD[f])
     for f, what in TOKEN_FIELDS.items())
 
 
@@ -137,19 +140,24 @@ fix_first = c2[0].toggle("Hold the first token fixed", key=fix_key,
                               "the integral converge (docs/design.md). On by default for decoders.")
 words_key = url_switches.flag(state, "words")
 words = c2[1].toggle("Read in words", key=words_key, help="A word's score is the sum of its pieces' scores.")
+# the faithfulness test runs every method's ranking and 20 random ones through the model (hundreds
+# of passes, about twice the scores' time): it runs when asked, and the URL keeps the asking
+faithful_key = url_switches.flag(state, "faithful")
+faithful = c2[2].toggle("Test which method is faithful", key=faithful_key,
+                        help="Comprehensiveness and sufficiency of each method's ranking against 20 random ones "
+                             "(DeYoung et al. 2020), and the deletion curves: one batched pass per perturbed input, "
+                             "a few hundred in all, so it runs when switched on.")
 typed = {"target": target, "contrast": contrast, "baseline": baseline}
 for f, value in typed.items():  # a token typed into a box that the model cannot read: said, the default used
     try:
         _token_of(f, TOKEN_FIELDS[f])(value)
     except ValueError as exc:
-        instead = {"target": "the model's top-1", "contrast": "no contrast (the target's logit alone)",
-                   "baseline": "the default baseline token"}[f]
-        st.warning(f"{str(exc)[:1].upper()}{str(exc)[1:]}: using {instead} instead. Type a token of "
+        st.warning(f"{str(exc)[:1].upper()}{str(exc)[1:]}: using {INSTEAD[f]} instead. Type a token of "
                    f"{model_name}'s vocabulary, or pick one from the list.")
         typed[f] = ""
 url.update(target=target or None, contrast=contrast or None, baseline=baseline or None,
            steps=url_switches.changed(steps, STEPS_DEFAULT), fix_first=url_switches.flag_url(fix_first, fix_default),
-           words=url_switches.flag_url(words))
+           words=url_switches.flag_url(words), faithful=url_switches.flag_url(faithful))
 state.publish(**url)
 state.show_messages()
 
@@ -177,9 +185,8 @@ def _progress(f: float, what: str) -> None:
 try:
     # the fields as typed or picked: a leading or trailing space belongs to the token (' Mary' is
     # not 'Mary'), so nothing is stripped; an empty field takes the page's default
-    info, frames, table = attribution_run.compute(model_name, text, typed["target"], typed["contrast"],
-                                                  typed["baseline"], steps,
-                                                  fix_first, position, model, _progress)
+    asked = (model_name, text, typed["target"], typed["contrast"], typed["baseline"], steps, fix_first, position)
+    info, frames, setup = attribution_run.compute(*asked, model, _progress)
 except (InputError, ValueError) as exc:
     bar.empty()
     st.error(str(exc))
@@ -230,6 +237,19 @@ st.download_button("Scores (CSV)", af.scores_csv(frames), file_name=f"{model_nam
                    mime="text/csv", key="attribution-csv", on_click="ignore", icon=":material/download:")
 
 st.subheader("Which picture is faithful")
+if not faithful:
+    st.info("Switch on **Test which method is faithful** above to rank the methods against random rankings "
+            f"(comprehensiveness, sufficiency and the deletion curves): {setup.n} tokens take a few hundred "
+            "batched passes, about twice the scores' time.")
+    st.stop()
+bar = st.progress(0.0, text="Testing faithfulness…")
+try:
+    table = attribution_run.table(*asked, setup, frames, _progress)
+except (InputError, ValueError) as exc:
+    bar.empty()
+    st.error(str(exc))
+    st.stop()
+bar.empty()
 n_draws = table.attrs["draws"]
 r_sd = float(table["random_sd"].iloc[0])
 st.caption("Comprehensiveness: how much p(target) drops when a method's top 10–50% of tokens are replaced by the "

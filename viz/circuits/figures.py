@@ -97,11 +97,14 @@ def circuit_figure(edges: pd.DataFrame, root: Tuple[int, int], n_heads: int, exp
         fig.add_annotation(x=(x0 + x1) / 2, y=(y0 + y1) / 2, text=patch_label(attrs), showarrow=True, arrowhead=0,
                            ax=40, ay=-25, bgcolor="#fff8dc", bordercolor=SIDE_COLOURS[parts[2]], font=dict(size=11))
     top_layer = max([root[0]] + [int(y) for _, y in xy])
+    layers = list(range(0, top_layer + 1))  # every layer up to the chosen head's, by its number; the embeddings below
     fig.update_layout(
         title=title or f"What makes {root_name} attend, and what it reads",
         height=max(360, 70 + 46 * (top_layer + 3)), margin=dict(l=40, r=20, t=60, b=40),
-        xaxis=dict(title="head (left of 0: embeddings, MLPs, biases)", range=[-6, n_heads], dtick=1, zeroline=False),
-        yaxis=dict(title="layer", range=[-1.7, top_layer + 0.9], dtick=1, zeroline=False),
+        xaxis=dict(title="head (left of 0: embeddings, MLPs, biases)", range=[-6, n_heads], zeroline=False,
+                   tickvals=list(range(n_heads)), ticktext=[str(h) for h in range(n_heads)]),
+        yaxis=dict(title="layer", range=[-1.7, top_layer + 0.9], zeroline=False, tickvals=[-1] + layers,
+                   ticktext=["embed"] + [str(l) for l in layers]),
         legend=dict(orientation="h", y=1.02, x=0), clickmode="event+select", plot_bgcolor="white",
     )
     return fig

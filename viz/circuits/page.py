@@ -137,6 +137,10 @@ else:
 options = cf.head_options(edges)
 edge_key = state.seeded_key("edge", options[0] if options else "")
 if st.session_state.get(edge_key) not in options:
+    if "edge" in state.from_url:
+        state.overridden("edge", st.session_state.get(edge_key), options[0] if options else None,
+                         "edge names an edge of this graph from a head (source>target:side)",
+                         used_text=options[0] if options else "none (no edge of this graph starts at a head)")
     st.session_state[edge_key] = options[0] if options else None
 state.keep(edge_key)
 score_key = url_switches.option(state, "score", "induction", list(SCORES))

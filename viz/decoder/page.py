@@ -127,9 +127,6 @@ if mode == "teacher":
     full = models.get_trace(run_model, run_text, target=target)
     if full is None:
         _end_here(model=model_name, text=text, mode=mode, target=target)
-    if full.meta.get("target_unknown"):
-        words = ", ".join(f"“{w}”" for w in full.meta["target_unknown"][:20])
-        st.warning(f"Not in {model_name}'s target vocabulary, shown as <unk>: {words}")
 else:
     target = None
     state.ignored_if_given("target", "the target is read in teacher forcing (mode=teacher); this is inference")

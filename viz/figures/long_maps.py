@@ -28,6 +28,7 @@ from plotly.subplots import make_subplots
 
 from core.head_maps import LOCAL
 from viz.figures.heatmaps import ATTN_SCALE, UNMEASURED_AXIS, label_margins, safe_label
+from viz.figures.reduce import tick_indices
 
 SENTENCE_END = re.compile(r"(?<=[.!?…。！？])[\"'”’)\]]*\s+|\n+")
 PARAGRAPH_END = re.compile(r"\n\s*\n")
@@ -173,8 +174,10 @@ def profile_figure(prof: dict, first_layer: int = 0, title: str = "") -> go.Figu
             z=z, x=list(range(n_h)), y=list(range(first_layer, first_layer + n_l)), colorscale=scale, zmin=0.0,
             zmax=top, colorbar=dict(thickness=10, x=0.285 + 0.357 * (c - 1), len=0.9),
             hovertemplate=f"layer %{{y}} · head %{{x}}<br>{label}: %{{z:.3f}}<extra></extra>"), row=1, col=c)
-        fig.update_xaxes(title_text="head", row=1, col=c)
-        fig.update_yaxes(autorange="reversed", row=1, col=c, title_text="layer" if c == 1 else None)
+        heads, rows = tick_indices(n_h, 32), tick_indices(n_l, 16)  # whole heads and layers, by their numbers
+        fig.update_xaxes(title_text="head", row=1, col=c, tickvals=heads, ticktext=[str(h) for h in heads])
+        fig.update_yaxes(autorange="reversed", row=1, col=c, title_text="layer" if c == 1 else None,
+                         tickvals=[first_layer + r for r in rows], ticktext=[str(first_layer + r) for r in rows])
     n_l = np.asarray(prof["distance"]).shape[0]
     fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=int(min(900, 220 + 18 * n_l)),
                       margin=dict(l=10, r=10, t=90, b=10))

@@ -66,8 +66,9 @@ def score_heatmap(scores: pd.DataFrame, score: str, stack: str, title: Optional[
     every = max(1, int(np.ceil(n_heads * label_px / HEAD_AXIS_PX)))
     fig.update_xaxes(tickvals=list(range(0, n_heads, every)), ticktext=[f"H{h}" for h in range(0, n_heads, every)],
                      side="top", tickangle=0, showgrid=False, zeroline=False)
-    step = 1 if n_layers <= 12 else 2
-    fig.update_yaxes(tickvals=list(range(0, n_layers, step)), ticktext=[f"L{l}" for l in range(0, n_layers, step)],
+    rows = list(range(0, n_layers, 1 if n_layers <= 12 else 2))
+    rows += [n_layers - 1] if rows[-1] != n_layers - 1 else []  # the last layer always named
+    fig.update_yaxes(tickvals=rows, ticktext=[f"L{l}" for l in rows],
                      autorange="reversed", showgrid=False, zeroline=False)
     if selected is not None:
         li, h = selected
@@ -107,7 +108,9 @@ def rollout_heatmap(rollout: np.ndarray, tokens: Sequence[str], query: int, titl
         customdata=np.broadcast_to(np.array(labels, dtype=str), z.shape),
         hovertemplate="after layer %{y}<br>from input %{customdata} (%{x})<br>share %{z:.3f}<extra></extra>"))
     fig.update_xaxes(tickvals=pos, ticktext=labels, side="top", tickangle=-60, title="input token")
-    fig.update_yaxes(title="after layer", autorange="reversed", tickmode="linear", dtick=1 if n_layers <= 12 else 2)
+    rows = list(range(0, n_layers, 1 if n_layers <= 12 else 2))
+    rows += [n_layers - 1] if rows[-1] != n_layers - 1 else []
+    fig.update_yaxes(title="after layer", autorange="reversed", tickvals=rows, ticktext=[str(l) for l in rows])
     fig.update_layout(title=dict(text=title or f"Rollout of token {query} ({labels[query]}) through the layers", x=0),
                       height=150 + max(28 * n_layers, 140), margin=dict(l=10, r=10, t=140, b=10),
                       plot_bgcolor="white")

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from viz.figures.heatmaps import ATTN_SCALE, safe_label, safe_labels
+from viz.figures.reduce import tick_indices
 
 GREY = "rgb(190, 190, 190)"
 POLICY_LABELS = {
@@ -75,12 +76,17 @@ def kept_map(weights: np.ndarray, kept: np.ndarray, tokens: Sequence[str], r0: i
 
 
 def mass_heatmap(mass: np.ndarray, title: str = "Attention mass lost (mean over the text)") -> go.Figure:
+    """mass: (layers, heads). Both axes tick at whole layers and heads, labelled with their numbers."""
     mass = np.asarray(mass, dtype=float)
-    fig = go.Figure(go.Heatmap(z=mass, x=list(range(mass.shape[1])), y=list(range(mass.shape[0])), colorscale="Reds",
+    n_layers, n_heads = mass.shape
+    fig = go.Figure(go.Heatmap(z=mass, x=list(range(n_heads)), y=list(range(n_layers)), colorscale="Reds",
                                zmin=0, colorbar=dict(title="mass"),
                                hovertemplate="layer %{y} · head %{x}<br>mass lost %{z:.4f}<extra></extra>"))
-    fig.update_layout(title=title, height=min(700, 200 + 16 * mass.shape[0]), xaxis=dict(title="head", dtick=1),
-                      yaxis=dict(title="layer", autorange="reversed"), margin=dict(l=60, r=20, t=50, b=50))
+    rows, cols = tick_indices(n_layers, 16), tick_indices(n_heads, 32)
+    fig.update_layout(title=title, height=min(700, 200 + 16 * n_layers),
+                      xaxis=dict(title="head", tickvals=cols, ticktext=[str(h) for h in cols]),
+                      yaxis=dict(title="layer", autorange="reversed", tickvals=rows, ticktext=[str(l) for l in rows]),
+                      margin=dict(l=60, r=20, t=50, b=50))
     return fig
 
 

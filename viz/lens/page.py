@@ -49,7 +49,8 @@ def _why(raw, exc) -> str:
     return str(exc) or "not one token of this model"
 
 
-keys = {f: state.seeded_key(f, "", parse=_one_token, why=_why) for f in ("target", "baseline")}
+INSTEAD = {"target": "the model's own top-1 at each position", "baseline": "no baseline (the target's logit alone)"}
+keys = {f: state.seeded_key(f, "", parse=_one_token, why=_why, instead=INSTEAD[f]) for f in ("target", "baseline")}
 for f, k in keys.items():  # a value kept from another model or page that this model cannot read
     try:
         _one_token(st.session_state[k])

@@ -6,12 +6,16 @@ import pandas as pd
 import streamlit as st
 
 from viz.figures.citations import CONCEPTS, NOTES
-from viz.ui import registry, widgets
+from viz.ui import registry, url_state, widgets
 
 widgets.header("notes")
 st.caption("The pages follow five sets of lecture notes on attention and transformers and cite them by the short "
            "names below (“Bishop ch. 12, eq. 3”). Each concept opens the page that shows it, on an example; change "
            "the sentence there to see it on your own. Elsewhere in the app, “seed” means only a random seed.")
+# the page keeps nothing in its URL: a value given there is named as ignored, and the URL left empty
+state = url_state.PageState("notes", reads_url=False)
+state.show_messages()
+state.publish()
 
 for number, notes in NOTES.items():
     st.markdown(f"**{notes.short}** · {notes.title}")

@@ -149,9 +149,9 @@ def restored_heatmap(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None, t
     else:
         fig.update_xaxes(tickvals=list(range(n_cols)), ticktext=labels, side="top", tickangle=-60)
     fig.update_xaxes(showgrid=False, zeroline=False)
-    step = 1 if n_layers <= 12 else 2
-    fig.update_yaxes(tickvals=list(range(0, n_layers, step)),
-                     ticktext=[row_label(l, what) for l in range(0, n_layers, step)],
+    rows = list(range(0, n_layers, 1 if n_layers <= 12 else 2))
+    rows += [n_layers - 1] if rows[-1] != n_layers - 1 else []  # the last block always named
+    fig.update_yaxes(tickvals=rows, ticktext=[row_label(l, what) for l in rows],
                      autorange="reversed", showgrid=False, zeroline=False,
                      title="residual stream entering the block" if what == "resid_pre" else "block")
     if selected is not None:

@@ -43,15 +43,39 @@ text_key = state.seeded_key("text", default_clean)
 corrupt_key = state.seeded_key("corrupt", pm.default_corrupt(st.session_state[text_key])
                                if st.session_state[text_key] != default_clean else default_corrupt)
 state.keep_text(corrupt_key)
-answer_key = state.seeded_key("answer", pm.IOI_ANSWER if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
-wrong_key = state.seeded_key("wrong", pm.IOI_WRONG if decoder and st.session_state[text_key] == pm.IOI_CLEAN else "")
+TOKEN_FIELDS = {"answer": ("answer token", "the model's own choice on the clean prompt"),
+                "wrong": ("wrong token", "the corrupted run's choice")}
+
+
+def _one_token(field: str):
+    """A typed token as given, once the model's vocabulary holds it as one token (a ValueError
+    says why not); empty: the default."""
+    def parse(raw) -> str:
+        raw = str(raw)
+        if raw:
+            output_token_id(model, raw, TOKEN_FIELDS[field][0])
+        return raw
+    return parse
+
+
+# a URL's token the model cannot read is replaced by the default with a warning naming it, as on
+# Lens and Attribution; one typed into a box is said below, the default used meanwhile
+ioi = decoder and st.session_state[text_key] == pm.IOI_CLEAN  # the IOI prompt's own tokens by default
+answer_key, wrong_key = (
+    state.seeded_key(f, default if ioi else "", parse=_one_token(f),
+                     why=lambda raw, exc: str(exc) or "not one token of this model", instead=TOKEN_FIELDS[f][1])
+    for f, default in (("answer", pm.IOI_ANSWER), ("wrong", pm.IOI_WRONG)))
 what_key = url_switches.option(state, "what", "resid_pre", WHATS)
 # a head marked on the grid: the one Explore's "Patch this head" came from (layer=, head= in the URL)
 marked = None
-if state.qp.get("layer") is not None and state.qp.get("head") is not None:
+given = [f for f in ("layer", "head") if state.qp.get(f) is not None]
+if len(given) == 1:
+    state.ignored(given[0], "layer and head mark a head together, and the URL gives only one of them")
+elif given:
     marked = (url_state.as_int(state.qp["layer"]), url_state.as_int(state.qp["head"]))
     if None in marked or min(marked) < 0:
-        state.ignored("layer", "the marked head's layer and head are whole numbers from 0")
+        for f in given:
+            state.ignored(f, "the marked head's layer and head are whole numbers from 0")
         marked = None
 
 
@@ -114,6 +138,14 @@ wrong = c[1].text_input("Wrong token", key=wrong_key, placeholder="the corrupted
                              "choice on the clean one, where both agree).")
 what = c[2].radio("Patch", WHATS, key=what_key, horizontal=True, format_func=lambda w: w,
                   help="; ".join(f"{k}: {v}" for k, v in pm.WHAT_LABELS.items()))
+typed = {"answer": answer, "wrong": wrong}
+for f, value in typed.items():  # a token typed into a box that the model cannot read: said, the default used
+    try:
+        _one_token(f)(value)
+    except ValueError as exc:
+        st.warning(f"{str(exc)[:1].upper()}{str(exc)[1:]}: using {TOKEN_FIELDS[f][1]} instead. Type a token of "
+                   f"{model_name}'s vocabulary.")
+        typed[f] = ""
 url = dict(model=model_name, text=text, corrupt=corrupt, answer=answer or None, wrong=wrong or None,
            what=url_switches.changed(what, "resid_pre"), layer=None if marked is None else str(marked[0]),
            head=None if marked is None else str(marked[1]))
@@ -164,16 +196,16 @@ with st.expander(f"{len(pair.tokens)} tokens each; they differ at position"
 # ------------------------------------------------------------------ answer and wrong tokens
 auto_a, auto_w, why = patching_run.default_tokens(model, model_name, pair, text, corrupt)
 try:
-    answer_id = output_token_id(model, answer, "answer token") if answer else auto_a
-    wrong_id = output_token_id(model, wrong, "wrong token") if wrong else auto_w
+    answer_id = output_token_id(model, typed["answer"], "answer token") if typed["answer"] else auto_a
+    wrong_id = output_token_id(model, typed["wrong"], "wrong token") if typed["wrong"] else auto_w
 except ValueError as exc:
     st.error(f"{exc}.")
     state.end_here(**url)
 if answer_id is None:
     state.end_here(**url)
-if not answer or not wrong:
+if not typed["answer"] or not typed["wrong"]:
     st.caption(f"Measuring {model.alternative_strings([answer_id])[0]!r} against "
-               f"{model.alternative_strings([wrong_id])[0]!r}" + (f": {why}." if why and not answer and not wrong else "."))
+               f"{model.alternative_strings([wrong_id])[0]!r}" + (f": {why}." if why and not typed["answer"] and not typed["wrong"] else "."))
 elif not decoder:
     st.caption(f"Measured at the decoder position after {' '.join(pair.decoder_tokens)}: the first where the two "
                "greedy translations differ.")
@@ -229,6 +261,13 @@ st.caption("Rows are layers, columns " + ("heads (each patched at every position
            + " in Explore on the clean prompt.")
 show_mark = marked if what == "head" and marked is not None and (df["layer"] == marked[0]).any() and (
     df["head"] == marked[1]).any() else None
+if marked is not None and show_mark is None:  # a mark the grid has no cell for: each field named
+    why = (f"layer {marked[0]}, head {marked[1]} is no head of {model_name}'s grid (layers 0–{int(df['layer'].max())}, "
+           f"heads 0–{int(df['head'].max())})" if what == "head" else
+           "the marked head is drawn on the grid of heads (Patch: head), and this grid patches " + what)
+    for f in ("layer", "head"):
+        state.ignored_if_given(f, why)
+    state.show_messages()
 if marked is not None and show_mark is None and what != "head":
     st.caption(f"L{marked[0]}H{marked[1]}, the head from Explore, is marked on the heads grid: choose Patch: head.")
 if show_mark is not None:

@@ -392,6 +392,9 @@ def show_trace_notes(trace) -> None:
     if meta.get("unknown"):
         words = ", ".join(f"“{w}”" for w in meta["unknown"][:20])
         st.warning(f"Not in {meta['model']}'s vocabulary, shown as <unk>: {words}")
+    if meta.get("target_unknown"):  # a teacher-forced target's words, on every page that takes one
+        words = ", ".join(f"“{w}”" for w in meta["target_unknown"][:20])
+        st.warning(f"Not in {meta['model']}'s target vocabulary, shown as <unk>: {words}")
     if meta.get("truncated"):
         kept, cut = int(meta["max_input_tokens"]), int(meta["truncated"])
         st.warning(f"The input was cut to the model's maximum of {kept} tokens: it is {kept + cut:,} tokens and "

@@ -29,10 +29,17 @@ KEY_SUFFIX = "_key"  # field + KEY_SUFFIX: the key of a value too long for the U
 
 
 def said(value) -> str:
-    """A value as a message names it: a number or a switch as it reads, any other text quoted
+    """A value as a message names it: a number or a switch as it reads, a list as the URL spells
+    it (0,2,3; none when empty), nothing as none, an empty text as empty, any other text quoted
     (url_value), a long text with its length."""
     if isinstance(value, bool):
         return "on" if value else "off"
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, str) and value == "":
+        return "empty"
     if isinstance(value, int) or re.fullmatch(r"-?\d{1,12}", str(value)):
         return str(value)
     text = str(value)
@@ -49,12 +56,14 @@ class PageState:
     message that names the field, the value given, the value shown and why; show_messages
     shows each once.
 
-    `fields`: every URL field the page reads; the URL's others are ignored, with a message.
+    `fields`: every URL field the page reads; the URL's others are ignored, with a message
+    (`reads_url=False`: a page that reads none, every field given is named).
     `keys`: a widget's session key where it is not `page.field` (one the page's CSS or tests
     name otherwise).
     """
 
-    def __init__(self, page: str, fields: Sequence[str] = (), keys: Optional[Dict[str, str]] = None):
+    def __init__(self, page: str, fields: Sequence[str] = (), keys: Optional[Dict[str, str]] = None,
+                 reads_url: bool = True):
         self.page = page
         self.keys = dict(keys or {})
         self.qp = st.query_params.to_dict()
@@ -65,10 +74,11 @@ class PageState:
         self.from_url: set = set()  # fields whose value this run took from the URL
         self.extra: Dict = {}  # fields every later publish() adds to the URL (e.g. step_train)
         self.switched = False  # the model picker saw the model change since this page's last run
-        if fields and self.external:
+        if (fields or not reads_url) and self.external:
             for field in self.qp:
                 if field not in fields and not (field.endswith(KEY_SUFFIX) and field[:-len(KEY_SUFFIX)] in fields):
-                    self.ignored(field, f"this page has no {field} (its URL fields: {', '.join(fields)})")
+                    self.ignored(field, f"this page has no {field} (its URL fields: {', '.join(fields)})" if fields
+                                 else "this page keeps nothing in its URL")
 
     def key(self, field: str) -> str:
         return self.keys.get(field) or f"{self.page}.{field}"
@@ -97,21 +107,24 @@ class PageState:
 
     # -------------------------------------------------------------- seeding
     def seeded_key(self, field: str, default, parse: Callable = str, valid: Optional[Callable] = None,
-                   why=None) -> str:
+                   why=None, instead: Optional[str] = None) -> str:
         """The session-state key of a widget for `field`, its value first set (once, or again
         when the URL changed) from the URL, else from this session's other pages, else
         `default`. A URL value that `parse` or `valid` rejects is replaced, with a message saying
-        `why` (a text, or why(raw, error) -> text; by default that it is not valid here)."""
+        `why` (a text, or why(raw, error) -> text; by default that it is not valid here) and what
+        is used instead (`instead`, as worded, where the value alone would not say it: "the
+        model's top-1" for an empty target)."""
         def rejected(raw, value, exc):
             reason = why(raw, exc) if callable(why) else why
             return value, ("it is not valid here" + (f" ({reason})" if reason else ""))
 
-        key = self._seed_from_url(field, default, parse, valid, rejected)
+        key = self._seed_from_url(field, default, parse, valid, rejected, instead)
         if field in TEXT_FIELDS:
             self.keep_text(key)
         return key
 
-    def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected) -> str:
+    def _seed_from_url(self, field: str, default, parse: Callable, valid: Optional[Callable], rejected,
+                       instead: Optional[str] = None) -> str:
         """seeded_key's rule; rejected(raw, value, error) -> (the value to use, why) for a URL
         value that parse or valid refuses."""
         key = self.key(field)
@@ -130,7 +143,7 @@ class PageState:
                     self.from_url.add(field)
                 except (ValueError, TypeError) as exc:
                     value, why = rejected(raw, value, exc)
-                    self.overridden(field, raw, value, why)
+                    self.overridden(field, raw, value, why, used_text=instead)
                 if field in TEXT_FIELDS and isinstance(value, str) and len(value) > MAX_CHARS:
                     self.overridden(field, raw, None, f"only the first {MAX_CHARS:,} are used (the models read "
                                     "no more)", used_text=f"its first {MAX_CHARS:,} characters")
