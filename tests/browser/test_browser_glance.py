@@ -61,6 +61,12 @@ def test_attribution_first_load_on_smollm2_is_complete_and_leaves_the_table_to_i
     assert no_exception(page)
     page.locator(".st-key-attribution-table").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "attribution-faithfulness.png"), full_page=True)
+    # the table's download, shown only once the switch is on, gives the table the page shows
+    with page.expect_download(timeout=120_000) as got:
+        page.get_by_role("button", name="Faithfulness table (CSV)").click()
+    csv = open(got.value.path(), encoding="utf-8").read().splitlines()
+    shown = page.locator(".st-key-attribution-table table tbody tr").count()
+    assert len(csv) == shown + 1 and "method" in csv[0].lower(), (csv[:3], shown)
 
 
 def test_a_circuit_reads_its_layers_and_heads_by_number(server, page):
