@@ -272,9 +272,7 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache["k"], k], dim=2)  # (B, Hkv, n_k, d_k)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        if shared is not None:
-            shared[self.index] = (k, v)
-        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, position_bias)
+        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, position_bias, shared)
 
     def forward_shared(self, x_q, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
                        shared: Optional[dict] = None):
@@ -294,9 +292,10 @@ class MultiHeadAttention(nn.Module):
             q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
         return self._attend(q, k, v, n_k, mask, rec, is_causal, None, None)
 
-    def _attend(self, q, k, v, n_k: int, mask, rec: Rec, is_causal: bool, cache, position_bias):
+    def _attend(self, q, k, v, n_k: int, mask, rec: Rec, is_causal: bool, cache, position_bias, shared=None):
         """forward after q, k and v are made (k, v with any cached positions): recording,
-        grouped-query attention, the formula, value norms, heads and W_o."""
+        grouped-query attention, the formula, value norms, heads and W_o. shared: the dict
+        this layer's k and v are left in for later layers, as the hook points give them."""
         b, n_q = q.shape[0], q.shape[2]
         explicit = records_maps(rec)
         # q, k, v (after RoPE; k and v with any cached positions): recorded (the fused path too, for a
@@ -304,6 +303,8 @@ class MultiHeadAttention(nn.Module):
         q = point(rec, "q", q)
         k = point(rec, "k", k)
         v = point(rec, "v", v)
+        if shared is not None:
+            shared[self.index] = (k, v)
         if explicit:
             if mask is None and is_causal:
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]

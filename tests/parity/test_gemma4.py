@@ -202,6 +202,59 @@ def test_kv_cache_generation_gives_the_uncached_tokens(pair):
     assert ref.argmax(-1).tolist() == ids
 
 
+@torch.no_grad()
+def test_patched_runs_started_at_a_layer_are_the_whole_pass(pair):
+    """Activation patching starts its runs at layer i from the corrupted stream, with the
+    corrupted run's per-layer inputs and the keys and values of the layers below i that later
+    layers reuse: each patched metric equals one whole pass of the corrupted input with the
+    clean stream put in at layer i (hook point `in`), whichever side of the sources i lies."""
+    from core.analysis.activation_patching import PatchRuns, prepare
+    from core.net.hooks import Hooks
+    from core import trace_names as tn
+
+    _, ours, _, _ = pair
+    p = prepare(ours, TEXT, TEXT.rsplit(" ", 1)[0] + " man")
+    p.check()
+    answer, wrong = 3, 4
+    runs = PatchRuns(ours, p, answer, wrong, "resid_pre")
+    assert runs.start > 0 and runs.side is not None
+    net, x = ours.net, torch.tensor([p.corrupt_ids])
+    for i in range(6):
+        clean = runs.clean[(i, "in")]
+
+        def put(t):
+            t = t.clone()
+            t[0, p.differ] = clean[p.differ]
+            return t
+
+        logits = net.project(net.decode(x, rec=Hooks({tn.at("decoder", i, "in"): put}))[:, -1])[0]
+        whole = float(logits[answer] - logits[wrong])
+        got = runs.run_cells(i, [p.differ])[0]
+        assert abs(got - whole) < TOL * max(1.0, abs(whole)), (i, got, whole)
+        assert abs(whole - runs.m_corrupt) > 1e-3 or i == 5  # the patch moves the metric: this can fail
+
+
+def test_stream_decompositions_refuse_it_by_name(pair):
+    """Direct logit attribution, score attribution and circuits split the stream into the heads'
+    and MLPs' writes; Gemma 4's per-layer inputs and layer scalars are not among them."""
+    import core.analysis as ca
+
+    _, ours, _, _ = pair
+    tr = ours.trace(TEXT)
+    for run in (lambda: ca.score_attribution(tr, "decoder", 2, 0, query=-1, key=0),
+                lambda: ca.head_circuit(tr, "decoder", 2, 0, depth=1),
+                lambda: ca.logit_attribution(tr, 3, baseline=4, position=-1)):
+        with pytest.raises(ValueError, match="Gemma 4|soft-caps"):
+            run()
+    from core.analysis.logit_attribution import check_applies
+
+    off = copy.copy(ours)
+    off.config = copy.copy(ours.config)
+    off.config.final_softcap = None
+    with pytest.raises(ValueError, match="per-layer inputs"):
+        check_applies(off)
+
+
 REFUSED = [
     ({"enable_moe_block": True}, "mixture-of-experts"),
     ({"use_double_wide_mlp": True}, "use_double_wide_mlp"),
