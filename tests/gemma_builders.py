@@ -25,11 +25,12 @@ DEFAULTS = {
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
     # Gemma 4: windows of 6 on ~30 tokens; layer 1 global with K = V, head_dim 16 and one kv head
     # (the sliding layers: 12 and two); the last two layers reuse layer 3's (sliding) and layer 1's
-    # (global) keys and values; proportional RoPE over half the global heads' pairs; per-layer inputs
+    # (global) keys and values, with FFNs twice as wide; proportional RoPE over half the global heads'
+    # pairs; per-layer inputs
     "gemma4_text": dict(GEMMA, num_hidden_layers=6, sliding_window=6, final_logit_softcapping=5.0,
                         layer_types=GEMMA4_TYPES, attention_k_eq_v=True, num_kv_shared_layers=2,
                         per_layer_config={i: {"head_dim": 16, "num_key_value_heads": 1} for i in (1, 5)},
-                        hidden_size_per_layer_input=6,
+                        hidden_size_per_layer_input=6, use_double_wide_mlp=True,
                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
                                                             "rope_theta": 100.0}}),

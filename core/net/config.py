@@ -96,6 +96,7 @@ Fields for Gemma 4 (gemma4_text); their defaults change nothing:
                      (recorded as post_norm3 and residual3).
     per_layer_vocab  rows of the per-layer table (None: tgt_vocab_size).
     layer_scalar     a learned scalar multiplies each layer's output (the whole stream).
+    shared_kv_d_ff   None, or m of the layers with a kv_source (Gemma 4's double-wide MLP).
     rope_scaling     also {"type": "proportional", "partial": f, "factor": s} (the global
                      layers): the first int(f d_k / 2) feature pairs (j, j + d_k / 2) turn at
                      theta^(-2j/d_k) / s, the other pairs not at all (positional.rope_inv_freq).
@@ -171,6 +172,7 @@ class ModelConfig:
     per_layer_dim: int = 0
     per_layer_vocab: Optional[int] = None
     layer_scalar: bool = False
+    shared_kv_d_ff: Optional[int] = None
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -284,6 +286,11 @@ class ModelConfig:
     def layer_kv_heads(self, i: int) -> int:
         """H_kv of layer i: global_kv_heads on the full_attention layers where set, else n_kv_heads."""
         return self.global_kv_heads if self.global_kv_heads is not None and self.is_global(i) else self.n_kv_heads
+
+    def layer_d_ff(self, i: int) -> int:
+        """m of layer i's FFN: shared_kv_d_ff on the layers that reuse keys and values where set, else d_ff."""
+        shared = self.kv_source is not None and self.kv_source[i] is not None
+        return self.shared_kv_d_ff if shared and self.shared_kv_d_ff is not None else self.d_ff
 
     def k_is_v(self, i: int) -> bool:
         """Whether layer i's values are its key projection (k_eq_v on a full_attention layer)."""

@@ -47,13 +47,15 @@ class FeedForward(nn.Module):
     GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u); "geglu" (ModernBERT) the
     same with exact GELU."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, d_ff: Optional[int] = None):
+        """d_ff: m of this FFN where it is not cfg.d_ff (Gemma 4's double-wide MLP)."""
         super().__init__()
         self.act = cfg.activation
-        self.w_1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.w_2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        m = cfg.d_ff if d_ff is None else d_ff
+        self.w_1 = Linear(cfg.d_model, m, bias=cfg.bias)
+        self.w_2 = Linear(m, cfg.d_model, bias=cfg.bias)
         gated = self.act in ("swiglu", "geglu_tanh", "geglu")
-        self.w_3 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
+        self.w_3 = Linear(cfg.d_model, m, bias=cfg.bias) if gated else None
 
     def forward(self, x, rec: Rec = None):
         act = {"geglu_tanh": "gelu_tanh", "geglu": "gelu", "swiglu": "silu"}.get(self.act, self.act)
@@ -84,7 +86,7 @@ class Layer(nn.Module):
         self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
         self.qk_norm = self.self_attn.qk_norm is not None
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
-        self.ffn = MoE(cfg) if moe else FeedForward(cfg)
+        self.ffn = MoE(cfg) if moe else FeedForward(cfg, cfg.layer_d_ff(index))
         n_sub = 3 if cross else 2
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)

@@ -2,7 +2,7 @@
 transformers writes (tests/gemma_builders.py): windows of 6 on a 34-token sentence, a global
 layer whose values are its keys (K = V) with its own head size and one key/value head, two
 layers that reuse earlier layers' keys and values (a sliding one's and the K = V global
-one's), proportional RoPE over half the global heads' pairs, per-layer inputs and random
+one's) with their double-wide FFNs, proportional RoPE over half the global heads' pairs, per-layer inputs and random
 layer scalars.
 
 The logits and every layer's weights match within 1e-4; each peculiarity switched off in
@@ -63,6 +63,7 @@ def test_checkpoint_is_what_the_test_says(pair):
     modes = hf.config.kv_sharing_modes
     assert [i for i, m in enumerate(modes) if m == "reuse"] == list(SHARED)
     assert ours.net.decoder[1].self_attn.w_v is None and ours.net.decoder[4].self_attn.w_k is None
+    assert [layer.ffn.w_1.weight.shape[0] for layer in ours.net.decoder] == [72] * 4 + [144] * 2  # double-wide
     scalars = [float(layer.layer_scalar) for layer in ours.net.decoder]
     assert len(set(scalars)) == 6 and all(s != 1.0 for s in scalars)  # random, read from the file
 
@@ -133,8 +134,8 @@ def test_layer_info_names_the_shared_source_and_the_k_eq_v_layers(pair):
 
 def _variant(hf, change, state_fn=None):
     """transformers' model with the same weights and one setting changed: change(config dict)
-    edits the config, state_fn(state dict, new model) fills what the new model has that the
-    original lacks."""
+    edits the config, state_fn(state dict, new model, original) fills what the new model has
+    that the original lacks."""
     d = hf.config.to_dict()
     change(d)
     cfg = tf.Gemma4TextConfig.from_dict(d)
@@ -143,21 +144,22 @@ def _variant(hf, change, state_fn=None):
     new = tf.Gemma4ForCausalLM(cfg).eval()
     state = dict(hf.state_dict())
     if state_fn is not None:
-        state_fn(state, new)
+        state_fn(state, new, hf)
     missing, unexpected = new.load_state_dict(state, strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     return new
 
 
-def _not_shared(state, new):
+def _not_shared(state, new, hf):
     for i, j in SHARED.items():  # layer i's own projections are layer j's: only the input they read differs
+        new.model.layers[i].mlp = copy.deepcopy(hf.model.layers[i].mlp)  # still double-wide
         for name in ("k_proj", "v_proj", "k_norm"):
             src = f"model.layers.{j}.self_attn.{name}.weight"
             if src in state:
                 state[f"model.layers.{i}.self_attn.{name}.weight"] = state[src]
 
 
-def _own_values(state, new):
+def _own_values(state, new, hf):
     state["model.layers.1.self_attn.v_proj.weight"] = torch.randn(new.model.layers[1].self_attn.v_proj.weight.shape)
 
 
@@ -257,7 +259,6 @@ def test_stream_decompositions_refuse_it_by_name(pair):
 
 REFUSED = [
     ({"enable_moe_block": True}, "mixture-of-experts"),
-    ({"use_double_wide_mlp": True}, "use_double_wide_mlp"),
     ({"attention_bias": True}, "attention biases"),
     ({"use_bidirectional_attention": "all"}, "bidirectional"),
     ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),

@@ -23,9 +23,11 @@ final logit soft-capping) with:
                       layer's input; per_layer_input_gate, per_layer_projection and
                       post_per_layer_input_norm add it after the FFN (per_layer_dim)
     layer scalar      layer_scalar multiplies each layer's output (layer_scalar)
+    double-wide MLP   use_double_wide_mlp: the shared-KV layers' FFN is 2 x intermediate_size
+                      wide (shared_kv_d_ff)
 
 Refused, by name: attention biases, bidirectional attention over all tokens, the
-mixture-of-experts block, the double-wide MLP of the shared-KV layers, other activations than
+mixture-of-experts block, other activations than
 gelu_pytorch_tanh, other RoPE types (the sliding layers' must be default), per-layer overrides
 other than a global layer's head_dim and key/value heads.
 """
@@ -143,8 +145,7 @@ def config(hf: dict) -> ModelConfig:
     kv = hf.get("num_key_value_heads") or h
     types = _layer_types(hf, n)
     n_shared = int(hf.get("num_kv_shared_layers") or 0)
-    if hf.get("use_double_wide_mlp") and n_shared:
-        raise CheckpointError("the double-wide MLP of the shared-KV layers (use_double_wide_mlp) is not supported")
+    wide = 2 * hf["intermediate_size"] if hf.get("use_double_wide_mlp") and n_shared else None
     d_g, kv_g = _global_heads(hf, types, d_head, kv)
     sources = kv_sources(types, n_shared) if n_shared else None
     theta, scaling, local_theta = _rope(hf)
@@ -165,7 +166,7 @@ def config(hf: dict) -> ModelConfig:
         global_d_head=d_g, global_kv_heads=kv_g, k_eq_v=bool(hf.get("attention_k_eq_v")), v_norm=True,
         kv_source=sources, per_layer_dim=p,
         per_layer_vocab=int(hf.get("vocab_size_per_layer_input") or hf["vocab_size"]) if p else None,
-        layer_scalar=True,
+        layer_scalar=True, shared_kv_d_ff=wide,
     )
 
 
