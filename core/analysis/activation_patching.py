@@ -24,7 +24,10 @@ layers below are the corrupted run's. In a decoder, the positions before the fir
 the two prompts differ see the same tokens in every run (the look-ahead mask), so a batch runs
 only the positions from there on, over the corrupted run's keys and values of the earlier ones,
 and a cell before that position restores 0 without a run. So does any cell whose clean and
-corrupted values are equal: its patched run is the corrupted run.
+corrupted values are equal: its patched run is the corrupted run. Gemma 4: the batch also reads
+the corrupted run's per-layer inputs and the keys and values that layers from i reuse of the
+layers below i (PatchRuns._side_of); the per-layer inputs carry the corrupted tokens into every
+layer, so restoring the stream entering layer 0 does not make the clean run there.
 
 Encoder-decoders (toy-translate, Marian, BART, T5): the encoder's positions and heads are
 patched, with a clean and a corrupted source sentence of the same token count. The decoder

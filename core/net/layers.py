@@ -14,6 +14,12 @@ Parallel block (ModelConfig.parallel_block; GPT-NeoX / Pythia): both sub-layers 
     recorded: residual1 = x + MultiHead(...), norm2 = Norm_2(x) (of x, not of residual1),
     residual2 = z.
 
+Gemma 4 (cfg.per_layer_dim, cfg.layer_scalar): after the FFN a third residual add of the
+layer's per-layer input e_i, then the whole stream times a learned scalar:
+    r3 = r2 + Norm(W_proj (gelu_tanh(W_gate r2) * e_i));  out = r3 * s
+    recorded: post_norm3 (the normed write), residual3 (r3), out.
+The FFN of a layer with a kv_source may be wider (cfg.layer_d_ff: the double-wide MLP).
+
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
 """

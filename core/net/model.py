@@ -17,6 +17,13 @@ layer gets the sliding-window mask (decoder: keys sliding_window or more positio
 encoder: keys more than sliding_window // 2 away either way) and the RoPE base
 cfg.rope_theta_local where it is set; a "global" one the full mask and cfg.rope_theta.
 `layer_kinds()` lists them (a trace's meta["layer_kinds"]).
+
+Gemma 4's side inputs: a decoder pass makes each layer's per-layer input from the ids and their
+embeddings (per_layer_inputs, recorded as embed.decoder.per_layer) and a dict in which the
+layers leave their keys and values for the layers that reuse them (side_start); a layer run
+alone (run_layer, layer_weights, run_from) is handed them (`side`; side_inputs recomputes a
+source layer's keys and values from that layer's input). layer_info says which layer's keys
+a layer reuses and which layers' values are their keys.
 """
 
 from __future__ import annotations

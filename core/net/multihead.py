@@ -21,6 +21,13 @@ Learned sinks (cfg.attn_sinks, gpt-oss): `sinks` (H), one logit per head in the 
 the keys; recorded `sink` (H x n_q) is its probability, 1 - the row sum of `weights`.
 Temperature tuning (cfg.attn_temperature on cfg.nope_layers, Llama 4): the scale varies by
 query position (q_scale); recorded `scale` (n_q), and q stays as projected.
+Gemma 4: d_k and H_kv are the layer's own (cfg.layer_d_head / layer_kv_heads: the global
+layers' may differ). K = V (cfg.k_is_v): no W_v, v is x W_k before k's norm and RoPE. v-norm
+(cfg.v_norm): an RMSNorm without gain over each head's v (`values` makes v on every path). A
+layer with a kv_source has no W_k, W_v or k-norm: forward_shared takes layer j's k and v (after
+j's norm, RoPE and cache) from the `shared` dict of the pass, and records them as its own k and v
+(no k_pre_norm / k_pre_rope); a source layer leaves its k and v there as its hook points give
+them.
 """
 
 from __future__ import annotations
