@@ -238,14 +238,16 @@ def test_patched_runs_started_at_a_layer_are_the_whole_pass(pair):
 
 def test_stream_decompositions_refuse_it_by_name(pair):
     """Direct logit attribution, score attribution and circuits split the stream into the heads'
-    and MLPs' writes; Gemma 4's per-layer inputs and layer scalars are not among them."""
+    and MLPs' writes; Gemma 4's per-layer inputs and layer scalars are not among them. Path
+    patching runs one layer on its stream, without the per-layer inputs and reused keys."""
     import core.analysis as ca
 
     _, ours, _, _ = pair
     tr = ours.trace(TEXT)
     for run in (lambda: ca.score_attribution(tr, "decoder", 2, 0, query=-1, key=0),
                 lambda: ca.head_circuit(tr, "decoder", 2, 0, depth=1),
-                lambda: ca.logit_attribution(tr, 3, baseline=4, position=-1)):
+                lambda: ca.logit_attribution(tr, 3, baseline=4, position=-1),
+                lambda: ca.path_patch(ours, TEXT, TEXT.rsplit(" ", 1)[0] + " man", (1, 0), (3, 0))):
         with pytest.raises(ValueError, match="Gemma 4|soft-caps"):
             run()
     from core.analysis.logit_attribution import check_applies
