@@ -249,7 +249,7 @@ class MultiHeadAttention(nn.Module):
         (after RoPE, with any cached positions) are left under its layer index, and a layer
         that reuses layer j's takes shared[j] (forward_shared)."""
         if self.kv_source is not None:
-            return self.forward_shared(x_q, mask, rec, angles, is_causal, shared)
+            return self.forward_shared(x_q, mask, rec, angles, is_causal, shared, cache)
         b, n_q, _ = x_q.shape
         explicit = records_maps(rec)
         q = self._split(self.w_q, getattr(self, "q_norm", None), x_q, self.h,
@@ -282,10 +282,11 @@ class MultiHeadAttention(nn.Module):
         return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, position_bias, shared)
 
     def forward_shared(self, x_q, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
-                       shared: Optional[dict] = None):
+                       shared: Optional[dict] = None, cache: Optional[dict] = None):
         """forward for a layer that reuses layer kv_source's keys and values (Gemma 4):
         shared[kv_source] holds them (after that layer's norm and RoPE, every position up to
-        the last query's); the queries are this layer's own."""
+        the last query's); the queries are this layer's own. cache: this layer's, which holds
+        no keys; its "dropped" counts the earlier keys a caller removed (as forward reads it)."""
         if shared is None or self.kv_source not in shared:
             raise ValueError(f"layer {self.index} reuses layer {self.kv_source}'s keys and values: run it with "
                              f"them (shared={{{self.kv_source}: (k, v)}})")
@@ -296,8 +297,9 @@ class MultiHeadAttention(nn.Module):
         if angles is not None:
             if rec:
                 rec("q_pre_rope", q)
-            q = apply_rope(q, angles[n_k - n_q : n_k], self.rope_layout)
-        return self._attend(q, k, v, n_k, mask, rec, is_causal, None, None)
+            n_pos = n_k + (cache.get("dropped", 0) if cache is not None else 0)
+            q = apply_rope(q, angles[n_pos - n_q : n_pos], self.rope_layout)
+        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, None)
 
     def _attend(self, q, k, v, n_k: int, mask, rec: Rec, is_causal: bool, cache, position_bias, shared=None):
         """forward after q, k and v are made (k, v with any cached positions): recording,

@@ -259,6 +259,31 @@ def test_stream_decompositions_refuse_it_by_name(pair):
         check_applies(off)
 
 
+def test_kv_cache_policy_trims_caches_beside_layers_that_keep_none(tmp_path):
+    """Without sliding windows core.analysis.evict drops evicted keys from every cache (and
+    counts them, so positions stay right); the layers that reuse layer 3's keys keep no cache of
+    their own. StreamingLLM's log-probabilities (1 sink, budget 4) against transformers' eager
+    forward with that policy's mask, written from its definition, in every layer."""
+    import core.analysis as ca
+    from test_conformance import masked_logprobs
+
+    full = ["full_attention"] * 6
+    hf, folder = build("gemma4_text", tmp_path / "g4full", layer_types=full,
+                       per_layer_config={i: {"head_dim": 16, "num_key_value_heads": 1} for i in range(6)})
+    hf.save_pretrained(str(folder))
+    ours = core.load_model(str(folder), device="cpu")
+    assert ours.config.kv_source == [None] * 4 + [3, 3] and ours.config.sliding_window is None
+    ids = ours.encode(TEXT).ids
+    n = len(ids)
+    df = ca.evict(ours, TEXT, "streaming", 4, sinks=1)
+    assert df.kl.max() > 1e-6  # the policy moves the prediction: the comparison can fail
+    t, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    gone = (j <= t) & (j >= 1) & (t - j >= 3)
+    want = masked_logprobs(hf, ids, lambda li: gone[None])
+    WORST["evict (trimmed caches)"] = _worst(torch.tensor(df.logprob.to_numpy()[:-1]), want)
+    assert WORST["evict (trimmed caches)"] < TOL
+
+
 REFUSED = [
     ({"enable_moe_block": True}, "mixture-of-experts"),
     ({"attention_bias": True}, "attention biases"),
