@@ -1,4 +1,4 @@
-"""A models folder holding one tiny checkpoint of each Gemma family, ModernBERT and a gemma2
+"""A models folder holding one tiny checkpoint of each Gemma family (1-4), ModernBERT and a gemma2
 GGUF file, through the real app (AppTest): the picker lists them all with their family, each
 opens in Explore with its own trace's attention drawn, and ModernBERT's fill-ins show."""
 
@@ -11,7 +11,8 @@ from conftest import open_first, APP, assert_no_exception, heatmap_z
 
 pytest.importorskip("transformers")
 TEXT = "the small dog sees the old cat near the river"
-FOLDERS = {"tiny-gemma": "gemma", "tiny-gemma2": "gemma2", "tiny-gemma3": "gemma3_text", "tiny-modernbert": "modernbert"}
+FOLDERS = {"tiny-gemma": "gemma", "tiny-gemma2": "gemma2", "tiny-gemma3": "gemma3_text", "tiny-gemma4": "gemma4_text",
+           "tiny-modernbert": "modernbert"}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_modernbert_fill_ins_show(models_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("page", ["inside", "positions", "decoder", "compare", "playground", "heads"])
-@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-modernbert"])
+@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-gemma4", "tiny-modernbert"])
 def test_every_page_takes_them(models_dir, monkeypatch, page, name):
     if page == "decoder" and name == "tiny-modernbert":
         pytest.skip("the decoder stepper is for decoders")
@@ -78,7 +79,11 @@ def test_every_page_takes_them(models_dir, monkeypatch, page, name):
     at.query_params.update(model=name, text=TEXT)
     at.run()
     assert_no_exception(at)
-    assert not at.error, [e.value for e in at.error]
+    errors = [e.value for e in at.error]
+    if name == "tiny-gemma4" and page == "heads":  # the one refusal: its stream is not score attribution's sum
+        assert len(errors) == 1 and "pattern cannot be taken apart" in errors[0] and "Gemma 4" in errors[0], errors
+        errors = []
+    assert not errors, errors
     assert not [w for w in at.warning if "not valid here" in w.value]  # the model was taken, not replaced
     captions = " ".join(c.value for c in at.caption)
     assert "✗" not in captions
