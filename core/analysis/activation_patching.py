@@ -27,7 +27,7 @@ and a cell before that position restores 0 without a run. So does any cell whose
 corrupted values are equal: its patched run is the corrupted run. Gemma 4: the batch also reads
 the corrupted run's per-layer inputs and the keys and values that layers from i reuse of the
 layers below i (PatchRuns._side_of); the per-layer inputs carry the corrupted tokens into every
-layer, so restoring the stream entering layer 0 does not make the clean run there.
+layer, so restore_check puts the clean per-layer inputs in beside the clean stream.
 
 Encoder-decoders (toy-translate, Marian, BART, T5): the encoder's positions and heads are
 patched, with a clean and a corrupted source sentence of the same token count. The decoder
@@ -149,11 +149,16 @@ def restore_check(model, clean: str, corrupt: str, answer: Optional[Token], wron
     """Patching the whole residual stream entering `layer` at every position where the two
     inputs differ, through the same batched runs as the grid: at layer 0 the patched input is
     the clean input, so the patched metric must equal the clean run's (restored 1). Returns
-    the patched metric, the clean and corrupted runs' metrics and restored."""
+    the patched metric, the clean and corrupted runs' metrics and restored. Gemma 4: its
+    per-layer inputs are input too (each position's own token's), so they are the clean run's
+    here, beside the stream."""
     pair = prepare(model, clean, corrupt)
     pair.check()
     layer = checks.index(layer, len(model.net.layers(pair.stack)), "layer")
     runs = PatchRuns(model, pair, answer, wrong, "resid_pre")
+    if layer == 0 and runs.side is not None and "per_layer" in runs.side:
+        x = runs._ids(pair.clean_ids)  # position by position: the corrupted run's where the tokens agree
+        runs.side = dict(runs.side, per_layer=model.net.per_layer_inputs(x, model.net.tgt_embed(x)))
     m = runs.run_cells(layer, [pair.differ])[0]
     return {"patched_metric": m, "clean_metric": runs.m_clean, "corrupt_metric": runs.m_corrupt,
             "restored": runs.restored(m)}

@@ -87,3 +87,22 @@ def test_every_page_takes_them(models_dir, monkeypatch, page, name):
     assert not [w for w in at.warning if "not valid here" in w.value]  # the model was taken, not replaced
     captions = " ".join(c.value for c in at.caption)
     assert "✗" not in captions
+
+
+@pytest.mark.parametrize("page", ["patching", "kvcache", "lens", "attribution", "circuits"])
+def test_gemma4_on_the_research_pages(models_dir, monkeypatch, page):
+    """Gemma 4's per-layer inputs and shared keys through patching (its restore check green:
+    the clean per-layer inputs go in beside the clean stream), the KV cache page, the lens and
+    input attribution; the circuits page says why it cannot take the stream apart."""
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_dir))
+    at = AppTest.from_file(APP, default_timeout=60)
+    open_first(at, page)
+    at.query_params.update(model="tiny-gemma4", text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    errors = [e.value for e in at.error]
+    if page == "circuits":
+        assert len(errors) == 1 and "cannot be read exactly" in errors[0] and "Gemma 4" in errors[0], errors
+    else:
+        assert not errors, errors
+    assert "✗" not in " ".join(c.value for c in at.caption)

@@ -492,10 +492,6 @@ def not_applicable(case, c, path):
             ca.score_attribution(c.tr, c.stack, c.tr.layers(c.stack) - 1, 0, query=-1, key=0)
         except ValueError as e:
             return str(e)[:160]
-    if path == "restore" and cfg.per_layer_dim:
-        return ("Gemma 4's per-layer inputs carry the tokens into every layer beside the stream: the stream "
-                "entering layer 0 restored, the corrupted tokens still reach each layer (tests/parity/test_gemma4.py "
-                "holds its patched runs to the whole pass instead)")
     if path == "restore" and ours.kind == "encoder":
         return "an encoder predicts no next token: patching's metric is a next-token logit difference"
     return None
