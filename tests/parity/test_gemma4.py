@@ -99,6 +99,8 @@ def test_weights_alone_without_the_kept_keys(pair):
     runner.qk = {}
     for i in (1, 4, 5):
         assert _worst(runner.self_weights(tr, "decoder", i), att[i]) < TOL
+        vn = tr[f"decoder.{i}.self_attn.value_norms"]  # the layer run again, explicit path
+        assert _worst(runner.self_weights(tr, "decoder", i, "value_norms"), vn) < TOL * max(1.0, float(vn.max()))
 
 
 def test_shared_layers_record_their_sources_keys_and_values(pair):
