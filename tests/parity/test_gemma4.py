@@ -286,6 +286,22 @@ def test_kv_cache_policy_trims_caches_beside_layers_that_keep_none(tmp_path):
     assert WORST["evict (trimmed caches)"] < TOL
 
 
+def test_keys_left_out_take_transformers_defaults(pair):
+    """A config.json without the keys whose defaults change the numbers reads as
+    Gemma4TextConfig reads it (head size, key/value heads, window, per-layer inputs)."""
+    from core.loaders.families import gemma4
+
+    _, _, folder, _ = pair
+    d = json.loads((folder / "config.json").read_text())
+    for key in gemma4.DEFAULTS:
+        d.pop(key)
+    ours, theirs = gemma4.config(d), tf.Gemma4TextConfig.from_dict(d)
+    theirs.allow_global_per_layer_attribute_access = True  # the sliding layers' values
+    assert (ours.d_head, ours.n_kv_heads, ours.sliding_window, ours.per_layer_dim, ours.per_layer_vocab) == (
+        theirs.head_dim, theirs.num_key_value_heads, theirs.sliding_window, theirs.hidden_size_per_layer_input,
+        theirs.vocab_size_per_layer_input) == (256, 4, 512, 256, 262_144)
+
+
 REFUSED = [
     ({"enable_moe_block": True}, "mixture-of-experts"),
     ({"attention_bias": True}, "attention biases"),

@@ -43,6 +43,9 @@ KIND = "decoder"
 BASES = (("model.", "model.language_model.", ""), "embed_tokens.weight")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 KINDS = ("sliding_attention", "full_attention")
+# what Gemma4TextConfig takes for a key config.json leaves out (files transformers writes hold them all)
+DEFAULTS = {"head_dim": 256, "num_key_value_heads": 4, "sliding_window": 512, "hidden_size_per_layer_input": 256,
+            "vocab_size_per_layer_input": 262_144}
 
 
 def _no(hf: dict, key: str, what: str) -> None:
@@ -141,22 +144,22 @@ def config(hf: dict) -> ModelConfig:
     if act not in GELU_TANH:
         raise CheckpointError(f"hidden_activation {act!r} is not supported for gemma4_text (gelu_pytorch_tanh only)")
     d, h, n = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
-    d_head = hf.get("head_dim") or d // h
-    kv = hf.get("num_key_value_heads") or h
+    d_head = hf.get("head_dim", DEFAULTS["head_dim"]) or d // h
+    kv = hf.get("num_key_value_heads", DEFAULTS["num_key_value_heads"]) or h
     types = _layer_types(hf, n)
     n_shared = int(hf.get("num_kv_shared_layers") or 0)
     wide = 2 * hf["intermediate_size"] if hf.get("use_double_wide_mlp") and n_shared else None
     d_g, kv_g = _global_heads(hf, types, d_head, kv)
     sources = kv_sources(types, n_shared) if n_shared else None
     theta, scaling, local_theta = _rope(hf)
-    window = hf.get("sliding_window")
+    window = hf.get("sliding_window", DEFAULTS["sliding_window"])
     if "sliding_attention" in types and not window:
         raise CheckpointError("sliding layers without a sliding_window")
-    p = int(hf.get("hidden_size_per_layer_input") or 0)
+    p = int(hf.get("hidden_size_per_layer_input", DEFAULTS["hidden_size_per_layer_input"]) or 0)
     cap = hf.get("final_logit_softcapping")
     return ModelConfig(
         kind="decoder", d_model=d, n_heads=h, n_kv_heads=kv, d_head=d_head, d_ff=hf["intermediate_size"],
-        n_layers=n, tgt_vocab_size=hf["vocab_size"], max_len=hf.get("max_position_embeddings", DECODER_MAX_LEN),
+        n_layers=n, tgt_vocab_size=hf["vocab_size"], max_len=hf.get("max_position_embeddings") or DECODER_MAX_LEN,
         positional="rope", rope_theta=theta, rope_scaling=scaling, rope_layout="half", rope_theta_local=local_theta,
         norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), norm_placement="pre", post_sublayer_norm=True,
         qk_norm="head", activation="geglu_tanh", bias=False, embed_scale=True, final_norm=True,
@@ -165,7 +168,8 @@ def config(hf: dict) -> ModelConfig:
         sliding_window=int(window) if "sliding_attention" in types else None, pad_id=hf.get("pad_token_id") or 0,
         global_d_head=d_g, global_kv_heads=kv_g, k_eq_v=bool(hf.get("attention_k_eq_v")), v_norm=True,
         kv_source=sources, per_layer_dim=p,
-        per_layer_vocab=int(hf.get("vocab_size_per_layer_input") or hf["vocab_size"]) if p else None,
+        per_layer_vocab=int(hf.get("vocab_size_per_layer_input", DEFAULTS["vocab_size_per_layer_input"])
+                            or hf["vocab_size"]) if p else None,
         layer_scalar=True, shared_kv_d_ff=wide,
     )
 
