@@ -9,7 +9,8 @@ head and a tile of rows:
     q_h = head_proj(Norm(x), "q", h)   k_g = head_proj(Norm(x), "k", g)   (projection, QK-norm, RoPE)
     map = head_map(q_h[rows], k_g, M)                                    (scale, soft-cap, mask, softmax)
 
-with g the key/value head h reads (grouped-query), Norm(x) what the layer's attention reads
+with g the key/value head h reads (grouped-query; a layer that reuses layer j's keys, Gemma 4:
+k_g of layer j's attention on layer j's input), Norm(x) what the layer's attention reads
 (Layer.attn_input), the RoPE angles of this layer's own base and M the tile of the layer's
 mask (Transformer.attn_spec: look-ahead, this layer's window or global kind, ModernBERT's
 symmetric window, key padding). No formula is written here (core/net/attention.py holds it).
@@ -111,6 +112,13 @@ class LayerMaps:
             n = self.y.shape[0]
             self.n = n
             self.angles = self.net._angles(n, device=self.dev, layer=i)
+            # keys of an earlier layer (Gemma 4's shared KV): that layer's attention on its own input
+            j = self.attn.kv_source
+            self.k_attn, self.k_y, self.k_angles = self.attn, self.y, self.angles
+            if j is not None:
+                src = self.net.layers(stack)[j]
+                self.k_attn, self.k_y = src.self_attn, src.attn_input(trace.layer_input(stack, j).to(self.dev))
+                self.k_angles = self.net._angles(n, device=self.dev, layer=j)
         self.causal = self.spec.causal
         self.window = self.spec.window
         pad = runner.src_pad if stack == "encoder" else None
@@ -132,7 +140,7 @@ class LayerMaps:
     def k(self, h: int) -> torch.Tensor:
         g = self.attn.kv_head(h)
         if g not in self._k:
-            self._k[g] = self.attn.head_proj(self.y, "k", g, self.angles)
+            self._k[g] = self.k_attn.head_proj(self.k_y, "k", g, self.k_angles)
         return self._k[g]
 
     def mask_rows(self, r0: int, r1: int, c0: int = 0, c1: Optional[int] = None) -> Optional[torch.Tensor]:

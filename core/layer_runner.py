@@ -48,8 +48,21 @@ class LayerRunner:
             memory = trace[tn.stack_output(trace, "encoder")].to(dev)[None]
         pad = None if self.src_pad is None else self.src_pad.to(dev)
         rec = Recorder()
-        net.run_layer(stack, i, x, rec.scope(tn.layer(stack, i)), memory=memory, src_pad=pad, ablate=self.ablate)
+        net.run_layer(stack, i, x, rec.scope(tn.layer(stack, i)), memory=memory, src_pad=pad, ablate=self.ablate,
+                      side=self._side(trace, stack, i))
         return {n: t.to("cpu") for n, t in rec.tensors.items()}
+
+    def _side(self, trace: Trace, stack: str, i: int) -> dict:
+        """What layer i reads besides its stored input (Gemma 4; {} for other models): the
+        stored per-layer inputs, and the keys and values of the layer it reuses, recomputed
+        from that layer's stored input (Transformer.side_inputs)."""
+        net, dev = self.model.net, self.model.device
+        if not net.needs_side():
+            return {}
+        per_layer = None
+        if net.cfg.per_layer_dim:
+            per_layer = trace[tn.embed(stack, "per_layer")].to(dev)[None]
+        return net.side_inputs(stack, i, lambda j: trace.layer_input(stack, j).to(dev)[None], per_layer)
 
     @torch.inference_mode()
     def self_weights(self, trace: Trace, stack: str, i: int, what: str = "weights") -> torch.Tensor:
@@ -61,7 +74,8 @@ class LayerRunner:
         # the q, k (and v) a traced pass kept (short inputs): Q K^T and the softmax (and v's sizes) only
         kept = [self.qk.get(tn.self_attn(stack, i, s)) for s in ("q", "k", "v")[: 3 if what == "value_norms" else 2]]
         qk = None if any(t is None for t in kept) else tuple(t.to(dev)[None] for t in kept)
-        return net.layer_weights(stack, i, x, pad, what, qk=qk)[0].to("cpu")
+        side = self._side(trace, stack, i) if qk is None else None
+        return net.layer_weights(stack, i, x, pad, what, qk=qk, side=side)[0].to("cpu")
 
     @torch.inference_mode()
     def logits(self, trace: Trace, rows: slice = slice(None)) -> torch.Tensor:

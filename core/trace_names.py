@@ -5,7 +5,7 @@ Every intermediate of a pass has a stable dotted name (the table in docs/design.
 everything that names a whole tensor, or reads one back, goes through the builders and the
 parser here, so the contract is spelled once:
 
-    embed.{stack}.{part}                 part: tokens, positions, types, presum_norm, sum
+    embed.{stack}.{part}                 part: tokens, positions, types, presum_norm, sum, per_layer
     {stack}.{i}.{attn}.{step}            attn: self_attn, cross_attn; step: ATTN_STEPS
     {stack}.{i}.ffn.{hidden|out}
     {stack}.{i}.residual{j} | norm{j} | post_norm{j}    j = 1.. (the sub-layers in order)
@@ -31,7 +31,7 @@ SELF, CROSS = "self_attn", "cross_attn"
 ATTNS = (SELF, CROSS)
 FFN = "ffn"
 
-EMBED_PARTS = ("tokens", "positions", "types", "presum_norm", "sum")
+EMBED_PARTS = ("tokens", "positions", "types", "presum_norm", "sum", "per_layer")
 # Inside one attention, in the order a pass records them.
 ATTN_STEPS = ("q_pre_norm", "k_pre_norm", "q_pre_rope", "k_pre_rope", "q", "k", "v", "mask", "position_bias",
               "scale", "scores", "scaled", "capped", "masked", "weights", "sink", "value_norms", "heads", "out")
@@ -56,7 +56,8 @@ TOKEN_LIST_NAMES = {v: k for k, v in TOKEN_LISTS.items()}  # token set -> name
 
 # ------------------------------------------------------------------------------ builders
 def embed(stack: str, part: str = "sum") -> str:
-    """embed.{stack}.{part}: tokens, positions, types, presum_norm or sum (layer 0's input)."""
+    """embed.{stack}.{part}: tokens, positions, types, presum_norm, sum (layer 0's input) or
+    per_layer (Gemma 4's per-layer inputs)."""
     return f"embed.{stack}.{part}"
 
 

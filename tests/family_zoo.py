@@ -15,7 +15,7 @@ import torch
 HF = ["bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "gpt_neox", "qwen3", "phi3", "olmo2"]
 NEW = ["gpt_oss", "smollm3", "olmo3", "exaone4", "llama4_text"]  # the 2025-26 attentions (tests/hf_builders.py NEW)
 HF += NEW
-GEMMA = ["gemma", "gemma2", "gemma3_text", "modernbert"]
+GEMMA = ["gemma", "gemma2", "gemma3_text", "gemma4_text", "modernbert"]
 SEQ2SEQ = ["marian", "bart", "t5"]
 OVERRIDES = {"mistral": {"sliding_window": 4}}  # a window shorter than the test sentences
 FAMILIES = HF + GEMMA + SEQ2SEQ

@@ -24,7 +24,10 @@ layers below are the corrupted run's. In a decoder, the positions before the fir
 the two prompts differ see the same tokens in every run (the look-ahead mask), so a batch runs
 only the positions from there on, over the corrupted run's keys and values of the earlier ones,
 and a cell before that position restores 0 without a run. So does any cell whose clean and
-corrupted values are equal: its patched run is the corrupted run.
+corrupted values are equal: its patched run is the corrupted run. Gemma 4: the batch also reads
+the corrupted run's per-layer inputs and the keys and values that layers from i reuse of the
+layers below i (PatchRuns._side_of); the per-layer inputs carry the corrupted tokens into every
+layer, so restore_check puts the clean per-layer inputs in beside the clean stream.
 
 Encoder-decoders (toy-translate, Marian, BART, T5): the encoder's positions and heads are
 patched, with a clean and a corrupted source sentence of the same token count. The decoder
@@ -146,11 +149,16 @@ def restore_check(model, clean: str, corrupt: str, answer: Optional[Token], wron
     """Patching the whole residual stream entering `layer` at every position where the two
     inputs differ, through the same batched runs as the grid: at layer 0 the patched input is
     the clean input, so the patched metric must equal the clean run's (restored 1). Returns
-    the patched metric, the clean and corrupted runs' metrics and restored."""
+    the patched metric, the clean and corrupted runs' metrics and restored. Gemma 4: its
+    per-layer inputs are input too (each position's own token's), so they are the clean run's
+    here, beside the stream."""
     pair = prepare(model, clean, corrupt)
     pair.check()
     layer = checks.index(layer, len(model.net.layers(pair.stack)), "layer")
     runs = PatchRuns(model, pair, answer, wrong, "resid_pre")
+    if layer == 0 and runs.side is not None and "per_layer" in runs.side:
+        x = runs._ids(pair.clean_ids)  # position by position: the corrupted run's where the tokens agree
+        runs.side = dict(runs.side, per_layer=model.net.per_layer_inputs(x, model.net.tgt_embed(x)))
     m = runs.run_cells(layer, [pair.differ])[0]
     return {"patched_metric": m, "clean_metric": runs.m_clean, "corrupt_metric": runs.m_corrupt,
             "restored": runs.restored(m)}
@@ -178,10 +186,48 @@ class PatchRuns:
         self.cache: Optional[dict] = {} if self.stack == "decoder" and self.start > 0 else None
         self.corrupt = self._run(pair.corrupt_ids, points, self.cache)
         self.m_clean, self.m_corrupt = self.clean.pop("metric"), self.corrupt.pop("metric")
+        self.side = self._side_of(pair.corrupt_ids) if self.stack == "decoder" and self.net.needs_side() else None
 
     # -------------------------------------------------------------- the two runs
     def _ids(self, ids: Sequence[int], batch: int = 1) -> torch.Tensor:
         return torch.tensor([list(ids)], dtype=torch.long, device=self.dev).expand(batch, -1)
+
+    def _side_of(self, ids: Sequence[int]) -> dict:
+        """Gemma 4: what a patched run started at a layer reads besides the stream, from the
+        corrupted run (the layers below the start are the corrupted run's): the per-layer
+        inputs of the corrupted ids, and each layer's keys and values that a later layer reuses."""
+        x = self._ids(ids)
+        side = {}
+        if self.net.cfg.per_layer_dim:
+            side["per_layer"] = self.net.per_layer_inputs(x, self.net.tgt_embed(x))
+        sources = {j for j in (self.net.cfg.kv_source or []) if j is not None}
+        if sources:
+            kept = {}
+
+            def keep(key):
+                def fn(t):
+                    kept[key] = t
+                    return t
+                return fn
+
+            fns = {tn.attn(self.stack, j, tn.SELF, s): keep((j, s)) for j in sources for s in ("k", "v")}
+            self.net.decode(x, rec=Hooks(fns))
+            side["shared"] = {j: (kept[(j, "k")], kept[(j, "v")]) for j in sources}
+        return side
+
+    def _side(self, i: int, batch: int) -> Optional[dict]:
+        """The side inputs of patched runs of layer i, over the batch, for positions start..
+        (the keys and values of every position: the layers below i wrote them)."""
+        if self.side is None:
+            return None
+        out = {}
+        if "per_layer" in self.side:
+            e = self.side["per_layer"][:, self.start:]
+            out["per_layer"] = e.expand(batch, *e.shape[1:])
+        if "shared" in self.side:
+            out["shared"] = {j: tuple(t.expand(batch, *t.shape[1:]) for t in kv)
+                             for j, kv in self.side["shared"].items() if j < i}
+        return out
 
     def _run(self, ids: Sequence[int], points: set, cache: Optional[dict] = None) -> dict:
         """One full pass; its values at `points` of every layer (batch item 0) and its metric."""
@@ -252,6 +298,7 @@ class PatchRuns:
         return {j: {"self_attn": {"static": False,
                                   "k": self.cache[j]["self_attn"]["k"][:, :, :s].expand(batch, -1, -1, -1),
                                   "v": self.cache[j]["self_attn"]["v"][:, :, :s].expand(batch, -1, -1, -1)}}
+                if "k" in self.cache[j]["self_attn"] else {}  # a layer reusing another's keys (Gemma 4) keeps none
                 for j in range(i, self.n_layers)}
 
     def run_cells(self, i: int, cells: Sequence) -> List[float]:
@@ -260,7 +307,8 @@ class PatchRuns:
         x = self.corrupt[(i, "in")][self.start:][None].expand(b, -1, -1)  # (B, t, d): the stream entering layer i
         hooks = Hooks(self._hook(i, cells))
         if self.stack == "decoder":
-            hidden = self.net.run_from("decoder", i, x, hooks, cache=self._prefix_cache(i, b), n_past=self.start)
+            hidden = self.net.run_from("decoder", i, x, hooks, cache=self._prefix_cache(i, b), n_past=self.start,
+                                       side=self._side(i, b))
         else:
             memory = self.net.run_from("encoder", i, x, hooks)
             hidden = self.net.decode(self._ids(self.pair.decoder_input, b), memory)

@@ -200,6 +200,9 @@ def _stack_of(model, stack: Optional[str]) -> str:
         raise ValueError(f"{model.name} has no {stack} to patch")
     if model.kind == "encoder-decoder" and stack == "decoder":
         raise ValueError("path patching runs one stack on its own input: on an encoder-decoder, the encoder")
+    if model.net.needs_side():
+        raise ValueError(f"{model.name}'s layers also read per-layer inputs and other layers' keys and values "
+                         "(Gemma 4), which path patching's runs of one layer on its stream do not hand on")
     return stack
 
 

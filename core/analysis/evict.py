@@ -294,7 +294,8 @@ def _static_pass(model, ids, last: np.ndarray, progress: Progress, frac=(0.0, 0.
                 idx = keep.nonzero()[:, 0].to(model.device)
                 for i in range(L):
                     c = cache[i]["self_attn"]
-                    c["k"], c["v"] = c["k"][:, :, idx], c["v"][:, :, idx]
+                    if "k" in c:  # a layer that reuses another's keys and values keeps none (Gemma 4)
+                        c["k"], c["v"] = c["k"][:, :, idx], c["v"][:, :, idx]
                     c["dropped"] = r0 - len(idx)
                 cache["dropped"] = r0 - len(idx)
                 pos = pos[keep]

@@ -67,6 +67,10 @@ def check_applies(model) -> None:
                          "bends the sum of the heads' and MLPs' terms after the final norm, and a different amount for "
                          "each logit, so the logit (difference) is not a sum of their contributions and direct logit "
                          "attribution does not decompose it (it needs an output that is linear after the final norm)")
+    if cfg.per_layer_dim or cfg.layer_scalar:
+        raise ValueError(f"{model.name} adds per-layer inputs after each FFN and scales each layer's output (Gemma 4): "
+                         "the stream is not the sum of the heads' and MLPs' writes that direct logit attribution "
+                         "splits the output into")
     post = [n for layer in model.net.layers("decoder") if layer.post_norms is not None for n in layer.post_norms]
     if any(not isinstance(n, RMSNorm) for n in post):
         raise ValueError(f"{model.name} has LayerNorms after its sub-layers: their centring is not handled, so direct "

@@ -281,6 +281,9 @@ class _Decomposition:
         head = checks.index(head, mod.h, "head")
         self.model, self.trace, self.stack, self.layer, self.head, self.attn = model, trace, stack, layer, head, attn
         self.mod = mod
+        if cfg.per_layer_dim or cfg.layer_scalar or getattr(mod, "kv_source", None) is not None:
+            raise ValueError(f"{model.name} adds per-layer inputs, scales each layer's output or reuses keys of "
+                             "another layer (Gemma 4): score attribution's components do not cover that stream")
         if getattr(mod, "temperature", None) is not None:
             raise ValueError(f"{stack} layer {layer}'s scale varies by query position (temperature tuning): "
                              "score attribution decomposes scores of one fixed scale")

@@ -78,6 +78,28 @@ defaults change nothing:
                      "llama4", "experts": E, "top_k": k, "d_expert": m_e, "layers": None (every
                      layer) or the MoE layers (the others keep the dense FFN of d_ff),
                      "alpha", "limit" (gpt_oss's clamped SwiGLU)}.
+Fields for Gemma 4 (gemma4_text); their defaults change nothing:
+    global_d_head    None, or d_k of the "full_attention" layers (layer_types), where it differs
+                     from the sliding layers' d_head (ModelConfig.layer_d_head).
+    global_kv_heads  None, or H_kv of the "full_attention" layers (ModelConfig.layer_kv_heads).
+    k_eq_v           the "full_attention" layers have no W_v: their values are the key
+                     projection x W_k as projected (before k's norm and RoPE).
+    v_norm           an RMSNorm without gain over each head's values (before attention).
+    kv_source        None, or per layer None or j < i: layer i computes no keys and values of
+                     its own and attends to layer j's (after j's norm and RoPE, with j's cache);
+                     it records them under its own names, equal to layer j's.
+    per_layer_dim    0, or p: per-layer input embeddings. A table of per_layer_vocab x (L p)
+                     and a projection of the scaled token embeddings (d -> L p, times d^-1/2,
+                     RMSNorm over each layer's p) are summed and times 2^-1/2: layer i's input
+                     e_i (recorded as embed.{stack}.per_layer, n x L x p). After its FFN, layer
+                     i adds PostNorm(W_up (gelu_tanh(W_gate u) * e_i)) to the stream
+                     (recorded as post_norm3 and residual3).
+    per_layer_vocab  rows of the per-layer table (None: tgt_vocab_size).
+    layer_scalar     a learned scalar multiplies each layer's output (the whole stream).
+    shared_kv_d_ff   None, or m of the layers with a kv_source (Gemma 4's double-wide MLP).
+    rope_scaling     also {"type": "proportional", "partial": f, "factor": s} (the global
+                     layers): the first int(f d_k / 2) feature pairs (j, j + d_k / 2) turn at
+                     theta^(-2j/d_k) / s, the other pairs not at all (positional.rope_inv_freq).
 """
 
 
@@ -142,6 +164,15 @@ class ModelConfig:
     qk_norm_layers: Optional[list] = None
     attn_temperature: Optional[dict] = None
     moe: Optional[dict] = None
+    global_d_head: Optional[int] = None
+    global_kv_heads: Optional[int] = None
+    k_eq_v: bool = False
+    v_norm: bool = False
+    kv_source: Optional[list] = None
+    per_layer_dim: int = 0
+    per_layer_vocab: Optional[int] = None
+    layer_scalar: bool = False
+    shared_kv_d_ff: Optional[int] = None
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -161,8 +192,8 @@ class ModelConfig:
             self.out_bias = self.bias and not self.tie_embeddings
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError("sliding_window must be positive")
-        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3", "yarn"):
-            raise ValueError(f"rope_scaling type must be 'linear', 'llama3' or 'yarn', not {self.rope_scaling.get('type')!r}")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ("linear", "llama3", "yarn", "proportional"):
+            raise ValueError(f"rope_scaling type must be 'linear', 'llama3', 'yarn' or 'proportional', not {self.rope_scaling.get('type')!r}")
         if self.qk_norm not in (None, "head", "full", "l2"):
             raise ValueError(f"qk_norm must be None, 'head', 'full' or 'l2', not {self.qk_norm!r}")
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
@@ -200,6 +231,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be positive")
         if self.final_norm is None:
             self.final_norm = self.norm_placement == "pre"
+        self._check_gemma4()
         for name, value, allowed in [
             ("positional", self.positional, ("sinusoidal", "learned", "rope", "relative", "none")),
             ("norm", self.norm, ("layernorm", "rmsnorm")),
@@ -214,6 +246,55 @@ class ModelConfig:
         for name in ("d_model", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+
+    def _check_gemma4(self) -> None:
+        """The Gemma 4 fields (global_d_head ... layer_scalar) are consistent."""
+        for name in ("global_d_head", "global_kv_heads"):
+            v = getattr(self, name)
+            if v is not None and (v < 1 or not self.layer_types):
+                raise ValueError(f"{name} must be positive and needs layer_types (it sets the full_attention layers')")
+        if self.global_kv_heads is not None and self.n_heads % self.global_kv_heads:
+            raise ValueError("n_heads must be a multiple of global_kv_heads")
+        if self.k_eq_v and not self.layer_types:
+            raise ValueError("k_eq_v needs layer_types (it applies to the full_attention layers)")
+        if self.kv_source is not None:
+            self.kv_source = [None if j is None else int(j) for j in self.kv_source]
+            if len(self.kv_source) != self.n_layers:
+                raise ValueError(f"kv_source must list {self.n_layers} entries (None or an earlier layer)")
+            for i, j in enumerate(self.kv_source):
+                if j is None:
+                    continue
+                if not 0 <= j < i or self.kv_source[j] is not None:
+                    raise ValueError(f"kv_source[{i}] = {j}: a layer reuses the keys and values of an earlier layer "
+                                     "that computes its own")
+                if (self.layer_d_head(i), self.layer_kv_heads(i)) != (self.layer_d_head(j), self.layer_kv_heads(j)):
+                    raise ValueError(f"kv_source[{i}] = {j}: the two layers' head sizes or key/value heads differ")
+        if self.per_layer_dim < 0 or (self.per_layer_vocab is not None and self.per_layer_vocab < 1):
+            raise ValueError("per_layer_dim must be >= 0 and per_layer_vocab positive")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") == "proportional":
+            if not 0 <= float(self.rope_scaling.get("partial", 1.0)) <= 1:
+                raise ValueError("proportional RoPE's partial must be in 0..1")
+
+    def is_global(self, i: int) -> bool:
+        """Whether layer i is a "full_attention" layer of layer_types (False without layer_types)."""
+        return bool(self.layer_types) and self.layer_types[i] == "full_attention"
+
+    def layer_d_head(self, i: int) -> int:
+        """d_k of layer i: global_d_head on the full_attention layers where set, else d_head."""
+        return self.global_d_head if self.global_d_head is not None and self.is_global(i) else self.d_head
+
+    def layer_kv_heads(self, i: int) -> int:
+        """H_kv of layer i: global_kv_heads on the full_attention layers where set, else n_kv_heads."""
+        return self.global_kv_heads if self.global_kv_heads is not None and self.is_global(i) else self.n_kv_heads
+
+    def layer_d_ff(self, i: int) -> int:
+        """m of layer i's FFN: shared_kv_d_ff on the layers that reuse keys and values where set, else d_ff."""
+        shared = self.kv_source is not None and self.kv_source[i] is not None
+        return self.shared_kv_d_ff if shared and self.shared_kv_d_ff is not None else self.d_ff
+
+    def k_is_v(self, i: int) -> bool:
+        """Whether layer i's values are its key projection (k_eq_v on a full_attention layer)."""
+        return self.k_eq_v and self.is_global(i)
 
     @property
     def has_encoder(self) -> bool:

@@ -14,6 +14,12 @@ Parallel block (ModelConfig.parallel_block; GPT-NeoX / Pythia): both sub-layers 
     recorded: residual1 = x + MultiHead(...), norm2 = Norm_2(x) (of x, not of residual1),
     residual2 = z.
 
+Gemma 4 (cfg.per_layer_dim, cfg.layer_scalar): after the FFN a third residual add of the
+layer's per-layer input e_i, then the whole stream times a learned scalar:
+    r3 = r2 + Norm(W_proj (gelu_tanh(W_gate r2) * e_i));  out = r3 * s
+    recorded: post_norm3 (the normed write), residual3 (r3), out.
+The FFN of a layer with a kv_source may be wider (cfg.layer_d_ff: the double-wide MLP).
+
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
 """
@@ -47,13 +53,15 @@ class FeedForward(nn.Module):
     GEGLU (T5's gated-gelu): W_2^T (gelu_tanh(W_1^T u) * W_3^T u); "geglu" (ModernBERT) the
     same with exact GELU."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, d_ff: Optional[int] = None):
+        """d_ff: m of this FFN where it is not cfg.d_ff (Gemma 4's double-wide MLP)."""
         super().__init__()
         self.act = cfg.activation
-        self.w_1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.w_2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        m = cfg.d_ff if d_ff is None else d_ff
+        self.w_1 = Linear(cfg.d_model, m, bias=cfg.bias)
+        self.w_2 = Linear(m, cfg.d_model, bias=cfg.bias)
         gated = self.act in ("swiglu", "geglu_tanh", "geglu")
-        self.w_3 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if gated else None
+        self.w_3 = Linear(cfg.d_model, m, bias=cfg.bias) if gated else None
 
     def forward(self, x, rec: Rec = None):
         act = {"geglu_tanh": "gelu_tanh", "geglu": "gelu", "swiglu": "silu"}.get(self.act, self.act)
@@ -84,7 +92,7 @@ class Layer(nn.Module):
         self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
         self.qk_norm = self.self_attn.qk_norm is not None
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
-        self.ffn = MoE(cfg) if moe else FeedForward(cfg)
+        self.ffn = MoE(cfg) if moe else FeedForward(cfg, cfg.layer_d_ff(index))
         n_sub = 3 if cross else 2
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)
@@ -95,6 +103,31 @@ class Layer(nn.Module):
         self.post_norms = (nn.ModuleList(make_norm(cfg) for _ in range(n_sub))
                            if self.pre and cfg.post_sublayer_norm else None)
         self.parallel = cfg.parallel_block
+        self._init_gemma4(cfg, index)
+
+    def _init_gemma4(self, cfg: ModelConfig, index: int) -> None:
+        """Gemma 4's parts of a layer: the per-layer input's gate, projection and norm (a third
+        residual add, after the FFN) and the scalar on the layer's output."""
+        self.index = index
+        p = cfg.per_layer_dim
+        self.ple_gate = Linear(cfg.d_model, p, bias=False) if p else None
+        self.ple_proj = Linear(p, cfg.d_model, bias=False) if p else None
+        self.ple_norm = make_norm(cfg) if p else None
+        if cfg.layer_scalar:
+            self.register_buffer("layer_scalar", torch.ones(1))
+        else:
+            self.layer_scalar = None
+
+    def per_layer_add(self, x, e, rec: Rec = None):
+        """Gemma 4's per-layer input e (B, n, p) added to the stream x after the FFN:
+        x + Norm(W_proj (gelu_tanh(W_gate x) * e)), recorded as post_norm3 and residual3."""
+        f = self.ple_norm(self.ple_proj(self.ple_gate.act(x, "gelu_tanh") * e))
+        if rec:
+            rec("post_norm3", f)
+        x = x + f
+        if rec:
+            rec("residual3", x)
+        return x
 
     @property
     def reads_norm(self) -> bool:
@@ -124,6 +157,8 @@ class Layer(nn.Module):
                 own = sub == "self_attn"
                 pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (
                     ["q_pre_rope", "k_pre_rope"] if self.rope and own else [])
+                if own and self.self_attn.kv_source is not None:  # keys and values of an earlier layer
+                    pre_rope = [n for n in pre_rope if not n.startswith("k_")]
                 names_ = attn if not (self.relative and own) else attn[:4] + ["position_bias"] + attn[4:]
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
             if self.pre:
@@ -131,6 +166,8 @@ class Layer(nn.Module):
                 names += ([f"norm{j}"] if self.pre_norm else []) + inner + post + [f"residual{j}"]
             else:
                 names += inner + [f"residual{j}", f"norm{j}"]
+        if self.ple_gate is not None:
+            names += ["post_norm3", "residual3"]
         return names + ["out"]
 
     def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, qk=None, **_):
@@ -148,10 +185,13 @@ class Layer(nn.Module):
         return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias, qkv=qk)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,
-                self_causal: bool = False, cache: Optional[dict] = None, position_bias=None):
+                self_causal: bool = False, cache: Optional[dict] = None, position_bias=None,
+                shared: Optional[dict] = None, per_layer=None):
         """cache: a dict kept between calls for greedy decoding (keys and values of both
         attentions). position_bias: T5's relative position bias, for the self-attention.
-        rec may carry hooks (core/net/hooks.py): the layer's input is hook point `in`."""
+        rec may carry hooks (core/net/hooks.py): the layer's input is hook point `in`.
+        Gemma 4: shared, the dict of keys and values layers leave for later ones
+        (MultiHeadAttention.forward); per_layer, every layer's per-layer input (B, n, L, p)."""
         x = point(rec, "in", x, record=False)  # the residual stream entering the layer
         caches = {} if cache is None else cache
 
@@ -161,9 +201,10 @@ class Layer(nn.Module):
             if cache is not None:
                 c = caches.setdefault(kind, {"static": kind == "cross_attn"})
             mask = self_mask if kind == "self_attn" else cross_mask
+            extra = {"shared": shared} if shared is not None and kind == "self_attn" else {}
             return attn(y, kv, mask, scoped(rec, kind), angles if kind == "self_attn" else None,
                         is_causal=self_causal and kind == "self_attn", cache=c,
-                        position_bias=position_bias if kind == "self_attn" else None)
+                        position_bias=position_bias if kind == "self_attn" else None, **extra)
 
         x_in = x  # the parallel block's sub-layers all read the layer's input
         for j, sub in enumerate(self.sublayers(), start=1):
@@ -188,6 +229,12 @@ class Layer(nn.Module):
                 if rec:
                     rec(f"residual{j}", res)
                     rec(f"norm{j}", x)
+        if self.ple_gate is not None:
+            if per_layer is None:
+                raise ValueError(f"layer {self.index} adds a per-layer input: run it with per_layer (B, n, L, p)")
+            x = self.per_layer_add(x, per_layer[:, -x.shape[1]:, self.index], rec)
+        if self.layer_scalar is not None:
+            x = x * self.layer_scalar
         if rec:
             rec("out", x)
         return x

@@ -17,6 +17,13 @@ layer gets the sliding-window mask (decoder: keys sliding_window or more positio
 encoder: keys more than sliding_window // 2 away either way) and the RoPE base
 cfg.rope_theta_local where it is set; a "global" one the full mask and cfg.rope_theta.
 `layer_kinds()` lists them (a trace's meta["layer_kinds"]).
+
+Gemma 4's side inputs: a decoder pass makes each layer's per-layer input from the ids and their
+embeddings (per_layer_inputs, recorded as embed.decoder.per_layer) and a dict in which the
+layers leave their keys and values for the layers that reuse them (side_start); a layer run
+alone (run_layer, layer_weights, run_from) is handed them (`side`; side_inputs recomputes a
+source layer's keys and values from that layer's input). layer_info says which layer's keys
+a layer reuses and which layers' values are their keys.
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ from .attention import (additive, causal_mask, chunked_mask, combine_masks, forb
                         sliding_window_mask)
 from .config import ModelConfig
 from .layers import Embedding, Layer, RelativePositionBias, make_norm
+from .norms import RMSNorm
 from .linear import Linear, use_onednn
-from .positional import rope_angles
+from .positional import apply_rope, rope_angles
 from .recorder import Rec, scoped
 
 
@@ -114,6 +122,7 @@ class Transformer(nn.Module):
             self.out_proj = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=out_bias)
             if cfg.tie_embeddings:
                 self.out_proj.weight = self.tgt_embed.tok.weight
+            self._init_per_layer_inputs(cfg)
         use_onednn(self)  # small models: linears through oneDNN on packed weights (core/net/linear.py)
 
     def _angles(self, n: int, offset: int = 0, device=None, layer: Optional[int] = None):
@@ -121,7 +130,7 @@ class Transformer(nn.Module):
         takes cfg.rope_theta_local (unscaled) where the config sets one."""
         if self.cfg.positional != "rope" or not self.has_rope(layer):
             return None
-        dims = self.cfg.rotary_dim or self.cfg.d_head  # partial rotary: the first rotary_dim features
+        dims = self.cfg.rotary_dim or (self.cfg.d_head if layer is None else self.cfg.layer_d_head(layer))  # partial: rotary_dim
         theta, scaling = self._rope_base(layer)
         return rope_angles(n, dims, theta, offset, scaling).to(device=device, dtype=torch.float32)
 
@@ -156,7 +165,8 @@ class Transformer(nn.Module):
         "local W" (an encoder's symmetric window); positions "rope" | "none" | "sinusoidal" |
         "learned" | "relative"; sink (learned sink logits); qk_norm (None | "head" | "full" |
         "l2"); scale "per position" where temperature tuning sets it, else "fixed"; ffn
-        "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates."""
+        "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates; kv (Gemma 4):
+        "own", "k = v", "shared KV from layer j" (with shared_kv: j) or both, and d_head."""
         out = []
         for i, layer in enumerate(self.layers(stack)):
             w, c = self.window(stack, i), self.chunk(stack, i)
@@ -176,6 +186,7 @@ class Transformer(nn.Module):
                 d["rope_theta"] = self._rope_base(i)[0]
             if d["ffn"] == "moe":
                 d.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
+            d.update(self._kv_info(stack, attn))
             out.append(d)
         return out
 
@@ -216,7 +227,7 @@ class Transformer(nn.Module):
 
         def get(i):
             key = (self.window(stack, i), self.chunk(stack, i), self.has_rope(i),
-                   self.layer_kind(i) if self.cfg.rope_theta_local is not None else None)
+                   self.layer_kind(i) if self.cfg.rope_theta_local is not None else None, self.cfg.layer_d_head(i))
             if key not in made:
                 made[key] = (make_masks(i), self._angles(n_pos, offset, device, i))
             return made[key]
@@ -301,6 +312,7 @@ class Transformer(nn.Module):
         n_past = 0 if cache is None else cache.get("n", 0)
         n_keys = n_past - (0 if cache is None else cache.get("dropped", 0))  # keys each self-attention holds
         x = self.tgt_embed(tgt, scoped(rec, tn.embed_scope("decoder")), offset=n_past)
+        side = self.side_start(tgt, x, rec)  # Gemma 4: per-layer inputs, shared keys and values
         per_layer = self._per_layer(
             "decoder", lambda i: self.decoder_masks(t, src_pad, tgt_pad, tgt.device, x.dtype, n_keys, layer=i),
             n_past + t, 0, tgt.device)
@@ -315,7 +327,7 @@ class Transformer(nn.Module):
                 masks = dict(masks, self_mask=combine_masks(own, extra), self_causal=False)
             c = None if cache is None else cache.setdefault(i, {})
             x = layer(x, memory=memory, **masks, rec=scoped(rec, tn.layer("decoder", i)), angles=angles,
-                      cache=c, position_bias=bias)
+                      cache=c, position_bias=bias, **side)
         if cache is not None:
             cache["n"] = n_past + t
         if self.decoder_norm is not None:
@@ -325,10 +337,11 @@ class Transformer(nn.Module):
         return x
 
     def run_layer(self, stack: str, i: int, x, rec: Rec, memory=None, src_pad=None,
-                  ablate: Optional[Ablation] = None):
+                  ablate: Optional[Ablation] = None, side: Optional[dict] = None):
         """Layer i of `stack` run alone on its input x (B, n, d): how a trace computes the
         inside of a layer it stored only the input and output of. Same masks, positions and
-        ablation as encode/decode, so the same layer code gives the same numbers."""
+        ablation as encode/decode, so the same layer code gives the same numbers.
+        side: what the layer reads besides x (Gemma 4, Transformer.side_inputs)."""
         n = x.shape[1]
         if stack == "encoder":
             masks = self.encoder_masks(src_pad, n, x.dtype, i, x.device)
@@ -337,16 +350,20 @@ class Transformer(nn.Module):
             masks["memory"] = memory
         rec = attach(rec, ablate.hooks(stack, i) if ablate else {})
         return self.layers(stack)[i](x, **masks, rec=rec, angles=self._angles(n, device=x.device, layer=i),
-                                     position_bias=self.position_bias(stack, n))
+                                     position_bias=self.position_bias(stack, n), **(side or {}))
 
     def run_from(self, stack: str, i: int, x, rec: Rec = None, memory=None, src_pad=None,
-                 cache: Optional[dict] = None, n_past: int = 0):
+                 cache: Optional[dict] = None, n_past: int = 0, side: Optional[dict] = None):
         """The rest of a pass from the residual stream x (B, t, d) entering layer i of `stack`:
         layers i.. and the stack's final norm (the caller projects). Activation patching
         starts its patched runs here, from a stored stream (the layers below are unchanged).
         Decoders: x holds t positions after n_past earlier ones whose keys and values `cache`
-        holds, per layer, as decode's cache does."""
+        holds, per layer, as decode's cache does. side (Gemma 4): the per-layer inputs and the
+        keys and values of layers below i that layers from i reuse (Transformer.side_inputs)."""
         t = x.shape[1]
+        side = dict(side or {})
+        if self.needs_side() and "shared" in side:
+            side["shared"] = dict(side["shared"])  # the layers from i add theirs to a copy
         if stack == "encoder":
             make = lambda j: self.encoder_masks(src_pad, t, x.dtype, j, x.device)  # noqa: E731
         else:
@@ -359,23 +376,108 @@ class Transformer(nn.Module):
             masks, angles = per_layer(j)
             c = None if cache is None else cache.setdefault(j, {})
             x = layers[j](x, memory=memory, **masks, rec=scoped(rec, tn.layer(stack, j)), angles=angles, cache=c,
-                          position_bias=bias)
+                          position_bias=bias, **side)
         norm = self.final_norm(stack)
         return x if norm is None else norm(x)
 
-    def layer_weights(self, stack: str, i: int, x, src_pad=None, what: str = "weights", qk=None):
+    def layer_weights(self, stack: str, i: int, x, src_pad=None, what: str = "weights", qk=None,
+                      side: Optional[dict] = None):
         """Layer i's self-attention weights alone (B, H, n, n) from its input x, with
         run_layer's masks and positions (ablation acts after the weights: nothing to do).
         what="value_norms": ||a_ij v_j W_o^h|| instead (core/net/multihead.py). qk: the
         layer's (q, k) as a traced pass kept them, (q, k, v) for value_norms, instead of
-        projecting x again."""
+        projecting x again. side: as for run_layer (a layer that reuses another's keys and
+        values reads them there)."""
         n = x.shape[1]
+        if qk is None and self.layers(stack)[i].self_attn.kv_source is not None:
+            qk = self._shared_qk(stack, i, x, side, what)
         masks = (self.encoder_masks(src_pad, n, x.dtype, i, x.device) if stack == "encoder"
                  else self.decoder_masks(n, None, None, x.device, x.dtype, layer=i))
         layer = self.layers(stack)[i]
         fn = layer.self_value_norms if what == "value_norms" else layer.self_weights
         return fn(x, **masks, angles=self._angles(n, device=x.device, layer=i),
                   position_bias=self.position_bias(stack, n), qk=qk)
+
+    # ------------------------------------------------------------------ Gemma 4
+    def _init_per_layer_inputs(self, cfg: ModelConfig) -> None:
+        """Gemma 4's per-layer input embeddings (cfg.per_layer_dim): the table, the projection
+        of the token embeddings and its norm."""
+        p = cfg.per_layer_dim
+        self.per_layer_embed = nn.Embedding(cfg.per_layer_vocab or cfg.tgt_vocab_size, cfg.n_layers * p) if p else None
+        self.per_layer_proj = Linear(cfg.d_model, cfg.n_layers * p, bias=False) if p else None
+        self.per_layer_norm = RMSNorm(p, cfg.norm_eps) if p else None
+
+    def needs_side(self) -> bool:
+        return bool(self.cfg.per_layer_dim) or self.cfg.kv_source is not None
+
+    def per_layer_inputs(self, ids, x, rec: Rec = None):
+        """Every layer's per-layer input e (B, n, L, p) of ids (B, n) and their embeddings x
+        (B, n, d, the token embeddings times sqrt(d)), recorded as embed.decoder.per_layer:
+        (RMSNorm(x W_proj d^-1/2) + table[ids] sqrt(p)) 2^-1/2, split per layer."""
+        cfg, p = self.cfg, self.cfg.per_layer_dim
+        shape = (*ids.shape, cfg.n_layers, p)
+        table = self.per_layer_embed(ids).view(shape) * (p ** 0.5)
+        proj = self.per_layer_norm((self.per_layer_proj(x) * cfg.d_model ** -0.5).view(shape))
+        e = (proj + table) * 2 ** -0.5
+        if rec:
+            rec(tn.embed("decoder", "per_layer"), e)
+        return e
+
+    def side_start(self, ids, x, rec: Rec = None) -> dict:
+        """The Gemma 4 inputs of a decoder pass that layers read besides the stream: the
+        per-layer inputs (of ids and their embeddings x) and the dict of shared keys and
+        values the layers fill; {} for every other model."""
+        side = {}
+        if self.cfg.per_layer_dim:
+            side["per_layer"] = self.per_layer_inputs(ids, x, rec)
+        if self.cfg.kv_source is not None:
+            side["shared"] = {}
+        return side
+
+    def kv_of(self, stack: str, j: int, x):
+        """Layer j's keys and values (after its norm and RoPE) from its input x (B, n, d), as a
+        pass computes them: what a layer that reuses them reads."""
+        attn = self.layers(stack)[j].self_attn
+        _, k, v = attn.qkv(self.layers(stack)[j].attn_input(x), self._angles(x.shape[1], device=x.device, layer=j))
+        return k, v
+
+    def side_inputs(self, stack: str, i: int, layer_input, per_layer=None) -> dict:
+        """What layer i (run alone: run_layer, layer_weights) reads besides its input:
+        the per-layer inputs (B, n, L, p) where the model has them, and the keys and values of
+        the layer it reuses, from that layer's input layer_input(j) (B, n, d); {} otherwise."""
+        side = {}
+        if self.cfg.per_layer_dim:
+            if per_layer is None:
+                raise ValueError("this model adds per-layer inputs to every layer: pass per_layer (B, n, L, p)")
+            side["per_layer"] = per_layer
+        j = self.layers(stack)[i].self_attn.kv_source
+        if j is not None:
+            side["shared"] = {j: self.kv_of(stack, j, layer_input(j))}
+        return side
+
+    def _shared_qk(self, stack: str, i: int, x, side: Optional[dict], what: str):
+        """(q, k[, v]) of layer i that reuses another layer's keys and values: q of its own
+        input x (after norm and RoPE), k and v from side["shared"]."""
+        attn = self.layers(stack)[i].self_attn
+        shared = (side or {}).get("shared") or {}
+        if attn.kv_source not in shared:
+            raise ValueError(f"layer {i} reuses layer {attn.kv_source}'s keys and values: pass them in side['shared']")
+        k, v = shared[attn.kv_source]
+        layer = self.layers(stack)[i]
+        angles = self._angles(x.shape[1], device=x.device, layer=i)
+        q = attn._split(attn.w_q, attn.q_norm, layer.attn_input(x), attn.h)
+        if angles is not None:
+            q = apply_rope(q, angles[: x.shape[1]], attn.rope_layout)
+        return (q, k, v) if what == "value_norms" else (q, k)
+
+    def _kv_info(self, stack: str, attn) -> dict:
+        """layer_info's keys and values entry: kv "own" | "k = v" | "shared KV from layer j"
+        (+ " (k = v)" where layer j's are), shared_kv (j or None), d_head (the layer's d_k)."""
+        j = attn.kv_source
+        same = attn.k_is_v if j is None else self.layers(stack)[j].self_attn.k_is_v
+        kv = "own" if j is None and not same else "k = v" if j is None else f"shared KV from layer {j}" + (
+            " (k = v)" if same else "")
+        return {"kv": kv, "shared_kv": j, "d_head": attn.dk}
 
     def project(self, hidden, rec: Rec = None):
         if self.cfg.logit_scale != 1.0:  # T5 with tied embeddings

@@ -21,6 +21,13 @@ Learned sinks (cfg.attn_sinks, gpt-oss): `sinks` (H), one logit per head in the 
 the keys; recorded `sink` (H x n_q) is its probability, 1 - the row sum of `weights`.
 Temperature tuning (cfg.attn_temperature on cfg.nope_layers, Llama 4): the scale varies by
 query position (q_scale); recorded `scale` (n_q), and q stays as projected.
+Gemma 4: d_k and H_kv are the layer's own (cfg.layer_d_head / layer_kv_heads: the global
+layers' may differ). K = V (cfg.k_is_v): no W_v, v is x W_k before k's norm and RoPE. v-norm
+(cfg.v_norm): an RMSNorm without gain over each head's v (`values` makes v on every path). A
+layer with a kv_source has no W_k, W_v or k-norm: forward_shared takes layer j's k and v (after
+j's norm, RoPE and cache) from the `shared` dict of the pass, and records them as its own k and v
+(no k_pre_norm / k_pre_rope); a source layer leaves its k and v there as its hook points give
+them.
 """
 
 from __future__ import annotations
@@ -49,11 +56,16 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, index: int = 0, self_attn: bool = True):
         super().__init__()
-        d, h, hkv, dk = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        d, h, hkv, dk = cfg.d_model, cfg.n_heads, cfg.layer_kv_heads(index), cfg.layer_d_head(index)
         self.h, self.hkv, self.dk = h, hkv, dk
+        self.index = index
+        # Gemma 4: keys and values of an earlier layer (no W_k, W_v of its own), K = V, v-norm
+        self.kv_source = cfg.kv_source[index] if cfg.kv_source is not None and self_attn else None
+        own_kv = self.kv_source is None
         self.w_q = Linear(d, h * dk, bias=cfg.qkv_bias)
-        self.w_k = Linear(d, hkv * dk, bias=cfg.qkv_bias)
-        self.w_v = Linear(d, hkv * dk, bias=cfg.qkv_bias)
+        self.w_k = Linear(d, hkv * dk, bias=cfg.qkv_bias) if own_kv else None
+        self.w_v = Linear(d, hkv * dk, bias=cfg.qkv_bias) if own_kv and not (cfg.k_is_v(index) and self_attn) else None
+        self.v_norm = RMSNorm(dk, cfg.norm_eps, gain=False) if cfg.v_norm and own_kv else None
         self.w_o = Linear(h * dk, d, bias=cfg.bias)
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
@@ -68,7 +80,7 @@ class MultiHeadAttention(nn.Module):
             full = self.qk_norm == "full"
             gain = self.qk_norm != "l2"
             self.q_norm = RMSNorm(h * dk if full else dk, cfg.norm_eps, gain)
-            self.k_norm = RMSNorm(hkv * dk if full else dk, cfg.norm_eps, gain)
+            self.k_norm = RMSNorm(hkv * dk if full else dk, cfg.norm_eps, gain) if own_kv else None
         # learned sinks (gpt-oss): one logit per head beside the keys in the softmax
         self.sinks = nn.Parameter(torch.zeros(h)) if cfg.attn_sinks and self_attn else None
         nope = cfg.nope_layers is not None and index in cfg.nope_layers
@@ -95,6 +107,8 @@ class MultiHeadAttention(nn.Module):
     def _split(self, lin, norm, x, n_heads: int, rec: Rec = None, name: str = ""):
         """x W (+ b) as (B, heads, n, d_k), QK-norm applied (`norm` None: none); the value
         before the norm is recorded as `name` when rec is given."""
+        if lin is None:
+            raise ValueError(f"layer {self.index} reuses layer {self.kv_source}'s keys and values: it projects none")
         b, n, _ = x.shape
         y = lin(x)
         heads = y.view(b, n, n_heads, self.dk).transpose(1, 2)
@@ -105,6 +119,21 @@ class MultiHeadAttention(nn.Module):
         if self.qk_norm == "full":
             return norm(y).view(b, n, n_heads, self.dk).transpose(1, 2)
         return norm(heads)
+
+    @property
+    def k_is_v(self) -> bool:
+        """Whether the values are the key projection (Gemma 4's K = V layers: no W_v)."""
+        return self.w_v is None and self.w_k is not None
+
+    def values(self, x, rows: Optional[int] = None):
+        """v (B, Hkv, n, d_k) of x (B, n, d), first `rows` positions (None: all): x W_v, or
+        x W_k where K = V (the key projection before its norm and RoPE), through the v-norm
+        where the model has one. A layer that reuses another's keys and values has none."""
+        if self.w_k is None:
+            raise ValueError(f"layer {self.index} reuses layer {self.kv_source}'s keys and values: it projects none")
+        b, n = x.shape[0], x.shape[1] if rows is None else rows
+        v = (self.w_k if self.w_v is None else self.w_v)(x[:, :n]).view(b, n, self.hkv, self.dk).transpose(1, 2)
+        return v if self.v_norm is None else self.v_norm(v)
 
     def kv_head(self, h: int) -> int:
         """The key/value head query head h reads (grouped-query: h // (H / H_kv))."""
@@ -117,6 +146,8 @@ class MultiHeadAttention(nn.Module):
         RoPE with `angles` (this layer's, positions 0..n-1; None: none). Only this head's
         columns are computed where the norm allows."""
         lin, norm = (self.w_q, getattr(self, "q_norm", None)) if which == "q" else (self.w_k, getattr(self, "k_norm", None))
+        if lin is None:
+            raise ValueError(f"layer {self.index} reuses layer {self.kv_source}'s keys and values: it projects none")
         dk = self.dk
         if norm is not None and self.qk_norm == "full":
             t = norm(lin(x))[..., h * dk:(h + 1) * dk]
@@ -138,7 +169,7 @@ class MultiHeadAttention(nn.Module):
             q = apply_rope(q, angles[:n], self.rope_layout)
             k = apply_rope(k, angles[:n], self.rope_layout)
         m = n if v_rows is None else min(n, v_rows)
-        v = self.w_v(x[:, :m]).view(b, m, self.hkv, self.dk).transpose(1, 2) if m else None
+        v = self.values(x, m) if m else None
         return q, k, v
 
     def head_map(self, q, k, mask=None, what: str = "weights", head: Optional[int] = None, row0: int = 0):
@@ -204,17 +235,21 @@ class MultiHeadAttention(nn.Module):
             v = qkv[2]
         else:
             w = self.weights(x_q, x_kv, mask, angles, is_causal, position_bias)
-            b, n_k = x_kv.shape[0], x_kv.shape[1]
-            v = self.w_v(x_kv).view(b, n_k, self.hkv, self.dk).transpose(1, 2)
+            v = self.values(x_kv)
         return w.mul_(self.value_sizes(v)[:, :, None, :])
 
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
-                cache: Optional[dict] = None, position_bias=None):
+                cache: Optional[dict] = None, position_bias=None, shared: Optional[dict] = None):
         """mask: additive (broadcast to B, H, n_q, n_k). is_causal: the mask is exactly the
         look-ahead mask (the fused kernel then builds it itself). cache: a dict that keeps this attention's keys and values between calls
         (greedy decoding): new keys/values are appended to the kept ones (self-attention),
         or computed once (cross-attention, flagged by cache["static"]). position_bias: T5's
-        relative position bias (1, H, n_q, n_k), added to the scores with the mask."""
+        relative position bias (1, H, n_q, n_k), added to the scores with the mask.
+        shared: a dict kept through one pass (Gemma 4): this attention's keys and values
+        (after RoPE, with any cached positions) are left under its layer index, and a layer
+        that reuses layer j's takes shared[j] (forward_shared)."""
+        if self.kv_source is not None:
+            return self.forward_shared(x_q, mask, rec, angles, is_causal, shared, cache)
         b, n_q, _ = x_q.shape
         explicit = records_maps(rec)
         q = self._split(self.w_q, getattr(self, "q_norm", None), x_q, self.h,
@@ -222,10 +257,9 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.get("static") and "k" in cache:
             k, v = cache["k"], cache["v"]
         else:
-            n_new = x_kv.shape[1]
             k = self._split(self.w_k, getattr(self, "k_norm", None), x_kv, self.hkv,
                             rec if explicit else None, "k_pre_norm")  # (B, Hkv, n_new, d_k)
-            v = self.w_v(x_kv).view(b, n_new, self.hkv, self.dk).transpose(1, 2)  # (B, Hkv, n_new, d_k)
+            v = self.values(x_kv)  # (B, Hkv, n_new, d_k)
         n_k = k.shape[2] + (cache["k"].shape[2] if cache is not None and "k" in cache and not cache.get("static") else 0)
         if angles is not None:  # RoPE: self-attention only; angles cover positions 0..n_pos-1
             if rec:
@@ -245,12 +279,41 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache["k"], k], dim=2)  # (B, Hkv, n_k, d_k)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
+        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, position_bias, shared)
+
+    def forward_shared(self, x_q, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
+                       shared: Optional[dict] = None, cache: Optional[dict] = None):
+        """forward for a layer that reuses layer kv_source's keys and values (Gemma 4):
+        shared[kv_source] holds them (after that layer's norm and RoPE, every position up to
+        the last query's); the queries are this layer's own. cache: this layer's, which holds
+        no keys; its "dropped" counts the earlier keys a caller removed (as forward reads it)."""
+        if shared is None or self.kv_source not in shared:
+            raise ValueError(f"layer {self.index} reuses layer {self.kv_source}'s keys and values: run it with "
+                             f"them (shared={{{self.kv_source}: (k, v)}})")
+        k, v = shared[self.kv_source]
+        b, n_q, _ = x_q.shape
+        q = self._split(self.w_q, self.q_norm, x_q, self.h, rec if records_maps(rec) else None, "q_pre_norm")
+        n_k = k.shape[2]
+        if angles is not None:
+            if rec:
+                rec("q_pre_rope", q)
+            n_pos = n_k + (cache.get("dropped", 0) if cache is not None else 0)
+            q = apply_rope(q, angles[n_pos - n_q : n_pos], self.rope_layout)
+        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, None)
+
+    def _attend(self, q, k, v, n_k: int, mask, rec: Rec, is_causal: bool, cache, position_bias, shared=None):
+        """forward after q, k and v are made (k, v with any cached positions): recording,
+        grouped-query attention, the formula, value norms, heads and W_o. shared: the dict
+        this layer's k and v are left in for later layers, as the hook points give them."""
+        b, n_q = q.shape[0], q.shape[2]
         explicit = records_maps(rec)
         # q, k, v (after RoPE; k and v with any cached positions): recorded (the fused path too, for a
         # trace that keeps them, core/api.py) and hook points (path patching replaces one head's)
         q = point(rec, "q", q)
         k = point(rec, "k", k)
         v = point(rec, "v", v)
+        if shared is not None:
+            shared[self.index] = (k, v)
         if explicit:
             if mask is None and is_causal:
                 mask = causal_mask(n_q, device=q.device, dtype=q.dtype, n_k=n_k)[None, None]

@@ -85,6 +85,8 @@ def rope_inv_freq(d_k: int, theta: float = 10000.0, scaling: Optional[dict] = No
     inv_freq = theta ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
     if not scaling:
         return inv_freq
+    if scaling.get("type") == "proportional":
+        return _proportional_inv_freq(inv_freq, d_k, scaling)
     kind, factor = scaling.get("type"), float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor
@@ -100,6 +102,18 @@ def rope_inv_freq(d_k: int, theta: float = 10000.0, scaling: Optional[dict] = No
     if kind == "yarn":
         return _yarn_inv_freq(d_k, theta, scaling)
     raise ValueError(f"unknown RoPE scaling type {kind!r}")
+
+
+def _proportional_inv_freq(inv_freq: torch.Tensor, d_k: int, scaling: dict) -> torch.Tensor:
+    """Proportional partial RoPE (Gemma 4's global layers), as transformers computes it: the
+    first int(partial * d_k / 2) pairs keep theta^(-2j/d_k) (over the whole head's d_k, not
+    the rotated part's), the others get frequency 0 (angle 0: not rotated), all / factor. In
+    the "half" layout pair j is features (j, j + d_k / 2), so the unrotated features lie in
+    both halves of the head (unlike rotary_dim's partial RoPE, which rotates a prefix)."""
+    rotated = int(float(scaling.get("partial", 1.0)) * d_k // 2)
+    out = inv_freq.clone()
+    out[rotated:] = 0.0
+    return out / float(scaling.get("factor", 1.0))
 
 
 def _yarn_inv_freq(d_k: int, theta: float, scaling: dict) -> torch.Tensor:

@@ -75,7 +75,13 @@ def _stack_of(tr):
     return "decoder" if "decoder" in tr.stacks() else "encoder"
 
 
-@pytest.mark.parametrize("case", FAMILIES)
+# families whose stream score attribution does not take apart (it raises a ValueError saying so)
+NOT_DECOMPOSED = {"gemma4_text": "not applicable: Gemma 4's per-layer inputs and layer scalars are not among score "
+                                 "attribution's components (tests/parity/test_gemma4.py holds the refusal)"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.skip(reason=NOT_DECOMPOSED[c]))
+                                  if c in NOT_DECOMPOSED else c for c in FAMILIES])
 def test_edges_are_the_marginals_and_match_an_independent_float64_computation(zoo, case):
     _, ours = zoo(case)
     tr = trace_of(ours)

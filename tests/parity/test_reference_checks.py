@@ -194,3 +194,27 @@ def test_norms_after_only_full_qk_norm_caps_and_layer_kinds_on_a_random_decoder(
     for where, checks in _all(tr).items():
         assert not _failing(checks), (where, _failing(checks))
         assert {"qknorm", "capped", "post_norm1", "post_norm2"} <= set(checks), where
+
+
+def test_gemma4_shared_kv_k_eq_v_per_layer_inputs(tmp_path):
+    """Gemma 4 (tests/gemma_builders.py): per-layer head sizes, K = V, the v-norm, proportional
+    RoPE, per-layer inputs and layer scalars are written out in the numpy layer too, and every
+    check of every layer holds; a layer that reuses layer 3's keys and values is checked against
+    layer 3's own weights, so a W_k of layer 3 that is 2 % off fails layer 4's checks of K
+    (behind the QK-norm: its projection before the norm) while its Q stays green."""
+    from gemma_builders import build as build_gemma
+
+    hf, folder = build_gemma("gemma4_text", tmp_path / "g4")
+    hf.save_pretrained(str(folder))
+    model = core.load_model(str(folder), device="cpu")
+    _assert_hold_then_catch(model)
+    trace = model.trace(TEXT)
+    checks = _all(trace)
+    assert {"post_norm3", "residual3", "out"} <= set(checks[("decoder", "self_attn", 4)])
+    handle = model.net.decoder[3].self_attn.k_norm.register_forward_hook(lambda mod, inp, out: out * 1.02)
+    try:
+        bad = layer_checks(model.trace(TEXT), "decoder", "self_attn", 4, 1)
+    finally:
+        handle.remove()
+    failed = {k for k, cs in bad.items() for c in cs if not c.ok}
+    assert {"k", "scores"} <= failed and "q" not in failed, _failing({"layer 4": [c for cs in bad.values() for c in cs]})

@@ -14,7 +14,10 @@ Also written out here: QK-norm (RMSNorm of each head's q and k, or of the whole 
 soft-capping c tanh(scaled / c) before the mask, the norms after the sub-layers (Gemma 2/3),
 per-layer kinds (layer_types: a sliding layer's window, causal or symmetric in an encoder, and
 its own RoPE base), a layer without its attention norm (ModernBERT's layer 0) and exact-GELU
-GeGLU.
+GeGLU. Gemma 4: each layer's own head size and key/value heads (read from its weights), K = V
+(no W_v: v from W_k), the v-norm, keys and values of an earlier layer (that layer's own
+projections on its stored input), proportional RoPE, the per-layer input after the FFN
+(`post_norm3`, `residual3`, from the stored `embed.{stack}.per_layer`) and the layer scalar.
 
 `reference_layer(trace, stack, i, heads={kind: h})` returns the layer's names as the core
 records them ('self_attn.q', 'residual1', 'out', ...): per-head tensors for the heads asked
@@ -79,6 +82,9 @@ def rope_inv_freq(d_k: int, theta: float, scaling: Optional[dict] = None) -> np.
     inv = theta ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)
     if not scaling:
         return inv
+    if scaling.get("type") == "proportional":  # Gemma 4: the first int(p d_k / 2) pairs turn, the rest stand
+        turning = int(float(scaling.get("partial", 1.0)) * d_k // 2)
+        return np.where(np.arange(inv.shape[0]) < turning, inv, 0.0) / float(scaling.get("factor", 1.0))
     factor = float(scaling["factor"])
     if scaling.get("type") == "linear":
         return inv / factor
@@ -182,23 +188,50 @@ def _heads(mod, lin, norm_name: str, x: np.ndarray, n_heads: int, d_k: int, qk_n
     return rms_norm(split(flat), gain, eps), split(flat)
 
 
+def keys_values(mod, cfg, x_kv: np.ndarray, use_rope: bool, local: bool = False) -> Dict[str, np.ndarray]:
+    """An attention's own keys and values (H_kv x n x d_k): k_pre_norm (QK-norm), k_pre_rope
+    (RoPE), k, v. v = x W_v, or x W_k where the attention has no W_v (Gemma 4's K = V: the
+    key projection before its norm and RoPE); RMS-normed without a gain where the model norms
+    its values (Gemma 4)."""
+    d_k = mod.w_q.weight.shape[0] // cfg.n_heads
+    hkv = mod.w_k.weight.shape[0] // d_k
+    n_k = x_kv.shape[0]
+    qk_norm = getattr(cfg, "qk_norm", None)
+    k, k_pre = _heads(mod, mod.w_k, "k_norm", x_kv, hkv, d_k, qk_norm, float(cfg.norm_eps))
+    v_lin = mod.w_v if getattr(mod, "w_v", None) is not None else mod.w_k
+    v = linear(v_lin, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
+    if getattr(cfg, "v_norm", False):
+        v = rms_norm(v, 1.0, float(cfg.norm_eps))
+    out = {"k_pre_norm": k_pre} if qk_norm is not None else {}
+    if use_rope:
+        out["k_pre_rope"] = k
+        k = rope(k, n_k, cfg, local)
+    out.update(k=k, v=v)
+    return out
+
+
 def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_rope: bool, bias=None,
-              keep=(), off=(), ablation: str = "zero", local: bool = False) -> Dict[str, np.ndarray]:
+              keep=(), off=(), ablation: str = "zero", local: bool = False,
+              shared: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
     """One multi-head attention: q, k, v (H or H_kv x n x d_k), the maps of the heads in `keep`
-    ({head: {scores, scaled, [capped,] masked, weights}}), every head's output and Concat(heads) W_o."""
-    h, hkv = cfg.n_heads, cfg.n_kv_heads
+    ({head: {scores, scaled, [capped,] masked, weights}}), every head's output and Concat(heads) W_o.
+    shared: the k and v of the layer whose keys and values this one reuses (Gemma 4), from
+    keys_values of that layer; else the attention's own."""
+    h = cfg.n_heads
     d_k = mod.w_q.weight.shape[0] // h
-    n_q, n_k = x_q.shape[0], x_kv.shape[0]
+    n_q = x_q.shape[0]
     out: Dict[str, np.ndarray] = {}
     qk_norm = getattr(cfg, "qk_norm", None)
     q, q_pre = _heads(mod, mod.w_q, "q_norm", x_q, h, d_k, qk_norm, float(cfg.norm_eps))
-    k, k_pre = _heads(mod, mod.w_k, "k_norm", x_kv, hkv, d_k, qk_norm, float(cfg.norm_eps))
     if qk_norm is not None:
-        out["q_pre_norm"], out["k_pre_norm"] = q_pre, k_pre
-    v = linear(mod.w_v, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
+        out["q_pre_norm"] = q_pre
+    kv = keys_values(mod, cfg, x_kv, use_rope, local) if shared is None else {"k": shared["k"], "v": shared["v"]}
+    out.update({n: t for n, t in kv.items() if n not in ("k", "v")})
+    k, v = kv["k"], kv["v"]
+    hkv = k.shape[0]
     if use_rope:
-        out["q_pre_rope"], out["k_pre_rope"] = q, k
-        q, k = rope(q, n_q, cfg, local), rope(k, n_k, cfg, local)
+        out["q_pre_rope"] = q
+        q = rope(q, n_q, cfg, local)
     out.update(q=q, k=k, v=v, mask=m)
     scale = 1.0 / math.sqrt(d_k) if cfg.attn_scale is None else float(cfg.attn_scale)
     cap = getattr(cfg, "attn_softcap", None)
@@ -271,6 +304,7 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
     post_norms = layer.pre and getattr(cfg, "post_sublayer_norm", False)
     parallel = getattr(cfg, "parallel_block", False)
     x_in = x  # the parallel block: every sub-layer reads the layer's input
+    shared = _shared_kv(trace, net, cfg, stack, layer, pre_norms, rope_)
     for j, sub in enumerate(layer.sublayers(), start=1):
         src = x_in if parallel else x
         normed = norm(layer.norms[j - 1], cfg, src) if pre_norms else None
@@ -283,7 +317,8 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             off = (abl.heads(stack, i, sub) if abl else None) or ()
             res = attention(mod, cfg, y, kv, masks[sub], rope_ and sub == "self_attn",
                             bias if sub == "self_attn" else None, keep=(heads[sub],) if sub in heads else (),
-                            off=off, ablation=getattr(abl, "mode", "zero"), local=local and sub == "self_attn")
+                            off=off, ablation=getattr(abl, "mode", "zero"), local=local and sub == "self_attn",
+                            shared=shared if sub == "self_attn" else None)
         out.update({tn.local(sub, k): v for k, v in res.items()})
         if layer.pre:
             f = res["out"]
@@ -299,5 +334,27 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             out[f"residual{j}"] = r
             x = norm(layer.norms[j - 1], cfg, r)
             out[f"norm{j}"] = x
+    if getattr(layer, "ple_gate", None) is not None:  # Gemma 4: the per-layer input, after the FFN
+        e = _a(trace[tn.embed(stack, "per_layer")])[:, i]  # (n, p)
+        f = norm(layer.ple_norm, cfg, linear(layer.ple_proj, activation("gelu_tanh", linear(layer.ple_gate, x), None) * e))
+        out["post_norm3"] = f
+        x = x + f
+        out["residual3"] = x
+    if getattr(layer, "layer_scalar", None) is not None:  # Gemma 4: the whole stream times a learned scalar
+        x = x * _a(layer.layer_scalar)
     out["out"] = x
     return out
+
+
+def _shared_kv(trace, net, cfg, stack: str, layer, pre_norms: bool, rope_: bool) -> Optional[Dict[str, np.ndarray]]:
+    """The k and v of the layer whose keys and values `layer` reuses (Gemma 4), from that
+    layer's stored input, its own norm and projections (keys_values); None for a layer with its own."""
+    j = getattr(layer.self_attn, "kv_source", None)
+    if j is None:
+        return None
+    src = net.layers(stack)[j]
+    x = _a(trace.layer_input(stack, j))
+    y = norm(src.norms[0], cfg, x) if pre_norms else x
+    types = getattr(cfg, "layer_types", None)
+    local = bool(types) and types[j] == "sliding_attention"
+    return keys_values(src.self_attn, cfg, y, rope_, local)

@@ -111,20 +111,32 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     b = " + b" if cfg.qkv_bias else ""
     if nm("q_pre_norm") in trace:  # QK-norm: the projections before their RMSNorm
         over = "each head's d_k features" if cfg.qk_norm == "head" else "the whole projection"
-        checks["qknorm"] = [cmp(f"X W_q{b} before QK-norm, X = {src}", ref[tn.local(kind, "q_pre_norm")][head], nm("q_pre_norm")),
-                            cmp(f"X W_k{b} before QK-norm", ref[tn.local(kind, "k_pre_norm")][kv], nm("k_pre_norm"), kv)]
+        checks["qknorm"] = [cmp(f"X W_q{b} before QK-norm, X = {src}", ref[tn.local(kind, "q_pre_norm")][head], nm("q_pre_norm"))]
+        if nm("k_pre_norm") in trace:  # absent where the keys are another layer's (Gemma 4)
+            checks["qknorm"].append(cmp(f"X W_k{b} before QK-norm", ref[tn.local(kind, "k_pre_norm")][kv], nm("k_pre_norm"), kv))
         b = f"{b}, RMSNorm over {over}"
     if rope:
         checks["qhat"] = [cmp(f"Q̂ = X W_q{b}, X = {src}", ref[tn.local(kind, "q_pre_rope")][head], nm("q_pre_rope"))]
-        checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[tn.local(kind, "k_pre_rope")][kv], nm("k_pre_rope"), kv)]
+        if nm("k_pre_rope") in trace:
+            checks["khat"] = [cmp(f"K̂ = X W_k{b}", ref[tn.local(kind, "k_pre_rope")][kv], nm("k_pre_rope"), kv)]
     kinds = trace.meta.get("layer_kinds")
     local = bool(kinds) and kinds[layer] == "local" and kind == "self_attn"
     theta = cfg.rope_theta_local if local and getattr(cfg, "rope_theta_local", None) is not None else cfg.rope_theta
     rot = f" rotated by RoPE ({cfg.rope_layout} layout, θ = {theta:g})" if rope else ""
     checks["q"] = [cmp(f"Q = X W_q{b}{rot}, X = {src}", ref[tn.local(kind, "q")][head], nm("q"))]
     y, of_y = ("X", "") if kind == "self_attn" else ("Y", ", Y = the stored encoder output")
-    checks["k"] = [cmp(f"K = {y} W_k{b}{rot}{of_y}", ref[tn.local(kind, "k")][kv], nm("k"), kv)]
-    checks["v"] = [cmp(f"V = {y} W_v{b}{of_y}", ref[tn.local(kind, "v")][kv], nm("v"), kv)]
+    attn = getattr(trace.model.net.layers(stack)[layer], kind)
+    source = getattr(attn, "kv_source", None)
+    k_label, v_label = f"K = {y} W_k{b}{rot}{of_y}", f"V = {y} W_v{b}{of_y}"
+    if source is not None:  # Gemma 4: the keys and values of an earlier layer
+        k_label = f"K = layer {source}'s keys (its X W_k, QK-norm, RoPE), reused"
+        v_label = f"V = layer {source}'s values, reused"
+    elif getattr(attn, "k_is_v", False):
+        v_label = f"V = {y} W_k (K = V: the key projection before its norm and RoPE)"
+    if source is None and getattr(attn, "v_norm", None) is not None:
+        v_label += ", RMS-normed over each head without a gain"
+    checks["k"] = [cmp(k_label, ref[tn.local(kind, "k")][kv], nm("k"), kv)]
+    checks["v"] = [cmp(v_label, ref[tn.local(kind, "v")][kv], nm("v"), kv)]
     checks["scores"] = [cmp("QKᵀ of the recomputed Q and K", maps["scores"], nm("scores"))]
     checks["scaled"] = [cmp(f"{scale} × QKᵀ (the model's scale)", maps["scaled"], nm("scaled"))]
     if "capped" in maps:
@@ -178,6 +190,9 @@ def residual_checks(trace, stack: str, layer: int, kind: str = "self_attn", refe
             cmp(f"residual {j} (input + sub-layer output)", f"residual{j}", f"residual{j}")
             if tn.norm(stack, layer, j) in trace:
                 cmp(f"norm {j}", f"norm{j}", f"norm{j}")
+        if getattr(trace.model.net.layers(stack)[layer], "ple_gate", None) is not None:  # Gemma 4's per-layer input
+            cmp("the per-layer input's normed write", "post_norm3", "post_norm3")
+            cmp("residual 3 (the stream + the per-layer input's write)", "residual3", "residual3")
         if trace.is_stored(tn.out(stack, layer)):
             out.setdefault("out", []).append(Check(
                 f"the layer's output ({NUMPY}) equals the output the fused forward pass stored",
