@@ -281,6 +281,14 @@ class _Decomposition:
         head = checks.index(head, mod.h, "head")
         self.model, self.trace, self.stack, self.layer, self.head, self.attn = model, trace, stack, layer, head, attn
         self.mod = mod
+        if getattr(mod, "topk", None) is not None:
+            raise ValueError(f"{stack} layer {layer} attends over a sparse selection (the indexer's top-{mod.topk} "
+                             "keys per query): which keys a query sees is a top-k choice, not a sum of terms, so "
+                             "score attribution does not apply")
+        if getattr(mod, "r", None) is not None:
+            raise ValueError(f"{stack} layer {layer} is multi-head latent attention: its keys are rebuilt from a "
+                             "normed latent through W_kvb and its queries from a normed compressed query, which "
+                             "score attribution's per-component terms do not read yet")
         if getattr(mod, "temperature", None) is not None:
             raise ValueError(f"{stack} layer {layer}'s scale varies by query position (temperature tuning): "
                              "score attribution decomposes scores of one fixed scale")
