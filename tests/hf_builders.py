@@ -180,7 +180,7 @@ def build(family: str, folder: Path, **over):
                 elif family == "gpt_oss" and ("q_proj" in name or "k_proj" in name):
                     p.mul_(0.6)  # YaRN's attention factor already scales the scores by 1.46
                 elif name.endswith(("q_b_proj.weight", "kv_b_proj.weight", "kv_a_proj_with_mqa.weight")):
-                    p.mul_(4.0)  # latent attention's projections: maps far from uniform
+                    p.mul_(3.0)  # latent attention's projections: maps far from uniform
                 elif name.endswith("mlp.gate.weight"):  # deepseek's router: preferences per token
                     p.mul_(5.0)
             for name, b in model.named_buffers():

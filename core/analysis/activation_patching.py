@@ -248,10 +248,8 @@ class PatchRuns:
         repeated over the batch (decode's cache format; each run appends its own)."""
         if self.cache is None:
             return None
-        s = self.start
-        return {j: {"self_attn": {"static": False,
-                                  "k": self.cache[j]["self_attn"]["k"][:, :, :s].expand(batch, -1, -1, -1),
-                                  "v": self.cache[j]["self_attn"]["v"][:, :, :s].expand(batch, -1, -1, -1)}}
+        layers = self.net.layers("decoder")
+        return {j: {"self_attn": layers[j].self_attn.cache_prefix(self.cache[j]["self_attn"], self.start, batch)}
                 for j in range(i, self.n_layers)}
 
     def run_cells(self, i: int, cells: Sequence) -> List[float]:

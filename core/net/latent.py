@@ -221,6 +221,15 @@ class LatentAttention(MultiHeadAttention):
             v = self.qkv(x_kv, angles)[2]
         return w.mul_(self.value_sizes(v)[:, :, None, :])
 
+    def cache_prefix(self, cache: dict, s: int, batch: int) -> dict:
+        """The cache (latent, shared rotated key, indexer keys) cut to its first s positions and
+        repeated over `batch` runs."""
+        out = {"static": False, "latent": cache["latent"][:, :s].expand(batch, -1, -1),
+               "k_rope": cache["k_rope"][:, :, :s].expand(batch, -1, -1, -1)}
+        if "index_k" in cache:
+            out["index_k"] = cache["index_k"][:, :s].expand(batch, -1, -1)
+        return out
+
     # ------------------------------------------------------------------ the pass
     def forward(self, x_q, x_kv, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
                 cache: Optional[dict] = None, position_bias=None):

@@ -106,6 +106,12 @@ class MultiHeadAttention(nn.Module):
             return norm(y).view(b, n, n_heads, self.dk).transpose(1, 2)
         return norm(heads)
 
+    def cache_prefix(self, cache: dict, s: int, batch: int) -> dict:
+        """A self-attention cache (forward's) cut to its first s positions and repeated over a
+        batch of `batch` runs, each of which appends its own positions (activation patching)."""
+        return {"static": False, "k": cache["k"][:, :, :s].expand(batch, -1, -1, -1),
+                "v": cache["v"][:, :, :s].expand(batch, -1, -1, -1)}
+
     def kv_head(self, h: int) -> int:
         """The key/value head query head h reads (grouped-query: h // (H / H_kv))."""
         return h // (self.h // self.hkv)

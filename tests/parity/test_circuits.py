@@ -82,6 +82,12 @@ def test_edges_are_the_marginals_and_match_an_independent_float64_computation(zo
     stack = _stack_of(tr)
     L, H = tr.layers(stack), ours.config.n_heads
     layer, head = L - 1, H - 1
+    try:  # layers score attribution cannot decompose (latent attention, a sparse selection) say why
+        ca.score_attribution(tr, stack, layer, head, query=-1, key=0)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=str(e)[:40]):
+            ca.head_circuit(tr, stack, layer, head, depth=1)
+        pytest.skip(f"not applicable: {e}")
     edges = ca.head_circuit(tr, stack, layer, head, depth=1, top=10_000)
     got = {s: dict(zip(e["source"], e["weight"])) for s, e in edges.groupby("side")}
     # query / key: pattern attribution's own marginals (the same numbers, read another way)
