@@ -256,3 +256,42 @@ def test_bad_configs_say_what_is_wrong():
         core.ModelConfig(**base, mla=dict(mla, index={"heads": 2, "head_dim": 8, "topk": 4}))
     with pytest.raises(ValueError, match="positive kv_lora_rank"):
         core.ModelConfig(**base, mla=dict(mla, kv_lora_rank=0))
+
+
+def _cache_bytes(model, ids, new):
+    """Bytes the network's cache holds after reading ids and then `new` one at a time."""
+    cache = {}
+    with torch.inference_mode():
+        model.net.decode(torch.tensor([ids]), cache=cache)
+        for t in new:
+            model.net.decode(torch.tensor([[t]]), cache=cache)
+    return sum(t.numel() * t.element_size() for i in range(model.config.n_layers)
+               for t in cache[i]["self_attn"].values() if torch.is_tensor(t))
+
+
+def test_kv_cache_bytes_per_token_are_the_cache_tensors(zoo):
+    """core.net.cost's bytes per token against the cache tensors after reading a prompt and
+    three more tokens: MLA (with and without the indexer's keys), and MHA and GQA of the same
+    head size, whose rows of kv_cache_comparison are those models' real caches."""
+    from core.net.cost import kv_cache_bytes, kv_cache_comparison
+
+    for fam in FAMILIES:
+        hf, ours, _, _, _ = zoo(fam)
+        ids = ours.encode(TEXT).ids
+        n = len(ids) + 3
+        assert _cache_bytes(ours, ids, [5, 6, 7]) == kv_cache_bytes(ours.config) * n
+        c = hf.config
+        per_layer = c.kv_lora_rank + c.qk_rope_head_dim + (c.index_head_dim if fam == "deepseek_v32" else 0)
+        assert kv_cache_bytes(ours.config) == 4 * c.num_hidden_layers * per_layer
+    table = kv_cache_comparison(zoo("deepseek_v3")[1].config).set_index("kind")["numbers"]
+    assert table.to_dict() == {"MHA": 4 * (10 + 5), "GQA": 1 * (10 + 5), "MLA": 6 + 4}  # H = 4, d_k 6 + 4, d_v 5
+    base = dict(kind="decoder", tgt_vocab_size=50, n_layers=2, positional="rope", d_model=32, n_heads=4, d_head=6)
+    mha = core.load_model("random", device="cpu", config=core.ModelConfig(**base))
+    gqa = core.load_model("random", device="cpu", config=core.ModelConfig(**base, n_kv_heads=2))
+    table = kv_cache_comparison(mha.config, kv_heads=2, rank=3, rope_dim=2).set_index("kind")["bytes_per_token"]
+    ids = list(range(1, 12))
+    assert _cache_bytes(mha, ids, [3, 4, 5]) == table["MHA"] * 14 == kv_cache_bytes(mha.config) * 14
+    assert _cache_bytes(gqa, ids, [3, 4, 5]) == table["GQA"] * 14 == kv_cache_bytes(gqa.config) * 14
+    assert table["MLA"] == (3 + 2) * 2 * 4
+    with pytest.raises(ValueError, match="kv_heads must divide"):
+        kv_cache_comparison(mha.config, kv_heads=3)
