@@ -295,3 +295,18 @@ def test_kv_cache_bytes_per_token_are_the_cache_tensors(zoo):
     assert table["MLA"] == (3 + 2) * 2 * 4
     with pytest.raises(ValueError, match="kv_heads must divide"):
         kv_cache_comparison(mha.config, kv_heads=3)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_pages_read_the_new_names(zoo, fam):
+    """The download estimate's shape rule gives every name of a layer its real shape (nothing is
+    computed for it), and the Inside page's checks say why there is no numpy recomputation."""
+    from viz.inside.step_checks import layer_checks
+    from viz.ui.download_sizes import name_shape
+
+    _, _, tr, _, _ = zoo(fam)
+    for name in tr.names("decoder.1.self_attn."):
+        assert name_shape(tr, name) == tuple(tr[name].shape), name
+    checks = layer_checks(tr, "decoder", "self_attn", 1, 1)
+    assert "latent attention" in checks.note
+    assert all(c.ok for cs in checks.values() for c in cs)  # the checks that need no recomputation hold
