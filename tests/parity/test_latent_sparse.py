@@ -310,3 +310,25 @@ def test_pages_read_the_new_names(zoo, fam):
     checks = layer_checks(tr, "decoder", "self_attn", 1, 1)
     assert "latent attention" in checks.note
     assert all(c.ok for cs in checks.values() for c in cs)  # the checks that need no recomputation hold
+
+
+VARIANTS = {"q_proj-halves": dict(q_lora_rank=None, rope_interleave=False),
+            "plain-rope-one-group": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                                         norm_topk_prob=False, n_group=1, topk_group=1, first_k_dense_replace=0)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_other_settings_match_transformers(tmp_path, variant):
+    """The settings the main checkpoint does not take: q = x W_q (no q_lora_rank) with RoPE in
+    halves (rope_interleave False); no YaRN, one expert group, unnormalised expert weights, and
+    experts from layer 0."""
+    hf, folder = build("deepseek_v3", tmp_path, **VARIANTS[variant])
+    hf.save_pretrained(str(folder))
+    ours = core.load_model(str(folder), device="cpu")
+    tr = ours.trace(TEXT)
+    attn, _, logits = hf_eager(hf, tr.meta["target_ids"])
+    assert float((tr["logits"] - logits).abs().max()) < TOL
+    for i, a in enumerate(attn):
+        assert float((tr[f"decoder.{i}.self_attn.weights"] - a).abs().max()) < TOL, i
+    kinds = ours.layer_kinds()
+    assert [k["ffn"] for k in kinds] == (["moe"] * 3 if variant == "plain-rope-one-group" else ["dense", "moe", "moe"])
