@@ -332,3 +332,30 @@ def test_other_settings_match_transformers(tmp_path, variant):
         assert float((tr[f"decoder.{i}.self_attn.weights"] - a).abs().max()) < TOL, i
     kinds = ours.layer_kinds()
     assert [k["ffn"] for k in kinds] == (["moe"] * 3 if variant == "plain-rope-one-group" else ["dense", "moe", "moe"])
+
+
+def test_prediction_layers_past_the_model_are_passed_over(zoo, tmp_path):
+    """DeepSeek's checkpoints hold a multi-token prediction module as layer num_hidden_layers
+    (transformers does not load it): loading passes it over unread; a stray tensor inside a real
+    layer still stops loading with its name."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from core.loaders.checkpoint import CheckpointError
+    from hf_builders import byte_bpe_tokenizer
+
+    hf, ours, tr, _, _ = zoo("deepseek_v3")
+    src = tmp_path / "src"
+    hf.save_pretrained(str(src))
+    byte_bpe_tokenizer(src / "tokenizer.json")  # the builder's tokenizer (trained the same way again)
+    tensors = load_file(str(src / "model.safetensors"))
+    n = hf.config.num_hidden_layers
+    for folder, extra in (("mtp", f"model.layers.{n}.eh_proj.weight"), ("stray", "model.layers.0.self_attn.extra.weight")):
+        shutil.copytree(src, tmp_path / folder)
+        save_file({**tensors, extra: torch.zeros(3, 3)}, str(tmp_path / folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+    with_mtp = core.load_model(str(tmp_path / "mtp"), device="cpu")
+    torch.testing.assert_close(with_mtp.trace(TEXT)["logits"], tr["logits"], atol=0, rtol=0)
+    with pytest.raises(CheckpointError, match="self_attn.extra"):
+        core.load_model(str(tmp_path / "stray"), device="cpu")

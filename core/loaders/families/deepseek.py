@@ -39,7 +39,7 @@ from .shared import LLAMA_TOP, rows
 
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
 BASES = (("model.", ""), "embed_tokens.weight")
-IGNORED = re.compile(r"^(model\.)?layers\.\d+\.(eh_proj|enorm|hnorm|shared_head)\.")  # multi-token prediction heads
+LAYER_OF = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 A = "layers.{i}.self_attn"
 ATTN = [(f"{A}.kv_a_proj_with_mqa", "decoder.{i}.self_attn.w_kva"), (f"{A}.kv_a_layernorm", "decoder.{i}.self_attn.kv_a_norm"),
         (f"{A}.kv_b_proj", "decoder.{i}.self_attn.w_kvb"), (f"{A}.o_proj", "decoder.{i}.self_attn.w_o"),
@@ -138,7 +138,13 @@ def weight_rows(cfg, base):
 
 def split_fused(cfg, base, ckpt, state):
     """The routed experts, one tensor per expert and projection in the checkpoint (as DeepSeek
-    and transformers' save_pretrained write them), stacked into ffn.gate_up and ffn.down."""
+    and transformers' save_pretrained write them), stacked into ffn.gate_up and ffn.down. The
+    layers past num_hidden_layers (DeepSeek's multi-token prediction modules, which transformers
+    does not load either) are passed over unread."""
+    for name in ckpt.names():
+        m = LAYER_OF.match(name)
+        if m and int(m.group(1)) >= cfg.n_layers:
+            ckpt.used.add(name)
     for i in (cfg.moe or {}).get("layers") or []:
         ex = f"{base}layers.{i}.mlp.experts"
         if f"{ex}.gate_up_proj" in ckpt:
