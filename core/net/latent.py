@@ -183,10 +183,20 @@ class LatentAttention(MultiHeadAttention):
 
     # ------------------------------------------------------------------ what the other paths read
     def head_proj(self, x, which: str, h: int, angles=None):
-        """One head's q or k (n, d_qk) of x (n, d), as forward computes them (the whole
-        projection is made: the key's rotated part is shared by every head)."""
-        q, k = self._qk(x[None], angles)
-        return (q if which == "q" else k)[0, h]
+        """One head's q or k (n, d_qk) of x (n, d), as forward computes that head's slice: the
+        compressed query or the latent (small: r_q or r numbers a position) and this head's rows
+        of W_qb (W_q) or of W_kvb's key part; the rotated key is every head's."""
+        a = None if angles is None else angles[:x.shape[-2]]
+        if which == "q":
+            cq = self._q_latent(x)
+            lin, src = (self.w_q, x) if cq is None else (self.w_qb, cq)
+            t = lin.rows(src, h * self.dqk, (h + 1) * self.dqk)
+            if a is None:
+                return t
+            return torch.cat([t[..., :self.d_nope], self._rotate(t[..., self.d_nope:], a, self.interleave)], dim=-1)
+        latent, k_rope = self._latent(x[None], a)
+        r0 = h * (self.d_nope + self.dk)
+        return torch.cat([self.w_kvb.rows(latent[0], r0, r0 + self.d_nope), k_rope[0, 0]], dim=-1)
 
     def qkv(self, x, angles=None, v_rows: Optional[int] = None):
         """Every head's q, k (B, H, n, d_qk) and v (B, H, n, d_v) of x with no cache."""
