@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import core
+from core.net.recorder import Recorder
 from hf_builders import build, hf_eager
 
 pytest.importorskip("transformers")
@@ -197,6 +198,15 @@ def test_layer_kinds(zoo, fam):
     kinds = ours.layer_kinds()
     assert all(k["mixer"] == "softmax" and k["latent"] == f"latent rank {hf.config.kv_lora_rank}" for k in kinds)
     assert [k["ffn"] for k in kinds] == ["dense", "moe", "moe"]  # first_k_dense_replace = 1
+    # what a pass records, in the order it records it (Layer.recorded_names, the trace's names())
+    rec = Recorder()
+    with torch.inference_mode():
+        ours.net.decode(torch.tensor([ours.encode(TEXT).ids]), rec=rec)
+    for i in range(len(kinds)):
+        got = [n.split(".", 2)[2] for n in rec.tensors if n.startswith(f"decoder.{i}.")]
+        assert got == ours.net.decoder[i].recorded_names(), i
+        assert ("self_attn.index_scores" in got) == (fam == "deepseek_v32")
+        assert got.index("self_attn.latent") < got.index("self_attn.q")
     if fam == "deepseek_v32":
         assert all(k["selection"] == f"top-k {hf.config.index_topk}" for k in kinds)
     else:
