@@ -369,3 +369,31 @@ def test_prediction_layers_past_the_model_are_passed_over(zoo, tmp_path):
     torch.testing.assert_close(with_mtp.trace(TEXT)["logits"], tr["logits"], atol=0, rtol=0)
     with pytest.raises(CheckpointError, match="self_attn.extra"):
         core.load_model(str(tmp_path / "stray"), device="cpu")
+
+
+MLA_SMALL = dict(hidden_size=40, num_attention_heads=4, q_lora_rank=12, kv_lora_rank=6, qk_nope_head_dim=6,
+                 qk_rope_head_dim=4, v_head_dim=5)
+YARN = [{"factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.8},
+        {"factor": None, "mscale": 0.7},  # factor from max_position_embeddings / original
+        {"factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 16.0, "truncate": False}]
+
+
+@pytest.mark.parametrize("yarn", YARN, ids=["both-mscales", "factor-from-lengths", "real-v3"])
+def test_yarn_settings_are_transformers(yarn):
+    """The family's reading of YaRN (frequencies, the factor on cos and sin, the softmax scale)
+    against transformers' own functions on the same config."""
+    import transformers as tf
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    from core.loaders.families import deepseek
+    from core.net.positional import rope_attention_factor, rope_inv_freq
+
+    rp = {"rope_type": "yarn", "original_max_position_embeddings": 64, "rope_theta": 10000.0, **yarn}
+    c = tf.DeepseekV3Config(**MLA_SMALL, max_position_embeddings=512, rope_parameters=rp)
+    inv, att = ROPE_INIT_FUNCTIONS["yarn"](c)
+    scale = yarn_apply_mscale(c.rope_parameters, c.qk_head_dim ** -0.5)
+    theta, scaling, ours = deepseek.rope(c.to_dict(), c.qk_head_dim)
+    torch.testing.assert_close(rope_inv_freq(c.qk_rope_head_dim, theta, scaling).float(), inv, atol=1e-7, rtol=1e-6)
+    assert rope_attention_factor(scaling) == pytest.approx(att, rel=1e-12)
+    assert ours == pytest.approx(scale, rel=1e-12)
