@@ -78,7 +78,7 @@ class LatentAttention(MultiHeadAttention):
         self.w_kva = Linear(d, self.r + self.d_rope, bias=bias)
         self.kv_a_norm = RMSNorm(self.r, LATENT_EPS)
         self.w_kvb = Linear(self.r, h * (self.d_nope + self.dk), bias=False)
-        self.w_o = Linear(h * self.dk, d, bias=cfg.out_bias)
+        self.w_o = Linear(h * self.dk, d, bias=bias)  # attention_bias: q_a, kv_a and o carry biases
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else self.dqk ** -0.5
         self.factor = rope_attention_factor(cfg.rope_scaling)  # YaRN's m on cos and sin
         self.softcap, self.sinks, self.temperature, self.qk_norm = None, None, None, None

@@ -122,7 +122,7 @@ def config(hf: dict):
            "v_head_dim": int(hf["v_head_dim"]), "rope_interleave": True if v2 else bool(hf.get("rope_interleave", True)),
            "index": index}
     return dataclasses.replace(cfg, rope_theta=theta, rope_scaling=scaling, attn_scale=scale, qkv_bias=bias,
-                               out_bias=bias, moe=moe, mla=mla)
+                               moe=moe, mla=mla)
 
 
 def weight_rows(cfg, base):
