@@ -232,13 +232,34 @@ def test_generation_with_and_without_the_cache(zoo, fam):
         assert sum(t.numel() for t in held.values()) == per * (len(prompt) + 1), (i, {k: t.shape for k, t in held.items()})
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
-def test_score_attribution_says_why(zoo, fam):
+def test_score_attribution_takes_latent_attention_apart(zoo):
+    """Latent attention's scores are bilinear in the stream's components once its inner norms
+    (of the compressed query and of the latent) are frozen at their traced factors: every
+    layer's and head's terms add up to the model's own scaled score, the rotated key included;
+    and the value side's shares (circuits) sum to 1 with the output they explain."""
     import core.analysis as ca
 
-    _, _, tr, ids, _ = zoo(fam)
-    why = "sparse selection" if fam == "deepseek_v32" else "latent attention"
-    with pytest.raises(ValueError, match=why):
+    _, ours, tr, ids, _ = zoo("deepseek_v3")
+    n = len(ids)
+    for layer in range(tr.layers("decoder")):
+        for head in range(ours.config.n_heads):
+            for q, k in ((n - 1, n - 3), (n - 1, 0), (7, 7)):
+                df = ca.score_attribution(tr, "decoder", layer, head, query=q, key=k)
+                s = df.attrs["score"]
+                assert abs(s - df.attrs["sum"]) < 1e-4 * max(1.0, abs(s)), (layer, head, q, k)
+                assert float(tr[f"decoder.{layer}.self_attn.scaled"][head, q, k]) == pytest.approx(s, abs=1e-5)
+    assert {"embed", "L0H1", "L1.mlp"} <= set(df.query_component) | set(df.key_component)
+    edges = ca.head_circuit(tr, "decoder", 2, 1, depth=1)
+    check = edges.attrs["checks"][0]
+    assert check["value_error"] < 1e-4
+    assert abs(check["pattern_sum"] - check["pattern_score"]) <= 1e-4 * max(1.0, abs(check["pattern_score"]))
+
+
+def test_score_attribution_says_why_not_through_a_selection(zoo):
+    import core.analysis as ca
+
+    _, _, tr, ids, _ = zoo("deepseek_v32")
+    with pytest.raises(ValueError, match="sparse selection"):
         ca.score_attribution(tr, "decoder", 1, 1, query=len(ids) - 1, key=len(ids) - 3)
 
 
@@ -324,14 +345,15 @@ def test_pages_read_the_new_names(zoo, fam):
 
 VARIANTS = {"q_proj-halves": dict(q_lora_rank=None, rope_interleave=False),
             "plain-rope-one-group": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                                         norm_topk_prob=False, n_group=1, topk_group=1, first_k_dense_replace=0)}
+                                         norm_topk_prob=False, n_group=1, topk_group=1, first_k_dense_replace=0,
+                                         attention_bias=True)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_other_settings_match_transformers(tmp_path, variant):
     """The settings the main checkpoint does not take: q = x W_q (no q_lora_rank) with RoPE in
-    halves (rope_interleave False); no YaRN, one expert group, unnormalised expert weights, and
-    experts from layer 0."""
+    halves (rope_interleave False); no YaRN, one expert group, unnormalised expert weights,
+    experts from layer 0 and attention biases (on W_qa, W_kva and W_o)."""
     hf, folder = build("deepseek_v3", tmp_path, **VARIANTS[variant])
     hf.save_pretrained(str(folder))
     ours = core.load_model(str(folder), device="cpu")
