@@ -244,7 +244,8 @@ class PatchRuns:
         return {tn.at(self.stack, i, POINT[self.what]): put}
 
     def _prefix_cache(self, i: int, batch: int) -> Optional[dict]:
-        """The corrupted run's keys and values of the positions before `start`, for layers i..,
+        """The corrupted run's cache of the positions before `start` (keys and values, or latent
+        attention's latents: each attention module cuts its own, cache_prefix), for layers i..,
         repeated over the batch (decode's cache format; each run appends its own)."""
         if self.cache is None:
             return None
