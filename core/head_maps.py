@@ -73,9 +73,11 @@ def long_layer(trace, stack: str, kind: str = "self_attn") -> bool:
 
 def tileable(trace, stack: str, kind: str) -> bool:
     """Whether maps of (stack, kind) are computed here one head and tile at a time (else the
-    layer's full map is read and sliced)."""
+    layer's full map is read and sliced). Not with T5's position bias, nor with a sparse
+    selection (DeepSeek V3.2: each query's top-k keys come from its whole row of index scores)."""
     model = trace.model
-    return kind == "self_attn" and model is not None and model.net.cfg.positional != "relative"
+    return (kind == "self_attn" and model is not None and model.net.cfg.positional != "relative"
+            and not (model.net.cfg.mla or {}).get("index"))  # a sparse selection is chosen over whole rows
 
 
 def block_sums(v: torch.Tensor, size: int) -> torch.Tensor:

@@ -33,9 +33,11 @@ FFN = "ffn"
 
 EMBED_PARTS = ("tokens", "positions", "types", "presum_norm", "sum", "per_layer")
 # Inside one attention, in the order a pass records them.
-ATTN_STEPS = ("q_pre_norm", "k_pre_norm", "q_pre_rope", "k_pre_rope", "q", "k", "v", "mask", "position_bias",
-              "scale", "scores", "scaled", "capped", "masked", "weights", "sink", "value_norms", "heads", "out")
+ATTN_STEPS = ("q_pre_norm", "k_pre_norm", "q_pre_rope", "k_pre_rope", "latent", "q", "k", "v", "mask",
+              "position_bias", "index_scores", "selected", "scale", "scores", "scaled", "capped", "masked", "weights", "sink", "value_norms", "heads", "out")
 SINK, SCALE = "sink", "scale"  # learned sinks' share (H x n_q, gpt-oss); a scale per query (n_q, Llama 4)
+LATENT = "latent"  # multi-head latent attention's compressed kv, what its cache holds (n x r, DeepSeek V3)
+SELECTION = ("index_scores", "selected")  # a sparse selection's indexer scores and kept keys (n_q x n_k, DeepSeek V3.2)
 MAPS = ("scores", "scaled", "capped", "masked", "weights", "value_norms")  # H x n_q x n_k
 QUERY_SIDE = ("q_pre_norm", "q_pre_rope", "q", "heads")  # H x n_q x d_k
 KEY_SIDE = ("k_pre_norm", "k_pre_rope", "k", "v")  # H_kv x n_k x d_k (key/value heads)
@@ -262,7 +264,7 @@ def decoder_rows(name: str, x, t: int):
         return x
     last = name.rsplit(".", 1)[-1]
     if f".{SELF}." in name:
-        if last == "mask":
+        if last == "mask" or last in SELECTION:
             return x[:t, :t]
         if last in MAPS or last == "position_bias":
             return x[:, :t, :t]

@@ -13,7 +13,8 @@ import torch
 
 # case -> (builder module, family, config overrides)
 HF = ["bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "gpt_neox", "qwen3", "phi3", "olmo2"]
-NEW = ["gpt_oss", "smollm3", "olmo3", "exaone4", "llama4_text"]  # the 2025-26 attentions (tests/hf_builders.py NEW)
+NEW = ["gpt_oss", "smollm3", "olmo3", "exaone4", "llama4_text",  # the 2025-26 attentions (tests/hf_builders.py NEW)
+       "deepseek_v3", "deepseek_v32"]
 HF += NEW
 GEMMA = ["gemma", "gemma2", "gemma3_text", "gemma4_text", "modernbert"]
 SEQ2SEQ = ["marian", "bart", "t5"]

@@ -117,6 +117,21 @@ NEW = {
                          no_rope_layers=[1, 1, 0, 1], use_qk_norm=True, attn_temperature_tuning=True,
                          floor_scale=4, attn_scale=0.5)),
 }
+# DeepSeek V3 / V3.2: multi-head latent attention with a small latent (kv_lora_rank 6) and a
+# compressed query, YaRN with both mscales, a dense first layer then experts in 4 groups of 2
+# (2 groups kept, 2 experts chosen, a correction bias, scaled weights, a shared expert); V3.2's
+# indexer keeps 6 keys per query, so most rows of ~30 tokens are sparse; 16 indexer heads, so that
+# an index score is rarely exactly 0 (every head's relu 0): ties would make the choice depend on the row's length
+MLA = dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3, intermediate_size=48,
+           q_lora_rank=12, kv_lora_rank=6, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+           moe_intermediate_size=8, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+           n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+           rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8,
+                            "rope_theta": 10000.0})
+NEW.update({"deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(MLA)),
+            "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM",
+                             dict(MLA, index_topk=6, index_head_dim=8, index_n_heads=16))})
 
 
 def build(family: str, folder: Path, **over):
@@ -164,6 +179,13 @@ def build(family: str, folder: Path, **over):
                     p.mul_(5.0)
                 elif family == "gpt_oss" and ("q_proj" in name or "k_proj" in name):
                     p.mul_(0.6)  # YaRN's attention factor already scales the scores by 1.46
+                elif name.endswith(("q_b_proj.weight", "kv_b_proj.weight", "kv_a_proj_with_mqa.weight")):
+                    p.mul_(3.0)  # latent attention's projections: maps far from uniform
+                elif name.endswith("mlp.gate.weight"):  # deepseek's router: preferences per token
+                    p.mul_(5.0)
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):  # a correction that changes the choice
+                    b.copy_(torch.randn(b.shape, generator=g) * 0.3)
         return model.eval(), folder
     elif family in LATER:
         conf, cls, args = LATER[family]

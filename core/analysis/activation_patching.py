@@ -290,15 +290,13 @@ class PatchRuns:
         return {tn.at(self.stack, i, POINT[self.what]): put}
 
     def _prefix_cache(self, i: int, batch: int) -> Optional[dict]:
-        """The corrupted run's keys and values of the positions before `start`, for layers i..,
+        """The corrupted run's cache of the positions before `start` (keys and values, or latent
+        attention's latents: each attention module cuts its own, cache_prefix), for layers i..,
         repeated over the batch (decode's cache format; each run appends its own)."""
         if self.cache is None:
             return None
-        s = self.start
-        return {j: {"self_attn": {"static": False,
-                                  "k": self.cache[j]["self_attn"]["k"][:, :, :s].expand(batch, -1, -1, -1),
-                                  "v": self.cache[j]["self_attn"]["v"][:, :, :s].expand(batch, -1, -1, -1)}}
-                if "k" in self.cache[j]["self_attn"] else {}  # a layer reusing another's keys (Gemma 4) keeps none
+        layers = self.net.layers("decoder")
+        return {j: {"self_attn": layers[j].self_attn.cache_prefix(self.cache[j]["self_attn"], self.start, batch)}
                 for j in range(i, self.n_layers)}
 
     def run_cells(self, i: int, cells: Sequence) -> List[float]:

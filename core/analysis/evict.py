@@ -154,6 +154,10 @@ def check_args(model, policy: str, budget: int, sinks: int = 4, recent: Optional
     if getattr(model, "kind", None) != "decoder":
         raise ValueError(f"{getattr(model, 'name', 'this model')} is not a decoder-only model: a KV cache is what "
                          "a decoder keeps while it reads; pick a decoder such as smollm2")
+    net = getattr(model, "net", None)
+    if net is not None and getattr(net.cfg, "mla", None) is not None:
+        raise ValueError("this model's cache holds one latent per position shared by every head (multi-head "
+                         "latent attention), not per-head keys and values: per-head eviction does not apply")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     budget = checks.whole(budget, "the budget (keys per query)", lo=1)

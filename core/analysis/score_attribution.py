@@ -28,6 +28,11 @@ QK-norm multiplies each by its frozen factor, RoPE (the layer's own base) rotate
     s_ij = scale * q_i . k_j = sum_a sum_b scale * q_a,i . k_b,j
 
 exactly (after scaling, before the mask and any soft-cap; the cap is in df.attrs["capped"]).
+Multi-head latent attention (DeepSeek V3, core/net/latent.py) is the same sum: q = s_p W_qb
+diag(g) (W_qa y + b) and k's d_nope features likewise through the latent, each inner RMSNorm
+frozen at its traced factor s_p as QK-norm is, and k's rotated part (x W_kva's last rows,
+shared by every head) as it is; the rope features turn the model's way. A sparse selection
+(DeepSeek V3.2) is a top-k choice, no sum of terms: a ValueError says so.
 
 Memory: components are kept factored (a head's write as its n x d_k output and its slice of
 W_o), and in a pre-norm stack, where nothing but the target's own norm maps a component after
@@ -249,6 +254,10 @@ class _Side:
         self.kv = which in ("k", "v")
         self.rotates = which != "v"
         self.g = head // (attn.h // attn.hkv) if self.kv else head
+        self.latent = None  # latent attention: (A, a, eps, cols) of the inner norm, frozen per position
+        if getattr(attn, "r", None) is not None:
+            self._latent_side(attn, which, head)
+            return
         lin = {"q": attn.w_q, "k": attn.w_k, "v": attn.w_v}[which]
         n_heads = attn.hkv if self.kv else attn.h
         w = lin.weight.detach().to("cpu", F64)
@@ -260,7 +269,41 @@ class _Side:
         self.norm = {"q": attn.q_norm, "k": attn.k_norm, "v": None}[which]
         self.qk_norm = attn.qk_norm if self.norm is not None else None
         self.n_heads = n_heads
+        self.width = attn.dk
 
+    def _latent_side(self, attn, which: str, head: int):
+        """Multi-head latent attention (core/net/latent.py): the side is linear in the layer's
+        normed input but for the inner RMSNorm (of the compressed query, or of the latent),
+        frozen at its traced factor per position like QK-norm: with A, a the inner projection,
+        g its norm's gain and B this head's rows of the outer one,
+            side = s_p B diag(g) (A y + a)   (k: its d_nope features; the rotated key, d_rope
+                                              features, is x W_kva's last rows, not normed)."""
+        def f(t):
+            return None if t is None else t.detach().to("cpu", F64)
+
+        dn, dv, dqk = attn.d_nope, attn.dk, attn.dqk
+        self.norm, self.qk_norm, self.n_heads, self.w_full, self.b_full = None, None, attn.h, None, None
+        if which == "q" and attn.rq is None:
+            self.w, self.b, self.width = f(attn.w_q.weight)[head * dqk:(head + 1) * dqk], None, dqk
+            return
+        if which == "q":
+            A, a, norm = f(attn.w_qa.weight), f(attn.w_qa.bias), attn.q_a_norm
+            B = f(attn.w_qb.weight)[head * dqk:(head + 1) * dqk]
+        else:
+            A, a, norm = f(attn.w_kva.weight)[:attn.r], f(attn.w_kva.bias), attn.kv_a_norm
+            a = None if a is None else a[:attn.r]
+            r0 = head * (dn + dv) + (dn if which == "v" else 0)
+            B = f(attn.w_kvb.weight)[r0:r0 + (dv if which == "v" else dn)]
+        g = f(norm.weight)
+        w, b = (B * g) @ A, None if a is None else (B * g) @ a
+        self.latent = (A, a, norm.eps, w.shape[0])
+        if which == "k":  # the shared rotated key: x W_kva's last d_rope rows, no norm
+            rope_w, rope_b = f(attn.w_kva.weight)[attn.r:], f(attn.w_kva.bias)
+            w = torch.cat([w, rope_w])
+            if b is not None or rope_b is not None:
+                b = torch.cat([torch.zeros(dn, dtype=F64) if b is None else b,
+                               torch.zeros(attn.d_rope, dtype=F64) if rope_b is None else rope_b[attn.r:]])
+        self.w, self.b, self.width = w, b, w.shape[0]
 
 class _Decomposition:
     """Both sides of one head at their positions: names and rotated projections (C x |P| x d_k)."""
@@ -284,6 +327,10 @@ class _Decomposition:
         if cfg.per_layer_dim or cfg.layer_scalar or getattr(mod, "kv_source", None) is not None:
             raise ValueError(f"{model.name} adds per-layer inputs, scales each layer's output or reuses keys of "
                              "another layer (Gemma 4): score attribution's components do not cover that stream")
+        if getattr(mod, "topk", None) is not None:
+            raise ValueError(f"{stack} layer {layer} attends over a sparse selection (the indexer's top-{mod.topk} "
+                             "keys per query): which keys a query sees is a top-k choice, not a sum of terms, so "
+                             "score attribution does not apply")
         if getattr(mod, "temperature", None) is not None:
             raise ValueError(f"{stack} layer {layer}'s scale varies by query position (temperature tuning): "
                              "score attribution decomposes scores of one fixed scale")
@@ -343,16 +390,23 @@ class _Decomposition:
         dk = self.mod.dk
         names = [c.name for c in comps]
         n_b = [1 if side.b is not None else 0 for side in sides]
-        Vs = [torch.empty(len(comps) + nb, len(P), dk, dtype=F64) for nb in n_b]
+        cuts = [0]
+        for side in sides:  # each side's columns (d_k; latent attention's q and k are wider than its v)
+            cuts.append(cuts[-1] + side.width)
+        Vs = [torch.empty(len(comps) + nb, len(P), side.width, dtype=F64) for nb, side in zip(n_b, sides)]
         for r, c in enumerate(comps):  # one component's |P| x (sides d_k) at a time
             v = c.value()
             for n_side, V in enumerate(Vs):
-                V[r] = v[:, n_side * dk:(n_side + 1) * dk]
+                V[r] = v[:, cuts[n_side]:cuts[n_side + 1]]
             comps[r] = None  # its factors are no longer needed
         rope = None if self.angles is None else self.angles[P]
         for n_side, (side, V) in enumerate(zip(sides, Vs)):
             if side.b is not None:
                 V[-1] = side.b
+            if side.latent is not None:  # latent attention's inner RMSNorm, frozen at its traced factor
+                A, a, eps, cols = side.latent
+                inner = y @ A.T + (0 if a is None else a)  # |P| x r
+                V[:, :, :cols].mul_(torch.rsqrt(inner.pow(2).mean(-1) + eps)[None, :, None])
             if side.norm is not None:  # QK-norm, frozen at the actual q / k
                 y_proj = y @ side.w_full.T + (0 if side.b_full is None else side.b_full)  # |P| x heads d_k
                 w = side.norm.weight  # None: a norm without gain (Llama 4's L2 norm of q and k)
@@ -368,7 +422,12 @@ class _Decomposition:
             if rope is not None and side.rotates:  # a block of components at a time: rotation's temporaries stay small
                 step = max(1, 2**22 // max(1, len(P) * dk))
                 for c0 in range(0, V.shape[0], step):
-                    V[c0:c0 + step] = apply_rope(V[c0:c0 + step], rope, self.mod.rope_layout)
+                    if getattr(self.mod, "r", None) is not None:  # latent attention: its rope features, its way
+                        dn = self.mod.d_nope
+                        V[c0:c0 + step, ..., dn:] = self.mod._rotate(V[c0:c0 + step, ..., dn:], rope.to(V.dtype),
+                                                                     self.mod.interleave)
+                    else:
+                        V[c0:c0 + step] = apply_rope(V[c0:c0 + step], rope, self.mod.rope_layout)
             out.append((names + ["bias"] * n_b[n_side], V))
         return out
 

@@ -100,6 +100,19 @@ Fields for Gemma 4 (gemma4_text); their defaults change nothing:
     rope_scaling     also {"type": "proportional", "partial": f, "factor": s} (the global
                      layers): the first int(f d_k / 2) feature pairs (j, j + d_k / 2) turn at
                      theta^(-2j/d_k) / s, the other pairs not at all (positional.rope_inv_freq).
+Fields for DeepSeek V3 / V3.2 (core/net/latent.py); their defaults change nothing:
+    mla              None, or multi-head latent attention in every layer: {"kv_lora_rank": r,
+                     "q_lora_rank": None (q = x W_q) or r_q (q = RMSNorm(x W_qa) W_qb),
+                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave"
+                     (DeepSeek's pairs (x0, x1), (x2, x3), ... rotated and laid out as halves),
+                     "index": None, or the lightning indexer of a sparse selection (V3.2):
+                     {"heads", "head_dim", "topk"}}. d_head is then v_head_dim (what W_o reads
+                     per head); RoPE turns the qk_rope_head_dim features of q and of the shared key.
+    attn_scale       with mla, the factor on Q K^T (YaRN's mscale_all_dim squared included).
+    moe              also kind "deepseek": sigmoid router scores, "score_bias" (the
+                     e_score_correction_bias, for the choice only), group-limited top-k
+                     ("n_group", "topk_group"), "norm_topk_prob", "routed_scaling_factor" and a
+                     shared SwiGLU expert of "d_shared".
 """
 
 
@@ -173,6 +186,7 @@ class ModelConfig:
     per_layer_vocab: Optional[int] = None
     layer_scalar: bool = False
     shared_kv_d_ff: Optional[int] = None
+    mla: Optional[dict] = None
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -222,8 +236,27 @@ class ModelConfig:
                 setattr(self, name, v)
         if self.moe is not None:
             self.moe = dict(self.moe)
-            if self.moe.get("kind") not in ("gpt_oss", "llama4"):
-                raise ValueError(f"moe kind must be 'gpt_oss' or 'llama4', not {self.moe.get('kind')!r}")
+            if self.moe.get("kind") not in ("gpt_oss", "llama4", "deepseek"):
+                raise ValueError(f"moe kind must be 'gpt_oss', 'llama4' or 'deepseek', not {self.moe.get('kind')!r}")
+            if self.moe["kind"] == "deepseek":
+                e, g = int(self.moe["experts"]), int(self.moe.get("n_group") or 1)
+                if e % g or not 1 <= int(self.moe.get("topk_group") or 1) <= g:
+                    raise ValueError(f"moe needs experts ({e}) divisible by n_group ({g}) and 1 <= topk_group <= n_group")
+        if self.mla is not None:
+            self.mla = dict(self.mla)
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if not int(self.mla.get(key) or 0) > 0 and not (key == "qk_nope_head_dim" and self.mla.get(key) == 0):
+                    raise ValueError(f"mla needs a positive {key}, not {self.mla.get(key)!r}")
+            if self.mla["qk_rope_head_dim"] % 2:
+                raise ValueError(f"mla's qk_rope_head_dim must be even (RoPE turns pairs), not {self.mla['qk_rope_head_dim']}")
+            index = self.mla.get("index")
+            if index is not None:
+                if self.mla.get("q_lora_rank") is None:
+                    raise ValueError("a sparse selection's indexer reads the compressed query: mla needs q_lora_rank")
+                if not int(index.get("topk", 0)) >= 1:
+                    raise ValueError(f"the indexer's topk must be a positive number of keys, not {index.get('topk')!r}")
+                if int(index["head_dim"]) < self.mla["qk_rope_head_dim"]:
+                    raise ValueError("the indexer's head_dim must hold its qk_rope_head_dim rotated features")
             if not 1 <= int(self.moe.get("top_k", 0)) <= int(self.moe.get("experts", 0)):
                 raise ValueError("moe needs 1 <= top_k <= experts")
         for name in ("attn_softcap", "final_softcap"):

@@ -1,5 +1,7 @@
 """What a model costs: its parameter count written out from the hyper-parameters (seed 001),
-and the measured time of its forward pass against O(N²D) + O(N·D²) (seed 004).
+and the measured time of its forward pass against O(N²D) + O(N·D²) (seed 004), and what its
+KV cache holds per token (MHA / GQA: a key and a value per key/value head; MLA: a latent and
+one rotated key).
 
 Pure torch/numpy/pandas (no plotting); the Playground page draws the results
 (viz/figures/by_hand.py).
@@ -189,3 +191,55 @@ def fit_cost(df: pd.DataFrame) -> Dict[str, float]:
 def cost_model(fit: Dict[str, float], N, D):
     N = np.asarray(N, dtype=np.float64)
     return fit["c0"] + fit["a"] * N * N * D + fit["b"] * N * D * D
+
+
+# ------------------------------------------------------------------ the KV cache
+def kv_cache_numbers(cfg: ModelConfig) -> int:
+    """Numbers a decoder's self-attention cache holds per position and layer, as the network
+    here keeps them (core/net/multihead.py, core/net/latent.py):
+        MHA / GQA  2 H_kv d_k                (a key and a value per key/value head)
+        MLA        r + d_rope (+ d_I)        (the latent, the rotated key every head shares, and
+                                              a sparse selection's indexer key)"""
+    if not cfg.has_decoder:
+        raise ValueError("an encoder keeps no KV cache: it reads its whole input at once")
+    if cfg.mla is not None:
+        m = cfg.mla
+        return int(m["kv_lora_rank"]) + int(m["qk_rope_head_dim"]) + (int(m["index"]["head_dim"]) if m.get("index") else 0)
+    return 2 * cfg.n_kv_heads * cfg.d_head
+
+
+def kv_cache_bytes(cfg: ModelConfig, dtype_bytes: int = 4) -> int:
+    """Bytes of the KV cache per token, every decoder layer together (float32: 4 bytes a number)."""
+    if dtype_bytes < 1:
+        raise ValueError(f"dtype_bytes must be a positive number of bytes, not {dtype_bytes}")
+    n_layers = cfg.n_decoder_layers if cfg.kind == "encoder-decoder" else cfg.n_layers
+    return kv_cache_numbers(cfg) * n_layers * int(dtype_bytes)
+
+
+def kv_cache_comparison(cfg: ModelConfig, kv_heads: Optional[int] = None, rank: Optional[int] = None,
+                        rope_dim: Optional[int] = None, dtype_bytes: int = 4) -> pd.DataFrame:
+    """The cache per token of the same model's attention as MHA, GQA and MLA: same d, H, L and
+    head sizes (q/k d_k and v d_v; MLA's d_nope + d_rope and d_v), only what is cached differs.
+    kv_heads: GQA's key/value heads (default: the model's own where it groups, else H / 4);
+    rank, rope_dim: MLA's latent rank and rotated key (default: the model's own where it is MLA;
+    without them and no MLA in the model there is no MLA row).
+    Columns: kind, formula, numbers (per position and layer), bytes_per_token (every layer)."""
+    H = cfg.n_heads
+    if cfg.mla is not None:
+        m = cfg.mla
+        dqk, dv = int(m["qk_nope_head_dim"]) + int(m["qk_rope_head_dim"]), int(m["v_head_dim"])
+        rank = int(m["kv_lora_rank"]) if rank is None else rank
+        rope_dim = int(m["qk_rope_head_dim"]) if rope_dim is None else rope_dim
+    else:
+        dqk = dv = cfg.d_head
+    g = kv_heads if kv_heads is not None else (cfg.n_kv_heads if cfg.n_kv_heads < H else max(1, H // 4))
+    if not 1 <= g <= H or H % g:
+        raise ValueError(f"kv_heads must divide the {H} heads, not {g}")
+    n_layers = cfg.n_decoder_layers if cfg.kind == "encoder-decoder" else cfg.n_layers
+    rows = [("MHA", "H (d_k + d_v)", H * (dqk + dv)), ("GQA", f"H_kv (d_k + d_v), H_kv = {g}", g * (dqk + dv))]
+    if rank is not None:
+        if rope_dim is None:
+            raise ValueError("an MLA row needs rope_dim with rank")
+        rows.append(("MLA", "r + d_rope", int(rank) + int(rope_dim)))
+    return pd.DataFrame([{"kind": k, "formula": f, "numbers": n, "bytes_per_token": n * n_layers * int(dtype_bytes)}
+                         for k, f, n in rows])

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
+from .latent import LatentAttention
 from .moe import MoE
 from .multihead import MultiHeadAttention
 from .norms import RMSNorm
@@ -88,7 +89,8 @@ class Layer(nn.Module):
         self.rope = cfg.positional == "rope" and not (cfg.nope_layers and index in cfg.nope_layers)
         self.relative = cfg.positional == "relative"
         self.softcap = cfg.attn_softcap is not None
-        self.self_attn = MultiHeadAttention(cfg, index)
+        self.self_attn = LatentAttention(cfg, index) if cfg.mla is not None else MultiHeadAttention(cfg, index)
+        self.latent = cfg.mla is not None
         self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
         self.qk_norm = self.self_attn.qk_norm is not None
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
@@ -149,6 +151,9 @@ class Layer(nn.Module):
         attn = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
             ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + [
             "value_norms", "heads", "out"]
+        if self.latent:  # multi-head latent attention (core/net/latent.py): no pre-RoPE q and k
+            sparse = ["index_scores", "selected"] if self.self_attn.topk is not None else []
+            attn = ["latent"] + sparse + attn
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
@@ -156,7 +161,7 @@ class Layer(nn.Module):
             else:
                 own = sub == "self_attn"
                 pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (
-                    ["q_pre_rope", "k_pre_rope"] if self.rope and own else [])
+                    ["q_pre_rope", "k_pre_rope"] if self.rope and own and not self.latent else [])
                 if own and self.self_attn.kv_source is not None:  # keys and values of an earlier layer
                     pre_rope = [n for n in pre_rope if not n.startswith("k_")]
                 names_ = attn if not (self.relative and own) else attn[:4] + ["position_bias"] + attn[4:]
@@ -174,14 +179,14 @@ class Layer(nn.Module):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run. qk: the
         q and k a traced pass kept (then x is not read)."""
-        y = None if qk is not None else self.attn_input(x)
+        y = None if qk is not None and not getattr(self.self_attn, "needs_input", False) else self.attn_input(x)
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
 
     def self_value_norms(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None,
                          qk=None, **_):
         """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights;
         qk: the (q, k, v) a traced pass kept."""
-        y = None if qk is not None else self.attn_input(x)
+        y = None if qk is not None and not getattr(self.self_attn, "needs_input", False) else self.attn_input(x)
         return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias, qkv=qk)
 
     def forward(self, x, self_mask=None, memory=None, cross_mask=None, rec: Rec = None, angles=None,

@@ -131,6 +131,8 @@ class Transformer(nn.Module):
         if self.cfg.positional != "rope" or not self.has_rope(layer):
             return None
         dims = self.cfg.rotary_dim or (self.cfg.d_head if layer is None else self.cfg.layer_d_head(layer))  # partial: rotary_dim
+        if self.cfg.mla is not None:  # latent attention turns its qk_rope_head_dim features
+            dims = int(self.cfg.mla["qk_rope_head_dim"])
         theta, scaling = self._rope_base(layer)
         return rope_angles(n, dims, theta, offset, scaling).to(device=device, dtype=torch.float32)
 
@@ -166,7 +168,9 @@ class Transformer(nn.Module):
         "learned" | "relative"; sink (learned sink logits); qk_norm (None | "head" | "full" |
         "l2"); scale "per position" where temperature tuning sets it, else "fixed"; ffn
         "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates; kv (Gemma 4):
-        "own", "k = v", "shared KV from layer j" (with shared_kv: j) or both, and d_head."""
+        "own", "k = v", "shared KV from layer j" (with shared_kv: j) or both, and d_head; latent
+        "latent rank r" (multi-head latent attention: the cache holds r + d_rope numbers a
+        position) and selection "top-k k" (a sparse selection of k keys per query), where so."""
         out = []
         for i, layer in enumerate(self.layers(stack)):
             w, c = self.window(stack, i), self.chunk(stack, i)
@@ -184,6 +188,10 @@ class Transformer(nn.Module):
                  "ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
             if rope:
                 d["rope_theta"] = self._rope_base(i)[0]
+            if getattr(attn, "r", None) is not None:  # multi-head latent attention (core/net/latent.py)
+                d["latent"] = f"latent rank {attn.r}"
+                if attn.topk is not None:
+                    d["selection"] = f"top-k {attn.topk}"
             if d["ffn"] == "moe":
                 d.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
             d.update(self._kv_info(stack, attn))

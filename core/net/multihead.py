@@ -135,6 +135,15 @@ class MultiHeadAttention(nn.Module):
         v = (self.w_k if self.w_v is None else self.w_v)(x[:, :n]).view(b, n, self.hkv, self.dk).transpose(1, 2)
         return v if self.v_norm is None else self.v_norm(v)
 
+    def cache_prefix(self, cache: dict, s: int, batch: int) -> dict:
+        """A self-attention cache (forward's) cut to its first s positions and repeated over a
+        batch of `batch` runs, each of which appends its own positions (activation patching). A
+        layer that reuses another's keys and values (Gemma 4) keeps none: {}."""
+        if "k" not in cache:
+            return {}
+        return {"static": False, "k": cache["k"][:, :, :s].expand(batch, -1, -1, -1),
+                "v": cache["v"][:, :, :s].expand(batch, -1, -1, -1)}
+
     def kv_head(self, h: int) -> int:
         """The key/value head query head h reads (grouped-query: h // (H / H_kv))."""
         return h // (self.h // self.hkv)

@@ -88,6 +88,12 @@ def test_edges_are_the_marginals_and_match_an_independent_float64_computation(zo
     stack = _stack_of(tr)
     L, H = tr.layers(stack), ours.config.n_heads
     layer, head = L - 1, H - 1
+    try:  # layers score attribution cannot decompose (latent attention, a sparse selection) say why
+        ca.score_attribution(tr, stack, layer, head, query=-1, key=0)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=str(e)[:40]):
+            ca.head_circuit(tr, stack, layer, head, depth=1)
+        pytest.skip(f"not applicable: {e}")
     edges = ca.head_circuit(tr, stack, layer, head, depth=1, top=10_000)
     got = {s: dict(zip(e["source"], e["weight"])) for s, e in edges.groupby("side")}
     # query / key: pattern attribution's own marginals (the same numbers, read another way)
@@ -98,13 +104,15 @@ def test_edges_are_the_marginals_and_match_an_independent_float64_computation(zo
         size = max(1.0, max(abs(x) for x in marg.values()))
         for name, w in marg.items():
             assert abs(got[side][name] - w) <= REL * max(abs(w), size * 1e-3), (side, name)
-    # and all three sides against the float64 computation from the state dict
-    ref = _reference(ours, tr, stack, layer, head)
-    for side in ("query", "key", "value"):
-        assert set(ref[side]) == set(got[side]), (side, set(ref[side]) ^ set(got[side]))
-        size = max(1.0, max(abs(x) for x in ref[side].values())) if side != "value" else 1.0
-        worst = max(abs(got[side][c] - ref[side][c]) for c in ref[side])
-        assert worst <= REF_TOL * size, (side, worst, size)
+    # and all three sides against the float64 computation from the state dict (W_q, W_k, W_v
+    # attention; latent attention's own sides are held to its scores in test_latent_sparse.py)
+    if getattr(ours.net.layers(stack)[layer].self_attn, "r", None) is None:
+        ref = _reference(ours, tr, stack, layer, head)
+        for side in ("query", "key", "value"):
+            assert set(ref[side]) == set(got[side]), (side, set(ref[side]) ^ set(got[side]))
+            size = max(1.0, max(abs(x) for x in ref[side].values())) if side != "value" else 1.0
+            worst = max(abs(got[side][c] - ref[side][c]) for c in ref[side])
+            assert worst <= REF_TOL * size, (side, worst, size)
     assert sum(got["value"].values()) == pytest.approx(1.0, abs=1e-9)
     check = edges.attrs["checks"][0]
     assert check["value_error"] < 1e-4

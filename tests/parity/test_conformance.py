@@ -462,6 +462,8 @@ def not_applicable(case, c, path):
     if path in ("pooled_1", "pooled_odd", "tiles") and cfg.positional == "relative":
         if path == "tiles":
             return "T5's self-attention adds a relative position bias: its maps are read whole, never tiled"
+    if path == "tiles" and cfg.positional != "relative" and not hm.tileable(c.tr, c.stack, "self_attn"):
+        return "a sparse selection chooses each query's keys from its whole row of index scores: maps are read whole"
     if path in ("step", "kv_cache") and ours.kind == "encoder":
         return "an encoder does not generate: there are no steps"
     if path in ("ablated", "lens", "attribution") and c.hf is None:

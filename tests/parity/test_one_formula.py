@@ -59,7 +59,7 @@ def test_tiles_match_the_full_map(load, family, monkeypatch):
     _, ours = load(family)
     tr = trace_of(ours)
     if not any(hm.tileable(tr, s, "self_attn") for s, _ in self_maps(tr)):
-        pytest.skip(f"{family}: relative position bias; its maps are read whole (never tiled)")
+        pytest.skip(f"{family}: its maps are read whole, never tiled (a relative position bias or a sparse selection)")
     w = worst_difference(tr, "weights", 1)
     print(f"\n{family}: largest difference in a weight {w:.2e}")
     assert w < TOL, f"{family}: pooled(size=1) differs from the full map by {w}"

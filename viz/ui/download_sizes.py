@@ -61,9 +61,15 @@ def name_shape(trace, name: str):
     stack, kind, part = _pieces(name)
     if kind in _ATTN_KINDS:
         n_q, n_k = _side_lengths(trace, stack, kind)
-        return {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
-                **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
-                "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
+        shapes = {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
+                  **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
+                  "mask": (n_q, n_k), "out": (n_q, d)}
+        mla = cfg.get("mla")
+        if mla:  # latent attention: q and k of d_nope + d_rope, the latent, a sparse selection's maps
+            dqk = int(mla["qk_nope_head_dim"]) + int(mla["qk_rope_head_dim"])
+            shapes.update(q=(h, n_q, dqk), k=(h, n_k, dqk), latent=(n_k, int(mla["kv_lora_rank"])),
+                          index_scores=(n_q, n_k), selected=(n_q, n_k))
+        return shapes.get(part)
     n = _side_lengths(trace, stack, tn.SELF)[0]
     return (n, d_ff) if (kind, part) == (tn.FFN, "hidden") else (n, d)  # residuals, norms, ffn.out, out: n x d_model
 

@@ -39,6 +39,7 @@ MODULES.update({"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma"})
 MODULES.update({"modernbert": "modernbert"})
 MODULES.update({"gpt_oss": "gpt_oss", "smollm3": "smollm3", "olmo3": "olmo3", "exaone4": "exaone4",
                 "llama4_text": "llama4", "gemma4_text": "gemma4"})
+MODULES.update({"deepseek_v3": "deepseek", "deepseek_v32": "deepseek"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
