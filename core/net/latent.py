@@ -83,6 +83,7 @@ class LatentAttention(MultiHeadAttention):
         self.factor = rope_attention_factor(cfg.rope_scaling)  # YaRN's m on cos and sin
         self.softcap, self.sinks, self.temperature, self.qk_norm = None, None, None, None
         self.q_norm = self.k_norm = None
+        self.index, self.kv_source, self.v_norm = index, None, None  # no keys of another layer, no v-norm
         self.rope_layout = "half"
         sel = m.get("index")
         self.topk = None
@@ -92,6 +93,11 @@ class LatentAttention(MultiHeadAttention):
             self.idx_wk = Linear(d, self.idk, bias=False)
             self.idx_k_norm = nn.LayerNorm(self.idk, eps=1e-6)
             self.idx_w = Linear(d, self.ih, bias=False)
+
+    @property
+    def k_is_v(self) -> bool:
+        """Keys and values both come from the latent, through their own columns of W_kvb."""
+        return False
 
     @property
     def needs_input(self) -> bool:
