@@ -63,8 +63,11 @@ def name_shape(trace, name: str):
         n_q, n_k = _side_lengths(trace, stack, kind)
         return {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
                 **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
-                "mask": (n_q, n_k), "out": (n_q, d)}.get(part)
+                "mask": (n_q, n_k), "out": (n_q, d),
+                "sink": (h, n_q), "scale": (n_q,)}.get(part)  # learned sinks (gpt-oss); a scale per query (Llama 4)
     n = _side_lengths(trace, stack, tn.SELF)[0]
+    if (kind, part) == (tn.FFN, "router"):  # a mixture of experts' router logits: n x E
+        return (n, int((cfg.get("moe") or {}).get("experts", 0)))
     return (n, d_ff) if (kind, part) == (tn.FFN, "hidden") else (n, d)  # residuals, norms, ffn.out, out: n x d_model
 
 
