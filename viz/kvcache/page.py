@@ -168,6 +168,15 @@ with left:
 with right:
     charts.chart(kf.sink_heatmap(a["sink_scores"], max(1, sinks)), key="kvcache-sinks",
                  name=f"kvcache-sinks-{model_name}", width="stretch")
+learned = kf.learned_sink_table(trace, a["sink_scores"]) if trace is not None else None
+if learned is not None:  # gpt-oss: a sink logit per head that no key owns, beside StreamingLLM's first tokens
+    st.subheader("A learned sink beside StreamingLLM's sinks")
+    st.caption(f"{model_name}'s heads each have a learned sink: a logit in the softmax that no key owns, so a row "
+               "can park its attention there instead of on the first tokens. Per layer: the learned sink's share "
+               f"of a row beside the full model's attention on the first {max(1, sinks)} token(s).")
+    charts.chart(kf.learned_sink_figure(learned, max(1, sinks)), key="kvcache-learned-sink",
+                 name=f"kvcache-learned-sink-{model_name}", width="stretch")
+    st.markdown(kf.learned_sink_verdict(learned, max(1, sinks)))
 st.subheader("Where forgetting hurts")
 charts.chart(kf.loss_figure(df), key="kvcache-loss", name=f"kvcache-loss-{policy}-{budget}", width="stretch")
 st.caption("Each token shaded by the loss the policy adds when it predicts the next one: log p_full − log p_policy "
