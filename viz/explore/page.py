@@ -281,7 +281,8 @@ with tab_model:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
         small = (longdoc.overview(trace, view, n_heads, log_scale)[0].update_layout(height=420) if long_input else
                  model_view.selected_figure(matrix, q_toks, k_toks, view.label() + (" · in words" if words else ""),
-                                    fixed_scale=not per_map, log_scale=log_scale))
+                                    fixed_scale=not per_map, log_scale=log_scale,
+                                    sink=None if words or hide_special else sink_of(trace, view)))
         charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
 
 with tab_heads:

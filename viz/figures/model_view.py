@@ -268,10 +268,14 @@ def fit_block_ticks(fig: go.Figure, max_ticks: int = 32, top_margin: int = 150) 
 
 
 def selected_figure(matrix, q_labels: Sequence[str], k_labels: Sequence[str], label: str, *, fixed_scale: bool = True,
-                    log_scale: bool = False) -> go.Figure:
-    """The selected map under the model view: reduce_map's blocks, 420 px high."""
-    from viz.figures.heatmaps import attention_heatmap, fix_margins
+                    log_scale: bool = False, sink=None) -> go.Figure:
+    """The selected map under the model view: reduce_map's blocks, 420 px high. sink: the
+    map's learned sink (n_q), drawn as a column of its own where the map is drawn cell for cell."""
+    from viz.figures.heatmaps import add_sink_column, attention_heatmap, fix_margins
 
-    z, zq, zk, _, _ = reduce_map(matrix, q_labels, k_labels)
-    return fix_margins(attention_heatmap(z, zq, zk, title="selected: " + label, fixed_scale=fixed_scale, height=420,
-                                         log_scale=log_scale), zq, zk, min_top=90)
+    z, zq, zk, fq, fk = reduce_map(matrix, q_labels, k_labels)
+    fig = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + label, fixed_scale=fixed_scale, height=420,
+                                        log_scale=log_scale), zq, zk, min_top=90)
+    if sink is not None and fq == 1 and fk == 1:
+        add_sink_column(fig, sink, log_scale=log_scale)
+    return fig

@@ -87,7 +87,11 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     heads = _np(trace[nm("heads")][head]).astype(np.float64)
     checks = CheckSet()
     sums = "each row of A sums to 1" if notation == ROWS else "each column of Aᵀ sums to 1"
-    checks["weights"] = [Check(sums, row_sum_error(w), 1e-5)]
+    sink = _np(trace[nm("sink")][head]).astype(np.float64) if nm("sink") in trace else None
+    if sink is not None:  # learned sinks: the keys' weights and the sink's share make the whole
+        sums = sums.replace("sums to 1", "plus its learned sink sums to 1")
+        w_all = np.concatenate([w, sink[:, None]], -1)
+    checks["weights"] = [Check(sums, row_sum_error(w if sink is None else w_all), 1e-5)]
     checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {kv})'} from the recorded A and V equals "
                              f"head {head}'s output as the forward pass's fused kernel computed it",
                              max_abs_diff(w @ v, heads), tolerance(heads))]
@@ -142,10 +146,14 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     checks["masked"] = [cmp(f"{'capped' if 'capped' in maps else 'scaled'} + M{bias}", maps["masked"], nm("masked"))]
     blocked = np.isneginf(m)
     checks["weights"] += [
-        cmp("A = softmax(masked)", maps["weights"], nm("weights")),
+        cmp("A = softmax(masked)" + (" with the head's sink logit beside the keys" if sink is not None else ""),
+            maps["weights"], nm("weights")),
         Check("A is exactly 0 where the numpy mask M is -∞", float(np.abs(w[blocked]).max()) if blocked.any() else 0.0,
               0.0),
     ]
+    if sink is not None and "sink" in maps:
+        checks["weights"].append(cmp("the learned sink's share, 1 - the row sums of the recomputed A", maps["sink"],
+                                     nm("sink")))
     return checks
 
 

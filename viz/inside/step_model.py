@@ -593,6 +593,12 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
        r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
        r"Softmax over the keys turns each query's scores into weights $\alpha_{ij} \ge 0$ that sum to 1 "
        "(each row; each column in column notation).", style="attention", value_name="weight")
+    if nm("sink") in trace:  # learned sinks (gpt-oss): the softmax's extra logit, drawn as a column of its own
+        w_step = out[-1]
+        w_step.extra["sink"] = _np(trace[nm("sink")][head])
+        w_step.explain += (r" This layer has a **learned sink**: one more logit per head in the softmax that no key "
+                           r"owns, so the keys' weights sum to $1 - 	ext{sink}$; the column **sink**, right of the "
+                           r"red line, is that share (trace name `.sink`).")
     m = _np(trace[nm("heads")][head])
     out.append(Step(key="heads", group=g_out, title=f"Head output AV (head {head})", matrix=m, name=nm("heads"),
                     latex_rows=r"\text{head}_h = A V \in \mathbb{R}^{" + nq + r" \times d_k},\quad y^{(i)} = \sum_j \alpha_{ij} v_j",
