@@ -122,8 +122,8 @@ def tiled_head_grid(
             fig.add_shape(type="rect", x0=x0, x1=x0 + n_k, y0=y0, y1=y0 + n_q, line=dict(color="#d62728", width=3))
     if sinks is not None:
         for h in range(n_heads):  # a red line between each map's keys and its sink
-            edge = h * (n_k + gap) + n_keys  # the blank column's centre
-            fig.add_shape(type="line", x0=edge, x1=edge, y0=0, y1=1, yref="y domain", line=dict(color="#d62728", width=1))
+            edge = h * (n_k + gap) + n_keys  # the blank column's centre, from the first map's top to the last's foot
+            fig.add_shape(type="line", x0=edge, x1=edge, y0=-0.5, y1=len(ys) - 0.5, line=dict(color="#d62728", width=1))
     fig.update_layout(height=height or min(2600, 60 + cell * n_layers), title=dict(text=title, x=0),
                       margin=dict(l=10 + (int(7 * max(map(len, rows))) if notes and any(notes) else 0), r=40, t=50 if not title else 80, b=10), plot_bgcolor="white",
                       hovermode="closest", dragmode=False)

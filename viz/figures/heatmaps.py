@@ -302,6 +302,7 @@ def add_sink_column(fig: go.Figure, sink, *, log_scale: bool = False) -> go.Figu
         ax = fig.layout.xaxis
         vals, text = list(ax.tickvals or range(n_k)), list(ax.ticktext or [])
         fig.update_xaxes(tickvals=vals + [n_k + 1], ticktext=text + [SINK_LABEL], range=[-0.5, n_k + 1.5])
+        fig.update_yaxes(zeroline=False)  # it would show through the empty column
     return fig
 
 
