@@ -291,7 +291,13 @@ def test_a_bad_preset_in_the_url_is_refused_with_the_reason(app_test):
     at.run()
     assert_no_exception(at)
     said = " ".join(w.value for w in at.warning)
-    assert "no random preset 'bogus'" in said and at.query_params["model"] == "toy-translate"
+    assert "the random model's presets are sinks, chunked, nope, sliding, moe" in said
+    assert at.query_params["model"] == "toy-translate"
+    at = app_test("explore", model="random:sinks:-1](http://127.0.0.1:9/x.png)")
+    at.run()
+    assert_no_exception(at)
+    assert at.query_params["model"] == "toy-translate"
+    assert not [w for w in at.warning if "](" in w.value.replace("`random:sinks:-1](http://127.0.0.1:9/x.png)`", "")]
 
 
 def test_sink_column_refuses_a_wrong_length():

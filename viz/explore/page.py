@@ -4,6 +4,12 @@ Heatmap of one (stack, attention, layer, head); model view (layer x head grid, c
 to enlarge it); head view (lines from queries to keys, one colour per head). Word-piece
 models can be read in words (core.tokens.words); long inputs are drawn in blocks and deep models
 show a range of layers in the model view (viz.figures.model_view). Only the open tab is computed.
+
+Each layer's kind (its mask and positions, model.layer_kinds) is in the map's title and beside
+the model view's rows; a learned sink (gpt-oss) is drawn as a column of its own
+(viz.figures.heatmaps.add_sink_column) on the map, the model view and its enlarged map; the
+map can shade what its mask forbids (`shade`) and draw another layer's map of the head under it
+(`beside`: a NoPE layer beside a RoPE one).
 """
 
 import streamlit as st
@@ -163,8 +169,10 @@ def mask_controls(v: View, exact: bool, shade_key: str) -> None:
     """What the layer's mask and sink are, and the switch that shades the forbidden cells."""
     if sink_of(trace, v) is not None:
         st.caption("This layer has a **learned sink**: each head's softmax runs over the keys and one extra logit that "
-                   "no key owns (gpt-oss). Its share is the column **sink**, right of the red line; each row, sink "
-                   "included, sums to 1.")
+                   "no key owns (gpt-oss). " + (
+                       "Its share is the column **sink**, right of the red line; each row, sink included, sums to 1."
+                       if exact else "Its column is drawn where the map shows every token as it is (not read in "
+                                     "words, special tokens shown, not in blocks); here rows sum to less than 1."))
     if exact and mask_of(trace, v) is not None:
         st.toggle("Shade what the mask forbids", key=shade_key,
                   help=f"Grey over the cells this layer's mask sets to -inf ({notes[v.layer] or 'its mask'}): a "
@@ -262,18 +270,20 @@ with tab_model:
                                help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
                                     "layers to draw (fewer layers draw faster).")
         layers = list(range(lo, hi + 1))
+        varied = len(set(notes)) > 1  # layers of more than one kind: each row says its own, else the title says it once
         pooled = longdoc.pooled_layers(trace, stack, kind, layers, text, words, long_input, what)
         sinks = None if (words or what != "weights") else model_view.layer_sinks(trace, stack, kind, layers)
         st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red), or, "
                    "with “Clicks switch heads off” on, to switch that head off or back on (crossed out); "
                    f"the enlarged map is on the Heatmap tab and below. Maps wider than {model_view.MAX_GRID_SIDE} cells are "
                    "drawn in blocks (keys summed, queries averaged)." + (
-                       " Beside each layer: its mask and positions." if any(notes) else "") + (
+                       " Beside each layer: its mask and positions." if varied else "") + (
                        " Right of each map's red line: its learned sink (the share no key owns)." if sinks else ""))
-        grid = model_view.grid_figure(None, lo, pooled=pooled, selected=(layer, head), notes=notes[lo:hi + 1],
-                                      sinks=sinks,
+        grid = model_view.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
+                                      notes=notes[lo:hi + 1] if varied else None, sinks=sinks,
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
-                                    f"{n_heads} heads" + (" · in words" if words else ""))
+                                    f"{n_heads} heads" + (" · in words" if words else "")
+                                    + (f" · every layer {notes[0]}" if notes[0] and not varied else ""))
         knockout.mark_grid(grid, off, stack)
         charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,
                      selection_mode="points", width="stretch")

@@ -153,8 +153,9 @@ def model_picker(state: PageState, allowed=None, label: str = "Model", needs: st
         name = str(name)
         try:
             core.registry.random_preset(name)
-        except ValueError as exc:
-            return str(exc)
+        except ValueError:  # the value itself is not repeated outside the URL's quote
+            return (f"the random model's presets are {', '.join(core.registry.RANDOM_PRESETS)}, each with an optional "
+                    "seed (random:sinks:3)")
         if base(name) in model_names() and base(name) != "random":
             return f"{name} is an {model_kind(name)} model; {needs or 'this page takes ' + ', '.join(names)}"
         return f"no model here has that name (models: {', '.join(names)})"
