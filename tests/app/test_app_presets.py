@@ -126,7 +126,7 @@ def test_explore_puts_a_nope_layer_beside_a_rope_layer(app_test):
     at.run()
     _no_problems(at)
     tr = _model("random:nope").trace(TEXT)
-    beside = figure(chart_by_key(at, "explore-beside"))
+    beside = figure(chart_by_key(at, "explore-beside-map"))
     np.testing.assert_allclose(decode_array(beside["data"][0]["z"]).astype(float),
                                tr[tn.attn("decoder", 3, "self_attn", "weights")][2].numpy(), atol=1e-6)
     assert "layer 3 · head 2 · causal · NoPE" in beside["layout"]["title"]["text"]

@@ -64,3 +64,33 @@ def test_model_view_names_the_masks_and_draws_the_sinks(server, page):
     assert "head 0 · sink" in fig["data"][0]["x"]
     page.locator(".st-key-explore-grid").scroll_into_view_if_needed()
     page.locator(".st-key-explore-grid").screenshot(path=str(SCREENSHOTS / "preset-sinks-model-view.png"))
+
+
+def test_nope_layer_beside_a_rope_layer(server, page):
+    _open(page, server, model="random:nope", layer="0", head="2", beside="3")
+    fig = chart_data(page, "explore-beside-map")
+    assert "causal · NoPE" in fig["layout"]["title"]["text"]
+    tr = core.load_model("random:nope", device="cpu").trace(TEXT)
+    np.testing.assert_allclose(_grid(fig["data"][0]["z"]), tr[tn.attn("decoder", 3, "self_attn", "weights")][2].numpy(),
+                               atol=1e-5)
+    page.locator(".st-key-explore-beside-map").scroll_into_view_if_needed()
+    page.locator(".st-key-explore-beside-map").screenshot(path=str(SCREENSHOTS / "preset-nope-beside.png"))
+
+
+def test_positions_and_kvcache_on_presets(server, page):
+    page.goto(f"{server.url}/positions?model=random:nope&text=" + urllib.parse.quote(TEXT))
+    wait_idle(page, timeout=120_000)
+    assert no_exception(page)
+    bar = chart_data(page, "positions-layers")["data"][0]
+    assert bar["customdata"] == ["RoPE", "RoPE", "RoPE", "NoPE"]
+    page.locator(".st-key-positions-layers").scroll_into_view_if_needed()
+    page.locator(".st-key-positions-layers").screenshot(path=str(SCREENSHOTS / "preset-nope-positions.png"))
+    page.goto(f"{server.url}/kvcache?model=random:sinks&budget=8&sinks=2&text=" + urllib.parse.quote(" ".join([TEXT] * 3)))
+    wait_idle(page, timeout=120_000)
+    assert no_exception(page)
+    bars = chart_data(page, "kvcache-learned-sink")["data"]
+    assert [b["name"].split(" ")[0] for b in bars] == ["learned", "first"] and len(bars[0]["y"]) == 4
+    assert page.get_by_text("Here the learned sink").count() == 1
+    page.locator(".st-key-kvcache-learned-sink").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "preset-sinks-kvcache.png"), full_page=True)
+    page.locator(".st-key-kvcache-learned-sink").screenshot(path=str(SCREENSHOTS / "preset-sinks-kvcache-chart.png"))

@@ -197,7 +197,7 @@ def beside_map(v: View, exact: bool, reduced: bool, qt, kt, per: bool, log: bool
     title = w.label() + (f" · {notes[other]}" if notes[other] else "")
     fig2 = fix_margins(attention_heatmap(m2, q2, k2, title=title, fixed_scale=not per, log_scale=log), q2, k2, min_top=90)
     layer_extras(fig2, w, True, log, st.session_state[flags["shade"]])
-    charts.chart(fig2, key="explore-beside", width="stretch")
+    charts.chart(fig2, key="explore-beside-map", width="stretch")
 
 
 tab_map, tab_model, tab_heads, tab_long = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG], key=tab_key,
