@@ -171,6 +171,14 @@ def test_inside_checks_hold_on_every_preset(app_test, name, layer):
     _no_problems(at)
     passed = [c.value for c in at.caption if c.value.startswith(":green[✓")]
     assert any("A = softmax(masked)" in c for c in passed), passed
+    said = " ".join(c.value for c in at.caption)
+    if name == "random:chunked" and layer == 1:
+        assert "Layer 1 is a chunked layer (Llama 4): the positions are cut into chunks of 5" in said
+        assert "layer 1 is chunked: its own chunk of 5 positions, RoPE base 10000" in said
+    if layer == 3 and name == "random:chunked":
+        assert "layer 3 is global: full attention, without positions (NoPE" in said
+    if layer == 3 and name == "random:nope":
+        assert "layer 3 is without positions (NoPE: q and k never rotated; layers 3 of 4 have none)" in said
     if name == "random:sinks":
         assert any("plus its learned sink sums to 1" in c for c in passed)
         assert any("learned sink's share" in c for c in passed)

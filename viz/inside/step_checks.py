@@ -114,7 +114,7 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
 
     b = " + b" if cfg.qkv_bias else ""
     if nm("q_pre_norm") in trace:  # QK-norm: the projections before their RMSNorm
-        over = "each head's d_k features" if cfg.qk_norm == "head" else "the whole projection"
+        over = "each head's d_k features" if cfg.qk_norm in ("head", "l2") else "the whole projection"
         checks["qknorm"] = [cmp(f"X W_q{b} before QK-norm, X = {src}", ref[tn.local(kind, "q_pre_norm")][head], nm("q_pre_norm")),
                             cmp(f"X W_k{b} before QK-norm", ref[tn.local(kind, "k_pre_norm")][kv], nm("k_pre_norm"), kv)]
         b = f"{b}, RMSNorm over {over}"
