@@ -255,6 +255,9 @@ def test_kvcache_sets_the_learned_sink_beside_the_first_tokens(app_test):
     assert verdict[0].startswith("Here the learned sink replaces them" if replaces
                                  else "Here the learned sink does not replace them")
     assert f"{np.mean(want_learned):.3f}" in verdict[0] and f"{np.mean(want_first):.3f}" in verdict[0]
+    kept_map = _data(at, "kvcache-map")
+    np.testing.assert_allclose(decode_array(_trace_named(kept_map, "sink")["z"]).astype(float)[:, 0],
+                               tr[tn.attn("decoder", 0, "self_attn", "sink")][0].numpy(), atol=1e-6)
 
 
 def test_kvcache_without_learned_sinks_draws_no_such_chart(app_test):

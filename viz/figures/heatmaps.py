@@ -298,11 +298,14 @@ def add_sink_column(fig: go.Figure, sink, *, log_scale: bool = False) -> go.Figu
                              text=np.char.mod("%.4f", s)[:, None] if log_scale else None))
     edge = n_k - 0.5 if category else n_k  # numeric axes: in the empty column between the keys and the sink
     fig.add_shape(type="line", x0=edge, x1=edge, y0=0, y1=1, yref="y domain", line=dict(color=SINK_LINE, width=2))
-    if not category:
+    if not category and fig.layout.xaxis.ticktext:  # token ticks: "sink" is one more
         ax = fig.layout.xaxis
-        vals, text = list(ax.tickvals or range(n_k)), list(ax.ticktext or [])
-        fig.update_xaxes(tickvals=vals + [n_k + 1], ticktext=text + [SINK_LABEL], range=[-0.5, n_k + 1.5])
-        fig.update_yaxes(zeroline=False)  # it would show through the empty column
+        fig.update_xaxes(tickvals=list(ax.tickvals) + [n_k + 1], ticktext=list(ax.ticktext) + [SINK_LABEL],
+                         range=[-0.5, n_k + 1.5])
+    elif not category:  # plotly's own numbered ticks: the column is named above the plot
+        fig.update_xaxes(range=[-0.5, n_k + 1.5])
+        fig.add_annotation(x=n_k + 1, y=1, yref="y domain", yanchor="bottom", text=SINK_LABEL, showarrow=False)
+    fig.update_yaxes(zeroline=False)  # it would show through the empty column
     return fig
 
 
