@@ -1,5 +1,12 @@
 """Models by name. Each entry knows its kind, a one-line description, where its weights come
-from, and how to load it. Weight packages are found without importing them."""
+from, and how to load it. Weight packages are found without importing them.
+
+The "random" entry also has named presets, one per attention mechanism the core runs, so that
+every view of one can be tried without weights to download: "random:<preset>" (seed 0) or
+"random:<preset>:<seed>" (RANDOM_PRESETS; `random_preset` parses the name). Each is a small
+decoder (4 layers, d 64, 4 heads, RoPE, RMSNorm, SwiGLU) on the random model's word tokenizer,
+its weights drawn from the seed, its windows and chunks a few tokens wide so that they bite
+on a sentence."""
 
 from __future__ import annotations
 
@@ -15,6 +22,58 @@ from .device import pick_device
 from .loaders.catalog import ASSETS, MODELS, TOY_DIR, ModelSpec, ModelUnavailable, package_dir  # noqa: F401 (re-exported)
 from .net.model import Transformer
 from .tokens.tokenizer import WordTokenizer
+
+
+RANDOM = "random"
+RANDOM_SEP = ":"
+
+_DECODER = dict(kind="decoder", n_layers=4, d_model=64, n_heads=4, d_ff=128, max_len=256, positional="rope",
+                norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False)
+
+# name -> (what it shows, the ModelConfig fields it sets over _DECODER)
+RANDOM_PRESETS: Dict[str, tuple] = {
+    "sinks": ("gpt-oss style: a learned sink logit per head in every layer; sliding (window 4) and full layers "
+              "alternate", dict(attn_sinks=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2)),
+    "chunked": ("Llama 4 style: chunked layers (chunks of 5) with RoPE and an L2 QK-norm, a last global layer "
+                "without positions whose scale grows with the position (temperature tuning)",
+                dict(layer_types=["chunked_attention"] * 3 + ["full_attention"], attn_chunk=5, nope_layers=[3],
+                     qk_norm="l2", qk_norm_layers=[0, 1, 2], attn_temperature={"scale": 0.5, "floor": 4})),
+    "nope": ("SmolLM3 style: every 4th layer has no positions (NoPE), the others rotate (RoPE)", dict(nope_layers=[3])),
+    "sliding": ("OLMo 3 style: three sliding layers (window 4) to one full layer, QK-norm, norms after the "
+                "sub-layers", dict(sliding_window=4, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                                  qk_norm="full", pre_sublayer_norm=False, post_sublayer_norm=True)),
+    "moe": ("gpt-oss style mixture of experts: 4 experts, 2 chosen per token, in every layer",
+            dict(moe={"kind": "gpt_oss", "experts": 4, "top_k": 2, "d_expert": 64})),
+}
+
+
+def random_preset_names() -> list:
+    """The presets as the app lists them: "random:<preset>" (seed 0)."""
+    return [f"{RANDOM}{RANDOM_SEP}{p}" for p in RANDOM_PRESETS]
+
+
+def random_preset(name) -> Optional[tuple]:
+    """(preset, seed) of a name "random:<preset>" or "random:<preset>:<seed>"; None for any
+    other name; a ValueError naming the presets for an unknown preset or a seed that is not a
+    whole number from 0 to 2**31 - 1."""
+    name = str(name)
+    if not name.startswith(RANDOM + RANDOM_SEP):
+        return None
+    preset, _, seed = name[len(RANDOM) + 1:].partition(RANDOM_SEP)
+    if preset not in RANDOM_PRESETS:
+        raise ValueError(f"no random preset {preset!r}; the presets are {', '.join(RANDOM_PRESETS)}")
+    if not seed:
+        return preset, 0
+    if not (seed.isdigit() and int(seed) < 2**31):
+        raise ValueError(f"the seed of {name!r} must be a whole number from 0 to {2**31 - 1}, not {seed!r}")
+    return preset, int(seed)
+
+
+def preset_config(preset: str) -> ModelConfig:
+    """The ModelConfig of a random preset (RANDOM_PRESETS), before its vocabulary is set."""
+    if preset not in RANDOM_PRESETS:
+        raise ValueError(f"no random preset {preset!r}; the presets are {', '.join(RANDOM_PRESETS)}")
+    return ModelConfig(**{**_DECODER, **RANDOM_PRESETS[preset][1]})
 
 
 def is_model_path(name) -> bool:
@@ -35,6 +94,12 @@ def load_model(name: str, device=None, **kwargs) -> AttentionModel:
 
     A name that is not in the registry but is a path -- a checkpoint folder (config.json +
     *.safetensors + tokenizer.json) or a .gguf file -- is loaded by core.loaders.hf.load_path."""
+    preset = random_preset(name) if name not in MODELS else None
+    if preset is not None:
+        if kwargs.get("step") is not None:
+            raise ValueError(f"only toy-translate has checkpoints of its training steps, not {name!r}")
+        return load_random(device=device, config=preset_config(preset[0]), seed=preset[1], name=str(name),
+                           description=f"random weights (seed {preset[1]}): {RANDOM_PRESETS[preset[0]][0]}")
     if name not in MODELS and is_model_path(name):
         from .loaders.hf import load_path
 
@@ -55,9 +120,11 @@ def load_model(name: str, device=None, **kwargs) -> AttentionModel:
     return loader(device=pick_device(device), **kwargs)
 
 
-def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0, **overrides) -> AttentionModel:
+def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0, name: str = RANDOM,
+                description: Optional[str] = None, **overrides) -> AttentionModel:
     """A randomly initialised model of any configuration; words are toy-translate's source
-    vocabulary (both sides for encoder-decoders)."""
+    vocabulary (both sides for encoder-decoders). Learned sink logits (zero when a network is
+    built) are drawn from N(0, 1) with the same seed, so that each head's sink differs."""
     from .toy import toy_task
 
     vocab = toy_task.source_vocab()
@@ -67,16 +134,20 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
     cfg = ModelConfig.from_dict({**cfg.to_dict(), "src_vocab_size": len(vocab), "tgt_vocab_size": len(vocab)})
     torch.manual_seed(seed)
     net = Transformer(cfg)
+    with torch.no_grad():
+        for module in net.modules():
+            if getattr(module, "sinks", None) is not None:
+                module.sinks.normal_()
     tok = WordTokenizer(vocab, max_len=cfg.max_len)
     return AttentionModel(
-        "random",
+        name,
         net,
         tok,
         device=pick_device(device),
-        description=MODELS["random"].description,
+        description=description or MODELS["random"].description,
         start_id=tok.index["<start>"],
         end_id=tok.index["<end>"],
         max_new_tokens=16,
         examples=toy_task.EXAMPLES,
-        info={"seed": seed},
+        info={"seed": seed, "random": True},
     )

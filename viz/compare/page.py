@@ -34,6 +34,7 @@ model_key = compare_state.seeded_model(state, names)
 top = st.columns([1, 3])
 model_name = top[0].selectbox("Model", names, key=model_key,
                               format_func=models.model_label)
+widgets.random_note(model_name)
 model = models.get_model(model_name)
 widgets.sidebar(model)
 if model is None:

@@ -4,17 +4,23 @@ Heatmap of one (stack, attention, layer, head); model view (layer x head grid, c
 to enlarge it); head view (lines from queries to keys, one colour per head). Word-piece
 models can be read in words (core.tokens.words); long inputs are drawn in blocks and deep models
 show a range of layers in the model view (viz.figures.model_view). Only the open tab is computed.
+
+Each layer's kind (its mask and positions, model.layer_kinds) is in the map's title and beside
+the model view's rows; a learned sink (gpt-oss) is drawn as a column of its own
+(viz.figures.heatmaps.add_sink_column) on the map, the model view and its enlarged map; the
+map can shade what its mask forbids (`shade`) and draw another layer's map of the head under it
+(`beside`: a NoPE layer beside a RoPE one).
 """
 
 import streamlit as st
 
 from viz.figures import model_view
-from viz.figures.heatmaps import attention_heatmap, fix_margins, head_view
+from viz.figures.heatmaps import add_mask_overlay, add_sink_column, attention_heatmap, fix_margins, head_view
 from viz.explore import knockout
 from viz.figures import why as why_figures
 from viz.ui import charts, downloads, explore_links, longdoc, models, training_panel, url_state, url_switches, vocab, why_panel, widgets
 from viz.explore import knockout_panel
-from viz.figures.select import View, attention_matrix, axis_tokens
+from viz.figures.select import View, attention_matrix, axis_tokens, mask_of, sink_of
 from viz.figures.text import _md_code
 
 TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × heads)", "Head view", "Long document"
@@ -22,7 +28,7 @@ TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × 
 widgets.header("explore")
 state = url_state.PageState("explore", fields=("model", "text", "attn", "layer", "head", "tab", "mean", "permap", "log", "hide",
                                              "words", "full", "heads", "ablate", "ablation", "step_train", "norms",
-                                             "section") + why_panel.FIELDS)
+                                             "section", "shade", "beside") + why_panel.FIELDS)
 
 model_name, model, text_col = widgets.model_header(state)
 if model is None:
@@ -81,7 +87,11 @@ elif model.kind == "decoder" and trace.tokens("next"):
 c = st.columns([2, 1, 1, 1.3])
 attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
-flags = {f: url_switches.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full")}
+flags = {f: url_switches.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full", "shade")}
+notes = model_view.layer_notes(model, stack, kind, n_layers)  # each layer's mask and positions ("sliding 4 · RoPE")
+beside_key = state.seeded_key("beside", -1, parse=lambda raw: -1 if str(raw) == "none" else int(str(raw)),
+                              valid=lambda v: isinstance(v, int) and -1 <= v < n_layers,
+                              why=f"beside is a layer from 0 to {n_layers - 1}, or none")
 with c[3]:
     mean_heads = st.toggle("Average over heads", key=flags["mean"],
                            help="One map: the mean of this layer's heads, instead of the head chosen.")
@@ -115,6 +125,7 @@ url_view = {f: url_switches.flag_url(st.session_state[k]) for f, k in flags.item
 url_view["words"] = url_switches.flag_url(words)
 url_view["norms"] = url_switches.flag_url(norms)
 url_view["section"] = url_switches.tab_url(state, "section", longdoc.SECTIONS)
+url_view["beside"] = st.session_state[beside_key] if st.session_state[beside_key] >= 0 else None
 if st.session_state[heads_key] != list(range(min(n_heads, 4))):
     url_view["heads"] = ",".join(str(h) for h in st.session_state[heads_key]) or "none"
 state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head, tab=url_switches.tab_url(state, "tab", TABS),
@@ -143,6 +154,52 @@ else:
 unit = "words" if words else "tokens"
 map_name = downloads.map_name(model=model_name, stack=stack, kind=kind, layer=layer, head=view.head, suffix="-words" if words else "")
 
+
+
+def layer_extras(fig, v: View, exact: bool, log: bool, shade: bool) -> None:
+    """A learned sink's column and the mask's shading on a map drawn cell for cell."""
+    sink = sink_of(trace, v) if exact else None
+    if shade and exact and mask_of(trace, v) is not None:
+        add_mask_overlay(fig, mask_of(trace, v))
+    if sink is not None:
+        add_sink_column(fig, sink, log_scale=log)
+
+
+def mask_controls(v: View, exact: bool, shade_key: str) -> None:
+    """What the layer's mask and sink are, and the switch that shades the forbidden cells."""
+    if sink_of(trace, v) is not None:
+        st.caption("This layer has a **learned sink**: each head's softmax runs over the keys and one extra logit that "
+                   "no key owns (gpt-oss). " + (
+                       "Its share is the column **sink**, right of the red line; each row, sink included, sums to 1."
+                       if exact else "Its column is drawn where the map shows every token as it is (not read in "
+                                     "words, special tokens shown, not in blocks); here rows sum to less than 1."))
+    if exact and mask_of(trace, v) is not None:
+        st.toggle("Shade what the mask forbids", key=shade_key,
+                  help=f"Grey over the cells this layer's mask sets to -inf ({notes[v.layer] or 'its mask'}): a "
+                       "query never sees those keys, whatever the scores say.")
+
+
+def beside_map(v: View, exact: bool, reduced: bool, qt, kt, per: bool, log: bool) -> None:
+    """Another layer's map of the same head beside this one (a layer without positions beside one
+    that rotates, a windowed layer beside a full one)."""
+    options = [-1] + list(range(n_layers))
+    other = st.selectbox("Beside it, the same head of layer", options, key=beside_key,
+                         format_func=lambda i: "none" if i < 0 else f"layer {i}" + (f" ({notes[i]})" if notes[i] else ""),
+                         help="Draw another layer's map of this head beside the map on the same text: a NoPE "
+                              "layer's pattern beside a RoPE layer's, a sliding or chunked layer beside a full one.")
+    if other < 0:
+        return
+    if reduced:
+        st.caption("The map beside is drawn for short inputs read in tokens with every token shown.")
+        return
+    w = View(v.stack, v.kind, other, v.head, v.what)
+    m2, q2, k2 = attention_matrix(trace, w)
+    title = w.label() + (f" · {notes[other]}" if notes[other] else "")
+    fig2 = fix_margins(attention_heatmap(m2, q2, k2, title=title, fixed_scale=not per, log_scale=log), q2, k2, min_top=90)
+    layer_extras(fig2, w, True, log, st.session_state[flags["shade"]])
+    charts.chart(fig2, key="explore-beside-map", width="stretch")
+
+
 tab_map, tab_model, tab_heads, tab_long = st.tabs([TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG], key=tab_key,
                                                   on_change="rerun")
 with tab_map:
@@ -155,6 +212,8 @@ with tab_map:
             full = st.toggle(f"Draw every one of the {max(matrix.shape)} {unit} (slow)", key=flags["full"])
         z, zq, zk, fq, fk = (matrix, q_toks, k_toks, 1, 1) if full else model_view.reduce_map(matrix, q_toks, k_toks)
         title = view.label() + (" · in words" if words else "") + (" · what is added (value norms)" if norms else "")
+        title += f" · {notes[layer]}" if notes[layer] else ""
+        exact = fq == 1 and fk == 1 and not (words or hide_special)  # the map's cells are the trace's own
         if fq > 1 or fk > 1:
             title += f" · blocks of {max(fq, fk)}"
             st.info(f"Long input ({matrix.shape[-2]} × {matrix.shape[-1]} {unit}): drawn as blocks of up to "
@@ -164,6 +223,7 @@ with tab_map:
         fig = fix_margins(attention_heatmap(z, zq, zk, title=title, fixed_scale=not per_map, log_scale=log_scale,
                                             value_name="norm" if norms else "weight"),
                           zq, zk, min_top=90)
+        layer_extras(fig, view, exact, log_scale, st.session_state[flags["shade"]])
         if fq > 1 or fk > 1:
             model_view.fit_block_ticks(fig)
         clickable = not (words or hide_special or mean_heads or fq > 1 or fk > 1) and why_figures.add_cell_targets(fig)
@@ -175,6 +235,8 @@ with tab_map:
         else:
             charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
         explore_links.map_caption(norms)
+        mask_controls(view, exact, flags["shade"])
+        beside_map(view, exact, words or hide_special or long_input, q_toks, k_toks, per_map, log_scale)
         why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, view.head, q_side, k_side,
                         key="explore")
         downloads.offer(trace, matrix, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer,
@@ -207,15 +269,21 @@ with tab_model:
             lo, hi = st.slider("Layers in the grid", 0, n_layers - 1, key=range_key,
                                help=f"{n_layers} layers × {n_heads} heads is {n_layers * n_heads} maps: choose the "
                                     "layers to draw (fewer layers draw faster).")
+        layers = list(range(lo, hi + 1))
+        varied = len(set(notes)) > 1  # layers of more than one kind: each row says its own, else the title says it once
+        pooled = longdoc.pooled_layers(trace, stack, kind, layers, text, words, long_input, what)
+        sinks = None if (words or what != "weights") else model_view.layer_sinks(trace, stack, kind, layers)
         st.caption("Every head of the chosen layers. Click a map to make it the selected one (outlined in red), or, "
                    "with “Clicks switch heads off” on, to switch that head off or back on (crossed out); "
                    f"the enlarged map is on the Heatmap tab and below. Maps wider than {model_view.MAX_GRID_SIDE} cells are "
-                   "drawn in blocks (keys summed, queries averaged).")
-        layers = list(range(lo, hi + 1))
-        pooled = longdoc.pooled_layers(trace, stack, kind, layers, text, words, long_input, what)
+                   "drawn in blocks (keys summed, queries averaged)." + (
+                       " Beside each layer: its mask and positions." if varied else "") + (
+                       " Right of each map's red line: its learned sink (the share no key owns)." if sinks else ""))
         grid = model_view.grid_figure(None, lo, pooled=pooled, selected=(layer, head),
+                                      notes=notes[lo:hi + 1] if varied else None, sinks=sinks,
                               title=f"{widgets.KIND_LABEL.get((stack, kind), attn)}: layers {lo}–{hi} of {n_layers} × "
-                                    f"{n_heads} heads" + (" · in words" if words else ""))
+                                    f"{n_heads} heads" + (" · in words" if words else "")
+                                    + (f" · every layer {notes[0]}" if notes[0] and not varied else ""))
         knockout.mark_grid(grid, off, stack)
         charts.chart(grid, key="explore-grid", on_select=_pick_from_grid,
                      selection_mode="points", width="stretch")
@@ -223,7 +291,8 @@ with tab_model:
             st.caption(f"The selected layer {layer} is outside the layers drawn.")
         small = (longdoc.overview(trace, view, n_heads, log_scale)[0].update_layout(height=420) if long_input else
                  model_view.selected_figure(matrix, q_toks, k_toks, view.label() + (" · in words" if words else ""),
-                                    fixed_scale=not per_map, log_scale=log_scale))
+                                    fixed_scale=not per_map, log_scale=log_scale,
+                                    sink=None if words or hide_special else sink_of(trace, view)))
         charts.chart(small, key="explore-enlarged", width="stretch", name=map_name)
 
 with tab_heads:

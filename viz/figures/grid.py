@@ -51,6 +51,8 @@ def tiled_head_grid(
     gap: int = GAP,
     height: Optional[int] = None,
     entropy: Optional[Sequence] = None,
+    notes: Optional[Sequence[str]] = None,
+    sinks: Optional[Sequence] = None,
 ) -> go.Figure:
     """Model view: L x H attention maps (maps[i] is layer first_layer + i, H x n_q x n_k,
     already reduced to thumbnail size) as one heatmap.
@@ -62,19 +64,29 @@ def tiled_head_grid(
     weight without any per-cell data beside the weights. entropy: each map's mean row
     entropy in bits (L x H), for the hover; give it from the unreduced maps (map_entropy),
     since blocks of a reduced map have less entropy than its tokens. Default: from `maps`.
+    notes: each layer's kind ("sliding 4 · RoPE"), written beside its row label. sinks: each
+    layer's learned sink (H x n_q), drawn right of each map's keys as a column named
+    "head h · sink", after a blank column and a red line.
     """
+    entropy = entropy if entropy is not None else [map_entropy(m) for m in maps]
+    n_keys = np.shape(maps[0])[-1]
+    if sinks is not None:  # keys, a blank column, the sink
+        maps = [np.concatenate([to_numpy(m), np.full(np.shape(m)[:2] + (1,), np.nan, dtype=np.float32),
+                                to_numpy(s)[..., None]], -1) for m, s in zip(maps, sinks)]
     z = tile_maps(maps, gap)
     n_layers = len(maps)
     n_heads, n_q, n_k = np.shape(maps[0])
     qp = list(q_positions) if q_positions is not None else list(range(n_q))
-    kp = list(k_positions) if k_positions is not None else list(range(n_k))
+    kp = list(k_positions) if k_positions is not None else list(range(n_keys))
     ys, xs = [], []
     for li in range(n_layers):
         ys += [f"layer {li + first_layer} · query {qp[r]}" for r in range(n_q)]
         if li < n_layers - 1:
             ys += ["\u2009" * (g + 1) + f"{li}" for g in range(gap)]  # unique, blank-looking gap rows
     for h in range(n_heads):
-        xs += [f"head {h} · key {kp[c]}" for c in range(n_k)]
+        xs += [f"head {h} · key {kp[c]}" for c in range(n_keys)]
+        if sinks is not None:
+            xs += ["\u2009" * (gap + 1) + f"{h}", f"head {h} · sink"]
         if h < n_heads - 1:
             xs += ["\u2009" * (g + 1) + f"{h}" for g in range(gap)]
     heat = go.Heatmap(z=z, x=xs, y=ys, zmin=0, zmax=1, colorscale=ATTN_SCALE, showscale=False, hoverongaps=False,
@@ -100,16 +112,20 @@ def tiled_head_grid(
     fig.update_xaxes(type="category", constrain="domain", tickvals=cx,
                      ticktext=[f"H{h}" for h in range(n_heads)], side="top", showgrid=False, zeroline=False,
                      ticks="", tickangle=0)
-    fig.update_yaxes(type="category", tickvals=cy,
-                     ticktext=[f"L{li + first_layer}" for li in range(n_layers)], autorange="reversed",
+    rows = [f"L{li + first_layer}" + (f" · {notes[li]}" if notes and notes[li] else "") for li in range(n_layers)]
+    fig.update_yaxes(type="category", tickvals=cy, ticktext=rows, autorange="reversed",
                      showgrid=False, zeroline=False, ticks="", scaleanchor="x", constrain="domain")
     if selected is not None:
         li, h = selected[0] - first_layer, selected[1]
         if 0 <= li < n_layers and 0 <= h < n_heads:
             x0, y0 = h * (n_k + gap) - 0.5, li * (n_q + gap) - 0.5  # category axes: cell i spans i +- 0.5
             fig.add_shape(type="rect", x0=x0, x1=x0 + n_k, y0=y0, y1=y0 + n_q, line=dict(color="#d62728", width=3))
+    if sinks is not None:
+        for h in range(n_heads):  # a red line between each map's keys and its sink
+            edge = h * (n_k + gap) + n_keys  # the blank column's centre, from the first map's top to the last's foot
+            fig.add_shape(type="line", x0=edge, x1=edge, y0=-0.5, y1=len(ys) - 0.5, line=dict(color="#d62728", width=1))
     fig.update_layout(height=height or min(2600, 60 + cell * n_layers), title=dict(text=title, x=0),
-                      margin=dict(l=10, r=40, t=50 if not title else 80, b=10), plot_bgcolor="white",
+                      margin=dict(l=10 + (int(7 * max(map(len, rows))) if notes and any(notes) else 0), r=40, t=50 if not title else 80, b=10), plot_bgcolor="white",
                       hovermode="closest", dragmode=False)
     return fig
 

@@ -268,6 +268,61 @@ def attention_heatmap(
 
 LOG_FLOOR = 1e-5  # the smallest weight a log colour scale tells apart
 
+SINK_LABEL = "sink"
+SINK_LINE = "#d62728"  # the line that sets a learned sink's column apart from the keys
+
+
+def add_sink_column(fig: go.Figure, sink, *, log_scale: bool = False) -> go.Figure:
+    """A learned sink (gpt-oss: the probability of a head's sink logit, which no key owns) drawn
+    as a column of its own right of an attention heatmap's keys: one empty column between, a
+    red line before it, the tick "sink", and a hover that says what it is. `sink` holds one
+    value per row (n_q), the map's rows plus it sum to 1. The column takes the map's colour
+    scale (log10 with log_scale, as attention_heatmap draws it)."""
+    heat = fig.data[0]
+    s = to_numpy(sink).reshape(-1)
+    n_q = len(heat.y)
+    if len(s) != n_q:
+        raise ValueError(f"the sink has {len(s)} values, the map {n_q} rows")
+    category = fig.layout.xaxis.type == "category"
+    n_k = len(heat.x)
+    x = [SINK_LABEL] if category else [n_k + 1]
+    z = np.log10(np.maximum(s, LOG_FLOOR)) if log_scale else s
+    if heat.zmin is None or heat.zmax is None:  # a colour scale per map: one scale over the keys and the sink
+        both = np.concatenate([np.asarray(heat.z, dtype=float).reshape(-1), z])
+        both = both[np.isfinite(both)]
+        heat.zmin, heat.zmax = float(both.min()), float(both.max())
+    hover = ("query %{y}<br>learned sink: the softmax's share that no key owns<br>sink mass: "
+             + ("%{text}" if log_scale else "%{z:.4f}") + "<extra></extra>")
+    fig.add_trace(go.Heatmap(z=z[:, None], x=x, y=list(heat.y), zmin=heat.zmin, zmax=heat.zmax,
+                             colorscale=heat.colorscale, showscale=False, name=SINK_LABEL, hovertemplate=hover,
+                             text=np.char.mod("%.4f", s)[:, None] if log_scale else None))
+    edge = n_k - 0.5 if category else n_k  # numeric axes: in the empty column between the keys and the sink
+    fig.add_shape(type="line", x0=edge, x1=edge, y0=0, y1=1, yref="y domain", line=dict(color=SINK_LINE, width=2))
+    if not category and fig.layout.xaxis.ticktext:  # token ticks: "sink" is one more
+        ax = fig.layout.xaxis
+        fig.update_xaxes(tickvals=list(ax.tickvals) + [n_k + 1], ticktext=list(ax.ticktext) + [SINK_LABEL],
+                         range=[-0.5, n_k + 1.5])
+    elif not category:  # plotly's own numbered ticks: the column is named above the plot
+        fig.update_xaxes(range=[-0.5, n_k + 1.5])
+        fig.add_annotation(x=n_k + 1, y=1, yref="y domain", yanchor="bottom", text=SINK_LABEL, showarrow=False)
+    fig.update_yaxes(zeroline=False)  # it would show through the empty column
+    return fig
+
+
+def add_mask_overlay(fig: go.Figure, mask) -> go.Figure:
+    """The cells a layer's mask forbids (its additive mask is -inf there: look-ahead, sliding
+    window, chunk) shaded grey over an attention heatmap of numeric axes, with a hover that
+    says the mask forbids the cell."""
+    m = to_numpy(mask)
+    heat = fig.data[0]
+    if m.shape != (len(heat.y), len(heat.x)):
+        raise ValueError(f"the mask is {m.shape[0]} x {m.shape[1]}, the map {len(heat.y)} x {len(heat.x)}")
+    shade = np.where(np.isneginf(m), 1.0, np.nan)
+    fig.add_trace(go.Heatmap(z=shade, x=list(heat.x), y=list(heat.y), zmin=0, zmax=1, showscale=False, name="mask",
+                             colorscale=[[0, "rgba(90,90,90,0.45)"], [1, "rgba(90,90,90,0.45)"]], hoverongaps=False,
+                             hovertemplate="query %{y} · key %{x}: forbidden by the mask<extra></extra>"))
+    return fig
+
 
 # Okabe-Ito's colour-blind-safe set first (told apart even as faint lines), then darker tones
 HEAD_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#8C6D31",

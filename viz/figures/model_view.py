@@ -27,7 +27,7 @@ from core.head_maps import derived as per_trace
 from viz.figures.grid import map_entropy, tiled_grid_pick, tiled_head_grid
 from core.head_maps import layer_summary, long_layer
 from viz.figures.reduce import block_size, blocks, reduce_to, tick_indices
-from viz.figures.select import SPECIAL_TOKENS, View, attention_matrix, drop_special
+from viz.figures.select import SPECIAL_TOKENS, View, attention_matrix, drop_special, layer_note
 
 MAX_HEATMAP_SIDE = 128  # a single heatmap wider than this is drawn in blocks (unless asked otherwise)
 MAX_GRID_SIDE = 48  # each thumbnail of the model view at most this many cells per side
@@ -89,6 +89,33 @@ def word_stack(trace, stack: str, kind: str, layers: Sequence[int], text: Option
     q_groups, _ = side_groups(trace, q_side, text)
     k_groups, _ = side_groups(trace, k_side, text)
     return [merge_attention(trace[tn.attn(stack, i, kind, what)], q_groups, k_groups) for i in layers]
+
+
+# ------------------------------------------------------------------ what each layer is
+def layer_notes(model, stack: str, kind: str, n_layers: int) -> List[str]:
+    """Each layer's kind in a few words (viz.figures.select.layer_note: "sliding 4 · RoPE",
+    "chunked 5 · RoPE", "causal · NoPE · scale by position", "sliding 4 · RoPE · learned sink")
+    for a self-attention; cross-attention's layers (they see every source token) and models
+    that do not describe their layers get "" each."""
+    infos = None
+    if kind == "self_attn" and hasattr(model, "layer_kinds"):
+        try:
+            infos = model.layer_kinds(stack)
+        except (ValueError, AttributeError):
+            infos = None
+    if not infos or len(infos) != n_layers:
+        return [""] * n_layers
+    return [layer_note(i) for i in infos]
+
+
+def layer_sinks(trace, stack: str, kind: str, layers: Sequence[int], max_side: int = MAX_GRID_SIDE):
+    """The learned sinks of the chosen layers for the model view (each H x b_q: a sink's mass
+    per head and query, queries averaged in blocks as reduce_stack averages the maps' rows),
+    or None where the layers have no learned sink."""
+    names = [tn.attn(stack, i, kind, "sink") for i in layers]
+    if kind != "self_attn" or not all(n in trace for n in names):
+        return None
+    return [reduce_to(torch.as_tensor(trace[n])[..., None], max_side)[..., 0] for n in names]
 
 
 # ------------------------------------------------------------------ long inputs
@@ -203,12 +230,14 @@ def pooled_layers(trace, stack: str, kind: str, layers: Sequence[int], text: Opt
 
 def grid_figure(weights_by_layer: Iterable, first_layer: int, *,
                 selected: Optional[Tuple[int, int]] = None, max_side: int = MAX_GRID_SIDE, title: str = "",
-                pooled=None) -> go.Figure:
+                pooled=None, notes: Optional[Sequence[str]] = None, sinks=None) -> go.Figure:
     """The model view of layers first_layer, first_layer + 1, ...: every map reduced to at
     most max_side blocks per side (reduce_stack), then tiled into one heatmap
     (viz.figures.grid.tiled_head_grid) with the real layer numbers on its rows and in its hover;
     selected = (layer, head) is outlined. The hover's entropy is that of the full maps.
-    pooled: pool_maps's result (then weights_by_layer is not read)."""
+    pooled: pool_maps's result (then weights_by_layer is not read). notes: each drawn layer's
+    kind (layer_notes), written beside its row. sinks: layer_sinks's result, each map's learned
+    sink drawn as a column of its own right of its keys."""
     maps, entropy, (n_q_full, n_k_full) = pooled if pooled is not None else pool_maps(weights_by_layer, max_side)
     n_q, n_k = maps[0].shape[-2], maps[0].shape[-1]
     qpos = kpos = None
@@ -216,7 +245,7 @@ def grid_figure(weights_by_layer: Iterable, first_layer: int, *,
         qpos = [g[0] for g in blocks(n_q_full, max_side)]
         kpos = [g[0] for g in blocks(n_k_full, max_side)]
     return tiled_head_grid(maps, first_layer=first_layer, selected=selected, q_positions=qpos, k_positions=kpos,
-                           title=title, entropy=entropy)
+                           title=title, entropy=entropy, notes=notes, sinks=sinks)
 
 
 def grid_pick(point: dict) -> Optional[Tuple[int, int]]:
@@ -239,10 +268,14 @@ def fit_block_ticks(fig: go.Figure, max_ticks: int = 32, top_margin: int = 150) 
 
 
 def selected_figure(matrix, q_labels: Sequence[str], k_labels: Sequence[str], label: str, *, fixed_scale: bool = True,
-                    log_scale: bool = False) -> go.Figure:
-    """The selected map under the model view: reduce_map's blocks, 420 px high."""
-    from viz.figures.heatmaps import attention_heatmap, fix_margins
+                    log_scale: bool = False, sink=None) -> go.Figure:
+    """The selected map under the model view: reduce_map's blocks, 420 px high. sink: the
+    map's learned sink (n_q), drawn as a column of its own where the map is drawn cell for cell."""
+    from viz.figures.heatmaps import add_sink_column, attention_heatmap, fix_margins
 
-    z, zq, zk, _, _ = reduce_map(matrix, q_labels, k_labels)
-    return fix_margins(attention_heatmap(z, zq, zk, title="selected: " + label, fixed_scale=fixed_scale, height=420,
-                                         log_scale=log_scale), zq, zk, min_top=90)
+    z, zq, zk, fq, fk = reduce_map(matrix, q_labels, k_labels)
+    fig = fix_margins(attention_heatmap(z, zq, zk, title="selected: " + label, fixed_scale=fixed_scale, height=420,
+                                        log_scale=log_scale), zq, zk, min_top=90)
+    if sink is not None and fq == 1 and fk == 1:
+        add_sink_column(fig, sink, log_scale=log_scale)
+    return fig

@@ -19,6 +19,12 @@ GeGLU. Gemma 4: each layer's own head size and key/value heads (read from its we
 projections on its stored input), proportional RoPE, the per-layer input after the FFN
 (`post_norm3`, `residual3`, from the stored `embed.{stack}.per_layer`) and the layer scalar.
 
+And the 2025-26 softmax variants: learned sinks (a logit per head in the softmax that no key
+owns; `sink` its share), chunked masks (a query sees its own chunk), layers without positions
+(no rotation), Llama 4's temperature tuning (a scale per query position on those layers) and
+the gainless L2 QK-norm on the layers that have it. A mixture-of-experts FFN is not written out
+here: such a layer raises NoReference.
+
 `reference_layer(trace, stack, i, heads={kind: h})` returns the layer's names as the core
 records them ('self_attn.q', 'residual1', 'out', ...): per-head tensors for the heads asked
 for (H x n x d_k kept for q, k, v and the maps of those heads only), whole tensors for the rest.
@@ -125,11 +131,12 @@ def rope(x: np.ndarray, n_pos: int, cfg, local: bool = False) -> np.ndarray:
     return out
 
 
-def mask(n_q: int, n_k: int, causal: bool = False, window: Optional[int] = None, key_pad=None) -> np.ndarray:
+def mask(n_q: int, n_k: int, causal: bool = False, window: Optional[int] = None, key_pad=None,
+         chunk: Optional[int] = None) -> np.ndarray:
     """Additive n_q x n_k mask: -inf where query i may not see key j (queries are the last n_q
     of n_k positions): keys after the query (causal), `window` or more positions back
     (sliding window; without causal, an encoder's: more than window // 2 away either way),
-    padding keys."""
+    keys outside the query's own chunk of `chunk` positions (Llama 4), padding keys."""
     i = np.arange(n_k - n_q, n_k)[:, None]
     j = np.arange(n_k)[None, :]
     blocked = np.zeros((n_q, n_k), dtype=bool)
@@ -139,16 +146,22 @@ def mask(n_q: int, n_k: int, causal: bool = False, window: Optional[int] = None,
         blocked |= i - j >= window
     elif window is not None:
         blocked |= np.abs(i - j) > window // 2
+    if chunk is not None:
+        blocked |= (i // chunk) != (j // chunk)
     if key_pad is not None:
         blocked |= np.asarray(key_pad, dtype=bool)[None, :]
     return np.where(blocked, -np.inf, 0.0)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
+def softmax(x: np.ndarray, sink: Optional[float] = None) -> np.ndarray:
+    """Row softmax; with a learned sink logit, over the row and the sink, and only the row's
+    part returned (it sums to 1 - the sink's share)."""
     top = np.max(x, axis=-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
+    if sink is not None:
+        top = np.maximum(top, sink)
     e = np.exp(x - top)
-    return e / e.sum(-1, keepdims=True)
+    return e / (e.sum(-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - top)))
 
 
 def activation(kind: str, a: np.ndarray, gate: Optional[np.ndarray]) -> np.ndarray:
@@ -182,21 +195,21 @@ def _heads(mod, lin, norm_name: str, x: np.ndarray, n_heads: int, d_k: int, qk_n
     split = lambda y: y.reshape(x.shape[0], n_heads, d_k).transpose(1, 0, 2)  # noqa: E731
     if qk_norm is None:
         return split(flat), None
-    gain = _a(getattr(mod, norm_name).weight)
+    gain = 1.0 if qk_norm == "l2" else _a(getattr(mod, norm_name).weight)  # l2: an RMSNorm without a gain
     if qk_norm == "full":
         return split(rms_norm(flat, gain, eps)), split(flat)
     return rms_norm(split(flat), gain, eps), split(flat)
 
 
-def keys_values(mod, cfg, x_kv: np.ndarray, use_rope: bool, local: bool = False) -> Dict[str, np.ndarray]:
+def keys_values(mod, cfg, x_kv: np.ndarray, use_rope: bool, local: bool = False, qk_norm="cfg") -> Dict[str, np.ndarray]:
     """An attention's own keys and values (H_kv x n x d_k): k_pre_norm (QK-norm), k_pre_rope
     (RoPE), k, v. v = x W_v, or x W_k where the attention has no W_v (Gemma 4's K = V: the
     key projection before its norm and RoPE); RMS-normed without a gain where the model norms
-    its values (Gemma 4)."""
+    its values (Gemma 4). qk_norm: this layer's QK-norm ("cfg": the config's)."""
     d_k = mod.w_q.weight.shape[0] // cfg.n_heads
     hkv = mod.w_k.weight.shape[0] // d_k
     n_k = x_kv.shape[0]
-    qk_norm = getattr(cfg, "qk_norm", None)
+    qk_norm = getattr(cfg, "qk_norm", None) if qk_norm == "cfg" else qk_norm
     k, k_pre = _heads(mod, mod.w_k, "k_norm", x_kv, hkv, d_k, qk_norm, float(cfg.norm_eps))
     v_lin = mod.w_v if getattr(mod, "w_v", None) is not None else mod.w_k
     v = linear(v_lin, x_kv).reshape(n_k, hkv, d_k).transpose(1, 0, 2)
@@ -211,21 +224,25 @@ def keys_values(mod, cfg, x_kv: np.ndarray, use_rope: bool, local: bool = False)
 
 
 def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_rope: bool, bias=None,
-              keep=(), off=(), ablation: str = "zero", local: bool = False,
+              keep=(), off=(), ablation: str = "zero", local: bool = False, qk_norm="cfg", sinks=None,
+              temperature: Optional[dict] = None,
               shared: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
     """One multi-head attention: q, k, v (H or H_kv x n x d_k), the maps of the heads in `keep`
-    ({head: {scores, scaled, [capped,] masked, weights}}), every head's output and Concat(heads) W_o.
-    shared: the k and v of the layer whose keys and values this one reuses (Gemma 4), from
-    keys_values of that layer; else the attention's own."""
+    ({head: {scores, scaled, [capped,] masked, weights[, sink]}}), every head's output and
+    Concat(heads) W_o. qk_norm: this layer's QK-norm ("cfg": the config's); sinks: H learned
+    sink logits; temperature: {"scale": a, "floor": f}, query p's scale times
+    1 + a log(1 + floor((p + 1) / f)) (queries at positions 0..n_q-1). shared: the k and v of
+    the layer whose keys and values this one reuses (Gemma 4), from keys_values of that layer;
+    else the attention's own."""
     h = cfg.n_heads
     d_k = mod.w_q.weight.shape[0] // h
     n_q = x_q.shape[0]
     out: Dict[str, np.ndarray] = {}
-    qk_norm = getattr(cfg, "qk_norm", None)
+    qk_norm = getattr(cfg, "qk_norm", None) if qk_norm == "cfg" else qk_norm
     q, q_pre = _heads(mod, mod.w_q, "q_norm", x_q, h, d_k, qk_norm, float(cfg.norm_eps))
     if qk_norm is not None:
         out["q_pre_norm"] = q_pre
-    kv = keys_values(mod, cfg, x_kv, use_rope, local) if shared is None else {"k": shared["k"], "v": shared["v"]}
+    kv = keys_values(mod, cfg, x_kv, use_rope, local, qk_norm) if shared is None else {"k": shared["k"], "v": shared["v"]}
     out.update({n: t for n, t in kv.items() if n not in ("k", "v")})
     k, v = kv["k"], kv["v"]
     hkv = k.shape[0]
@@ -234,6 +251,10 @@ def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_ro
         q = rope(q, n_q, cfg, local)
     out.update(q=q, k=k, v=v, mask=m)
     scale = 1.0 / math.sqrt(d_k) if cfg.attn_scale is None else float(cfg.attn_scale)
+    if temperature is not None:  # a column: one scale per query
+        p = np.arange(n_q, dtype=np.float64)
+        scale = scale * (1.0 + float(temperature["scale"]) * np.log1p(np.floor((p + 1.0) / float(temperature["floor"]))))
+        scale = scale[:, None]
     cap = getattr(cfg, "attn_softcap", None)
     heads = np.empty((h, n_q, d_k))
     for hd in range(h):  # one head at a time: only the heads asked for keep their n_q x n_k maps
@@ -242,10 +263,12 @@ def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_ro
         scaled = scores * scale
         capped = scaled if cap is None else cap * np.tanh(scaled / cap)
         masked = capped + m + (0.0 if bias is None else bias[hd])
-        weights = softmax(masked)
+        weights = softmax(masked, None if sinks is None else float(sinks[hd]))
         heads[hd] = weights @ v[g]
         if hd in keep:
             out[f"maps{hd}"] = {"scores": scores, "scaled": scaled, "masked": masked, "weights": weights}
+            if sinks is not None:
+                out[f"maps{hd}"]["sink"] = 1.0 - weights.sum(-1)
             if cap is not None:
                 out[f"maps{hd}"]["capped"] = capped
     out["heads"] = heads
@@ -292,13 +315,19 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             raise NoReference("the trace does not hold T5's position bias for this layer")
         bias = _a(trace[name])
     decoder = stack == "decoder"
+    if getattr(cfg, "moe", None) and hasattr(layer.ffn, "n_experts"):
+        raise NoReference("this layer's FFN is a mixture of experts, which the numpy reference does not write out")
     types = getattr(cfg, "layer_types", None)
     local = bool(types) and types[i] == "sliding_attention"
+    chunk = cfg.attn_chunk if types and types[i] == "chunked_attention" else None
+    nope = i in (getattr(cfg, "nope_layers", None) or [])  # a layer without positions: never rotated
+    qk_layers = getattr(cfg, "qk_norm_layers", None)
+    qk_norm = getattr(cfg, "qk_norm", None) if qk_layers is None or i in qk_layers else None
     if types:  # per-layer kinds: the sliding layers alone have the window
         window = cfg.sliding_window if local else None
     else:  # one window for every decoder layer (Mistral)
         window = cfg.sliding_window if decoder else None
-    masks = {"self_attn": mask(n, n, causal=decoder, window=window, key_pad=None if decoder else pad)}
+    masks = {"self_attn": mask(n, n, causal=decoder, window=window, key_pad=None if decoder else pad, chunk=chunk)}
     if memory is not None:
         masks["cross_attn"] = mask(n, memory.shape[0], key_pad=pad)
     out: Dict[str, object] = {}
@@ -317,10 +346,13 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
             mod = getattr(layer, sub)
             kv = y if sub == "self_attn" else memory
             off = (abl.heads(stack, i, sub) if abl else None) or ()
-            res = attention(mod, cfg, y, kv, masks[sub], rope_ and sub == "self_attn",
-                            bias if sub == "self_attn" else None, keep=(heads[sub],) if sub in heads else (),
-                            off=off, ablation=getattr(abl, "mode", "zero"), local=local and sub == "self_attn",
-                            shared=shared if sub == "self_attn" else None)
+            own = sub == "self_attn"
+            res = attention(mod, cfg, y, kv, masks[sub], rope_ and own and not nope,
+                            bias if own else None, keep=(heads[sub],) if sub in heads else (),
+                            off=off, ablation=getattr(abl, "mode", "zero"), local=local and own, qk_norm=qk_norm,
+                            sinks=_a(mod.sinks) if own and getattr(cfg, "attn_sinks", False) else None,
+                            temperature=cfg.attn_temperature if own and nope and getattr(cfg, "attn_temperature", None)
+                            else None, shared=shared if own else None)
         out.update({tn.local(sub, k): v for k, v in res.items()})
         if layer.pre:
             f = res["out"]

@@ -76,3 +76,40 @@ def drop_special(m, q_labels, k_labels, q_special, k_special, renormalise: bool 
     if renormalise:
         m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
     return m, [q_labels[i] for i in qi], [k_labels[j] for j in ki]
+
+
+def sink_of(trace, view: View):
+    """The learned sink's mass of a view's rows (n_q: one head's, or the mean of heads), the
+    share of each row's softmax that no key owns (gpt-oss); None where the layer has no
+    learned sink or the view is not of attention weights."""
+    if view.what != "weights" or view.kind != "self_attn":
+        return None
+    name = tn.attn(view.stack, view.layer, view.kind, "sink")
+    if name not in trace:
+        return None
+    s = trace[name]  # H x n_q
+    return s.mean(0) if view.head is None else s[view.head]
+
+
+def mask_of(trace, view: View):
+    """The view's additive mask (n_q x n_k: 0 or -inf), or None where the trace has none."""
+    name = tn.attn(view.stack, view.layer, view.kind, "mask")
+    return trace[name] if name in trace else None
+
+
+POSITION_WORDS = {"rope": "RoPE", "none": "NoPE", "sinusoidal": "sinusoidal", "learned": "learned positions",
+                  "relative": "relative bias"}
+
+
+def layer_note(info: Optional[dict]) -> str:
+    """A layer's kind in a few words, from one entry of model.layer_kinds(stack): its mask
+    ("causal", "sliding 4", "chunked 5", ...), its positions ("RoPE", "NoPE", ...), a
+    learned sink, a scale that varies by position; "" for None."""
+    if not info:
+        return ""
+    parts = [info.get("mask", ""), POSITION_WORDS.get(info.get("positions"), info.get("positions") or "")]
+    if info.get("sink"):
+        parts.append("learned sink")
+    if info.get("scale") == "per position":
+        parts.append("scale by position")
+    return " · ".join(p for p in parts if p)

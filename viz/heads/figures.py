@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core import trace_names as tn
 from viz.figures.heatmaps import ATTN_SCALE, CHAR_PX, safe_labels
 
 SCORE_LABELS = {
@@ -137,3 +138,20 @@ def side_by_side(raw: np.ndarray, rolled: np.ndarray, flowed: Optional[np.ndarra
                       height=140 + 18 * len(pos), margin=dict(l=10, r=10, t=90, b=10), plot_bgcolor="white",
                       bargap=0.15)
     return fig
+
+
+LEARNED_SINK = "learned_sink"
+
+
+def learned_sink_scores(trace, stack: str) -> Optional[pd.DataFrame]:
+    """A model with learned sinks (gpt-oss): each self-attention head's sink share (its `.sink`,
+    the softmax's part that no key owns), mean over the queries, as rows (stack, layer, head,
+    learned_sink) that score_heatmap draws; None without learned sinks."""
+    rows = []
+    for i in range(trace.layers(stack)):
+        name = tn.attn(stack, i, tn.SELF, "sink")
+        if name not in trace:
+            return None
+        for h, v in enumerate(trace[name].double().mean(-1).tolist()):
+            rows.append({"stack": stack, "layer": i, "head": h, LEARNED_SINK: v})
+    return pd.DataFrame(rows) if rows else None

@@ -95,6 +95,15 @@ for k, score in enumerate(analysis.SCORES):
         charts.chart(hv.score_heatmap(scores, score, stack), key=key, on_select=lambda key=key: _open(key),
                         selection_mode="points", width="stretch")
 
+sink_scores = hv.learned_sink_scores(trace, stack)
+if sink_scores is not None:  # gpt-oss: each head's learned sink, the share of a row that no key owns
+    with cols[len(analysis.SCORES) % 3]:
+        charts.chart(hv.score_heatmap(sink_scores, hv.LEARNED_SINK, stack, title="learned sink (no key)"),
+                     key="heads-learned-sink", on_select=lambda: _open("heads-learned-sink"), selection_mode="points",
+                     width="stretch")
+        st.caption("Each head's learned sink: the mean share of a row its softmax gives to a logit that no key owns "
+                   "(Explore draws it as a column of its own).")
+
 with cols[2]:
     top_key = url_switches.option(state, "top", TOP_DEFAULT, analysis.SCORES)
     score = st.selectbox("Top heads by", analysis.SCORES, key=top_key, format_func=lambda s: s.replace("_", " "))

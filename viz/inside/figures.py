@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures.heatmaps import ATTN_SCALE, DIVERGING, attention_heatmap, fixed_margins_layout, matrix_heatmap, safe_label
+from viz.figures.heatmaps import ATTN_SCALE, DIVERGING, add_sink_column, attention_heatmap, fixed_margins_layout, matrix_heatmap, safe_label
 from viz.figures.reduce import block_means, block_size, blocks, tick_indices
 from viz.inside.step_model import COLS, ROWS, Step
 
@@ -128,6 +128,8 @@ def step_figure(step: Step, notation: str = ROWS, *, max_tokens: int = MAX_TOKEN
               layout=layout)
     if step.style == "attention" and notation == ROWS:
         fig = attention_heatmap(z, rl, cl, title=title, show_values=small, height=height, layout=layout)
+        if step.extra.get("sink") is not None and not note:  # learned sinks: a column of their own (cell for cell only)
+            add_sink_column(fig, step.extra["sink"])
     elif step.style == "attention":
         fig = matrix_heatmap(z, rl, cl, zmin=0.0, zmax=1.0, colorscale=ATTN_SCALE, **kw)
     elif step.style == "mask":

@@ -102,7 +102,7 @@ if cfg.norm_placement == "pre" and cfg.post_sublayer_norm:
              + ("; and before it" if cfg.pre_sublayer_norm else "; none before it") + "; the order shown below)")
 if cfg.parallel_block:
     place = "parallel block (attention and FFN both read the layer's input, X + attention + FFN; shown below)"
-extras = ([f"QK-norm ({'per head' if cfg.qk_norm == 'head' else 'whole projection'})"] if cfg.qk_norm else []) + (
+extras = ([f"QK-norm ({'per head' if cfg.qk_norm in ('head', 'l2') else 'whole projection'})"] if cfg.qk_norm else []) + (
     [f"partial rotary ({cfg.rotary_dim} of {cfg.d_head} features)"] if cfg.rotary_dim else [])
 if extras:
     place += "; " + "; ".join(extras)

@@ -87,7 +87,11 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     heads = _np(trace[nm("heads")][head]).astype(np.float64)
     checks = CheckSet()
     sums = "each row of A sums to 1" if notation == ROWS else "each column of Aᵀ sums to 1"
-    checks["weights"] = [Check(sums, row_sum_error(w), 1e-5)]
+    sink = _np(trace[nm("sink")][head]).astype(np.float64) if nm("sink") in trace else None
+    if sink is not None:  # learned sinks: the keys' weights and the sink's share make the whole
+        sums = sums.replace("sums to 1", "plus its learned sink sums to 1")
+        w_all = np.concatenate([w, sink[:, None]], -1)
+    checks["weights"] = [Check(sums, row_sum_error(w if sink is None else w_all), 1e-5)]
     checks["heads"] = [Check(f"A V{'' if n_kv == n_heads else f' (kv head {kv})'} from the recorded A and V equals "
                              f"head {head}'s output as the forward pass's fused kernel computed it",
                              max_abs_diff(w @ v, heads), tolerance(heads))]
@@ -110,7 +114,7 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
 
     b = " + b" if cfg.qkv_bias else ""
     if nm("q_pre_norm") in trace:  # QK-norm: the projections before their RMSNorm
-        over = "each head's d_k features" if cfg.qk_norm == "head" else "the whole projection"
+        over = "each head's d_k features" if cfg.qk_norm in ("head", "l2") else "the whole projection"
         checks["qknorm"] = [cmp(f"X W_q{b} before QK-norm, X = {src}", ref[tn.local(kind, "q_pre_norm")][head], nm("q_pre_norm"))]
         if nm("k_pre_norm") in trace:  # absent where the keys are another layer's (Gemma 4)
             checks["qknorm"].append(cmp(f"X W_k{b} before QK-norm", ref[tn.local(kind, "k_pre_norm")][kv], nm("k_pre_norm"), kv))
@@ -154,10 +158,14 @@ def head_checks(trace, stack: str, kind: str, layer: int, head: int, notation: s
     checks["masked"] = [cmp(f"{'capped' if 'capped' in maps else 'scaled'} + M{bias}", maps["masked"], nm("masked"))]
     blocked = np.isneginf(m)
     checks["weights"] += [
-        cmp("A = softmax(masked)", maps["weights"], nm("weights")),
+        cmp("A = softmax(masked)" + (" with the head's sink logit beside the keys" if sink is not None else ""),
+            maps["weights"], nm("weights")),
         Check("A is exactly 0 where the numpy mask M is -∞", float(np.abs(w[blocked]).max()) if blocked.any() else 0.0,
               0.0),
     ]
+    if sink is not None and "sink" in maps:
+        checks["weights"].append(cmp("the learned sink's share, 1 - the row sums of the recomputed A", maps["sink"],
+                                     nm("sink")))
     return checks
 
 

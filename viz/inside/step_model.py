@@ -357,8 +357,10 @@ def block_notes(cfg, trace, stack: str, layer: int) -> str:
     if getattr(cfg, "post_sublayer_norm", False):
         notes.append("a norm after each sub-layer as well as before it: x + Norm(f(Norm(x)))")
     if getattr(cfg, "qk_norm", None):
-        notes.append(f"QK-norm ({'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}) "
-                     "before RoPE")
+        notes.append(f"QK-norm ({'per head' if cfg.qk_norm in ('head', 'l2') else 'over the whole projection'}"
+                     + (", L2: without a gain" if cfg.qk_norm == "l2" else "")
+                     + (f", on layers {', '.join(map(str, cfg.qk_norm_layers))} only"
+                        if getattr(cfg, "qk_norm_layers", None) is not None else "") + ") before RoPE")
     if getattr(cfg, "attn_softcap", None):
         notes.append(f"attention scores soft-capped at ±{cfg.attn_softcap:g}")
     if getattr(cfg, "final_softcap", None) and stack == "decoder":
@@ -366,12 +368,21 @@ def block_notes(cfg, trace, stack: str, layer: int) -> str:
     kinds = trace.meta.get("layer_kinds")
     if kinds and layer < len(kinds):
         n_local = sum(k == "local" for k in kinds)
+        n_chunked = sum(k == "chunked" for k in kinds)
         what = (f"local: sliding window of {cfg.sliding_window}" + (" tokens back" if stack == "decoder" else
-                f" (±{cfg.sliding_window // 2} tokens)") if kinds[layer] == "local" else "global: full attention")
+                f" (±{cfg.sliding_window // 2} tokens)") if kinds[layer] == "local" else
+                f"chunked: its own chunk of {cfg.attn_chunk} positions" if kinds[layer] == "chunked" else
+                "global: full attention")
         theta = (cfg.rope_theta_local if kinds[layer] == "local" and getattr(cfg, "rope_theta_local", None)
                  else cfg.rope_theta)
-        notes.append(f"layer {layer} is {what}, RoPE base {theta:g} ({n_local} local and "
-                     f"{len(kinds) - n_local} global layers)")
+        nope = layer in (getattr(cfg, "nope_layers", None) or [])
+        notes.append(f"layer {layer} is {what}, " + ("without positions (NoPE: q and k never rotated)" if nope else
+                                                     f"RoPE base {theta:g}")
+                     + f" ({n_local} local{f', {n_chunked} chunked' if n_chunked else ''} and "
+                     f"{len(kinds) - n_local - n_chunked} global layers)")
+    elif layer in (getattr(cfg, "nope_layers", None) or []):
+        notes.append(f"layer {layer} is without positions (NoPE: q and k never rotated; layers "
+                     f"{', '.join(map(str, cfg.nope_layers))} of {cfg.n_layers} have none)")
     return "; ".join(notes)
 
 
@@ -562,6 +573,10 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                      + (f"a token sees itself and the {window - 1} tokens before it; earlier and later keys are -∞."
                         if stack == "decoder" else
                         f"a token sees the keys at most {window // 2} positions away on either side; the rest are -∞."))
+    elif kinds and not cross and kinds[layer] == "chunked":
+        mask_text = (f"Layer {layer} is a chunked layer (Llama 4): the positions are cut into chunks of "
+                     f"{cfg.attn_chunk}, and a token sees only the keys of its own chunk up to itself; later keys and "
+                     "the keys of earlier chunks are -∞.")
     elif kinds and not cross:
         mask_text = f"Layer {layer} is a global layer (no window). " + mask_text
     m_rows = (r"M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}" if mk.startswith("causal")
@@ -593,6 +608,12 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
        r"\alpha_{ij} = \frac{e^{s_{ij}}}{\sum_{j'} e^{s_{ij'}}}",
        r"Softmax over the keys turns each query's scores into weights $\alpha_{ij} \ge 0$ that sum to 1 "
        "(each row; each column in column notation).", style="attention", value_name="weight")
+    if nm("sink") in trace:  # learned sinks (gpt-oss): the softmax's extra logit, drawn as a column of its own
+        w_step = out[-1]
+        w_step.extra["sink"] = _np(trace[nm("sink")][head])
+        w_step.explain += (r" This layer has a **learned sink**: one more logit per head in the softmax that no key "
+                           r"owns, so the keys' weights sum to $1 - 	ext{sink}$; the column **sink**, right of the "
+                           r"red line, is that share (trace name `.sink`).")
     m = _np(trace[nm("heads")][head])
     out.append(Step(key="heads", group=g_out, title=f"Head output AV (head {head})", matrix=m, name=nm("heads"),
                     latex_rows=r"\text{head}_h = A V \in \mathbb{R}^{" + nq + r" \times d_k},\quad y^{(i)} = \sum_j \alpha_{ij} v_j",
@@ -639,10 +660,10 @@ def _qk_norm_steps(trace, cfg, stack, layer, kind, head, kv, group, f_in, q_toks
         return float(v.min()), float(v.max())
 
     (b0, b1), (a0, a1) = span(before_s), span(after_s)
-    over = ("each head's d_k features (per head)" if cfg.qk_norm == "head"
+    over = ("each head's d_k features (per head)" if cfg.qk_norm in ("head", "l2")
             else f"the whole projection of all heads ({trace[nm('q_pre_norm')].shape[0]} × {d_k} features) before it is "
                  "split into heads")
-    norm_tex = (r"\operatorname{RMSNorm}_{d_k}" if cfg.qk_norm == "head" else r"\operatorname{RMSNorm}_{H d_k}")
+    norm_tex = (r"\operatorname{RMSNorm}_{d_k}" if cfg.qk_norm in ("head", "l2") else r"\operatorname{RMSNorm}_{H d_k}")
     out = [Step(key="qknorm", group=group, title=f"QK-norm: scores before the norm (head {head})", matrix=before_s,
                 name=None,
                 latex_rows=rf"\tfrac{{1}}{{\sqrt{{d_k}}}} (X W_q)(X W_k)^{{T}},\quad X = {f_in}",

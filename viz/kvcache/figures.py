@@ -10,6 +10,9 @@ core.analysis.evict returns.
 - `ppl_figure`: perplexity against budget for every policy on the same text (StreamingLLM's
   picture), the full model a horizontal line.
 - `sink_heatmap`: each head's sink score (the full model's mean attention on the first tokens).
+- `learned_sink_table` / `_figure` / `_verdict`: a model with learned sinks (gpt-oss): each
+  layer's learned sink mass beside the attention on the first tokens, and whether, by those
+  numbers, the learned sink replaces StreamingLLM's sinks.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from core import trace_names as tn
 from viz.figures.heatmaps import ATTN_SCALE, safe_label, safe_labels
 from viz.figures.reduce import tick_indices
 
@@ -213,3 +217,53 @@ def sinks_effect(window: pd.DataFrame, streaming: pd.DataFrame) -> pd.DataFrame:
         rows.append({"cache": name, "perplexity": df.attrs["perplexity"], "full": df.attrs["perplexity_full"],
                      "mean KL (nats)": float(df["kl"].mean()), "mean mass lost": float(df["mass_lost"].mean())})
     return pd.DataFrame(rows)
+
+
+LEARNED_COLOUR, FIRST_COLOUR = "#d62728", "#7b4173"
+
+
+def learned_sink_table(trace, sink_scores: np.ndarray) -> Optional[pd.DataFrame]:
+    """A model with learned sinks (gpt-oss): per layer, the learned sink's mass (the trace's
+    `.sink`, mean over heads and queries) beside the full model's attention on StreamingLLM's
+    first-token sinks (`sink_scores`, evict's L x H, mean over heads). None without learned
+    sinks."""
+    layers = sink_scores.shape[0]
+    names = [tn.attn("decoder", i, tn.SELF, "sink") for i in range(layers)]
+    if not all(n in trace for n in names):
+        return None
+    learned = [float(trace[n].double().mean()) for n in names]
+    return pd.DataFrame({"layer": list(range(layers)), "learned sink": learned,
+                         "first tokens": np.asarray(sink_scores, dtype=float).mean(1)})
+
+
+def learned_sink_verdict(table: pd.DataFrame, n_first: int) -> str:
+    """Whether the learned sink replaces StreamingLLM's first-token sinks, as the numbers say:
+    it does where, on average over the layers, it takes more of each row than the first
+    tokens receive and it does so in at least half of the layers."""
+    learned, first = float(table["learned sink"].mean()), float(table["first tokens"].mean())
+    more = int((table["learned sink"] > table["first tokens"]).sum())
+    L = len(table)
+    toks = f"the first {n_first} token{'s' if n_first != 1 else ''}"
+    if learned > first and 2 * more >= L:
+        return (f"Here the learned sink replaces them: in {more} of {L} layers it takes more of each row than "
+                f"{toks} receive ({learned:.3f} of a row on average, against {first:.3f}), so the share a model "
+                "without it would park on the first tokens goes to a logit that needs no cache slot.")
+    return (f"Here the learned sink does not replace them: {toks} still receive {first:.3f} of a row on average, "
+            f"against {learned:.3f} for the learned sink (which takes more in only {more} of {L} layers), so a cache "
+            "that drops those tokens still loses attention.")
+
+
+def learned_sink_figure(table: pd.DataFrame, n_first: int) -> go.Figure:
+    """learned_sink_table as grouped bars per layer."""
+    fig = go.Figure([
+        go.Bar(x=table["layer"], y=table["learned sink"], name="learned sink (no key)", marker_color=LEARNED_COLOUR,
+               hovertemplate="layer %{x}<br>learned sink: %{y:.3f} of a row<extra></extra>"),
+        go.Bar(x=table["layer"], y=table["first tokens"], name=f"first {n_first} token(s) (StreamingLLM's sinks)",
+               marker_color=FIRST_COLOUR,
+               hovertemplate="layer %{x}<br>on the first tokens: %{y:.3f} of a row<extra></extra>")])
+    fig.update_layout(barmode="group", height=320, title=dict(text="Learned sink against the first tokens: mean share "
+                                                                   "of a row, per layer (mean over heads and queries)",
+                                                              x=0, font=dict(size=14)),
+                      xaxis=dict(title="layer", dtick=1), yaxis=dict(title="share of a row", rangemode="tozero"),
+                      legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=50, b=10))
+    return fig

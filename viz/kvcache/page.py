@@ -12,8 +12,10 @@ import streamlit as st
 
 from core.analysis.evict import POLICIES, SEQUENTIAL, token_ids
 from core.errors import InputError
+from core import trace_names as tn
 from core.head_maps import layer_maps
 from viz.kvcache import figures as kf
+from viz.figures.heatmaps import add_sink_column
 from viz.figures.text import clean_text
 from viz.ui import charts, downloads, models, url_state, url_switches, widgets
 from viz.kvcache import run_panel as kr
@@ -156,8 +158,14 @@ if trace is not None:
                f"for query rows {r0}–{r1 - 1}; grey cells are keys that {policy}'s cache had evicted when that query "
                f"read, or that the layer's own sliding window no longer reached (the full model's weight on each is "
                f"in its hover).")
-    charts.chart(kf.kept_map(w, kept, trace.tokens("target"), r0,
-                             title=f"{policy} at budget {budget}: layer {layer}, head {head}"),
+    kept_fig = kf.kept_map(w, kept, trace.tokens("target"), r0,
+                           title=f"{policy} at budget {budget}: layer {layer}, head {head}")
+    sink_name = tn.attn("decoder", layer, tn.SELF, "sink")
+    if sink_name in trace:  # learned sinks (gpt-oss): the row's share that no key owns, and no cache slot holds
+        add_sink_column(kept_fig, trace[sink_name][head][r0:r1])
+        st.caption("The column **sink**, right of the red line, is the head's learned sink: the share of each row "
+                   "that no key owns, so no cache slot holds it and no policy evicts it.")
+    charts.chart(kept_fig,
                  key="kvcache-map", name=f"kvcache-{model_name}-{policy}-{budget}-L{layer}H{head}", width="stretch")
 
 # ------------------------------------------------------------------ mass lost and loss along the text
@@ -168,6 +176,15 @@ with left:
 with right:
     charts.chart(kf.sink_heatmap(a["sink_scores"], max(1, sinks)), key="kvcache-sinks",
                  name=f"kvcache-sinks-{model_name}", width="stretch")
+learned = kf.learned_sink_table(trace, a["sink_scores"]) if trace is not None else None
+if learned is not None:  # gpt-oss: a sink logit per head that no key owns, beside StreamingLLM's first tokens
+    st.subheader("A learned sink beside StreamingLLM's sinks")
+    st.caption(f"{model_name}'s heads each have a learned sink: a logit in the softmax that no key owns, so a row "
+               "can park its attention there instead of on the first tokens. Per layer: the learned sink's share "
+               f"of a row beside the full model's attention on the first {max(1, sinks)} token(s).")
+    charts.chart(kf.learned_sink_figure(learned, max(1, sinks)), key="kvcache-learned-sink",
+                 name=f"kvcache-learned-sink-{model_name}", width="stretch")
+    st.markdown(kf.learned_sink_verdict(learned, max(1, sinks)))
 st.subheader("Where forgetting hurts")
 charts.chart(kf.loss_figure(df), key="kvcache-loss", name=f"kvcache-loss-{policy}-{budget}", width="stretch")
 st.caption("Each token shaded by the loss the policy adds when it predicts the next one: log p_full − log p_policy "

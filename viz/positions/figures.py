@@ -312,3 +312,36 @@ def learned_dot_figure(G: np.ndarray, labels: Sequence[str]) -> go.Figure:
     return fix_margins(matrix_heatmap(G, list(labels), list(labels), title="learned positions: P_i · P_j",
                                       colorscale=DIVERGING, x_title="position j", y_title="position i",
                                       value_name="P_i·P_j", height=460))
+
+
+NOPE_COLOUR, ROPE_COLOUR = "#E69F00", "#0072B2"
+
+
+def layer_positions(kinds: Sequence[dict]) -> pd.DataFrame:
+    """Each layer's positions from model.layer_kinds(stack): layer, positions ("RoPE" where it
+    rotates its queries and keys, "NoPE" where it has no positions), its RoPE base (None
+    without), its mask and whether its scale varies by position (Llama 4's temperature)."""
+    rows = [{"layer": i, "positions": "RoPE" if k.get("positions") == "rope" else "NoPE" if k.get("positions") == "none"
+             else str(k.get("positions")), "RoPE base": k.get("rope_theta"), "mask": k.get("mask", ""),
+             "scale": k.get("scale", "fixed")} for i, k in enumerate(kinds)]
+    return pd.DataFrame(rows, columns=["layer", "positions", "RoPE base", "mask", "scale"])
+
+
+def layer_positions_figure(table: pd.DataFrame, model_name: str = "") -> go.Figure:
+    """layer_positions as one bar per layer: blue where the layer rotates (RoPE, its base
+    written on the bar), orange where it has no positions (NoPE)."""
+    colours = [ROPE_COLOUR if p == "RoPE" else NOPE_COLOUR if p == "NoPE" else "#7f7f7f" for p in table["positions"]]
+    text = [f"RoPE θ={b:g}" if p == "RoPE" and b is not None else p
+            for p, b in zip(table["positions"], table["RoPE base"])]
+    hover = [f"layer {r.layer}: {t}<br>mask: {r.mask}<br>scale: {r.scale}<extra></extra>"
+             for r, t in zip(table.itertuples(), text)]
+    fig = go.Figure(go.Bar(x=[f"L{i}" for i in table["layer"]], y=[1] * len(table), marker_color=colours, text=text,
+                           textposition="inside", insidetextanchor="middle", textangle=-90 if len(table) > 8 else 0,
+                           hovertemplate=hover, customdata=list(table["positions"])))
+    n_nope = int((table["positions"] == "NoPE").sum())
+    title = (f"{model_name}: which layers rotate q and k (RoPE, blue) and which have no positions (NoPE, orange)"
+             + (f" · {n_nope} of {len(table)} NoPE" if n_nope else ""))
+    fig.update_layout(title=dict(text=title, x=0, font=dict(size=14)), height=220, bargap=0.08,
+                      yaxis=dict(visible=False, range=[0, 1]), xaxis=dict(title="layer", type="category"),
+                      margin=dict(l=10, r=10, t=50, b=40), showlegend=False)
+    return fig

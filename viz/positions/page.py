@@ -7,6 +7,7 @@ import streamlit as st
 
 from viz.figures import sinusoid
 from viz.positions import figures as vp
+from viz.positions import layers_panel
 from viz.ui import charts, models, url_state, url_switches, widgets
 
 widgets.header("positions")
@@ -110,6 +111,7 @@ st.subheader("5 · Your sentence: the model's own X′, P and X = X′ + P")
 top = st.columns([1, 3])
 with top[0]:
     model_name = widgets.model_picker(state)
+widgets.random_note(model_name)
 model = models.get_model(model_name)
 widgets.sidebar(model)
 text_key = state.seeded_key("text", widgets.NOTES_EXAMPLES["Show me the money"])
@@ -133,6 +135,7 @@ if trace is not None:
                     "q_i·k_j depends on the offset i − j. The angles for your sentence:")
             ang = vp.rope_angle_matrix(len(toks), cfg.d_head, cfg.rope_theta)
             charts.chart(vp.rope_angle_figure(ang, labels), key="positions-rope", width="stretch")
+            layers_panel.layers(model, model_name, text, info["stack"])
         elif scheme == "relative" and vp.position_bias(trace) is not None:
             bias = vp.position_bias(trace)
             n_heads = bias["bias"].shape[0]

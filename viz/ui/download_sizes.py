@@ -63,7 +63,8 @@ def name_shape(trace, name: str):
         n_q, n_k = _side_lengths(trace, stack, kind)
         shapes = {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
                   **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
-                  "mask": (n_q, n_k), "out": (n_q, d)}
+                  "mask": (n_q, n_k), "out": (n_q, d),
+                  "sink": (h, n_q), "scale": (n_q,)}  # learned sinks (gpt-oss); a scale per query (Llama 4)
         mla = cfg.get("mla")
         if mla:  # latent attention: q and k of d_nope + d_rope, the latent, a sparse selection's maps
             dqk = int(mla["qk_nope_head_dim"]) + int(mla["qk_rope_head_dim"])
@@ -71,6 +72,8 @@ def name_shape(trace, name: str):
                           index_scores=(n_q, n_k), selected=(n_q, n_k))
         return shapes.get(part)
     n = _side_lengths(trace, stack, tn.SELF)[0]
+    if (kind, part) == (tn.FFN, "router"):  # a mixture of experts' router logits: n x E
+        return (n, int((cfg.get("moe") or {}).get("experts", 0)))
     return (n, d_ff) if (kind, part) == (tn.FFN, "hidden") else (n, d)  # residuals, norms, ffn.out, out: n x d_model
 
 

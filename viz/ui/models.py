@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import streamlit as st
 
 import core
+import core.registry
 import core.trace
 from core.errors import InputError
 from viz.ui import gate
@@ -29,7 +30,18 @@ TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "2048")) 
 
 
 def model_names():
-    return list(core.MODELS) + list(local_models())
+    """The registry's models, the random model's presets ("random:<preset>", seed 0) and the
+    models found under $ATTENTION_LAB_MODELS."""
+    return list(core.MODELS) + core.registry.random_preset_names() + list(local_models())
+
+
+def random_preset(name):
+    """(preset, seed) when `name` is one of the random model's presets ("random:<preset>" or
+    "random:<preset>:<seed>", core.registry.random_preset), else None (an unknown preset too)."""
+    try:
+        return core.registry.random_preset(name)
+    except ValueError:
+        return None
 
 
 # ------------------------------------------------------------------ models on disk ($ATTENTION_LAB_MODELS)
@@ -54,15 +66,19 @@ def model_label(name: str) -> str:
     local = local_models().get(name)
     if local is not None:
         return local.label
+    if random_preset(name) is not None:
+        return f"{name} (random weights)"
     return name if core.MODELS[name].available() else f"{name} (not installed)"
 
 
 def model_available(name: str) -> bool:
-    return name in local_models() or (name in core.MODELS and core.MODELS[name].available())
+    return name in local_models() or random_preset(name) is not None or (name in core.MODELS and core.MODELS[name].available())
 
 
 def model_kind(name: str) -> str:
     """encoder / decoder / encoder-decoder, as the registry or the checkpoint's family says ("?" unknown)."""
+    if random_preset(name) is not None:
+        return "decoder"
     local = local_models().get(name) if name not in core.MODELS else None
     return local.kind if local is not None else core.MODELS[name].kind if name in core.MODELS else "?"
 

@@ -15,7 +15,7 @@ import streamlit as st
 import core
 from viz.figures.citations import cite_text
 from viz.ui import page_guide, registry
-from viz.ui.models import get_model, model_kind, model_label, model_names
+from viz.ui.models import get_model, model_kind, model_label, model_names, random_preset
 from viz.ui.url_state import PageState, int_from_url
 from viz.figures.select import attention_views
 from viz.figures.text import _md_code
@@ -90,13 +90,27 @@ def model_header(state: PageState, allowed=None, needs: str = ""):
     """The top of a page: the model picker on the left of a wide column (returned, for the
     page's text input), the sidebar, and the loaded model (None after an error message).
     `allowed`: the models the page takes, `needs`: what they have in common, for the message
-    when another is asked for. Returns (model name, model or None, the wide column)."""
+    when another is asked for. A random preset says, under the header, that its weights are
+    random. Returns (model name, model or None, the wide column)."""
     top = st.columns([1, 3])
     with top[0]:
         model_name = model_picker(state, allowed=allowed, needs=needs)
+    random_note(model_name)
     model = get_model(model_name)
     sidebar(model)
     return model_name, model, top[1]
+
+
+def random_note(model_name: str) -> None:
+    """For a random preset (core.registry.RANDOM_PRESETS): an st.info saying that its weights
+    are random, which mechanism it has and which seed drew it."""
+    preset = random_preset(model_name)
+    if preset is None:
+        return
+    what = core.registry.RANDOM_PRESETS[preset[0]][0]
+    st.info(f"**The weights of {model_name} are random** (seed {preset[1]}), not trained: its maps show what the "
+            f"mechanism does ({what}), not what a trained model learned. It needs no download.",
+            icon=":material/casino:")
 
 
 def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int = 5, shown: int | None = None) -> None:
@@ -123,23 +137,51 @@ def example_buttons(examples: Dict[str, str], key: str, on_click, max_cols: int 
 
 
 def model_picker(state: PageState, allowed=None, label: str = "Model", needs: str = "") -> str:
+    """The model selectbox, seeded from the URL. Beside the models it lists, it takes a random
+    preset with a seed ("random:sinks:3", core.registry.random_preset) where the page takes its
+    preset, and shows a seed box under a random preset."""
     names = [n for n in model_names() if n != "random" and (allowed is None or n in allowed)]
+
+    def base(name) -> str:  # a seeded preset stands for its preset's name
+        preset = random_preset(name)
+        return f"random:{preset[0]}" if preset is not None else str(name)
+
+    def valid(name) -> bool:
+        return name in names or base(name) in names
 
     def why_not(name) -> str:
         name = str(name)
-        if name == "random" or name not in model_names():
-            return f"no model here has that name (models: {', '.join(names)})"
-        return f"{name} is an {model_kind(name)} model; {needs or 'this page takes ' + ', '.join(names)}"
+        try:
+            core.registry.random_preset(name)
+        except ValueError:  # the value itself is not repeated outside the URL's quote
+            return (f"the random model's presets are {', '.join(core.registry.RANDOM_PRESETS)}, each with an optional "
+                    "seed (random:sinks:3)")
+        if base(name) in model_names() and base(name) != "random":
+            return f"{name} is an {model_kind(name)} model; {needs or 'this page takes ' + ', '.join(names)}"
+        return f"no model here has that name (models: {', '.join(names)})"
 
     default = DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
     theirs = state.shared.get("model")
-    if theirs is not None and theirs not in names and state.key("model") not in st.session_state \
+    if theirs is not None and not valid(theirs) and state.key("model") not in st.session_state \
             and "model" not in state.qp:  # the model of the page the user comes from
         state.say(f"{why_not(theirs)}: showing {default}.")
-    key = state.seeded_key("model", default, valid=lambda v: v in names, why=lambda raw, exc: why_not(raw))
-    if st.session_state[key] not in names:
+    key = state.seeded_key("model", default, valid=valid, why=lambda raw, exc: why_not(raw))
+    if not valid(st.session_state[key]):
         st.session_state[key] = default
-    name = st.selectbox(label, names, key=key, format_func=model_label)
+    current = st.session_state[key]
+    options = names if current in names else names + [current]  # a preset with its own seed
+    name = st.selectbox(label, options, key=key, format_func=model_label)
+    preset = random_preset(name)
+    if preset is not None:
+        seed_key = f"{state.page}._seed"
+        st.session_state[seed_key] = preset[1]
+
+        def reseed():
+            seed = int(st.session_state[seed_key])
+            st.session_state[key] = f"random:{preset[0]}" + (f":{seed}" if seed else "")
+
+        st.number_input("Seed of the random weights", min_value=0, max_value=2**31 - 1, key=seed_key, step=1, on_change=reseed,
+                        help="Another seed draws other random weights of the same shape (the URL keeps it).")
     state.switch_seen(name)  # the page's remembered choices are fitted to the new model (url_state)
     return name
 
