@@ -23,8 +23,10 @@ gamma the cumulative log decay, the writes delta_j solve (I + L) delta = beta V 
 e^gamma) K S_0 with L[j, l] = beta_j e^(gamma_j - gamma_l) k_j . k_l (l < j): one unit lower
 triangular solve; then heads_i = e^(gamma_i) S_0^T q_i + sum_{j<=i} e^(gamma_i - gamma_j)
 (q_i . k_j) delta_j and S_C = e^(gamma_C) S_0 + sum_j e^(gamma_C - gamma_j) k_j delta_j^T.
-The recurrent form (a cache dict) steps S_t one position at a time and keeps S and the
-convolution's last conv - 1 inputs in the cache ("conv", "state"): greedy decoding.
+With a cache dict (greedy decoding) the layer keeps S and the convolution's last conv - 1 inputs
+there ("conv", "state") and continues from them: one new position is the recurrent form (S_t
+stepped once); several (a prompt) the chunked form started from the kept state, which gives
+the same numbers to float32 rounding in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -164,8 +166,10 @@ class GatedDeltaNet(Mixer):
                 rec("weights", self.implicit_attention(q, k, g, beta))
         if cache is None:
             heads, _ = chunked_rule(q, k, v, g, beta, self.chunk)
-        else:
+        elif n == 1:  # a decoding step: the recurrent form
             heads, cache["state"] = recurrent_rule(q, k, v, g, beta, cache.get("state"))
+        else:  # a prompt read into the cache: the chunked form from the kept state
+            heads, cache["state"] = chunked_rule(q, k, v, g, beta, self.chunk, cache.get("state"))
         heads = point(rec, "heads", heads)  # (B, H, n, d_v)
         y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
         z = self.w_z(x).float().view(b, n, self.n_heads, self.dv).transpose(1, 2)

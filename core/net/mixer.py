@@ -22,10 +22,11 @@ A kind is a Mixer subclass named in KINDS (kind -> "module:Class" under core.net
 `make_mixer(cfg, index)` from cfg.mixer = {"kind": ..., its own sizes}. It implements:
 
     forward(x (B, n, d), rec=None, cache=None) -> (B, n, d)
-        cache None: the parallel (chunked) form. cache a dict: the recurrent form, which reads
-        and writes its fixed-size state there (the convolution's last inputs, the recurrent
-        state) so that greedy decoding feeds one token at a time. Both forms give the same
-        numbers to float32 rounding (tests/parity/test_mixers.py measures it).
+        cache None: the parallel (chunked) form. cache a dict: the mixer reads and writes its
+        fixed-size state there (the convolution's last inputs, the recurrent state) so that
+        greedy decoding feeds one token at a time, each step in the recurrent form (a prompt
+        of several tokens may take the parallel form from the kept state). The forms give
+        the same numbers to float32 rounding (tests/parity/test_mixers.py measures it).
     weights(x (B, n, d)) -> (B, H, n, n)
         the exact implicit attention of its input, without the out-projection: what
         `.weights` records, computed alone (the model view reads it layer by layer).

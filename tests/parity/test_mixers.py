@@ -157,9 +157,9 @@ def test_generation_with_the_cache(run):
     cache = {}
     steps = []
     with torch.no_grad():
-        hidden = net.decode(ids[:, :10], cache=cache)
-        steps.append(net.project(hidden))
-        for t in range(10, N):
+        steps.append(net.project(net.decode(ids[:, :10], cache=cache)))  # the chunked form into the cache
+        steps.append(net.project(net.decode(ids[:, 10:17], cache=cache)))  # chunked, from the kept state
+        for t in range(17, N):  # the recurrent form, a token at a time
             steps.append(net.project(net.decode(ids[:, t:t + 1], cache=cache)))
     got = torch.cat(steps, dim=1)
     d = float((got - logits).abs().max())
