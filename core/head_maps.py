@@ -303,7 +303,7 @@ def pooled(trace, name: str, size: int = 128, heads: Optional[Sequence[int]] = N
     a tile of query rows at a time (the contract of docs/design.md, "Long inputs"). Kept in
     the trace's memo per (name, size, head)."""
     stack, i, kind, what = split_name(name)
-    n_heads = trace.n_heads(stack)
+    n_heads = trace.mixer_heads(stack) if kind == tn.MIXER else trace.n_heads(stack)
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < n_heads]
     if bad:

@@ -293,6 +293,14 @@ class Trace:
             raise KeyError(f"{name} is not stored and the trace has no config: cannot count heads")
         return (self._base or self)._tensors[name].shape[0]
 
+    def mixer_heads(self, stack: str) -> int:
+        """The H of a stack's token mixers (core/net/mixer.py), from the config: their maps'
+        head count, which need not be the softmax layers' (n_heads)."""
+        mixer = self.meta.get("config", {}).get("mixer") or {}
+        if not mixer.get("heads"):
+            raise KeyError(f"this trace's {stack} has no token mixer with a head count in its config")
+        return int(mixer["heads"])
+
     def frame(self, name: str):
         """An attention name as a long pandas DataFrame, one row per (head, query, key):
         see core.frames.frame."""

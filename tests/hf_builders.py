@@ -120,7 +120,8 @@ NEW = {
 
 
 # the hybrids of Gated DeltaNet and gated attention (issue 52): four layers, linear, linear, full,
-# linear; two key heads for four value heads (d_k 8, d_v 6), a convolution of 4; decays from
+# linear; two key heads for six value heads (d_k 8, d_v 6; the softmax layer has 4 heads), a
+# convolution of 4; decays from
 # a few steps to the whole text, strong writes; partial rotary over 4 of 8 features; norms with
 # eps 1e-4, so that the gated norm of a head whose output is near zero at some position (rms ~1e-4
 # here) does not blow float32's rounding up 10^4-fold (both sides round differently); Qwen3-Next
@@ -128,7 +129,7 @@ NEW = {
 MIXED = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
              num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention",
                                                "linear_attention"],
-             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+             linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=6,
              linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                         "partial_rotary_factor": 0.5},
              rms_norm_eps=1e-4)

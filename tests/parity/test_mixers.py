@@ -34,6 +34,7 @@ import pytest
 import torch
 
 import core
+import core.head_maps as hm
 from core import trace_names as tn
 from core.net.config import ModelConfig
 from core.net.gated_delta import chunked_rule, recurrent_rule
@@ -251,6 +252,7 @@ def test_family_matches_transformers(zoo, fam):
     for i, want in heads.items():
         got = tr[tn.mixer("decoder", i, "heads")]
         assert tr.is_stored(tn.mixer("decoder", i, "heads"))
+        assert not tr.is_stored(tn.mixer("decoder", i, "weights"))  # a map: computed when read
         dh = float((got - want).abs().max())
         A, v = tr[tn.mixer("decoder", i, "weights")], tr[tn.mixer("decoder", i, "v")]
         dav = float((A @ v - got).abs().max()) / float(got.abs().max())
@@ -258,7 +260,11 @@ def test_family_matches_transformers(zoo, fam):
         assert dh < TOL * max(1.0, float(want.abs().max()))
         assert dav < TOL
         assert float(A.triu(1).abs().max()) == 0.0
-        assert A.shape == (4, len(ids), len(ids))
+        assert A.shape == (6, len(ids), len(ids))
+        pooled = tr.pooled(tn.mixer("decoder", i, "weights"), size=5)  # every mixer head, block means
+        want = torch.stack([hm.pool_full(a, 5) for a in A])
+        assert pooled.shape == (6, -(-len(ids) // 5), -(-len(ids) // 5))
+        assert float((pooled - want).abs().max()) < 1e-6
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -336,7 +342,8 @@ def test_analyses_on_a_hybrid(zoo):
     assert len(ours.encode(corrupt).ids) == len(ours.encode(clean).ids)
     answer = ours.greedy_run(clean, 1)[0][0]
     heads = ca.patch(ours, clean, corrupt, answer, what="head")  # the mixer layers' heads are its own H
-    assert sorted(set(heads.layer)) == [0, 1, 2, 3] and len(heads[heads.layer == 0]) == 4
+    assert sorted(set(heads.layer)) == [0, 1, 2, 3] and len(heads[heads.layer == 0]) == 6
+    assert len(heads[heads.layer == 2]) == 4
     assert float(heads[heads.layer == 0].restored.abs().max()) > 0  # a mixer head's patch moves the metric
     out = ca.patch(ours, clean, corrupt, answer, what="attn_out")
     last = out[(out.layer == 3) & (out.position == out.position.max())]
