@@ -12,6 +12,7 @@ n x n matrix kept, and STORES only what is O(n d):
     embed.{stack}.*                 token embeddings, positions, their sum (input to layer 0)
     {stack}.{i}.out                 the residual stream at every layer boundary
     {stack}.{i}.{attn}.heads        each attention's per-head output (n x d in all)
+    {stack}.{i}.mixer.heads         a token mixer's per-head output (core/net/mixer.py)
     {stack}.final_norm              final norms (the encoder output for cross-attention)
     topk.ids, topk.probs            decoders: the top-k next tokens at every position (n x k)
     last.probs                      decoders: the whole next-token distribution at the end
