@@ -181,6 +181,7 @@ def test_bad_mixer_settings():
 # ------------------------------------------------------------------ the families against transformers
 FAMILIES = ["qwen3_5_text", "qwen3_next"]
 TEXT = "the small dog sees the old cat near the river bank because it was tired"
+FOLDERS = {}  # family -> the folder its checkpoint was saved in
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +195,7 @@ def zoo(tmp_path_factory):
         if fam not in cache:
             hf, folder = build(fam, tmp_path_factory.mktemp(fam))
             hf.save_pretrained(str(folder))
+            FOLDERS[fam] = folder
             ours = core.load_model(str(folder), device="cpu")
             tr = ours.trace(TEXT)
             ids = tr.meta["target_ids"]
@@ -358,3 +360,46 @@ class _NoMixers:
 
     def layers(self, stack):
         return [layer for layer in self.net.layers(stack) if layer.mixer is None]
+
+
+def test_qwen3_next_fused_experts_load(zoo, tmp_path):
+    """transformers' fused expert layout (experts.gate_up_proj E x 2m x d, experts.down_proj
+    E x d x m) loads to the same model as the per-expert tensors the hub's checkpoints hold."""
+    from safetensors.torch import load_file, save_file
+    import shutil
+
+    hf, ours, tr, ids, (logits, _, _, _) = zoo("qwen3_next")
+    src = FOLDERS["qwen3_next"]
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    state = load_file(str(src / "model.safetensors"))
+    fused, E = {}, hf.config.num_experts
+    for i in range(hf.config.num_hidden_layers):
+        pre = f"model.layers.{i}.mlp.experts"
+        if f"{pre}.0.gate_proj.weight" not in state:
+            continue
+        fused[f"{pre}.gate_up_proj"] = torch.stack([torch.cat([state.pop(f"{pre}.{e}.gate_proj.weight"),
+                                                               state.pop(f"{pre}.{e}.up_proj.weight")]) for e in range(E)])
+        fused[f"{pre}.down_proj"] = torch.stack([state.pop(f"{pre}.{e}.down_proj.weight") for e in range(E)])
+    assert len(fused) == 6
+    save_file({**state, **fused}, str(tmp_path / "model.safetensors"))
+    again = core.load_model(str(tmp_path), device="cpu").trace(TEXT)
+    assert torch.equal(again["logits"], tr["logits"])
+
+
+@pytest.mark.parametrize("change, match", [({"hidden_act": "gelu"}, "hidden_act"),
+                                           ({"attention_bias": True}, "attention biases"),
+                                           ({"layer_types": ["sliding_attention"] * 4}, "layer_types")])
+def test_settings_refused(change, match):
+    from core.loaders.checkpoint import CheckpointError
+    from core.loaders.families import qwen3_next
+
+    hf = {"model_type": "qwen3_5_text", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 8, "intermediate_size": 48, "num_hidden_layers": 4, "vocab_size": 50, "hidden_act": "silu",
+          "linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 8,
+          "linear_value_head_dim": 6, "linear_conv_kernel_dim": 4}
+    cfg = qwen3_next.config(hf)  # the defaults: every 4th layer full attention, rotary over a quarter
+    assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] and cfg.rotary_dim == 2
+    with pytest.raises(CheckpointError, match=match):
+        qwen3_next.config(dict(hf, **change))
