@@ -48,6 +48,7 @@ import torch
 from .. import trace_names as tn
 from ..net.hooks import Hooks
 from ..net.mixer import MIXER_REASONS
+from ..net.multihead import NO_VALUE_NORMS
 from . import _checks as checks
 from .token_ids import input_token_id, input_vocab, output_token_id
 
@@ -304,7 +305,10 @@ def _trace_rows(s: Setup, trace, methods: Sequence[str]) -> Dict[str, np.ndarray
         elif m == "flow":
             out[m] = flow(trace, stack, query=s.position, layers=[last])[-1, s.position]
         elif m == "value_norm":
-            out[m] = trace[tn.self_attn(stack, last, "value_norms")].double().mean(0)[s.position].numpy()
+            name = tn.self_attn(stack, last, "value_norms")
+            if name not in trace:
+                raise ValueError(f"the last layer ({stack} {last}) has no value norms: {NO_VALUE_NORMS}")
+            out[m] = trace[name].double().mean(0)[s.position].numpy()
     return out
 
 

@@ -128,7 +128,7 @@ class Layer(nn.Module):
         gated = first is not None and first.w_gate is not None
         attn = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
             ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + [
-            "value_norms", "heads"] + (["gate"] if gated else []) + ["out"]
+            ] + ([] if gated else ["value_norms"]) + ["heads"] + (["gate"] if gated else []) + ["out"]
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":

@@ -23,8 +23,11 @@ Temperature tuning (cfg.attn_temperature on cfg.nope_layers, Llama 4): the scale
 query position (q_scale); recorded `scale` (n_q), and q stays as projected.
 An output gate (cfg.attn_gate, Qwen3.5 and Qwen3-Next): `w_gate`, the second part of their q
 projection; the heads are multiplied by sigmoid(x_q W_g) (recorded `gate`, H x n_q x d_k)
-after the hook point `heads` and before Concat and W_o.
+after the hook point `heads` and before Concat and W_o. Such a layer has no value_norms: the
+gate scales each query's head output feature by feature, so ||a_ij v_j W_o^h|| is not what key
+j adds to query i there, and the exact size costs d_k^2 per (i, j) (a ValueError says so).
 """
+
 
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ from .norms import RMSNorm
 from .positional import apply_rope, rope_attention_factor
 from .hooks import point
 from .recorder import Rec, records_maps
+
+NO_VALUE_NORMS = ("value norms ||a_ij v_j W_o^h|| leave out this layer's output gate, which scales each query's "
+                  "head output feature by feature (heads * sigmoid(x W_g) before W_o): they are not what key j "
+                  "adds to query i here")
 
 
 class MultiHeadAttention(nn.Module):
@@ -204,6 +211,8 @@ class MultiHeadAttention(nn.Module):
         """||a_ij v_j W_o^h|| alone (B, H, n_q, n_k): the weights (as `weights` computes them)
         times the size of each key's transformed value; no heads, no W_o on the heads.
         qkv: the (q, k, v) a traced pass kept, instead of projecting x again."""
+        if self.w_gate is not None:
+            raise ValueError(NO_VALUE_NORMS)
         if qkv is not None:
             w = self.weights(None, None, mask, angles, is_causal, position_bias, qk=qkv[:2])
             v = qkv[2]
@@ -288,7 +297,7 @@ class MultiHeadAttention(nn.Module):
                 rec(name, t, batched)
         heads = scaled_dot_product_attention(q, k, v, mask, record, scale,
                                              is_causal=is_causal, **opts)  # (B, H, n_q, d_k)
-        if explicit:  # what each key adds, ||a_ij v_j W_o^h|| (computed from the same weights)
+        if explicit and self.w_gate is None:  # what each key adds, ||a_ij v_j W_o^h|| (from the same weights)
             rec("value_norms", seen["weights"] * self.value_sizes(v)[:, :, None, :])
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
         if self.w_gate is not None:  # the output gate, per head and feature

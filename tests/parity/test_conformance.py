@@ -497,6 +497,10 @@ def not_applicable(case, c, path):
             check_args(ours, "full", 4)
         except ValueError as e:
             return str(e)
+    if path == "value_norms" and c.self_layers() and not all(
+            f"{s}.{i}.self_attn.value_norms" in c.tr for s, i in c.self_layers()):
+        from core.net.multihead import NO_VALUE_NORMS
+        return NO_VALUE_NORMS[:160]
     if path == "score_attribution":
         try:
             ca.score_attribution(c.tr, c.stack, c.tr.layers(c.stack) - 1, 0, query=-1, key=0)

@@ -251,6 +251,9 @@ def test_family_matches_transformers(zoo, fam):
         dg = float((tr[tn.self_attn("decoder", i, "gate")] - gates[i]).abs().max())
         print(f"{fam} layer {i}: weights {dw:.3g}, gate {dg:.3g}")
         assert dw < TOL and dg < TOL
+        assert tn.self_attn("decoder", i, "value_norms") not in tr  # the gate makes them something else
+        with pytest.raises(ValueError, match="output gate"):
+            ours.net.layer_weights("decoder", i, tr.layer_input("decoder", i)[None], what="value_norms")
     for i, want in heads.items():
         got = tr[tn.mixer("decoder", i, "heads")]
         assert tr.is_stored(tn.mixer("decoder", i, "heads"))
