@@ -228,6 +228,11 @@ class Trace:
         base = self._base or self
         names = list(names)
         for i in (range(self.layers(stack)) if layers is None else layers):
+            missing = [s for s in names if tn.at(stack, i, s) not in base._known]
+            if missing:
+                mixer = f" (it mixes tokens with a mixer: its names are {tn.mixer(stack, i, '*')})" \
+                    if tn.mixer(stack, i, "heads") in base._known else ""
+                raise KeyError(f"{stack} layer {i} has no {', '.join(missing)}{mixer}")
             with base._lock:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(

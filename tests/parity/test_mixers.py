@@ -331,6 +331,10 @@ def test_analyses_on_a_hybrid(zoo):
     df = ca.logit_attribution(tr, t, baseline=b)
     assert sorted(df[df.kind == "mixer"].layer) == [0, 1, 3] and sorted(set(df[df.kind == "head"].layer)) == [2]
     assert abs(float(df.contribution.sum()) - float(logits[-1, t] - logits[-1, b])) < TOL
+    with pytest.raises(KeyError, match="mixes tokens with a mixer"):  # never a mixer's map under a softmax name
+        next(tr.each_layer("decoder", [tn.local(tn.SELF, "weights")]))
+    got = next(tr.each_layer("decoder", [tn.local(tn.MIXER, "weights")], layers=[1]))
+    assert torch.equal(got[tn.local(tn.MIXER, "weights")], tr[tn.mixer("decoder", 1, "weights")])
     scores = ca.head_scores(ours, TEXT, trace=tr)
     assert sorted(set(scores.layer)) == [2]
     with pytest.raises(ValueError, match="not a query-key product"):
