@@ -122,13 +122,12 @@ class Layer(nn.Module):
 
     def recorded_names(self) -> List[str]:
         """What an explicit run of this layer records, in order (names under the layer)."""
-        first = self.self_attn or self.cross_attn
-        tempered = first is not None and first.temperature is not None
-        sinks = first is not None and first.sinks is not None
-        gated = first is not None and first.w_gate is not None
-        attn = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
-            ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + [
-            ] + ([] if gated else ["value_norms"]) + ["heads"] + (["gate"] if gated else []) + ["out"]
+        def attn_names(mod):
+            tempered, sinks, gated = mod.temperature is not None, mod.sinks is not None, mod.w_gate is not None
+            return ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
+                ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + (
+                [] if gated else ["value_norms"]) + ["heads"] + (["gate"] if gated else []) + ["out"]
+
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
@@ -139,6 +138,7 @@ class Layer(nn.Module):
                 own = sub == "self_attn"
                 pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (
                     ["q_pre_rope", "k_pre_rope"] if self.rope and own else [])
+                attn = attn_names(getattr(self, sub))
                 names_ = attn if not (self.relative and own) else attn[:4] + ["position_bias"] + attn[4:]
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
             if self.pre:
