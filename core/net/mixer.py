@@ -100,8 +100,8 @@ def refuse_mixer(layer, why: str, where: str = "") -> None:
     mixer instead of softmax attention; `where` names the layer in the message."""
     mixer = getattr(layer, "mixer", None)
     if mixer is not None:
-        at = f" ({where})" if where else ""
-        raise ValueError(f"layer{at} mixes tokens with {mixer.kind!r}, not softmax attention: {MIXER_REASONS[why]}")
+        raise ValueError(f"{where or 'this layer'} mixes tokens with {mixer.kind!r}, not softmax attention: "
+                         f"{MIXER_REASONS[why]}")
 
 
 def check_softmax_heads(net, stack: str, upto: int, what: str) -> None:
