@@ -187,12 +187,18 @@ def build(family: str, folder: Path, **over):
                 elif family == "gpt_oss" and ("q_proj" in name or "k_proj" in name):
                     p.mul_(0.6)  # YaRN's attention factor already scales the scores by 1.46
         return model.eval(), folder
-    elif family in HYBRID:
-        conf, cls, args = HYBRID[family]
+    elif family in HYBRID or family == "qwen3_5":
+        conf, cls, args = HYBRID.get(family, HYBRID["qwen3_5_text"])
         args = dict(dict(vocab_size=v, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=None,
                          bos_token_id=None, eos_token_id=0), **args)
         args.update(over)
-        model = getattr(tf, cls)(getattr(tf, conf)(**args))
+        if family == "qwen3_5":  # the multimodal checkpoint: this text model beside a one-block vision tower
+            vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
+                          num_position_embeddings=16)
+            model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(text_config=args, vision_config=vision,
+                                                                        tie_word_embeddings=False))
+        else:
+            model = getattr(tf, cls)(getattr(tf, conf)(**args))
         randomize(model)
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():

@@ -410,3 +410,24 @@ def test_settings_refused(change, match):
     assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] and cfg.rotary_dim == 2
     with pytest.raises(CheckpointError, match=match):
         qwen3_next.config(dict(hf, **change))
+
+
+def test_multimodal_checkpoint_reads_its_text_model(tmp_path):
+    """Qwen3.5's multimodal checkpoint (model_type qwen3_5) loads as its text model: the vision
+    tower's tensors are left unread and the text's logits are transformers' own on text alone."""
+    pytest.importorskip("transformers")
+    from safetensors import safe_open
+    from hf_builders import build
+
+    hf, folder = build("qwen3_5", tmp_path)
+    hf.save_pretrained(str(folder))
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert any(k.startswith("model.visual.") for k in f.keys())
+    ours = core.load_model(str(folder), device="cpu")
+    tr = ours.trace(TEXT)
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([tr.meta["target_ids"]])).logits[0]
+    d = float((tr["logits"] - logits).abs().max())
+    print(f"qwen3_5 (multimodal, text alone): logits max |diff| {d:.3g}")
+    assert d < TOL and [k["mixer"] for k in ours.layer_kinds()][:3] == ["gated_delta", "gated_delta", "softmax"]

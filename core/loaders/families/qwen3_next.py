@@ -30,21 +30,25 @@ Tensors (under model. or model.language_model.):
 
 Qwen3.5's rotary embedding is multimodal (mrope_section, interleaved over time, height and
 width); for text alone the three position ids are the same, which makes it the plain rotary
-embedding of the first rotary_dim features, as read here. Not supported (CheckpointError):
-attention biases, an activation other than SiLU, layer types other than the two above, the
-multimodal checkpoints' vision tower (model_type "qwen3_5": load the text model).
+embedding of the first rotary_dim features, as read here. The multimodal checkpoints (model_type
+"qwen3_5", Qwen3_5ForConditionalGeneration) load as their text model: text_config is read, the
+vision tower's tensors (model.visual.*) are left unread, as are the multi-token-prediction
+heads (mtp.*) both families ship and transformers ignores. Not supported (CheckpointError):
+attention biases, an activation other than SiLU, layer types other than the two above.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
 from ..checkpoint import CheckpointError, check_shape
 from ..hf_config import config_llama, rotary_dim
 
-MODEL_TYPES = ("qwen3_next", "qwen3_5_text")
+MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5")
+IGNORED = re.compile(r"^(model\.visual\.|mtp\.)")  # the vision tower; multi-token prediction
 BASES = (("model.", "model.language_model.", ""), "embed_tokens.weight")
 KIND = "decoder"
 LA = "layers.{i}.linear_attn"
@@ -71,6 +75,11 @@ def _moe_layers(hf: dict, n: int) -> list:
 
 
 def config(hf: dict):
+    if hf.get("model_type") == "qwen3_5":  # the multimodal checkpoint: its text model
+        if not hf.get("text_config"):
+            raise CheckpointError("a qwen3_5 config.json without text_config: there is no text model to read")
+        tie = hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", False))
+        hf = dict(hf["text_config"], model_type="qwen3_5_text", tie_word_embeddings=tie)
     if hf.get("model_type") not in MODEL_TYPES:
         raise CheckpointError(f"model_type {hf.get('model_type')!r} is not read by the Qwen3-Next family")
     cfg = config_llama(hf, partial=True)
