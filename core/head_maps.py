@@ -313,7 +313,7 @@ def pooled(trace, name: str, size: int = 128, heads: Optional[Sequence[int]] = N
     a tile of query rows at a time (the contract of docs/design.md, "Long inputs"). Kept in
     the trace's memo per (name, size, head)."""
     stack, i, kind, what = split_name(name)
-    n_heads = trace.n_heads(stack)
+    n_heads = trace.mixer_heads(stack) if kind == tn.MIXER else trace.n_heads(stack)
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     bad = [h for h in heads if not 0 <= h < n_heads]
     if bad:
@@ -380,5 +380,7 @@ def layer_summary(trace, stack: str, i: int, size: int) -> Tuple[torch.Tensor, D
 def profiles(trace, stack: str, size: int = 128, layers: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
     """{figure: L x H} for every layer x head of a stack (PROFILE figures), layer by layer."""
     layers = range(trace.layers(stack)) if layers is None else layers
-    rows = [layer_summary(trace, stack, i, size)[1] for i in layers]
+    nan = {k: [float("nan")] * trace.n_heads(stack) for k in PROFILE}  # a token mixer's layer: no softmax heads
+    rows = [layer_summary(trace, stack, i, size)[1] if tn.self_attn(stack, i, "weights") in trace else nan
+            for i in layers]
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.float64) for k in PROFILE}

@@ -12,6 +12,7 @@ n x n matrix kept, and STORES only what is O(n d):
     embed.{stack}.*                 token embeddings, positions, their sum (input to layer 0)
     {stack}.{i}.out                 the residual stream at every layer boundary
     {stack}.{i}.{attn}.heads        each attention's per-head output (n x d in all)
+    {stack}.{i}.mixer.heads         a token mixer's per-head output (core/net/mixer.py)
     {stack}.final_norm              final norms (the encoder output for cross-attention)
     topk.ids, topk.probs            decoders: the top-k next tokens at every position (n x k)
     last.probs                      decoders: the whole next-token distribution at the end
@@ -227,6 +228,11 @@ class Trace:
         base = self._base or self
         names = list(names)
         for i in (range(self.layers(stack)) if layers is None else layers):
+            missing = [s for s in names if tn.at(stack, i, s) not in base._known]
+            if missing:
+                mixer = f" (it mixes tokens with a mixer: its names are {tn.mixer(stack, i, '*')})" \
+                    if tn.mixer(stack, i, "heads") in base._known else ""
+                raise KeyError(f"{stack} layer {i} has no {', '.join(missing)}{mixer}")
             with base._lock:
                 cached = base._cache.get((stack, i))
             if cached is None and base._runner is not None and not all(
@@ -270,10 +276,17 @@ class Trace:
         return max(idx) + 1 if idx else 0
 
     def attention_kinds(self, stack: str) -> List[str]:
-        return [kind for kind in tn.ATTNS if tn.attn(stack, 0, kind, "weights") in self]
+        """The softmax attentions of `stack` (self_attn, cross_attn) that some layer has; a layer
+        whose token mixer is not softmax attention has `mixer` names instead (mixer_layers)."""
+        n = self.layers(stack)
+        return [kind for kind in tn.ATTNS if any(tn.attn(stack, i, kind, "weights") in self for i in range(n))]
+
+    def mixer_layers(self, stack: str) -> List[int]:
+        """The layers of `stack` whose token mixer is not softmax attention ({stack}.{i}.mixer.*)."""
+        return [i for i in range(self.layers(stack)) if tn.mixer(stack, i, "heads") in self]
 
     def stacks(self) -> List[str]:
-        return [s for s in tn.STACKS if tn.self_attn(s, 0, "weights") in self]
+        return [s for s in tn.STACKS if tn.out(s, 0) in self]
 
     def n_heads(self, stack: str) -> int:
         """Query heads per attention of `stack`, from the config or the stored per-head output:
@@ -285,6 +298,14 @@ class Trace:
         if not self.is_stored(name):
             raise KeyError(f"{name} is not stored and the trace has no config: cannot count heads")
         return (self._base or self)._tensors[name].shape[0]
+
+    def mixer_heads(self, stack: str) -> int:
+        """The H of a stack's token mixers (core/net/mixer.py), from the config: their maps'
+        head count, which need not be the softmax layers' (n_heads)."""
+        mixer = self.meta.get("config", {}).get("mixer") or {}
+        if not mixer.get("heads"):
+            raise KeyError(f"this trace's {stack} has no token mixer with a head count in its config")
+        return int(mixer["heads"])
 
     def frame(self, name: str):
         """An attention name as a long pandas DataFrame, one row per (head, query, key):

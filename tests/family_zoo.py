@@ -16,6 +16,9 @@ HF = ["bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "gpt
 NEW = ["gpt_oss", "smollm3", "olmo3", "exaone4", "llama4_text",  # the 2025-26 attentions (tests/hf_builders.py NEW)
        "deepseek_v3", "deepseek_v32"]
 HF += NEW
+# Gated DeltaNet hybrids (tests/hf_builders.py HYBRID): not in FAMILIES, whose tests read every layer's
+# softmax attention; the conformance matrix has them as rows of their own
+HYBRID = ["qwen3_5_text", "qwen3_next"]
 GEMMA = ["gemma", "gemma2", "gemma3_text", "gemma4_text", "modernbert"]
 SEQ2SEQ = ["marian", "bart", "t5"]
 OVERRIDES = {"mistral": {"sliding_window": 4}}  # a window shorter than the test sentences

@@ -10,6 +10,11 @@
 Only self-attention maps are read (`{stack}.{i}.self_attn.weights`), one layer at a time, so a
 trace that computes attention on access never holds every layer's maps at once.
 
+A layer whose token mixer is not softmax attention (core/net/mixer.py: Gated DeltaNet) is
+handled by each analysis in its own way: head scores skip it; the lens, direct logit attribution
+(one "mixer" term) and patching (its own points) read it; rollout and flow, score attribution,
+circuits, path patching and the KV cache's eviction refuse it with a ValueError saying why.
+
 The analyses, by job: head_scoring.py (what heads do), attention_flow.py (rollout and flow),
 joint.py (AttentionViz's joint query-key projection; the corpus job that traces a corpus in
 batches is core/cli/corpus_job.py), patching.py (activation patching: which activations the output needs),

@@ -84,6 +84,7 @@ class LatentAttention(MultiHeadAttention):
         self.softcap, self.sinks, self.temperature, self.qk_norm = None, None, None, None
         self.q_norm = self.k_norm = None
         self.index, self.kv_source, self.v_norm = index, None, None  # no keys of another layer, no v-norm
+        self.w_gate = None  # no output gate
         self.rope_layout = "half"
         sel = m.get("index")
         self.topk = None

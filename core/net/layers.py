@@ -19,6 +19,10 @@ layer's per-layer input e_i, then the whole stream times a learned scalar:
     r3 = r2 + Norm(W_proj (gelu_tanh(W_gate r2) * e_i));  out = r3 * s
     recorded: post_norm3 (the normed write), residual3 (r3), out.
 The FFN of a layer with a kv_source may be wider (cfg.layer_d_ff: the double-wide MLP).
+A layer listed by cfg.mixer_layers() (layer_types "linear_attention") mixes tokens with
+cfg.mixer (core/net/mixer.py) instead of softmax attention: it has `mixer` where the others
+have `self_attn` (the other is None), and its sub-layers are ["mixer", "ffn"], wrapped in the
+same residuals and norms.
 
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
@@ -34,6 +38,7 @@ import torch.nn as nn
 
 from .config import ModelConfig
 from .latent import LatentAttention
+from .mixer import make_mixer
 from .moe import MoE
 from .multihead import MultiHeadAttention
 from .norms import RMSNorm
@@ -89,10 +94,13 @@ class Layer(nn.Module):
         self.rope = cfg.positional == "rope" and not (cfg.nope_layers and index in cfg.nope_layers)
         self.relative = cfg.positional == "relative"
         self.softcap = cfg.attn_softcap is not None
-        self.self_attn = LatentAttention(cfg, index) if cfg.mla is not None else MultiHeadAttention(cfg, index)
-        self.latent = cfg.mla is not None
+        mixes = index in cfg.mixer_layers()
+        self.mixer = make_mixer(cfg, index) if mixes else None
+        self.latent = cfg.mla is not None and not mixes
+        self.self_attn = None if mixes else (LatentAttention(cfg, index) if self.latent else MultiHeadAttention(cfg, index))
         self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
-        self.qk_norm = self.self_attn.qk_norm is not None
+        self.qk_norm = self.self_attn is not None and self.self_attn.qk_norm is not None
+        self.rope = self.rope and not mixes
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
         self.ffn = MoE(cfg) if moe else FeedForward(cfg, cfg.layer_d_ff(index))
         n_sub = 3 if cross else 2
@@ -142,28 +150,35 @@ class Layer(nn.Module):
         return self.norms[0](x) if self.reads_norm else x
 
     def sublayers(self) -> List[str]:
+        if self.mixer is not None:
+            return ["mixer", "ffn"]
         return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
 
     def recorded_names(self) -> List[str]:
         """What an explicit run of this layer records, in order (names under the layer)."""
-        tempered = self.self_attn.temperature is not None
-        sinks = self.self_attn.sinks is not None
-        attn = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
-            ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + [
-            "value_norms", "heads", "out"]
-        if self.latent:  # multi-head latent attention (core/net/latent.py): no pre-RoPE q and k
-            sparse = ["index_scores", "selected"] if self.self_attn.topk is not None else []
-            attn = ["latent"] + sparse + attn
+        def attn_names(mod):
+            tempered, sinks = mod.temperature is not None, mod.sinks is not None
+            gated = getattr(mod, "w_gate", None) is not None
+            names = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
+                ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + (
+                [] if gated else ["value_norms"]) + ["heads"] + (["gate"] if gated else []) + ["out"]
+            if isinstance(mod, LatentAttention):  # multi-head latent attention: no pre-RoPE q and k
+                names = ["latent"] + (["index_scores", "selected"] if mod.topk is not None else []) + names
+            return names
+
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
                 inner = ["ffn.router", "ffn.out"] if isinstance(self.ffn, MoE) else ["ffn.hidden", "ffn.out"]
+            elif sub == "mixer":
+                inner = [f"mixer.{n}" for n in self.mixer.recorded_names()]
             else:
                 own = sub == "self_attn"
                 pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (
                     ["q_pre_rope", "k_pre_rope"] if self.rope and own and not self.latent else [])
                 if own and self.self_attn.kv_source is not None:  # keys and values of an earlier layer
                     pre_rope = [n for n in pre_rope if not n.startswith("k_")]
+                attn = attn_names(getattr(self, sub))
                 names_ = attn if not (self.relative and own) else attn[:4] + ["position_bias"] + attn[4:]
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
             if self.pre:
@@ -178,7 +193,10 @@ class Layer(nn.Module):
     def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, qk=None, **_):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run. qk: the
-        q and k a traced pass kept (then x is not read)."""
+        q and k a traced pass kept (then x is not read). A mixer layer: its exact implicit
+        attention (Mixer.weights) of Norm(x)."""
+        if self.mixer is not None:
+            return self.mixer.weights(self.attn_input(x))
         y = None if qk is not None and not getattr(self.self_attn, "needs_input", False) else self.attn_input(x)
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
 
@@ -186,6 +204,9 @@ class Layer(nn.Module):
                          qk=None, **_):
         """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights;
         qk: the (q, k, v) a traced pass kept."""
+        if self.mixer is not None:
+            raise ValueError("value norms are ||a_ij v_j W_o^h|| of a softmax attention; this layer mixes tokens "
+                             f"with {self.mixer.kind!r}, whose out-projection follows a gated norm of the heads")
         y = None if qk is not None and not getattr(self.self_attn, "needs_input", False) else self.attn_input(x)
         return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias, qkv=qk)
 
@@ -201,6 +222,9 @@ class Layer(nn.Module):
         caches = {} if cache is None else cache
 
         def attend(kind, y):
+            if kind == "mixer":
+                c = caches.setdefault("mixer", {}) if cache is not None else None
+                return self.mixer(y, scoped(rec, "mixer"), cache=c)
             attn, kv = (self.self_attn, y) if kind == "self_attn" else (self.cross_attn, memory)
             c = None
             if cache is not None:

@@ -24,6 +24,11 @@ layers leave their keys and values for the layers that reuse them (side_start); 
 alone (run_layer, layer_weights, run_from) is handed them (`side`; side_inputs recomputes a
 source layer's keys and values from that layer's input). layer_info says which layer's keys
 a layer reuses and which layers' values are their keys.
+
+Token mixers (cfg.layer_types "linear_attention", core/net/mixer.py): such a layer's kind is
+'linear'; it takes no mask, window or RoPE (its order is in the rule itself), and its
+layer_info names its mixer ("gated_delta") and the fixed-size state it keeps. attn_spec
+refuses it (a ValueError: no softmax attention there).
 """
 
 from __future__ import annotations
@@ -149,11 +154,13 @@ class Transformer(nn.Module):
                                                       and layer in self.cfg.nope_layers)
 
     def layer_kind(self, i: int) -> Optional[str]:
-        """'local' (sliding window), 'chunked' or 'global' for layer i where cfg.layer_types is set, else None."""
+        """'local' (sliding window), 'chunked', 'global' or 'linear' (a token mixer, core/net/mixer.py)
+        for layer i where cfg.layer_types is set, else None."""
         types = self.cfg.layer_types
         if not types:
             return None
-        return {"sliding_attention": "local", "chunked_attention": "chunked"}.get(types[i], "global")
+        return {"sliding_attention": "local", "chunked_attention": "chunked",
+                "linear_attention": "linear"}.get(types[i], "global")
 
     def chunk(self, stack: str, layer: Optional[int] = None) -> Optional[int]:
         """The chunk of a chunked layer of the decoder (Llama 4), else None."""
@@ -170,9 +177,20 @@ class Transformer(nn.Module):
         "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates; kv (Gemma 4):
         "own", "k = v", "shared KV from layer j" (with shared_kv: j) or both, and d_head; latent
         "latent rank r" (multi-head latent attention: the cache holds r + d_rope numbers a
-        position) and selection "top-k k" (a sparse selection of k keys per query), where so."""
+        position) and selection "top-k k" (a sparse selection of k keys per query), where so;
+        output_gate (heads * sigmoid(x W_g) before W_o: Qwen3.5, Qwen3-Next). A mixer layer:
+        mixer its kind ("gated_delta"), kind "linear", mask "causal", positions "none", heads (H
+        of its maps) and state (the shapes of the fixed-size state it keeps per sequence)."""
         out = []
         for i, layer in enumerate(self.layers(stack)):
+            ffn = {"ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+            if ffn["ffn"] == "moe":
+                ffn.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
+            if layer.mixer is not None:
+                out.append({"mixer": layer.mixer.kind, "kind": "linear", "mask": "causal", "positions": "none",
+                            "sink": False, "qk_norm": None, "scale": "fixed", "output_gate": False,
+                            "heads": layer.mixer.n_heads, "state": layer.mixer.state_shapes(), **ffn})
+                continue
             w, c = self.window(stack, i), self.chunk(stack, i)
             if stack == "encoder":
                 mask = f"local {w}" if w is not None else "global"
@@ -185,21 +203,19 @@ class Transformer(nn.Module):
                  "positions": "rope" if rope else "none" if pos in ("rope", "none") else pos,
                  "sink": attn.sinks is not None, "qk_norm": attn.qk_norm,
                  "scale": "per position" if attn.temperature is not None else "fixed",
-                 "ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+                 "output_gate": attn.w_gate is not None, **ffn}
             if rope:
                 d["rope_theta"] = self._rope_base(i)[0]
             if getattr(attn, "r", None) is not None:  # multi-head latent attention (core/net/latent.py)
                 d["latent"] = f"latent rank {attn.r}"
                 if attn.topk is not None:
                     d["selection"] = f"top-k {attn.topk}"
-            if d["ffn"] == "moe":
-                d.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
             d.update(self._kv_info(stack, attn))
             out.append(d)
         return out
 
     def layer_kinds(self) -> Optional[list]:
-        """Every layer's kind ('local' / 'global' / 'chunked'), or None when the config has no
+        """Every layer's kind ('local' / 'global' / 'chunked' / 'linear'), or None when the config has no
         layer_types (the per-layer dicts of the contract are layer_info)."""
         return [self.layer_kind(i) for i in range(self.cfg.n_layers)] if self.cfg.layer_types else None
 
@@ -219,6 +235,9 @@ class Transformer(nn.Module):
         which RoPE base, which cap, which norm' that every path reads."""
         cfg = self.cfg
         layer = self.layers(stack)[i]
+        if layer.mixer is not None:
+            raise ValueError(f"{stack} layer {i} mixes tokens with {layer.mixer.kind!r}, not softmax attention: "
+                             "it has no mask, window or query-key scores to describe")
         theta = self._rope_base(i)[0] if cfg.positional == "rope" else None
         attn = layer.self_attn
         return AttnSpec(stack=stack, layer=i, causal=stack == "decoder", window=self.window(stack, i),

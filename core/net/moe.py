@@ -17,6 +17,11 @@
               (halves), out_e = (silu(g) * u) W_d^e; FFN(x) = sum_e p_e out_e + shared(x), the
               shared experts one SwiGLU FFN of d_shared. The layers before first_k_dense_replace
               keep a dense FFN (ModelConfig.moe's "layers").
+    qwen3_next: logits = x W_r^T; p = softmax(logits) over all E experts, the top-k kept (divided
+              by their sum where norm_topk); expert e: [g | u] = x W_gu^e (halves),
+              out_e = (silu(g) * u) W_d^e;  FFN(x) = sum over the chosen e of p_e out_e
+              + sigmoid(x w_sg) shared(x), the shared expert a SwiGLU FFN of d_shared and w_sg
+              its one-output gate (Qwen3-Next).
 
 Recorded under the layer's `ffn.`: `router` (n x E: the router's logits) and `out`
 (a hook point, as the dense FFN's).
@@ -42,6 +47,7 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = int(m["experts"]), int(m["top_k"])
         d, de = cfg.d_model, int(m["d_expert"])
         gpt = self.kind == "gpt_oss"
+        self.norm_topk = bool(m.get("norm_topk", True))
         self.router = Linear(d, self.n_experts, bias=gpt)
         if self.kind == "deepseek":  # experts stored (E, 2 m_e, d) and (E, d, m_e), as transformers keeps them
             self.score_bias = nn.Parameter(torch.zeros(self.n_experts))
@@ -62,9 +68,12 @@ class MoE(nn.Module):
             self.down_bias = nn.Parameter(torch.zeros(self.n_experts, d))
             self.alpha, self.limit = float(m.get("alpha", 1.702)), float(m.get("limit", 7.0))
         else:
-            self.shared_w_1 = Linear(d, de, bias=False)  # the shared expert: gate, up, down
-            self.shared_w_3 = Linear(d, de, bias=False)
-            self.shared_w_2 = Linear(de, d, bias=False)
+            ds = int(m.get("d_shared", de)) if self.kind == "qwen3_next" else de
+            self.shared_w_1 = Linear(d, ds, bias=False)  # the shared expert: gate, up, down
+            self.shared_w_3 = Linear(d, ds, bias=False)
+            self.shared_w_2 = Linear(ds, d, bias=False)
+            if self.kind == "qwen3_next":
+                self.shared_gate = Linear(d, 1, bias=False)  # sigmoid(x w_sg) scales the shared expert
 
     def _gpt_oss(self, x, logits):
         top, idx = torch.topk(logits, self.top_k, dim=-1)  # (N, k)
@@ -114,11 +123,27 @@ class MoE(nn.Module):
             out.index_add_(0, tok, y * w[tok, slot, None])
         return out + self.shared_w_2(F.silu(self.shared_w_1(x)) * self.shared_w_3(x))
 
+    def _qwen3_next(self, x, logits):
+        probs = torch.softmax(logits.float(), dim=-1)
+        top, idx = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
+        if self.norm_topk:
+            top = top / top.sum(-1, keepdim=True)
+        shared = self.shared_w_2(F.silu(self.shared_w_1(x)) * self.shared_w_3(x))
+        out = torch.sigmoid(self.shared_gate(x)) * shared
+        de = self.down.shape[1]
+        for e in torch.unique(idx).tolist():
+            pos, tok = torch.where((idx == e).T)  # (slot, token) pairs that chose expert e
+            gu = x[tok] @ self.gate_up[e]
+            y = (F.silu(gu[..., :de]) * gu[..., de:]) @ self.down[e]
+            out = out.index_add(0, tok, y * top[tok, pos, None].to(y.dtype))
+        return out
+
     def forward(self, x, rec: Rec = None):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         logits = self.router(flat)  # (N, E)
-        run = {"gpt_oss": self._gpt_oss, "llama4": self._llama4, "deepseek": self._deepseek}[self.kind]
+        run = {"gpt_oss": self._gpt_oss, "llama4": self._llama4, "deepseek": self._deepseek,
+               "qwen3_next": self._qwen3_next}[self.kind]
         out = run(flat, logits)
         if rec:
             rec("router", logits.view(*shape[:-1], -1))

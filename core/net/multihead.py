@@ -28,7 +28,14 @@ layer with a kv_source has no W_k, W_v or k-norm: forward_shared takes layer j's
 j's norm, RoPE and cache) from the `shared` dict of the pass, and records them as its own k and v
 (no k_pre_norm / k_pre_rope); a source layer leaves its k and v there as its hook points give
 them.
+
+An output gate (cfg.attn_gate, Qwen3.5 and Qwen3-Next): `w_gate`, the second part of their q
+projection; the heads are multiplied by sigmoid(x_q W_g) (recorded `gate`, H x n_q x d_k)
+after the hook point `heads` and before Concat and W_o. Such a layer has no value_norms: the
+gate scales each query's head output feature by feature, so ||a_ij v_j W_o^h|| is not what key
+j adds to query i there, and the exact size costs d_k^2 per (i, j) (a ValueError says so).
 """
+
 
 from __future__ import annotations
 
@@ -44,6 +51,10 @@ from .norms import RMSNorm
 from .positional import apply_rope, rope_attention_factor
 from .hooks import point
 from .recorder import Rec, records_maps
+
+NO_VALUE_NORMS = ("value norms ||a_ij v_j W_o^h|| leave out this layer's output gate, which scales each query's "
+                  "head output feature by feature (heads * sigmoid(x W_g) before W_o): they are not what key j "
+                  "adds to query i here")
 
 
 class MultiHeadAttention(nn.Module):
@@ -67,6 +78,8 @@ class MultiHeadAttention(nn.Module):
         self.w_v = Linear(d, hkv * dk, bias=cfg.qkv_bias) if own_kv and not (cfg.k_is_v(index) and self_attn) else None
         self.v_norm = RMSNorm(dk, cfg.norm_eps, gain=False) if cfg.v_norm and own_kv else None
         self.w_o = Linear(h * dk, d, bias=cfg.bias)
+        # an output gate (Qwen3.5, Qwen3-Next): heads * sigmoid(x_q W_g) before W_o
+        self.w_gate = Linear(d, h * dk, bias=cfg.qkv_bias) if cfg.attn_gate and self_attn else None
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
         factor = rope_attention_factor(cfg.rope_scaling) if cfg.positional == "rope" else 1.0
@@ -239,6 +252,8 @@ class MultiHeadAttention(nn.Module):
         """||a_ij v_j W_o^h|| alone (B, H, n_q, n_k): the weights (as `weights` computes them)
         times the size of each key's transformed value; no heads, no W_o on the heads.
         qkv: the (q, k, v) a traced pass kept, instead of projecting x again."""
+        if self.w_gate is not None:
+            raise ValueError(NO_VALUE_NORMS)
         if qkv is not None:
             w = self.weights(None, None, mask, angles, is_causal, position_bias, qk=qkv[:2])
             v = qkv[2]
@@ -288,7 +303,7 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache["k"], k], dim=2)  # (B, Hkv, n_k, d_k)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, position_bias, shared)
+        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, position_bias, shared, x_q=x_q)
 
     def forward_shared(self, x_q, mask=None, rec: Rec = None, angles=None, is_causal: bool = False,
                        shared: Optional[dict] = None, cache: Optional[dict] = None):
@@ -308,12 +323,14 @@ class MultiHeadAttention(nn.Module):
                 rec("q_pre_rope", q)
             n_pos = n_k + (cache.get("dropped", 0) if cache is not None else 0)
             q = apply_rope(q, angles[n_pos - n_q : n_pos], self.rope_layout)
-        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, None)
+        return self._attend(q, k, v, n_k, mask, rec, is_causal, cache, None, x_q=x_q)
 
-    def _attend(self, q, k, v, n_k: int, mask, rec: Rec, is_causal: bool, cache, position_bias, shared=None):
+    def _attend(self, q, k, v, n_k: int, mask, rec: Rec, is_causal: bool, cache, position_bias, shared=None,
+                x_q=None):
         """forward after q, k and v are made (k, v with any cached positions): recording,
-        grouped-query attention, the formula, value norms, heads and W_o. shared: the dict
-        this layer's k and v are left in for later layers, as the hook points give them."""
+        grouped-query attention, the formula, value norms, heads, the output gate (of x_q) and
+        W_o. shared: the dict this layer's k and v are left in for later layers, as the hook
+        points give them."""
         b, n_q = q.shape[0], q.shape[2]
         explicit = records_maps(rec)
         # q, k, v (after RoPE; k and v with any cached positions): recorded (the fused path too, for a
@@ -355,9 +372,14 @@ class MultiHeadAttention(nn.Module):
                 rec(name, t, batched)
         heads = scaled_dot_product_attention(q, k, v, mask, record, scale,
                                              is_causal=is_causal, **opts)  # (B, H, n_q, d_k)
-        if explicit:  # what each key adds, ||a_ij v_j W_o^h|| (computed from the same weights)
+        if explicit and self.w_gate is None:  # what each key adds, ||a_ij v_j W_o^h|| (from the same weights)
             rec("value_norms", seen["weights"] * self.value_sizes(v)[:, :, None, :])
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
+        if self.w_gate is not None:  # the output gate, per head and feature
+            gate = torch.sigmoid(self.w_gate(x_q)).view(b, n_q, self.h, self.dk).transpose(1, 2)
+            if rec:
+                rec("gate", gate)
+            heads = heads * gate
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)
         return point(rec, "out", out)

@@ -40,6 +40,7 @@ MODULES.update({"modernbert": "modernbert"})
 MODULES.update({"gpt_oss": "gpt_oss", "smollm3": "smollm3", "olmo3": "olmo3", "exaone4": "exaone4",
                 "llama4_text": "llama4", "gemma4_text": "gemma4"})
 MODULES.update({"deepseek_v3": "deepseek", "deepseek_v32": "deepseek"})
+MODULES.update({"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_next", "qwen3_5": "qwen3_next"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
