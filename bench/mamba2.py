@@ -6,8 +6,8 @@ measured in one run (core/net/mamba2.py):
 One random layer of Mamba2-130m's shape (d_model 768, 24 heads of 64, a state of 128, one
 group, a conv of 4 taps, chunks of 256). Rows, median process-CPU time over alternating rounds:
 - forward: the chunked form, no recorder (what a pass costs);
-- forward, recorded: the same with q, k, v, decay, skip, heads and out kept;
-- A, one head: `Mamba2Mixer.weights(q, k, decay, head=0)` from the recorded tensors
+- forward, recorded: the same with q, k, v, decay, skip, heads and out kept (maps=False: no map, as a traced pass);
+- A, one head: `Mamba2Mixer.weights_from(q, k, decay, head=0)` from the recorded tensors
   (O(n^2 N) for that head), and its ratio to the forward;
 - A, every head.
 Then, once: the recurrent form over the same input and its largest gap to the chunked one.
@@ -41,18 +41,18 @@ def run(tokens: int, rounds: int) -> dict:
         mixer.dt_bias.copy_(torch.linspace(-6.0, -2.3, spec.n_heads))  # steps 0.0025..0.1
     x = torch.randn(1, tokens, spec.d_model)
     with torch.inference_mode():
-        rec = Recorder()
+        rec = Recorder(maps=False)
         chunked = mixer(x, rec=rec)
         t = rec.tensors
         fns = {"forward": lambda: mixer(x),
-               "forward_recorded": lambda: mixer(x, rec=Recorder()),
-               "A_one_head": lambda: mixer.weights(t["q"], t["k"], t["decay"], head=0),
-               "A_every_head": lambda: mixer.weights(t["q"], t["k"], t["decay"])}
+               "forward_recorded": lambda: mixer(x, rec=Recorder(maps=False)),
+               "A_one_head": lambda: mixer.weights_from(t["q"], t["k"], t["decay"], head=0),
+               "A_every_head": lambda: mixer.weights_from(t["q"], t["k"], t["decay"])}
         timing = alternate(fns, rounds, warmup=1)
         c0 = time.process_time()
         recurrent = mixer(x, cache={})
         recurrent_s = time.process_time() - c0
-        A = mixer.weights(t["q"], t["k"], t["decay"])
+        A = mixer.weights_from(t["q"], t["k"], t["decay"])
         rebuilt = (A @ t["v"] + t["skip"] - t["heads"]).abs().max().item() / t["heads"].abs().max().item()
     cpu_ms = {k: round(median(v["cpu"]) * 1000, 1) for k, v in timing.items()}
     return {"machine": machine_info(), "threads": threads, "rounds": rounds, "tokens": tokens,

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from .hooks import point
 from .linear import Linear
-from .recorder import Rec
+from .recorder import Rec, records_maps
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,22 @@ class Mamba2Spec:
     bias: bool = False  # in_proj and out_proj
     conv_bias: bool = True
     dt_limit: Tuple[float, float] = (0.0, math.inf)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Mamba2Spec":
+        """From a ModelConfig: d_model and norm_eps, and cfg.mixer = {"kind": "mamba2", "heads",
+        "head_dim", "d_state", "groups" (1), "conv" (4), "chunk" (256), "norm_eps" (cfg's),
+        "bias" (False), "conv_bias" (True), "dt_limit" ([0, inf])}."""
+        m = dict(cfg.mixer or {})
+        missing = [key for key in ("heads", "head_dim", "d_state") if key not in m]
+        if missing:
+            raise ValueError(f"a mamba2 mixer needs {missing} in ModelConfig.mixer, got {sorted(m)}")
+        lo, hi = m.get("dt_limit", (0.0, math.inf))
+        return cls(d_model=int(cfg.d_model), n_heads=int(m["heads"]), head_dim=int(m["head_dim"]),
+                   d_state=int(m["d_state"]), n_groups=int(m.get("groups", 1)), conv_kernel=int(m.get("conv", 4)),
+                   chunk_size=int(m.get("chunk", 256)), eps=float(m.get("norm_eps", cfg.norm_eps)),
+                   bias=bool(m.get("bias", False)), conv_bias=bool(m.get("conv_bias", True)),
+                   dt_limit=(float(lo), float(hi)))
 
     def __post_init__(self):
         for field in ("d_model", "n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", "chunk_size"):
@@ -184,14 +200,16 @@ class GatedRMSNorm(nn.Module):
 class Mamba2Mixer(nn.Module):
     """The Mamba2 token mixer: forward(x (B, n, d), rec=None, cache=None) -> (B, n, d).
     With a cache dict the recurrent form runs and the dict keeps its state (filled on first
-    use); otherwise the chunked form."""
+    use); otherwise the chunked form. Built from a Mamba2Spec, or from a ModelConfig whose
+    `mixer` holds the kind's settings (Mamba2Spec.from_config)."""
 
     kind = "mamba2"
 
-    def __init__(self, spec: Mamba2Spec):
+    def __init__(self, cfg, index: int = 0):
         super().__init__()
-        self.spec = spec
-        s = spec
+        s = cfg if isinstance(cfg, Mamba2Spec) else Mamba2Spec.from_config(cfg)
+        self.spec = s
+        self.n_heads = s.n_heads
         self.in_proj = Linear(s.d_model, s.d_inner + s.conv_dim + s.n_heads, bias=s.bias)
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=s.conv_bias)
         self.dt_bias = nn.Parameter(torch.zeros(s.n_heads))
@@ -199,6 +217,15 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(s.n_heads))
         self.norm = GatedRMSNorm(s.d_inner, s.n_groups, s.eps)
         self.out_proj = Linear(s.d_inner, s.d_model, bias=s.bias)
+
+    def recorded_names(self):
+        """What a recorded pass keeps under the mixer, in order (weights: under a maps recorder)."""
+        return ["q", "k", "v", "decay", "weights", "skip", "heads", "out"]
+
+    def state_shapes(self):
+        """The fixed-size state a cache keeps per sequence: the conv's last inputs and the scan's state."""
+        s = self.spec
+        return {"conv": (s.conv_dim, s.conv_kernel - 1), "ssm": (s.n_heads, s.head_dim, s.d_state)}
 
     def rate(self) -> torch.Tensor:
         """a_h = -exp(A_log_h), (H,): each head's decay per unit of dt."""
@@ -209,33 +236,41 @@ class Mamba2Mixer(nn.Module):
         it keeps go first, and it keeps the last K-1 after."""
         k = self.spec.conv_kernel
         seq = xbc.transpose(1, 2)  # (b, channels, n)
-        if cache is None:
+        past = None if cache is None else cache.get("conv")
+        if past is None:
             past = seq.new_zeros(seq.shape[0], seq.shape[1], k - 1)
-        else:
-            past = cache.get("conv")
-            if past is None:
-                past = seq.new_zeros(seq.shape[0], seq.shape[1], k - 1)
         full = torch.cat([past, seq], dim=-1)  # (b, channels, K-1+n)
         if cache is not None:
             cache["conv"] = full[..., full.shape[-1] - (k - 1):]
         return F.silu(self.conv1d(full)).transpose(1, 2)  # (b, n, channels)
 
-    def forward(self, x: torch.Tensor, rec: Rec = None, cache: Optional[dict] = None) -> torch.Tensor:
+    def scan_inputs(self, x: torch.Tensor, cache: Optional[dict] = None):
+        """(z, x, dt, B, C) as the scan reads them from the input (b, n, d): the gate z (b, n,
+        d_inner), x (b, n, H, P), dt (b, n, H), and B, C (b, n, H, N), each group's broadcast
+        to its heads. With a cache the conv continues from it and leaves its last inputs there."""
         s = self.spec
         b, n, _ = x.shape
-        h, p, g, N = s.n_heads, s.head_dim, s.n_groups, s.d_state
+        h, g, N = s.n_heads, s.n_groups, s.d_state
         z, xbc, dt = self.in_proj(x).split([s.d_inner, s.conv_dim, h], dim=-1)
         xs, Bg, Cg = self._conv(xbc, cache).split([s.d_inner, g * N, g * N], dim=-1)
         dt = F.softplus(dt + self.dt_bias).clamp(*s.dt_limit)  # (b, n, H)
-        a = self.rate()
-        xs = xs.view(b, n, h, p)
         Bh = Bg.view(b, n, g, N).repeat_interleave(h // g, dim=2)  # (b, n, H, N): group -> its heads
         Ch = Cg.view(b, n, g, N).repeat_interleave(h // g, dim=2)
+        return z, xs.view(b, n, h, s.head_dim), dt, Bh, Ch
+
+    def forward(self, x: torch.Tensor, rec: Rec = None, cache: Optional[dict] = None) -> torch.Tensor:
+        s = self.spec
+        b, n, _ = x.shape
+        z, xs, dt, Bh, Ch = self.scan_inputs(x, cache)
+        a = self.rate()
         if rec is not None:
-            rec("q", Ch.transpose(1, 2))  # (b, H, n, N)
-            rec("k", Bh.transpose(1, 2))
+            q, k, decay = Ch.transpose(1, 2), Bh.transpose(1, 2), (dt * a).transpose(1, 2)  # (b, H, n, N), (b, H, n)
+            rec("q", q)
+            rec("k", k)
             rec("v", xs.transpose(1, 2))  # (b, H, n, P)
-            rec("decay", (dt * a).transpose(1, 2))  # (b, H, n)
+            rec("decay", decay)
+            if records_maps(rec):
+                rec("weights", implicit_attention(q, k, decay, dt.transpose(1, 2)))
         if cache is None:
             y, _ = ssd_chunked(xs, dt, a, Bh, Ch, s.chunk_size)
         else:
@@ -247,10 +282,17 @@ class Mamba2Mixer(nn.Module):
         mixed = self.norm(heads.transpose(1, 2).reshape(b, n, s.d_inner), z)
         return point(rec, "out", self.out_proj(mixed))
 
-    def weights(self, q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor, head: Optional[int] = None) -> torch.Tensor:
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The implicit attention of the input x (b, n, d): (b, H, n, n)."""
+        _, _, dt, Bh, Ch = self.scan_inputs(x)
+        decay = (dt * self.rate()).transpose(1, 2)
+        return implicit_attention(Ch.transpose(1, 2), Bh.transpose(1, 2), decay, dt.transpose(1, 2))
+
+    def weights_from(self, q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor,
+                     head: Optional[int] = None) -> torch.Tensor:
         """The implicit attention from what a pass recorded: q, k (H, n, N) and decay (H, n)
-        (or batched, heads on axis -3 / -2) -> (H, n, n); `head`: that head's (n, n) alone.
-        dt_s = decay_s / a_h (a_h < 0, never 0)."""
+        (or batched, heads on axis -3 / -2) -> (H, n, n); `head`: that head's (n, n) alone,
+        O(n^2 N). dt_s = decay_s / a_h (a_h < 0, never 0)."""
         a = self.rate()
         if head is not None:
             if not 0 <= head < self.spec.n_heads:

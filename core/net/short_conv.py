@@ -37,24 +37,47 @@ class ShortConvSpec:
     kernel: int = 3
     bias: bool = False
 
+    @classmethod
+    def from_config(cls, cfg) -> "ShortConvSpec":
+        """From a ModelConfig: d_model, and cfg.mixer = {"kind": "short_conv", "conv" (3), "bias" (False)}."""
+        m = dict(cfg.mixer or {})
+        return cls(d_model=int(cfg.d_model), kernel=int(m.get("conv", 3)), bias=bool(m.get("bias", False)))
+
     def __post_init__(self):
         for field in ("d_model", "kernel"):
             if int(getattr(self, field)) < 1:
                 raise ValueError(f"ShortConvSpec.{field} must be a positive integer, got {getattr(self, field)!r}")
 
 
+NO_MAP = ("a short convolution has no head map: each of its d channels mixes the last K positions "
+          "with its own filter and gates, so it records its filter (d x K) instead")
+
+
 class ShortConvMixer(nn.Module):
-    """forward(x (B, n, d), rec=None, cache=None) -> (B, n, d)."""
+    """forward(x (B, n, d), rec=None, cache=None) -> (B, n, d). Built from a ShortConvSpec or
+    a ModelConfig whose `mixer` holds the kind's settings (ShortConvSpec.from_config)."""
 
     kind = "short_conv"
+    n_heads = 0  # no head map
 
-    def __init__(self, spec: ShortConvSpec):
+    def __init__(self, cfg, index: int = 0):
         super().__init__()
+        spec = cfg if isinstance(cfg, ShortConvSpec) else ShortConvSpec.from_config(cfg)
         self.spec = spec
         d = spec.d_model
         self.in_proj = Linear(d, 3 * d, bias=spec.bias)
         self.conv = nn.Conv1d(d, d, spec.kernel, groups=d, bias=spec.bias)
         self.out_proj = Linear(d, d, bias=spec.bias)
+
+    def recorded_names(self):
+        return ["filter", "out"]
+
+    def state_shapes(self):
+        """The fixed-size state a cache keeps per sequence: the last K-1 gated inputs."""
+        return {"conv": (self.spec.d_model, self.spec.kernel - 1)}
+
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError(NO_MAP)
 
     def filter(self) -> torch.Tensor:
         """The depthwise filter, (d, K): channel c's taps, the last one on the current position."""

@@ -82,15 +82,15 @@ def test_recorded_shapes_and_names(pair):
 
 def test_implicit_attention_is_causal_and_rebuilds_heads(pair):
     _, ours, _, _, _, t, _ = pair
-    A = ours.weights(t["q"], t["k"], t["decay"])
+    A = ours.weights_from(t["q"], t["k"], t["decay"])
     assert A.shape == (SPEC.n_heads, N_POS, N_POS)
     assert A.triu(1).abs().max().item() == 0.0
     rebuilt = A @ t["v"] + t["skip"]
     scale = t["heads"].abs().max().item()
     assert (rebuilt - t["heads"]).abs().max().item() < TOL * scale
-    assert torch.equal(ours.weights(t["q"], t["k"], t["decay"], head=2), A[2])
+    assert torch.equal(ours.weights_from(t["q"], t["k"], t["decay"], head=2), A[2])
     with pytest.raises(ValueError, match="out of range"):
-        ours.weights(t["q"], t["k"], t["decay"], head=SPEC.n_heads)
+        ours.weights_from(t["q"], t["k"], t["decay"], head=SPEC.n_heads)
 
 
 def test_implicit_attention_equals_the_recurrence_unrolled_in_numpy(pair):
@@ -107,7 +107,7 @@ def test_implicit_attention_equals_the_recurrence_unrolled_in_numpy(pair):
             for j in range(i, -1, -1):
                 want[h, i, j] = (q[h, i] @ k[h, j]) * carry * dt[h, j]
                 carry *= np.exp(dt[h, j] * a[h])
-    got = ours.weights(t["q"], t["k"], t["decay"]).detach().double().numpy()
+    got = ours.weights_from(t["q"], t["k"], t["decay"]).detach().double().numpy()
     assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
 
 
@@ -146,3 +146,37 @@ def test_each_parameter_moves_the_output(pair, broken):
         dict(other.named_parameters())[broken].mul_(0.5)
         moved = (other(x) - want).abs().max().item()
     assert moved > 100 * TOL
+
+
+def test_the_map_three_ways_agree(pair):
+    """Recorded under a maps recorder, computed from the input (weights(x)) and from the
+    recorded q, k, decay (weights_from): the same map."""
+    _, ours, x, _, _, t, _ = pair
+    with torch.no_grad():
+        from_input = ours.weights(x)[0]
+        from_trace = ours.weights_from(t["q"], t["k"], t["decay"])
+    assert from_input.shape == t["weights"].shape == (SPEC.n_heads, N_POS, N_POS)
+    assert (from_input - t["weights"]).abs().max().item() < 1e-6
+    assert (from_trace - t["weights"]).abs().max().item() < 1e-6
+    quiet = Recorder(maps=False)
+    with torch.no_grad():
+        ours(x, rec=quiet)
+    assert "weights" not in quiet.tensors and "heads" in quiet.tensors
+    assert list(t) == [n for n in ours.recorded_names() if n in t] and set(t) == set(ours.recorded_names())
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="n_groups"):
+        Mamba2Spec(d_model=8, n_heads=3, head_dim=4, d_state=2, n_groups=2)
+    with pytest.raises(ValueError, match="d_state"):
+        Mamba2Spec(d_model=8, n_heads=2, head_dim=4, d_state=0)
+
+    class Cfg:
+        d_model, norm_eps, mixer = 8, 1e-5, {"kind": "mamba2", "heads": 2, "head_dim": 4}
+
+    with pytest.raises(ValueError, match="d_state"):
+        Mamba2Spec.from_config(Cfg)
+    Cfg.mixer = dict(Cfg.mixer, d_state=3, groups=2)
+    spec = Mamba2Spec.from_config(Cfg)
+    assert (spec.n_groups, spec.eps, spec.conv_kernel) == (2, 1e-5, 4)
+    assert Mamba2Mixer(Cfg).state_shapes() == {"conv": (8 + 2 * 2 * 3, 3), "ssm": (2, 4, 3)}

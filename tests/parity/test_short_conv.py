@@ -68,7 +68,10 @@ def test_output_matches_numpy(pair):
 
 def test_filter_and_kind(pair):
     hf, ours, _, _, _, t = pair
-    assert ours.kind == "short_conv"
+    assert ours.kind == "short_conv" and ours.recorded_names() == list(t)
+    assert ours.state_shapes() == {"conv": (SPEC.d_model, SPEC.kernel - 1)}
+    with pytest.raises(ValueError, match="no head map"):
+        ours.weights(torch.zeros(1, 3, SPEC.d_model))
     assert t["filter"].shape == (SPEC.d_model, SPEC.kernel)
     assert torch.equal(t["filter"], hf.conv.weight[:, 0, :].detach())
 
