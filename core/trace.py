@@ -270,10 +270,17 @@ class Trace:
         return max(idx) + 1 if idx else 0
 
     def attention_kinds(self, stack: str) -> List[str]:
-        return [kind for kind in tn.ATTNS if tn.attn(stack, 0, kind, "weights") in self]
+        """The softmax attentions of `stack` (self_attn, cross_attn) that some layer has; a layer
+        whose token mixer is not softmax attention has `mixer` names instead (mixer_layers)."""
+        n = self.layers(stack)
+        return [kind for kind in tn.ATTNS if any(tn.attn(stack, i, kind, "weights") in self for i in range(n))]
+
+    def mixer_layers(self, stack: str) -> List[int]:
+        """The layers of `stack` whose token mixer is not softmax attention ({stack}.{i}.mixer.*)."""
+        return [i for i in range(self.layers(stack)) if tn.mixer(stack, i, "heads") in self]
 
     def stacks(self) -> List[str]:
-        return [s for s in tn.STACKS if tn.self_attn(s, 0, "weights") in self]
+        return [s for s in tn.STACKS if tn.out(s, 0) in self]
 
     def n_heads(self, stack: str) -> int:
         """Query heads per attention of `stack`, from the config or the stored per-head output:

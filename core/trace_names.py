@@ -7,7 +7,8 @@ parser here, so the contract is spelled once:
 
     embed.{stack}.{part}                 part: tokens, positions, types, presum_norm, sum
     {stack}.{i}.{attn}.{step}            attn: self_attn, cross_attn; step: ATTN_STEPS
-    {stack}.{i}.ffn.{hidden|out}
+    {stack}.{i}.mixer.{step}             a token mixer that is not softmax attention: MIXER_STEPS
+    {stack}.{i}.ffn.{hidden|router|out}
     {stack}.{i}.residual{j} | norm{j} | post_norm{j}    j = 1.. (the sub-layers in order)
     {stack}.{i}.out                      the layer's output (the residual stream after it)
     {stack}.{i}.in                       a hook point only: the residual stream entering layer i
@@ -34,7 +35,14 @@ FFN = "ffn"
 EMBED_PARTS = ("tokens", "positions", "types", "presum_norm", "sum")
 # Inside one attention, in the order a pass records them.
 ATTN_STEPS = ("q_pre_norm", "k_pre_norm", "q_pre_rope", "k_pre_rope", "q", "k", "v", "mask", "position_bias",
-              "scale", "scores", "scaled", "capped", "masked", "weights", "sink", "value_norms", "heads", "out")
+              "scale", "scores", "scaled", "capped", "masked", "weights", "sink", "value_norms", "heads", "gate",
+              "out")
+GATE = "gate"  # an output gate's sigmoid (H x n_q x d_k, Qwen3.5 / Qwen3-Next), applied to heads before W_o
+# A token mixer that is not softmax attention (core/net/mixer.py), in the order a pass records them
+MIXER = "mixer"
+MIXER_STEPS = ("q", "k", "v", "decay", "beta", "weights", "skip", "heads", "out")
+MIXER_PER_HEAD = ("q", "k", "v", "skip", "heads")  # H x n x d_k or d_v
+MIXER_PER_STEP = ("decay", "beta")  # H x n
 SINK, SCALE = "sink", "scale"  # learned sinks' share (H x n_q, gpt-oss); a scale per query (n_q, Llama 4)
 MAPS = ("scores", "scaled", "capped", "masked", "weights", "value_norms")  # H x n_q x n_k
 QUERY_SIDE = ("q_pre_norm", "q_pre_rope", "q", "heads")  # H x n_q x d_k
@@ -98,6 +106,11 @@ def cross_attn(stack: str, i: int, step: str) -> str:
     return sublayer(stack, i, CROSS, step)
 
 
+def mixer(stack: str, i: int, step: str) -> str:
+    """{stack}.{i}.mixer.{step}: a token mixer's q, k, v, decay, beta, weights, skip, heads or out."""
+    return sublayer(stack, i, MIXER, step)
+
+
 def ffn(stack: str, i: int, step: str) -> str:
     """{stack}.{i}.ffn.hidden or .out."""
     return sublayer(stack, i, FFN, step)
@@ -158,7 +171,7 @@ def layer_names(stack: str, i: int, local_names) -> List[str]:
 # ------------------------------------------------------------------------------ parsing
 class Name(NamedTuple):
     """A parsed trace name. stack: encoder | decoder | None (logits, next.*, token lists);
-    layer: int or None; part: 'embed', 'self_attn', 'cross_attn', 'ffn', 'block' (the
+    layer: int or None; part: 'embed', 'self_attn', 'cross_attn', 'mixer', 'ffn', 'block' (the
     residuals, norms, out and the hook point in), 'final_norm', 'output' or 'tokens';
     step: the last piece ('weights', 'residual1', 'sum', 'probs', 'source', ...)."""
     stack: Optional[str]
@@ -210,6 +223,8 @@ def parse(name: str) -> Name:
             return Name(stack, i, rest[0], rest[1])
         if len(rest) == 2 and rest[0] == FFN and rest[1] in FFN_STEPS:
             return Name(stack, i, FFN, rest[1])
+        if len(rest) == 2 and rest[0] == MIXER and rest[1] in MIXER_STEPS:
+            return Name(stack, i, MIXER, rest[1])
         if len(rest) == 1 and (rest[0] in (OUT, IN) or _numbered(rest[0])):
             return Name(stack, i, "block", rest[0])
     elif len(parts) == 3 and parts[0] == "embed" and parts[1] in STACKS and parts[2] in EMBED_PARTS:
@@ -221,7 +236,8 @@ def parse(name: str) -> Name:
     elif name in TOKEN_LISTS:
         return Name(None, None, "tokens", TOKEN_LISTS[name])
     raise ValueError(f"{name!r} is not a trace name: expected embed.{{stack}}.{{{'|'.join(EMBED_PARTS)}}}, "
-                     f"{{stack}}.{{i}}.{{self_attn|cross_attn}}.{{step}}, {{stack}}.{{i}}.ffn.{{hidden|out}}, "
+                     f"{{stack}}.{{i}}.{{self_attn|cross_attn}}.{{step}}, {{stack}}.{{i}}.mixer.{{step}}, "
+                     f"{{stack}}.{{i}}.ffn.{{hidden|router|out}}, "
                      "{stack}.{i}.residual{j}|norm{j}|post_norm{j}|out, {stack}.final_norm, logits, probs, "
                      "topk.*, next.*, last.probs or tokens.*")
 
@@ -235,23 +251,24 @@ def is_name(name: str) -> bool:
 
 
 def is_map(name: str) -> bool:
-    """An H x n_q x n_k attention map (scores, scaled, capped, masked, weights, value_norms)."""
+    """An H x n_q x n_k attention map (scores, scaled, capped, masked, weights, value_norms), or a
+    token mixer's implicit attention (mixer.weights)."""
     p = name.rsplit(".", 2)
-    return len(p) == 3 and p[1] in ATTNS and p[2] in MAPS
+    return len(p) == 3 and ((p[1] in ATTNS and p[2] in MAPS) or (p[1] == MIXER and p[2] == "weights"))
 
 
 # ------------------------------------------------------------------------------ what a trace keeps
 def is_stored(name: str) -> bool:
     """What a traced pass keeps (core/trace.py): O(n d) tensors only. The embeddings, every
-    layer's output, each attention's per-head output, the final norms, and the decoder's
-    top-k and last distribution; every other name is computed when it is read."""
+    layer's output, each attention's (and token mixer's) per-head output, the final norms, and
+    the decoder's top-k and last distribution; every other name is computed when it is read."""
     if name.startswith(("embed.", "topk.", "next.")) or name == "last.probs":
         return True
     if name.endswith(".final_norm"):
         return True
     tail = name.rsplit(".", 2)
     return (len(tail) == 3 and tail[2] == OUT and tail[1].isdigit()) or (
-        len(tail) == 3 and tail[1] in ATTNS and tail[2] == "heads")
+        len(tail) == 3 and tail[1] in ATTNS + (MIXER,) and tail[2] == "heads")
 
 
 def decoder_rows(name: str, x, t: int):
@@ -260,6 +277,10 @@ def decoder_rows(name: str, x, t: int):
     if not (name.startswith(("decoder.", "embed.decoder.")) or name in OUTPUTS or name in TOPK):
         return x
     last = name.rsplit(".", 1)[-1]
+    if f".{MIXER}." in name:
+        if last == "weights":
+            return x[:, :t, :t]
+        return x[:, :t] if last in MIXER_PER_HEAD or last in MIXER_PER_STEP else x[:t]
     if f".{SELF}." in name:
         if last == "mask":
             return x[:t, :t]
@@ -286,6 +307,7 @@ def patterns() -> List[str]:
     list docs/design.md's table must cover (tests/core/test_trace_names.py)."""
     out = [f"embed.{{stack}}.{p}" for p in EMBED_PARTS]
     out += [f"{{stack}}.{{i}}.{{attn}}.{s}" for s in ATTN_STEPS]
+    out += [f"{{stack}}.{{i}}.mixer.{s}" for s in MIXER_STEPS]
     out += [f"{{stack}}.{{i}}.ffn.{s}" for s in FFN_STEPS]
     out += [f"{{stack}}.{{i}}.{b}{{j}}" for b in NUMBERED]
     out += ["{stack}.{i}.out", "{stack}.{i}.in", "{stack}.final_norm"]

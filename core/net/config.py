@@ -78,6 +78,26 @@ defaults change nothing:
                      "llama4", "experts": E, "top_k": k, "d_expert": m_e, "layers": None (every
                      layer) or the MoE layers (the others keep the dense FFN of d_ff),
                      "alpha", "limit" (gpt_oss's clamped SwiGLU)}.
+Fields for token mixers that are not softmax attention (core/net/mixer.py); their defaults
+change nothing:
+    layer_types      also "linear_attention" (as transformers writes it for Qwen3.5 and
+                     Qwen3-Next): the layer's token mixer is cfg.mixer, not softmax attention;
+                     the layer has `mixer` instead of `self_attn` and its sub-layers are
+                     ["mixer", "ffn"]. The mixer layers are exactly these entries
+                     (ModelConfig.mixer_layers()).
+    mixer            None, or the settings of the mixer layers: {"kind": a key of
+                     core.net.mixer.KINDS ("gated_delta"), then the kind's own fields}.
+                     "gated_delta" (core/net/gated_delta.py): "heads" (H, the value heads),
+                     "k_heads" (query/key heads, H a multiple of them), "d_k", "d_v", "conv"
+                     (the short convolution's width), "chunk" (the chunked form's size,
+                     default 64), "norm_eps" (its gated RMSNorm's; default cfg.norm_eps).
+    attn_gate        an output gate on every softmax attention (Qwen3.5, Qwen3-Next): W_q's
+                     projection has a second part, heads * sigmoid(x W_g) before W_o,
+                     recorded as `.gate` (the sigmoid's value, H x n_q x d_k).
+    moe              also kind "qwen3_next": softmax router over all E experts, the top-k
+                     probabilities (renormalised to sum 1 where "norm_topk": True) weigh
+                     SwiGLU experts (gate and up as halves), plus a shared SwiGLU expert of
+                     "d_shared" scaled by sigmoid(x w_sg), its one-output gate.
 """
 
 
@@ -85,6 +105,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Optional
+
+
+# the per-layer kinds layer_types may name; the last is a layer whose token mixer is cfg.mixer
+LAYER_TYPES = ("sliding_attention", "full_attention", "chunked_attention", "linear_attention")
+MIXER_LAYER_TYPES = ("linear_attention",)
 
 
 @dataclass
@@ -142,6 +167,8 @@ class ModelConfig:
     qk_norm_layers: Optional[list] = None
     attn_temperature: Optional[dict] = None
     moe: Optional[dict] = None
+    mixer: Optional[dict] = None
+    attn_gate: bool = False
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -174,10 +201,12 @@ class ModelConfig:
             raise ValueError("parallel_block needs pre_sublayer_norm")
         if self.layer_types is not None:
             self.layer_types = list(self.layer_types)
-            bad = [t for t in self.layer_types if t not in ("sliding_attention", "full_attention", "chunked_attention")]
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
             if bad or len(self.layer_types) != self.n_layers:
                 raise ValueError("layer_types must list n_layers entries of 'sliding_attention' / 'full_attention'"
-                                 " / 'chunked_attention'")
+                                 " / 'chunked_attention' / 'linear_attention'")
+            if "linear_attention" in self.layer_types and not self.mixer:
+                raise ValueError("linear_attention layers need a mixer (ModelConfig.mixer: its kind and sizes)")
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("sliding layers need sliding_window")
             if "chunked_attention" in self.layer_types and not (self.attn_chunk or 0) > 0:
@@ -191,8 +220,8 @@ class ModelConfig:
                 setattr(self, name, v)
         if self.moe is not None:
             self.moe = dict(self.moe)
-            if self.moe.get("kind") not in ("gpt_oss", "llama4"):
-                raise ValueError(f"moe kind must be 'gpt_oss' or 'llama4', not {self.moe.get('kind')!r}")
+            if self.moe.get("kind") not in ("gpt_oss", "llama4", "qwen3_next"):
+                raise ValueError(f"moe kind must be 'gpt_oss', 'llama4' or 'qwen3_next', not {self.moe.get('kind')!r}")
             if not 1 <= int(self.moe.get("top_k", 0)) <= int(self.moe.get("experts", 0)):
                 raise ValueError("moe needs 1 <= top_k <= experts")
         for name in ("attn_softcap", "final_softcap"):
@@ -214,6 +243,10 @@ class ModelConfig:
         for name in ("d_model", "n_heads", "d_ff", "max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+
+    def mixer_layers(self) -> list:
+        """The layers whose token mixer is cfg.mixer (layer_types "linear_attention"), in order."""
+        return [i for i, t in enumerate(self.layer_types or []) if t in MIXER_LAYER_TYPES]
 
     @property
     def has_encoder(self) -> bool:

@@ -14,6 +14,11 @@ Parallel block (ModelConfig.parallel_block; GPT-NeoX / Pythia): both sub-layers 
     recorded: residual1 = x + MultiHead(...), norm2 = Norm_2(x) (of x, not of residual1),
     residual2 = z.
 
+A layer listed by cfg.mixer_layers() (layer_types "linear_attention") mixes tokens with
+cfg.mixer (core/net/mixer.py) instead of softmax attention: it has `mixer` where the others
+have `self_attn` (the other is None), and its sub-layers are ["mixer", "ffn"], wrapped in the
+same residuals and norms.
+
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
 """
@@ -27,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
+from .mixer import make_mixer
 from .moe import MoE
 from .multihead import MultiHeadAttention
 from .norms import RMSNorm
@@ -80,9 +86,12 @@ class Layer(nn.Module):
         self.rope = cfg.positional == "rope" and not (cfg.nope_layers and index in cfg.nope_layers)
         self.relative = cfg.positional == "relative"
         self.softcap = cfg.attn_softcap is not None
-        self.self_attn = MultiHeadAttention(cfg, index)
+        mixes = index in cfg.mixer_layers()
+        self.mixer = make_mixer(cfg, index) if mixes else None
+        self.self_attn = None if mixes else MultiHeadAttention(cfg, index)
         self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
-        self.qk_norm = self.self_attn.qk_norm is not None
+        self.qk_norm = self.self_attn is not None and self.self_attn.qk_norm is not None
+        self.rope = self.rope and not mixes
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
         self.ffn = MoE(cfg) if moe else FeedForward(cfg)
         n_sub = 3 if cross else 2
@@ -107,19 +116,25 @@ class Layer(nn.Module):
         return self.norms[0](x) if self.reads_norm else x
 
     def sublayers(self) -> List[str]:
+        if self.mixer is not None:
+            return ["mixer", "ffn"]
         return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
 
     def recorded_names(self) -> List[str]:
         """What an explicit run of this layer records, in order (names under the layer)."""
-        tempered = self.self_attn.temperature is not None
-        sinks = self.self_attn.sinks is not None
+        first = self.self_attn or self.cross_attn
+        tempered = first is not None and first.temperature is not None
+        sinks = first is not None and first.sinks is not None
+        gated = first is not None and first.w_gate is not None
         attn = ["q", "k", "v", "mask"] + (["scale"] if tempered else []) + ["scores", "scaled"] + (
             ["capped"] if self.softcap else []) + ["masked", "weights"] + (["sink"] if sinks else []) + [
-            "value_norms", "heads", "out"]
+            "value_norms", "heads"] + (["gate"] if gated else []) + ["out"]
         names = []
         for j, sub in enumerate(self.sublayers(), start=1):
             if sub == "ffn":
                 inner = ["ffn.router", "ffn.out"] if isinstance(self.ffn, MoE) else ["ffn.hidden", "ffn.out"]
+            elif sub == "mixer":
+                inner = [f"mixer.{n}" for n in self.mixer.recorded_names()]
             else:
                 own = sub == "self_attn"
                 pre_rope = (["q_pre_norm", "k_pre_norm"] if self.qk_norm and own else []) + (
@@ -136,7 +151,10 @@ class Layer(nn.Module):
     def self_weights(self, x, self_mask=None, angles=None, self_causal: bool = False, position_bias=None, qk=None, **_):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run. qk: the
-        q and k a traced pass kept (then x is not read)."""
+        q and k a traced pass kept (then x is not read). A mixer layer: its exact implicit
+        attention (Mixer.weights) of Norm(x)."""
+        if self.mixer is not None:
+            return self.mixer.weights(self.attn_input(x))
         y = None if qk is not None else self.attn_input(x)
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
 
@@ -144,6 +162,9 @@ class Layer(nn.Module):
                          qk=None, **_):
         """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights;
         qk: the (q, k, v) a traced pass kept."""
+        if self.mixer is not None:
+            raise ValueError("value norms are ||a_ij v_j W_o^h|| of a softmax attention; this layer mixes tokens "
+                             f"with {self.mixer.kind!r}, whose out-projection follows a gated norm of the heads")
         y = None if qk is not None else self.attn_input(x)
         return self.self_attn.value_norms(y, y, self_mask, angles, self_causal, position_bias, qkv=qk)
 
@@ -156,6 +177,9 @@ class Layer(nn.Module):
         caches = {} if cache is None else cache
 
         def attend(kind, y):
+            if kind == "mixer":
+                c = caches.setdefault("mixer", {}) if cache is not None else None
+                return self.mixer(y, scoped(rec, "mixer"), cache=c)
             attn, kv = (self.self_attn, y) if kind == "self_attn" else (self.cross_attn, memory)
             c = None
             if cache is not None:

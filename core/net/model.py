@@ -17,6 +17,11 @@ layer gets the sliding-window mask (decoder: keys sliding_window or more positio
 encoder: keys more than sliding_window // 2 away either way) and the RoPE base
 cfg.rope_theta_local where it is set; a "global" one the full mask and cfg.rope_theta.
 `layer_kinds()` lists them (a trace's meta["layer_kinds"]).
+
+Token mixers (cfg.layer_types "linear_attention", core/net/mixer.py): such a layer's kind is
+'linear'; it takes no mask, window or RoPE (its order is in the rule itself), and its
+layer_info names its mixer ("gated_delta") and the fixed-size state it keeps. attn_spec
+refuses it (a ValueError: no softmax attention there).
 """
 
 from __future__ import annotations
@@ -138,11 +143,13 @@ class Transformer(nn.Module):
                                                       and layer in self.cfg.nope_layers)
 
     def layer_kind(self, i: int) -> Optional[str]:
-        """'local' (sliding window), 'chunked' or 'global' for layer i where cfg.layer_types is set, else None."""
+        """'local' (sliding window), 'chunked', 'global' or 'linear' (a token mixer, core/net/mixer.py)
+        for layer i where cfg.layer_types is set, else None."""
         types = self.cfg.layer_types
         if not types:
             return None
-        return {"sliding_attention": "local", "chunked_attention": "chunked"}.get(types[i], "global")
+        return {"sliding_attention": "local", "chunked_attention": "chunked",
+                "linear_attention": "linear"}.get(types[i], "global")
 
     def chunk(self, stack: str, layer: Optional[int] = None) -> Optional[int]:
         """The chunk of a chunked layer of the decoder (Llama 4), else None."""
@@ -156,9 +163,20 @@ class Transformer(nn.Module):
         "local W" (an encoder's symmetric window); positions "rope" | "none" | "sinusoidal" |
         "learned" | "relative"; sink (learned sink logits); qk_norm (None | "head" | "full" |
         "l2"); scale "per position" where temperature tuning sets it, else "fixed"; ffn
-        "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates."""
+        "dense" | "moe" (with experts and top_k); rope_theta where the layer rotates; output_gate
+        (heads * sigmoid(x W_g) before W_o: Qwen3.5, Qwen3-Next). A mixer layer: mixer its kind
+        ("gated_delta"), kind "linear", mask "causal", positions "none", heads (H of its maps)
+        and state (the shapes of the fixed-size state it keeps per sequence)."""
         out = []
         for i, layer in enumerate(self.layers(stack)):
+            ffn = {"ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+            if ffn["ffn"] == "moe":
+                ffn.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
+            if layer.mixer is not None:
+                out.append({"mixer": layer.mixer.kind, "kind": "linear", "mask": "causal", "positions": "none",
+                            "sink": False, "qk_norm": None, "scale": "fixed", "output_gate": False,
+                            "heads": layer.mixer.n_heads, "state": layer.mixer.state_shapes(), **ffn})
+                continue
             w, c = self.window(stack, i), self.chunk(stack, i)
             if stack == "encoder":
                 mask = f"local {w}" if w is not None else "global"
@@ -171,16 +189,14 @@ class Transformer(nn.Module):
                  "positions": "rope" if rope else "none" if pos in ("rope", "none") else pos,
                  "sink": attn.sinks is not None, "qk_norm": attn.qk_norm,
                  "scale": "per position" if attn.temperature is not None else "fixed",
-                 "ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+                 "output_gate": attn.w_gate is not None, **ffn}
             if rope:
                 d["rope_theta"] = self._rope_base(i)[0]
-            if d["ffn"] == "moe":
-                d.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
             out.append(d)
         return out
 
     def layer_kinds(self) -> Optional[list]:
-        """Every layer's kind ('local' / 'global' / 'chunked'), or None when the config has no
+        """Every layer's kind ('local' / 'global' / 'chunked' / 'linear'), or None when the config has no
         layer_types (the per-layer dicts of the contract are layer_info)."""
         return [self.layer_kind(i) for i in range(self.cfg.n_layers)] if self.cfg.layer_types else None
 
@@ -200,6 +216,9 @@ class Transformer(nn.Module):
         which RoPE base, which cap, which norm' that every path reads."""
         cfg = self.cfg
         layer = self.layers(stack)[i]
+        if layer.mixer is not None:
+            raise ValueError(f"{stack} layer {i} mixes tokens with {layer.mixer.kind!r}, not softmax attention: "
+                             "it has no mask, window or query-key scores to describe")
         theta = self._rope_base(i)[0] if cfg.positional == "rope" else None
         attn = layer.self_attn
         return AttnSpec(stack=stack, layer=i, causal=stack == "decoder", window=self.window(stack, i),

@@ -21,6 +21,9 @@ Learned sinks (cfg.attn_sinks, gpt-oss): `sinks` (H), one logit per head in the 
 the keys; recorded `sink` (H x n_q) is its probability, 1 - the row sum of `weights`.
 Temperature tuning (cfg.attn_temperature on cfg.nope_layers, Llama 4): the scale varies by
 query position (q_scale); recorded `scale` (n_q), and q stays as projected.
+An output gate (cfg.attn_gate, Qwen3.5 and Qwen3-Next): `w_gate`, the second part of their q
+projection; the heads are multiplied by sigmoid(x_q W_g) (recorded `gate`, H x n_q x d_k)
+after the hook point `heads` and before Concat and W_o.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class MultiHeadAttention(nn.Module):
         self.w_k = Linear(d, hkv * dk, bias=cfg.qkv_bias)
         self.w_v = Linear(d, hkv * dk, bias=cfg.qkv_bias)
         self.w_o = Linear(h * dk, d, bias=cfg.bias)
+        # an output gate (Qwen3.5, Qwen3-Next): heads * sigmoid(x_q W_g) before W_o
+        self.w_gate = Linear(d, h * dk, bias=cfg.qkv_bias) if cfg.attn_gate and self_attn else None
         self.rope_layout = cfg.rope_layout
         self.scale = cfg.attn_scale  # None: 1/sqrt(d_k)
         factor = rope_attention_factor(cfg.rope_scaling) if cfg.positional == "rope" else 1.0
@@ -286,6 +291,11 @@ class MultiHeadAttention(nn.Module):
         if explicit:  # what each key adds, ||a_ij v_j W_o^h|| (computed from the same weights)
             rec("value_norms", seen["weights"] * self.value_sizes(v)[:, :, None, :])
         heads = point(rec, "heads", heads)  # hook point: head ablation and patching act here
+        if self.w_gate is not None:  # the output gate, per head and feature
+            gate = torch.sigmoid(self.w_gate(x_q)).view(b, n_q, self.h, self.dk).transpose(1, 2)
+            if rec:
+                rec("gate", gate)
+            heads = heads * gate
         concat = heads.transpose(1, 2).reshape(b, n_q, self.h * self.dk)  # (B, n_q, H*d_k)
         out = self.w_o(concat)  # (B, n_q, d)
         return point(rec, "out", out)

@@ -1,0 +1,173 @@
+"""Gated DeltaNet (Yang et al. 2024), the token mixer of Qwen3.5's and Qwen3-Next's linear layers,
+in float32, in the chunked (parallel) and the recurrent form (core/net/mixer.py: the interface).
+
+From the layer's normed input x (n x d), per position t and value head h:
+    [q | k | v] = SiLU(causal depthwise conv1d(x W_qkv))      width `conv`, no bias
+    q, k        split into k_heads heads of d_k, each L2-normed (x / sqrt(|x|^2 + 1e-6)),
+                repeated to the H value heads (H / k_heads consecutive heads share one), q
+                times d_k^-1/2
+    beta_t      = sigmoid(x W_b)                               the write strength (H)
+    g_t         = -exp(A_log) softplus(x W_a + dt_bias)        the log decay, <= 0 (H)
+    S_t         = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T      (d_k x d_v)
+    heads_t     = S_t^T q_t                                    recorded `.heads`
+    out         = (RMSNorm(heads_t) * w * SiLU(x W_z)) W_out    the gated norm, per head over d_v
+
+Unrolled, heads_t = sum_{s<=t} A[t, s] v_s with the exact implicit attention
+    A[t, s] = beta_s k_s . P_{s+1} ... P_t q_t,   P_r = exp(g_r) (I - beta_r k_r k_r^T)
+(`.weights`): signed, lower-triangular, the key removal included. Computed as the rule's
+output when the values are the n unit vectors e_s (heads_t = A[t, :]), which is the same
+linear map read column by column: O(n^2 (d_k + chunk)) a head, never a d_k x d_k product per cell.
+
+The chunked form (no cache): within a chunk of C positions with state S_0 at its start and
+gamma the cumulative log decay, the writes delta_j solve (I + L) delta = beta V - diag(beta
+e^gamma) K S_0 with L[j, l] = beta_j e^(gamma_j - gamma_l) k_j . k_l (l < j): one unit lower
+triangular solve; then heads_i = e^(gamma_i) S_0^T q_i + sum_{j<=i} e^(gamma_i - gamma_j)
+(q_i . k_j) delta_j and S_C = e^(gamma_C) S_0 + sum_j e^(gamma_C - gamma_j) k_j delta_j^T.
+The recurrent form (a cache dict) steps S_t one position at a time and keeps S and the
+convolution's last conv - 1 inputs in the cache ("conv", "state"): greedy decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .hooks import point
+from .linear import Linear
+from .mixer import Mixer
+from .recorder import Rec, records_maps
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(|x|^2 + eps) over the last axis."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def chunked_rule(q, k, v, g, beta, chunk: int = 64, state=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule in chunks: q, k (B, H, n, d_k) (q scaled), v (B, H, n, d_v), g, beta
+    (B, H, n); state (B, H, d_k, d_v) or None (zeros). Returns (heads (B, H, n, d_v), the last
+    state). float32 throughout."""
+    b, h, n, dk = k.shape
+    dv = v.shape[-1]
+    S = q.new_zeros(b, h, dk, dv) if state is None else state.to(torch.float32)
+    out = q.new_empty(b, h, n, dv)
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        qc, kc, vc, gc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], g[:, :, c0:c1], beta[:, :, c0:c1]
+        m = c1 - c0
+        gamma = gc.cumsum(-1)  # (B, H, m)
+        diff = gamma[..., :, None] - gamma[..., None, :]  # gamma_i - gamma_j
+        lower = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
+        decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # e^(gamma_i - gamma_j), j <= i
+        kk = kc @ kc.transpose(-1, -2)
+        system = torch.eye(m, device=q.device) + (bc[..., :, None] * kk * decay).tril(-1)
+        rhs = bc[..., None] * vc - (bc * gamma.exp())[..., None] * (kc @ S)
+        delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
+        out[:, :, c0:c1] = gamma.exp()[..., None] * (qc @ S) + ((qc @ kc.transpose(-1, -2)) * decay) @ delta
+        tail = (gamma[..., -1:] - gamma).exp()  # e^(gamma_C - gamma_j)
+        S = gamma[..., -1].exp()[..., None, None] * S + (kc * tail[..., None]).transpose(-1, -2) @ delta
+    return out, S
+
+
+def recurrent_rule(q, k, v, g, beta, state=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule one position at a time (same arguments and results as chunked_rule)."""
+    b, h, n, dk = k.shape
+    S = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state.to(torch.float32)
+    outs = []
+    for t in range(n):
+        kt = k[:, :, t]
+        S = S * g[:, :, t].exp()[..., None, None]
+        delta = (v[:, :, t] - (kt[..., None] * S).sum(-2)) * beta[:, :, t, None]  # beta (v - S^T k)
+        S = S + kt[..., None] * delta[..., None, :]
+        outs.append((S * q[:, :, t, :, None]).sum(-2))  # S^T q
+    return torch.stack(outs, dim=2), S
+
+
+class GatedDeltaNet(Mixer):
+    kind = "gated_delta"
+
+    def __init__(self, cfg: ModelConfig, index: int = 0):
+        super().__init__()
+        m = cfg.mixer
+        d = cfg.d_model
+        self.n_heads, self.k_heads = int(m["heads"]), int(m.get("k_heads", m["heads"]))
+        if self.n_heads % self.k_heads:
+            raise ValueError(f"gated_delta: heads ({self.n_heads}) must be a multiple of k_heads ({self.k_heads})")
+        self.dk, self.dv, self.width = int(m["d_k"]), int(m["d_v"]), int(m["conv"])
+        self.chunk = int(m.get("chunk", 64))
+        self.eps = float(m.get("norm_eps", cfg.norm_eps))
+        self.key_dim, self.value_dim = self.k_heads * self.dk, self.n_heads * self.dv
+        channels = 2 * self.key_dim + self.value_dim
+        self.w_qkv = Linear(d, channels, bias=False)
+        self.w_z = Linear(d, self.value_dim, bias=False)
+        self.w_b = Linear(d, self.n_heads, bias=False)
+        self.w_a = Linear(d, self.n_heads, bias=False)
+        bound = 1.0 / math.sqrt(self.width)
+        self.conv = nn.Parameter(torch.empty(channels, self.width).uniform_(-bound, bound))  # depthwise filters
+        self.A_log = nn.Parameter(torch.empty(self.n_heads).uniform_(0.01, 16).log())
+        self.dt_bias = nn.Parameter(torch.ones(self.n_heads))
+        self.norm_weight = nn.Parameter(torch.ones(self.dv))  # the gated RMSNorm's gain
+        self.w_out = Linear(self.value_dim, d, bias=False)
+
+    def recorded_names(self) -> List[str]:
+        return ["q", "k", "v", "decay", "beta", "weights", "heads", "out"]
+
+    def state_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        return {"conv": (2 * self.key_dim + self.value_dim, self.width - 1),
+                "state": (self.n_heads, self.dk, self.dv)}
+
+    def rule_inputs(self, x, cache: Optional[dict] = None):
+        """(q, k, v, g, beta) as the rule reads them from x (B, n, d): q, k (B, H, n, d_k), v
+        (B, H, n, d_v), g, beta (B, H, n), all float32. With a cache, the convolution continues
+        from cache["conv"] and leaves its last inputs there."""
+        b, n, _ = x.shape
+        mixed = self.w_qkv(x).float().transpose(1, 2)  # (B, C, n)
+        past = None if cache is None else cache.get("conv")
+        if past is None:
+            past = mixed.new_zeros(b, mixed.shape[1], self.width - 1)
+        padded = torch.cat([past, mixed], dim=-1)  # (B, C, width - 1 + n)
+        if cache is not None:
+            cache["conv"] = padded[:, :, padded.shape[-1] - (self.width - 1):]
+        conv = F.silu(F.conv1d(padded, self.conv.float()[:, None, :], groups=padded.shape[1]))  # (B, C, n)
+        q, k, v = torch.split(conv.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = self.n_heads // self.k_heads
+        q = l2norm(q.reshape(b, n, self.k_heads, self.dk)).repeat_interleave(rep, dim=2).transpose(1, 2)
+        k = l2norm(k.reshape(b, n, self.k_heads, self.dk)).repeat_interleave(rep, dim=2).transpose(1, 2)
+        q = q * self.dk ** -0.5
+        v = v.reshape(b, n, self.n_heads, self.dv).transpose(1, 2)
+        beta = torch.sigmoid(self.w_b(x).float()).transpose(1, 2)
+        g = (-self.A_log.float().exp() * F.softplus(self.w_a(x).float() + self.dt_bias.float())).transpose(1, 2)
+        return q, k, v, g, beta
+
+    def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
+        """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
+        b, h, n, _ = k.shape
+        eye = torch.eye(n, device=k.device, dtype=torch.float32).expand(b, h, n, n)
+        return chunked_rule(q, k, eye, g, beta, min(self.chunk, max(self.dk, 16)))[0]
+
+    def weights(self, x) -> torch.Tensor:
+        q, k, _, g, beta = self.rule_inputs(x)
+        return self.implicit_attention(q, k, g, beta)
+
+    def forward(self, x, rec: Rec = None, cache: Optional[dict] = None):
+        b, n, _ = x.shape
+        q, k, v, g, beta = self.rule_inputs(x, cache)
+        if rec:
+            for name, t in (("q", q), ("k", k), ("v", v), ("decay", g), ("beta", beta)):
+                rec(name, t)
+            if records_maps(rec):
+                rec("weights", self.implicit_attention(q, k, g, beta))
+        if cache is None:
+            heads, _ = chunked_rule(q, k, v, g, beta, self.chunk)
+        else:
+            heads, cache["state"] = recurrent_rule(q, k, v, g, beta, cache.get("state"))
+        heads = point(rec, "heads", heads)  # (B, H, n, d_v)
+        y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
+        z = self.w_z(x).float().view(b, n, self.n_heads, self.dv).transpose(1, 2)
+        y = (y * F.silu(z)).transpose(1, 2).reshape(b, n, self.value_dim).to(x.dtype)
+        return point(rec, "out", self.w_out(y))
