@@ -91,6 +91,11 @@ change nothing:
                      "k_heads" (query/key heads, H a multiple of them), "d_k", "d_v", "conv"
                      (the short convolution's width), "chunk" (the chunked form's size,
                      default 64), "norm_eps" (its gated RMSNorm's; default cfg.norm_eps).
+                     "mamba2" (core/net/mamba2.py, Mamba2Spec.from_config): "heads",
+                     "head_dim", "d_state", "groups", "conv", "chunk", "norm_eps", "bias",
+                     "conv_bias", "dt_limit". "short_conv" (core/net/short_conv.py, LFM2):
+                     "conv" (its taps), "bias". Any kind: "ffn": False leaves the mixer layers
+                     without an FFN (Mamba2's blocks: x + Mixer(Norm(x))).
     attn_gate        an output gate on every softmax attention (Qwen3.5, Qwen3-Next): W_q's
                      projection has a second part, heads * sigmoid(x W_g) before W_o,
                      recorded as `.gate` (the sigmoid's value, H x n_q x d_k).

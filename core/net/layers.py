@@ -17,7 +17,8 @@ Parallel block (ModelConfig.parallel_block; GPT-NeoX / Pythia): both sub-layers 
 A layer listed by cfg.mixer_layers() (layer_types "linear_attention") mixes tokens with
 cfg.mixer (core/net/mixer.py) instead of softmax attention: it has `mixer` where the others
 have `self_attn` (the other is None), and its sub-layers are ["mixer", "ffn"], wrapped in the
-same residuals and norms.
+same residuals and norms; ["mixer"] alone where cfg.mixer["ffn"] is False (Mamba2's blocks:
+x + Mixer(Norm(x)), `ffn` None).
 
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
@@ -94,7 +95,9 @@ class Layer(nn.Module):
         self.rope = self.rope and not mixes
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
         self.ffn = MoE(cfg) if moe else FeedForward(cfg)
-        n_sub = 3 if cross else 2
+        if mixes and not cfg.mixer.get("ffn", True):
+            self.ffn = None  # a Mamba2 block: the mixer is the whole layer
+        n_sub = (3 if cross else 2) - (self.ffn is None)
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)
         self.pre_norm = not self.pre or cfg.pre_sublayer_norm
@@ -117,7 +120,7 @@ class Layer(nn.Module):
 
     def sublayers(self) -> List[str]:
         if self.mixer is not None:
-            return ["mixer", "ffn"]
+            return ["mixer"] + (["ffn"] if self.ffn is not None else [])
         return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
 
     def recorded_names(self) -> List[str]:

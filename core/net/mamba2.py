@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from .hooks import point
 from .linear import Linear
+from .mixer import Mixer
 from .recorder import Rec, records_maps
 
 
@@ -197,7 +198,7 @@ class GatedRMSNorm(nn.Module):
         return gated_rms_norm(y, z, self.weight, self.groups, self.eps)
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(Mixer):
     """The Mamba2 token mixer: forward(x (B, n, d), rec=None, cache=None) -> (B, n, d).
     With a cache dict the recurrent form runs and the dict keeps its state (filled on first
     use); otherwise the chunked form. Built from a Mamba2Spec, or from a ModelConfig whose

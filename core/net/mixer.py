@@ -53,6 +53,8 @@ from .recorder import Rec
 # kind -> "module:Class" under core.net; a new kind is a module and one line here
 KINDS: Dict[str, str] = {
     "gated_delta": "gated_delta:GatedDeltaNet",
+    "mamba2": "mamba2:Mamba2Mixer",
+    "short_conv": "short_conv:ShortConvMixer",
 }
 
 # why an analysis cannot run on a mixer layer, by analysis (the ValueError's words)

@@ -169,7 +169,7 @@ class Transformer(nn.Module):
         and state (the shapes of the fixed-size state it keeps per sequence)."""
         out = []
         for i, layer in enumerate(self.layers(stack)):
-            ffn = {"ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+            ffn = {"ffn": "none" if layer.ffn is None else "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
             if ffn["ffn"] == "moe":
                 ffn.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
             if layer.mixer is not None:

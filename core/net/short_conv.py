@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from .hooks import point
 from .linear import Linear
+from .mixer import Mixer
 from .recorder import Rec
 
 
@@ -53,7 +54,7 @@ NO_MAP = ("a short convolution has no head map: each of its d channels mixes the
           "with its own filter and gates, so it records its filter (d x K) instead")
 
 
-class ShortConvMixer(nn.Module):
+class ShortConvMixer(Mixer):
     """forward(x (B, n, d), rec=None, cache=None) -> (B, n, d). Built from a ShortConvSpec or
     a ModelConfig whose `mixer` holds the kind's settings (ShortConvSpec.from_config)."""
 
