@@ -94,9 +94,8 @@ class Layer(nn.Module):
         self.qk_norm = self.self_attn is not None and self.self_attn.qk_norm is not None
         self.rope = self.rope and not mixes
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
-        self.ffn = MoE(cfg) if moe else FeedForward(cfg)
-        if mixes and not cfg.mixer.get("ffn", True):
-            self.ffn = None  # a Mamba2 block: the mixer is the whole layer
+        bare = mixes and not cfg.mixer.get("ffn", True)  # a Mamba2 block: the mixer is the whole layer
+        self.ffn = None if bare else MoE(cfg) if moe else FeedForward(cfg)
         n_sub = (3 if cross else 2) - (self.ffn is None)
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)

@@ -1,0 +1,119 @@
+"""The families whose token mixers are Mamba2 or a short convolution, against transformers'
+torch code (no kernels) on tiny random checkpoints saved to a folder and loaded through
+core.load_model:
+
+- mamba2: a stack of Mamba2 blocks (no attention, no FFN);
+
+Per family: the logits within 1e-4 of transformers'; layer_kinds() names each layer's mixer.
+Per Mamba2 layer (the checks of tests/parity/test_mamba2_mixer.py, on the loaded model's own
+trace): the mixer's out and heads equal transformers' (its mixer's output, and what it hands its
+gated norm, read by hooks) within 1e-4; the implicit attention has nothing above the diagonal and
+A @ v + skip rebuilds heads within 1e-4 of heads' largest entry.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import core
+from core import trace_names as tn
+from hf_builders import byte_bpe_tokenizer, randomize
+
+tf = pytest.importorskip("transformers")
+
+TEXT = "the small dog sees the old cat near the river bank because it was tired of walking"
+TOL = 1e-4
+
+
+def _mamba_params(model, heads: int):
+    """Every Mamba2 mixer's rates and steps spread over heads, so that some heads forget fast."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.linspace(-1.0, 1.0, heads))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.linspace(-2.0, 0.5, heads))
+
+
+def _build(family: str, folder):
+    v = byte_bpe_tokenizer(folder / "tokenizer.json")
+    torch.manual_seed(0)
+    if family == "mamba2":
+        cfg = tf.Mamba2Config(vocab_size=v, hidden_size=16, num_heads=4, head_dim=8, expand=2, state_size=6,
+                              n_groups=2, conv_kernel=4, chunk_size=8, num_hidden_layers=3,
+                              tie_word_embeddings=False, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+        model = tf.Mamba2ForCausalLM(cfg)
+        randomize(model)
+        _mamba_params(model, 4)
+    else:
+        raise ValueError(family)
+    model.eval().save_pretrained(str(folder))
+    return model
+
+
+def _hf_mixers(model):
+    """transformers' Mamba2 mixers by layer index (the modules whose output and norm input we hook)."""
+    found = {}
+    for name, m in model.named_modules():
+        if type(m).__name__ in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer"):
+            found[int(name.split("layers.")[1].split(".")[0])] = m
+    return found
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            folder = tmp_path_factory.mktemp(family)
+            hf = _build(family, folder)
+            ours = core.load_model(str(folder), device="cpu")
+            tr = ours.trace(TEXT)
+            ids = torch.tensor([tr.meta["target_ids"]])
+            seen, hooks = {}, []
+            for i, m in _hf_mixers(hf).items():
+                hooks.append(m.register_forward_hook(lambda mod, a, out, i=i: seen.__setitem__(("out", i), out[0])))
+                hooks.append(m.norm.register_forward_pre_hook(
+                    lambda mod, a, i=i: seen.__setitem__(("heads", i), a[0][0])))
+            with torch.no_grad():
+                logits = hf(ids).logits[0]
+            for h in hooks:
+                h.remove()
+            cache[family] = (hf, ours, tr, logits, seen)
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", ["mamba2"])
+def test_logits_match_transformers(zoo, family):
+    _, _, tr, logits, _ = zoo(family)
+    ours = tr[tn.LOGITS]
+    assert logits.abs().max() > 0.5
+    assert (ours - logits).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("family", ["mamba2"])
+def test_each_mamba2_layer(zoo, family):
+    hf, ours, tr, _, seen = zoo(family)
+    layers = [i for i, k in enumerate(ours.layer_kinds()) if k["mixer"] == "mamba2"]
+    assert layers and layers == sorted(_hf_mixers(hf))
+    for i in layers:
+        m = ours.net.decoder[i].mixer
+        heads = tr[tn.mixer("decoder", i, "heads")]  # (H, n, P)
+        want = seen[("heads", i)].view(heads.shape[1], m.n_heads, -1).transpose(0, 1)
+        assert (heads - want).abs().max().item() < TOL, f"layer {i} heads"
+        assert (tr[tn.mixer("decoder", i, "out")] - seen[("out", i)]).abs().max().item() < TOL, f"layer {i} out"
+        A = tr[tn.mixer("decoder", i, "weights")]
+        assert A.triu(1).abs().max().item() == 0.0
+        rebuilt = A @ tr[tn.mixer("decoder", i, "v")] + tr[tn.mixer("decoder", i, "skip")]
+        assert (rebuilt - heads).abs().max().item() < TOL * heads.abs().max().item(), f"layer {i} A @ v + skip"
+
+
+def test_mamba2_kinds(zoo):
+    _, ours, tr, _, _ = zoo("mamba2")
+    kinds = ours.layer_kinds()
+    assert [k["mixer"] for k in kinds] == ["mamba2"] * 3 and {k["ffn"] for k in kinds} == {"none"}
+    assert tr.mixer_layers("decoder") == [0, 1, 2] and tr.attention_kinds("decoder") == []
