@@ -3,6 +3,10 @@ torch code (no kernels) on tiny random checkpoints saved to a folder and loaded 
 core.load_model:
 
 - mamba2: a stack of Mamba2 blocks (no attention, no FFN);
+- lfm2: short gated convolutions and softmax attention with QK-norm, each with a SwiGLU FFN
+  (its width by transformers' rounding rule); a convolution layer's out equals transformers'
+  (hooked) and its filter is the checkpoint's, and the attention layer's weights equal
+  transformers' eager attention maps;
 
 Per family: the logits within 1e-4 of transformers'; layer_kinds() names each layer's mixer.
 Per Mamba2 layer (the checks of tests/parity/test_mamba2_mixer.py, on the loaded model's own
@@ -46,6 +50,14 @@ def _build(family: str, folder):
         model = tf.Mamba2ForCausalLM(cfg)
         randomize(model)
         _mamba_params(model, 4)
+    elif family == "lfm2":
+        cfg = tf.Lfm2Config(vocab_size=v, hidden_size=24, intermediate_size=80, block_multiple_of=16,
+                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+                            layer_types=["conv", "full_attention", "conv", "conv"], max_position_embeddings=128,
+                            tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+        model = tf.Lfm2ForCausalLM(cfg)
+        randomize(model)
+        model.tie_weights()
     else:
         raise ValueError(family)
     model.eval().save_pretrained(str(folder))
@@ -56,7 +68,7 @@ def _hf_mixers(model):
     """transformers' Mamba2 mixers by layer index (the modules whose output and norm input we hook)."""
     found = {}
     for name, m in model.named_modules():
-        if type(m).__name__ in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer"):
+        if type(m).__name__ in ("Mamba2Mixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer", "Lfm2ShortConv"):
             found[int(name.split("layers.")[1].split(".")[0])] = m
     return found
 
@@ -75,10 +87,14 @@ def zoo(tmp_path_factory):
             seen, hooks = {}, []
             for i, m in _hf_mixers(hf).items():
                 hooks.append(m.register_forward_hook(lambda mod, a, out, i=i: seen.__setitem__(("out", i), out[0])))
-                hooks.append(m.norm.register_forward_pre_hook(
-                    lambda mod, a, i=i: seen.__setitem__(("heads", i), a[0][0])))
+                if hasattr(m, "norm"):
+                    hooks.append(m.norm.register_forward_pre_hook(
+                        lambda mod, a, i=i: seen.__setitem__(("heads", i), a[0][0])))
+            hf.config._attn_implementation = "eager"
             with torch.no_grad():
-                logits = hf(ids).logits[0]
+                out = hf(ids, output_attentions=family != "mamba2")
+            logits = out.logits[0]
+            seen["attentions"] = [None if a is None else a[0] for a in (getattr(out, "attentions", None) or [])]
             for h in hooks:
                 h.remove()
             cache[family] = (hf, ours, tr, logits, seen)
@@ -87,7 +103,7 @@ def zoo(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["mamba2"])
+@pytest.mark.parametrize("family", ["mamba2", "lfm2"])
 def test_logits_match_transformers(zoo, family):
     _, _, tr, logits, _ = zoo(family)
     ours = tr[tn.LOGITS]
@@ -117,3 +133,18 @@ def test_mamba2_kinds(zoo):
     kinds = ours.layer_kinds()
     assert [k["mixer"] for k in kinds] == ["mamba2"] * 3 and {k["ffn"] for k in kinds} == {"none"}
     assert tr.mixer_layers("decoder") == [0, 1, 2] and tr.attention_kinds("decoder") == []
+
+
+def test_lfm2_layers(zoo):
+    hf, ours, tr, _, seen = zoo("lfm2")
+    kinds = ours.layer_kinds()
+    assert [k["mixer"] for k in kinds] == ["short_conv", "softmax", "short_conv", "short_conv"]
+    assert kinds[1]["qk_norm"] == "head" and kinds[0]["state"] == {"conv": (24, 2)}
+    assert ours.net.decoder[0].ffn.w_1.weight.shape[0] == 64  # int(2 * 80 / 3) = 53, up to a multiple of 16
+    for i in (0, 2, 3):
+        assert (tr[tn.mixer("decoder", i, "out")] - seen[("out", i)]).abs().max().item() < TOL
+        filt = hf.model.layers[i].conv.conv.weight[:, 0, :]
+        assert torch.equal(tr[tn.mixer("decoder", i, "filter")], filt.detach())
+    attn = [a for a in seen["attentions"] if a is not None]
+    assert len(attn) == 1
+    assert (tr[tn.self_attn("decoder", 1, "weights")] - attn[0]).abs().max().item() < TOL
