@@ -22,46 +22,12 @@ import torch
 
 import core
 from core import trace_names as tn
-from hf_builders import byte_bpe_tokenizer, randomize
+from mixer_builders import build
 
 tf = pytest.importorskip("transformers")
 
 TEXT = "the small dog sees the old cat near the river bank because it was tired of walking"
 TOL = 1e-4
-
-
-def _mamba_params(model, heads: int):
-    """Every Mamba2 mixer's rates and steps spread over heads, so that some heads forget fast."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.linspace(-1.0, 1.0, heads))
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.linspace(-2.0, 0.5, heads))
-
-
-def _build(family: str, folder):
-    v = byte_bpe_tokenizer(folder / "tokenizer.json")
-    torch.manual_seed(0)
-    if family == "mamba2":
-        cfg = tf.Mamba2Config(vocab_size=v, hidden_size=16, num_heads=4, head_dim=8, expand=2, state_size=6,
-                              n_groups=2, conv_kernel=4, chunk_size=8, num_hidden_layers=3,
-                              tie_word_embeddings=False, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-        model = tf.Mamba2ForCausalLM(cfg)
-        randomize(model)
-        _mamba_params(model, 4)
-    elif family == "lfm2":
-        cfg = tf.Lfm2Config(vocab_size=v, hidden_size=24, intermediate_size=80, block_multiple_of=16,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
-                            layer_types=["conv", "full_attention", "conv", "conv"], max_position_embeddings=128,
-                            tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-        model = tf.Lfm2ForCausalLM(cfg)
-        randomize(model)
-        model.tie_weights()
-    else:
-        raise ValueError(family)
-    model.eval().save_pretrained(str(folder))
-    return model
 
 
 def _hf_mixers(model):
@@ -80,7 +46,7 @@ def zoo(tmp_path_factory):
     def get(family):
         if family not in cache:
             folder = tmp_path_factory.mktemp(family)
-            hf = _build(family, folder)
+            hf, _ = build(family, folder)
             ours = core.load_model(str(folder), device="cpu")
             tr = ours.trace(TEXT)
             ids = torch.tensor([tr.meta["target_ids"]])
