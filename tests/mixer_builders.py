@@ -11,7 +11,7 @@ import torch
 
 from hf_builders import byte_bpe_tokenizer, randomize
 
-MIXER_FAMILIES = ["mamba2", "lfm2"]
+MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid"]
 
 
 def _mamba_params(model, heads: int):
@@ -45,6 +45,19 @@ def build(family: str, folder: Path):
                             tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=None)
         model = tf.Lfm2ForCausalLM(cfg)
         randomize(model)
+        model.tie_weights()
+    elif family == "granitemoehybrid":  # dense, RoPE, every multiplier away from 1
+        cfg = tf.GraniteMoeHybridConfig(
+            vocab_size=v, hidden_size=24, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            num_local_experts=0, shared_intermediate_size=40, position_embedding_type="rope",
+            layer_types=["linear_attention", "full_attention", "linear_attention"], mamba_n_heads=4,
+            mamba_d_head=12, mamba_d_state=6, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8,
+            embedding_multiplier=2.5, attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=3.0,
+            max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=0, bos_token_id=None,
+            eos_token_id=None)
+        model = tf.GraniteMoeHybridForCausalLM(cfg)
+        randomize(model)
+        _mamba_params(model, 4)
         model.tie_weights()
     else:
         raise ValueError(family)

@@ -96,6 +96,8 @@ change nothing:
                      "conv_bias", "dt_limit". "short_conv" (core/net/short_conv.py, LFM2):
                      "conv" (its taps), "bias". Any kind: "ffn": False leaves the mixer layers
                      without an FFN (Mamba2's blocks: x + Mixer(Norm(x))).
+    embed_multiplier the token embeddings times this number (GraniteMoeHybrid), on top of
+                     embed_scale's sqrt(d) where both are set.
     attn_gate        an output gate on every softmax attention (Qwen3.5, Qwen3-Next): W_q's
                      projection has a second part, heads * sigmoid(x W_g) before W_o,
                      recorded as `.gate` (the sigmoid's value, H x n_q x d_k).
@@ -139,6 +141,7 @@ class ModelConfig:
     kind: str = "encoder-decoder"  # encoder | decoder | encoder-decoder
     bias: bool = True  # biases in the attention and FFN projections
     embed_scale: bool = False  # multiply token embeddings by sqrt(d) (Vaswani et al.)
+    embed_multiplier: float = 1.0  # token embeddings times this (GraniteMoeHybrid's embedding_multiplier)
     embed_norm: bool = False  # LayerNorm after summing embeddings (BERT)
     type_vocab_size: int = 0  # token-type (segment) embeddings (BERT)
     final_norm: Optional[bool] = None  # norm after the last layer; default: pre-norm only

@@ -234,13 +234,13 @@ class RelativePositionBias(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding (times sqrt(d) if configured) + positions [+ token types] [-> LayerNorm]."""
+    """Token embedding (times sqrt(d) and embed_multiplier if configured) + positions [+ token types] [-> LayerNorm]."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
-        self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
+        self.scale = (math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0) * cfg.embed_multiplier
         self.offset = cfg.position_offset  # RoBERTa's positions start at padding_idx + 1
         n_pos = cfg.max_len + self.offset
         self.pos = nn.Embedding(n_pos, cfg.d_model) if cfg.positional == "learned" else None

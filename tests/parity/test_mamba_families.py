@@ -3,6 +3,10 @@ torch code (no kernels) on tiny random checkpoints saved to a folder and loaded 
 core.load_model:
 
 - mamba2: a stack of Mamba2 blocks (no attention, no FFN);
+- granitemoehybrid: Mamba2 and attention layers by layer_types, a dense FFN, and every
+  multiplier away from 1 (embedding, residual (ours folded into each sub-layer's last
+  projection, so a mixer's out is r times transformers'), attention, logits scaling); its mixture
+  of experts is refused with a CheckpointError that says so;
 - lfm2: short gated convolutions and softmax attention with QK-norm, each with a SwiGLU FFN
   (its width by transformers' rounding rule); a convolution layer's out equals transformers'
   (hooked) and its filter is the checkpoint's, and the attention layer's weights equal
@@ -69,7 +73,7 @@ def zoo(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["mamba2", "lfm2"])
+@pytest.mark.parametrize("family", ["mamba2", "lfm2", "granitemoehybrid"])
 def test_logits_match_transformers(zoo, family):
     _, _, tr, logits, _ = zoo(family)
     ours = tr[tn.LOGITS]
@@ -77,7 +81,7 @@ def test_logits_match_transformers(zoo, family):
     assert (ours - logits).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("family", ["mamba2"])
+@pytest.mark.parametrize("family", ["mamba2", "granitemoehybrid"])
 def test_each_mamba2_layer(zoo, family):
     hf, ours, tr, _, seen = zoo(family)
     layers = [i for i, k in enumerate(ours.layer_kinds()) if k["mixer"] == "mamba2"]
@@ -87,7 +91,8 @@ def test_each_mamba2_layer(zoo, family):
         heads = tr[tn.mixer("decoder", i, "heads")]  # (H, n, P)
         want = seen[("heads", i)].view(heads.shape[1], m.n_heads, -1).transpose(0, 1)
         assert (heads - want).abs().max().item() < TOL, f"layer {i} heads"
-        assert (tr[tn.mixer("decoder", i, "out")] - seen[("out", i)]).abs().max().item() < TOL, f"layer {i} out"
+        r = getattr(hf.config, "residual_multiplier", 1.0)  # Granite's, folded into our out_proj
+        assert (tr[tn.mixer("decoder", i, "out")] - r * seen[("out", i)]).abs().max().item() < TOL, f"layer {i} out"
         A = tr[tn.mixer("decoder", i, "weights")]
         assert A.triu(1).abs().max().item() == 0.0
         rebuilt = A @ tr[tn.mixer("decoder", i, "v")] + tr[tn.mixer("decoder", i, "skip")]
@@ -114,3 +119,20 @@ def test_lfm2_layers(zoo):
     attn = [a for a in seen["attentions"] if a is not None]
     assert len(attn) == 1
     assert (tr[tn.self_attn("decoder", 1, "weights")] - attn[0]).abs().max().item() < TOL
+
+
+def test_granite_kinds_and_refusals(zoo, tmp_path):
+    import json
+
+    from core.loaders.checkpoint import CheckpointError
+
+    _, ours, _, _, _ = zoo("granitemoehybrid")
+    kinds = ours.layer_kinds()
+    assert [k["mixer"] for k in kinds] == ["mamba2", "softmax", "mamba2"]
+    assert kinds[1]["positions"] == "rope" and ours.config.attn_scale == pytest.approx(0.3)
+    _, folder = build("granitemoehybrid", tmp_path / "moe")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_local_experts"] = 4
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="mixture of 4 experts"):
+        core.load_model(str(folder), device="cpu")
