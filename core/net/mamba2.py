@@ -8,7 +8,7 @@ One layer, per head h (P channels of x), with a state S (P x N) per head:
     dt_t       = clamp(softplus(dt_t + dt_bias))       # the step of position t, per head
     a_h        = -exp(A_log_h)                         # the head's (negative) rate
     S_t        = exp(dt_t a_h) S_{t-1} + dt_t x_t B_t^T
-    y_t        = S_t C_t + D_h x_t                     # heads; then y * silu(z), RMS-normed per group, W_out
+    y_t        = S_t C_t + D_h x_t                     # heads; then RMSNorm(y * silu(z)) per group (GATES), W_out
 
 Unrolled, y_t = sum_{s<=t} A[t, s] x_s + D_h x_t with the implicit attention
 
@@ -49,6 +49,12 @@ from .mixer import Mixer
 from .recorder import Rec, records_maps
 
 
+# how the gate z meets the heads y before out_proj: Mamba2's RMSNorm(y * silu(z)) (per group);
+# Falcon-H1's RMSNorm(y) * silu(z) (mamba_norm_before_gate), or y * silu(z) without a norm
+# (mamba_rms_norm False: the mixer has no `norm` then)
+GATES = ("gate_then_norm", "norm_then_gate", "gate_only")
+
+
 @dataclass(frozen=True)
 class Mamba2Spec:
     """A Mamba2 mixer's shape: d_model in and out; H heads of P channels (d_inner = H P);
@@ -65,12 +71,13 @@ class Mamba2Spec:
     bias: bool = False  # in_proj and out_proj
     conv_bias: bool = True
     dt_limit: Tuple[float, float] = (0.0, math.inf)
+    gate: str = "gate_then_norm"  # how z gates the heads: see GATES
 
     @classmethod
     def from_config(cls, cfg) -> "Mamba2Spec":
         """From a ModelConfig: d_model and norm_eps, and cfg.mixer = {"kind": "mamba2", "heads",
         "head_dim", "d_state", "groups" (1), "conv" (4), "chunk" (256), "norm_eps" (cfg's),
-        "bias" (False), "conv_bias" (True), "dt_limit" ([0, inf])}."""
+        "bias" (False), "conv_bias" (True), "dt_limit" ([0, inf]), "gate" (GATES[0])}."""
         m = dict(cfg.mixer or {})
         missing = [key for key in ("heads", "head_dim", "d_state") if key not in m]
         if missing:
@@ -80,12 +87,14 @@ class Mamba2Spec:
                    d_state=int(m["d_state"]), n_groups=int(m.get("groups", 1)), conv_kernel=int(m.get("conv", 4)),
                    chunk_size=int(m.get("chunk", 256)), eps=float(m.get("norm_eps", cfg.norm_eps)),
                    bias=bool(m.get("bias", False)), conv_bias=bool(m.get("conv_bias", True)),
-                   dt_limit=(float(lo), float(hi)))
+                   dt_limit=(float(lo), float(hi)), gate=str(m.get("gate", "gate_then_norm")))
 
     def __post_init__(self):
         for field in ("d_model", "n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", "chunk_size"):
             if int(getattr(self, field)) < 1:
                 raise ValueError(f"Mamba2Spec.{field} must be a positive integer, got {getattr(self, field)!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"Mamba2Spec.gate must be one of {GATES}, got {self.gate!r}")
         if self.n_heads % self.n_groups:
             raise ValueError(f"Mamba2Spec: n_heads ({self.n_heads}) must be a multiple of n_groups ({self.n_groups})")
 
@@ -177,25 +186,34 @@ def ssd_recurrent(x, dt, a, B, C, state: Optional[torch.Tensor] = None):
     return torch.stack(ys, dim=1), s
 
 
-def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
-    """Mamba2's output norm: (y * silu(z)), RMS-normed over each of `groups` equal slices of
-    the last axis, times weight."""
-    g = y * F.silu(z)
-    parts = g.view(*g.shape[:-1], groups, g.shape[-1] // groups)
+def group_rms_norm(y: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
+    """y RMS-normed over each of `groups` equal slices of the last axis, times weight."""
+    parts = y.view(*y.shape[:-1], groups, y.shape[-1] // groups)
     parts = parts * torch.rsqrt(parts.pow(2).mean(-1, keepdim=True) + eps)
-    return parts.view(g.shape) * weight
+    return parts.view(y.shape) * weight
+
+
+def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float,
+                   gate: str = GATES[0]) -> torch.Tensor:
+    """The mixer's output gate and norm (GATES): Mamba2's group_rms_norm(y * silu(z)), or
+    group_rms_norm(y) * silu(z), or y * silu(z) alone (weight None)."""
+    if gate == "gate_then_norm":
+        return group_rms_norm(y * F.silu(z), weight, groups, eps)
+    if gate == "norm_then_gate":
+        return group_rms_norm(y, weight, groups, eps) * F.silu(z)
+    return y * F.silu(z)
 
 
 class GatedRMSNorm(nn.Module):
     """gated_rms_norm with its gain (`weight`, d_inner), as a module (the checkpoint's `norm`)."""
 
-    def __init__(self, d: int, groups: int, eps: float):
+    def __init__(self, d: int, groups: int, eps: float, gate: str = GATES[0]):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.gate = groups, eps, gate
 
     def forward(self, y, z):
-        return gated_rms_norm(y, z, self.weight, self.groups, self.eps)
+        return gated_rms_norm(y, z, self.weight, self.groups, self.eps, self.gate)
 
 
 class Mamba2Mixer(Mixer):
@@ -216,7 +234,8 @@ class Mamba2Mixer(Mixer):
         self.dt_bias = nn.Parameter(torch.zeros(s.n_heads))
         self.A_log = nn.Parameter(torch.zeros(s.n_heads))
         self.D = nn.Parameter(torch.ones(s.n_heads))
-        self.norm = GatedRMSNorm(s.d_inner, s.n_groups, s.eps)
+        # the gated norm (its gain is the checkpoint's norm.weight); gate_only: no norm, no gain
+        self.norm = GatedRMSNorm(s.d_inner, s.n_groups, s.eps, s.gate) if s.gate != "gate_only" else None
         self.out_proj = Linear(s.d_inner, s.d_model, bias=s.bias)
 
     def recorded_names(self):
@@ -280,7 +299,8 @@ class Mamba2Mixer(Mixer):
         if rec is not None:
             rec("skip", skip.transpose(1, 2))
         heads = point(rec, "heads", (y + skip).transpose(1, 2))  # (b, H, n, P)
-        mixed = self.norm(heads.transpose(1, 2).reshape(b, n, s.d_inner), z)
+        y = heads.transpose(1, 2).reshape(b, n, s.d_inner)
+        mixed = y * F.silu(z) if self.norm is None else self.norm(y, z)
         return point(rec, "out", self.out_proj(mixed))
 
     def weights(self, x: torch.Tensor) -> torch.Tensor:

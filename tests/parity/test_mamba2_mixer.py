@@ -180,3 +180,36 @@ def test_settings_are_checked():
     spec = Mamba2Spec.from_config(Cfg)
     assert (spec.n_groups, spec.eps, spec.conv_kernel) == (2, 1e-5, 4)
     assert Mamba2Mixer(Cfg).state_shapes() == {"conv": (8 + 2 * 2 * 3, 3), "ssm": (2, 4, 3)}
+
+
+@pytest.mark.parametrize("rms_norm, before", [(False, True), (True, True), (True, False)])
+def test_falcon_h1_gates(rms_norm, before):
+    """Falcon-H1's mixer (its multipliers at 1): y * silu(z) without a norm, RMSNorm(y) * silu(z),
+    or Mamba2's RMSNorm(y * silu(z)), each against transformers' FalconH1Mixer within 1e-4."""
+    from transformers.models.falcon_h1 import modeling_falcon_h1 as hf_falcon
+
+    cfg = transformers.FalconH1Config(
+        hidden_size=SPEC.d_model, mamba_d_ssm=SPEC.d_inner, mamba_n_heads=SPEC.n_heads, mamba_d_head=SPEC.head_dim,
+        mamba_d_state=SPEC.d_state, mamba_n_groups=SPEC.n_groups, mamba_d_conv=SPEC.conv_kernel,
+        mamba_chunk_size=SPEC.chunk_size, rms_norm_eps=SPEC.eps, mamba_rms_norm=rms_norm,
+        mamba_norm_before_gate=before, num_hidden_layers=1, vocab_size=32, num_attention_heads=2,
+        num_key_value_heads=1)
+    torch.manual_seed(0)
+    hf = hf_falcon.FalconH1Mixer(cfg, layer_idx=0).eval()
+    hf.register_buffer("mup_vector", torch.ones(1, 1, hf.in_proj.out_features), persistent=False)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        hf.A_log.copy_(torch.linspace(-1.0, 0.7, SPEC.n_heads))
+        if rms_norm:
+            hf.norm.weight.add_(1.0)
+    gate = "gate_only" if not rms_norm else "norm_then_gate" if before else "gate_then_norm"
+    ours = Mamba2Mixer(Mamba2Spec(**{**SPEC.__dict__, "gate": gate})).eval()
+    ours.load_state_dict(hf.state_dict())
+    assert (ours.norm is None) == (not rms_norm)
+    x = torch.randn(1, N_POS, SPEC.d_model, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want, got = hf(x), ours(x)
+        stepped = ours(x, cache={})
+    assert want.abs().max() > 0.1
+    assert (got - want).abs().max().item() < TOL and (stepped - want).abs().max().item() < TOL
