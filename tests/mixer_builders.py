@@ -11,7 +11,7 @@ import torch
 
 from hf_builders import byte_bpe_tokenizer, randomize
 
-MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid"]
+MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid", "falcon_h1"]
 
 
 def _mamba_params(model, heads: int):
@@ -59,6 +59,19 @@ def build(family: str, folder: Path):
         randomize(model)
         _mamba_params(model, 4)
         model.tie_weights()
+    elif family == "falcon_h1":  # attention and Mamba2 side by side, every multiplier away from 1
+        cfg = tf.FalconH1Config(
+            vocab_size=v, hidden_size=24, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=6, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=6,
+            mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8, embedding_multiplier=1.7, lm_head_multiplier=0.4,
+            mlp_multipliers=[1.3, 0.7], key_multiplier=0.8, attention_in_multiplier=1.2,
+            attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
+            ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 2.0], mamba_rms_norm=True, mamba_norm_before_gate=True,
+            max_position_embeddings=128, tie_word_embeddings=False,
+            pad_token_id=0, bos_token_id=None, eos_token_id=None)
+        model = tf.FalconH1ForCausalLM(cfg)
+        randomize(model)
+        _mamba_params(model, 4)
     else:
         raise ValueError(family)
     model.eval().save_pretrained(str(folder))

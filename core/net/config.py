@@ -93,7 +93,8 @@ change nothing:
                      default 64), "norm_eps" (its gated RMSNorm's; default cfg.norm_eps).
                      "mamba2" (core/net/mamba2.py, Mamba2Spec.from_config): "heads",
                      "head_dim", "d_state", "groups", "conv", "chunk", "norm_eps", "bias",
-                     "conv_bias", "dt_limit". "short_conv" (core/net/short_conv.py, LFM2):
+                     "conv_bias", "dt_limit", "gate" (core/net/mamba2.py GATES), "beside_attention" (every layer
+                     has the mixer beside its softmax attention: Falcon-H1). "short_conv" (core/net/short_conv.py, LFM2):
                      "conv" (its taps), "bias". Any kind: "ffn": False leaves the mixer layers
                      without an FFN (Mamba2's blocks: x + Mixer(Norm(x))).
     embed_multiplier the token embeddings times this number (GraniteMoeHybrid), on top of

@@ -7,6 +7,8 @@ core.load_model:
   multiplier away from 1 (embedding, residual (ours folded into each sub-layer's last
   projection, so a mixer's out is r times transformers'), attention, logits scaling); its mixture
   of experts is refused with a CheckpointError that says so;
+- falcon_h1: attention and Mamba2 side by side in every layer, every muP multiplier away from
+  1 (ours folded into the weights; a mixer's out is ssm_out_multiplier times transformers');
 - lfm2: short gated convolutions and softmax attention with QK-norm, each with a SwiGLU FFN
   (its width by transformers' rounding rule); a convolution layer's out equals transformers'
   (hooked) and its filter is the checkpoint's, and the attention layer's weights equal
@@ -73,7 +75,7 @@ def zoo(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["mamba2", "lfm2", "granitemoehybrid"])
+@pytest.mark.parametrize("family", ["mamba2", "lfm2", "granitemoehybrid", "falcon_h1"])
 def test_logits_match_transformers(zoo, family):
     _, _, tr, logits, _ = zoo(family)
     ours = tr[tn.LOGITS]
@@ -81,17 +83,18 @@ def test_logits_match_transformers(zoo, family):
     assert (ours - logits).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("family", ["mamba2", "granitemoehybrid"])
+@pytest.mark.parametrize("family", ["mamba2", "granitemoehybrid", "falcon_h1"])
 def test_each_mamba2_layer(zoo, family):
     hf, ours, tr, _, seen = zoo(family)
-    layers = [i for i, k in enumerate(ours.layer_kinds()) if k["mixer"] == "mamba2"]
+    layers = [i for i, k in enumerate(ours.layer_kinds()) if "mamba2" in (k["mixer"], k.get("beside", {}).get("mixer"))]
     assert layers and layers == sorted(_hf_mixers(hf))
     for i in layers:
         m = ours.net.decoder[i].mixer
         heads = tr[tn.mixer("decoder", i, "heads")]  # (H, n, P)
         want = seen[("heads", i)].view(heads.shape[1], m.n_heads, -1).transpose(0, 1)
         assert (heads - want).abs().max().item() < TOL, f"layer {i} heads"
-        r = getattr(hf.config, "residual_multiplier", 1.0)  # Granite's, folded into our out_proj
+        # Granite's residual multiplier and Falcon-H1's ssm_out_multiplier, folded into our out_proj
+        r = getattr(hf.config, "residual_multiplier", None) or getattr(hf.config, "ssm_out_multiplier", 1.0)
         assert (tr[tn.mixer("decoder", i, "out")] - r * seen[("out", i)]).abs().max().item() < TOL, f"layer {i} out"
         A = tr[tn.mixer("decoder", i, "weights")]
         assert A.triu(1).abs().max().item() == 0.0
@@ -136,3 +139,25 @@ def test_granite_kinds_and_refusals(zoo, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="mixture of 4 experts"):
         core.load_model(str(folder), device="cpu")
+
+
+def test_falcon_h1_side_by_side(zoo):
+    """Every layer has the attention and the Mamba2 mixer on the same input: both recorded, the
+    attention's weights equal transformers' eager maps, residual1 = x + mixer.out + self_attn.out,
+    and cached generation (KV cache and the mixer's state) gives the uncached tokens and logits."""
+    _, ours, tr, _, seen = zoo("falcon_h1")
+    kinds = ours.layer_kinds()
+    assert all(k["mixer"] == "softmax" and k["beside"]["mixer"] == "mamba2" for k in kinds)
+    assert tr.mixer_layers("decoder") == [0, 1, 2] and tr.attention_kinds("decoder") == ["self_attn"]
+    attn = [a for a in seen["attentions"] if a is not None]
+    assert len(attn) == 3
+    for i in range(3):
+        assert (tr[tn.self_attn("decoder", i, "weights")] - attn[i]).abs().max().item() < TOL
+        x = tr[tn.embed("decoder", "sum")] if i == 0 else tr[tn.out("decoder", i - 1)]
+        parts = x + tr[tn.mixer("decoder", i, "out")] + tr[tn.self_attn("decoder", i, "out")]
+        assert (parts - tr[tn.residual("decoder", i, 1)]).abs().max().item() < 1e-5
+    names = [n.split(".", 2)[2] for n in tr.names("decoder.0.")]
+    assert names.index("mixer.out") < names.index("self_attn.q") < names.index("residual1")
+    ids, _, cached = ours.greedy_run("the small dog sees the cat", 4, use_cache=True)
+    plain_ids, _, plain = ours.greedy_run("the small dog sees the cat", 4, use_cache=False)
+    assert ids == plain_ids and (cached - plain).abs().max().item() < TOL

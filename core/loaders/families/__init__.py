@@ -39,7 +39,8 @@ MODULES.update({"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma"})
 MODULES.update({"modernbert": "modernbert"})
 MODULES.update({"gpt_oss": "gpt_oss", "smollm3": "smollm3", "olmo3": "olmo3", "exaone4": "exaone4",
                 "llama4_text": "llama4"})
-MODULES.update({"mamba2": "mamba2", "lfm2": "lfm2", "granitemoehybrid": "granitemoehybrid"})
+MODULES.update({"mamba2": "mamba2", "lfm2": "lfm2", "granitemoehybrid": "granitemoehybrid",
+                "falcon_h1": "falcon_h1"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
