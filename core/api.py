@@ -205,7 +205,7 @@ class AttentionModel(GreedyDecoding):
         progress: called progress(done, total) as each layer of the traced pass starts (a
         long input takes minutes on a CPU) and (1, 1) at its end.
         """
-        abl = Ablation(ablate, ablation)
+        abl = Ablation(ablate, ablation).check(self.net)
         enc = self.encode(text)
         src_ids, src_tokens, src_pad = list(enc.ids), self.source_strings(enc), None
         if pad_to is not None and pad_to > len(src_ids):

@@ -100,7 +100,7 @@ class GreedyDecoding:
         """Greedy output tokens (strings, without <end>) and whether <end> was reached.
         ablate / ablation: heads switched off, as in trace()."""
         enc = self.encode(text)
-        ids, ended = self._generate_ids(enc, max_new_tokens, Ablation(ablate, ablation))
+        ids, ended = self._generate_ids(enc, max_new_tokens, Ablation(ablate, ablation).check(self.net))
         if ended:
             ids = ids[:-1]
         return self.target_strings(ids), ended

@@ -370,5 +370,7 @@ def layer_summary(trace, stack: str, i: int, size: int) -> Tuple[torch.Tensor, D
 def profiles(trace, stack: str, size: int = 128, layers: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
     """{figure: L x H} for every layer x head of a stack (PROFILE figures), layer by layer."""
     layers = range(trace.layers(stack)) if layers is None else layers
-    rows = [layer_summary(trace, stack, i, size)[1] for i in layers]
+    nan = {k: [float("nan")] * trace.n_heads(stack) for k in PROFILE}  # a token mixer's layer: no softmax heads
+    rows = [layer_summary(trace, stack, i, size)[1] if tn.self_attn(stack, i, "weights") in trace else nan
+            for i in layers]
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.float64) for k in PROFILE}

@@ -15,6 +15,9 @@ import torch
 HF = ["bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "gpt_neox", "qwen3", "phi3", "olmo2"]
 NEW = ["gpt_oss", "smollm3", "olmo3", "exaone4", "llama4_text"]  # the 2025-26 attentions (tests/hf_builders.py NEW)
 HF += NEW
+# Gated DeltaNet hybrids (tests/hf_builders.py HYBRID): not in FAMILIES, whose tests read every layer's
+# softmax attention; the conformance matrix has them as rows of their own
+HYBRID = ["qwen3_5_text", "qwen3_next"]
 GEMMA = ["gemma", "gemma2", "gemma3_text", "modernbert"]
 SEQ2SEQ = ["marian", "bart", "t5"]
 OVERRIDES = {"mistral": {"sliding_window": 4}}  # a window shorter than the test sentences

@@ -119,6 +119,27 @@ NEW = {
 }
 
 
+# the hybrids of Gated DeltaNet and gated attention (issue 52): four layers, linear, linear, full,
+# linear; two key heads for four value heads (d_k 8, d_v 6), a convolution of 4; decays from
+# a few steps to the whole text, strong writes; partial rotary over 4 of 8 features; norms with
+# eps 1e-4, so that the gated norm of a head whose output is near zero at some position (rms ~1e-4
+# here) does not blow float32's rounding up 10^4-fold (both sides round differently); Qwen3-Next
+# with a mixture of 4 experts (top 2) and a shared expert on layers 0, 1 and 3 (layer 2 dense)
+MIXED = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+             num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention",
+                                               "linear_attention"],
+             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+             linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                        "partial_rotary_factor": 0.5},
+             rms_norm_eps=1e-4)
+HYBRID = {
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(MIXED)),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(MIXED, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        shared_expert_intermediate_size=20, mlp_only_layers=[2])),
+}
+
+
 def build(family: str, folder: Path, **over):
     """(transformers model in eval mode, folder) for a family; `over` overrides config fields."""
     import transformers as tf
@@ -164,6 +185,28 @@ def build(family: str, folder: Path, **over):
                     p.mul_(5.0)
                 elif family == "gpt_oss" and ("q_proj" in name or "k_proj" in name):
                     p.mul_(0.6)  # YaRN's attention factor already scales the scores by 1.46
+        return model.eval(), folder
+    elif family in HYBRID:
+        conf, cls, args = HYBRID[family]
+        args = dict(dict(vocab_size=v, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=None,
+                         bos_token_id=None, eos_token_id=0), **args)
+        args.update(over)
+        model = getattr(tf, cls)(getattr(tf, conf)(**args))
+        randomize(model)
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("A_log"):  # exp(A_log) from 0.05 to 3: some heads forget within a few tokens
+                    p.copy_(torch.linspace(-3.0, 1.0, p.numel())[torch.randperm(p.numel(), generator=g)])
+                elif name.endswith("dt_bias"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+                elif "in_proj_b" in name or "in_proj_ba" in name:  # write strengths spread over (0, 1)
+                    p.mul_(2.0)
+                elif name.endswith("mlp.gate.weight"):  # routers that prefer different experts per token
+                    p.mul_(5.0)
+                elif name.endswith(("input_layernorm.weight", "post_attention_layernorm.weight", "norm.weight",
+                                    "q_norm.weight", "k_norm.weight")) and "linear_attn" not in name:
+                    p.sub_(1.0)  # these norms scale by (1 + w): gains around 1 again
         return model.eval(), folder
     elif family in LATER:
         conf, cls, args = LATER[family]

@@ -17,6 +17,12 @@ core/net/hooks.py:
     head       head h's slice of Concat(head_1..head_H) before W_o,     {stack}.{i}.self_attn.heads
                at every position
 
+A layer whose token mixer is not softmax attention (core/net/mixer.py: Qwen3.5, Qwen3-Next)
+has these points in its mixer: attn_out is {stack}.{i}.mixer.out and head a mixer head's output
+before its gated norm, {stack}.{i}.mixer.heads (the mixer's H heads). Such a mixer carries a
+state from position to position that cannot be cut at the first differing token as keys and
+values can, so with mixer layers every patched run reads the whole input.
+
 How it is computed. The clean and the corrupted input are run once each and their values at
 those points kept. The patched runs of one layer go as one batch, one item per cell, that
 starts at that layer from the corrupted run's stream entering it (Transformer.run_from): the
@@ -50,6 +56,7 @@ from .token_ids import Token, output_token_id
 WHATS = ("resid_pre", "attn_out", "mlp_out", "head")
 POINT = {"resid_pre": tn.IN, "attn_out": tn.local(tn.SELF, "out"), "mlp_out": tn.local(tn.FFN, "out"),
          "head": tn.local(tn.SELF, "heads")}
+MIXER_POINT = {"attn_out": tn.local(tn.MIXER, "out"), "head": tn.local(tn.MIXER, "heads")}
 BATCH_TOKENS = 8192  # positions run at once in one batch of patched runs (batch items x positions)
 
 
@@ -171,20 +178,26 @@ class PatchRuns:
         self.wrong = None if wrong is None else output_token_id(model, wrong, "wrong token")
         self.n_layers = len(self.net.layers(self.stack))
         self.n = len(pair.clean_ids)
-        # decoders: positions before the first difference are the same in every run
-        self.start = pair.differ[0] if self.stack == "decoder" else 0
-        points = {"in"} | {POINT[what]}
-        self.clean = self._run(pair.clean_ids, {POINT[what]})
+        layers = self.net.layers(self.stack)
+        # each layer's hook point of `what` (a mixer layer's own for attn_out and head)
+        self.points = [MIXER_POINT.get(what, POINT[what]) if getattr(layer, "mixer", None) is not None
+                       else POINT[what] for layer in layers]
+        mixers = any(getattr(layer, "mixer", None) is not None for layer in layers)
+        # decoders: positions before the first difference are the same in every run (a mixer's
+        # state cannot be cut there: with mixer layers every run reads the whole input)
+        self.start = pair.differ[0] if self.stack == "decoder" and not mixers else 0
+        self.clean = self._run(pair.clean_ids, False)
         self.cache: Optional[dict] = {} if self.stack == "decoder" and self.start > 0 else None
-        self.corrupt = self._run(pair.corrupt_ids, points, self.cache)
+        self.corrupt = self._run(pair.corrupt_ids, True, self.cache)
         self.m_clean, self.m_corrupt = self.clean.pop("metric"), self.corrupt.pop("metric")
 
     # -------------------------------------------------------------- the two runs
     def _ids(self, ids: Sequence[int], batch: int = 1) -> torch.Tensor:
         return torch.tensor([list(ids)], dtype=torch.long, device=self.dev).expand(batch, -1)
 
-    def _run(self, ids: Sequence[int], points: set, cache: Optional[dict] = None) -> dict:
-        """One full pass; its values at `points` of every layer (batch item 0) and its metric."""
+    def _run(self, ids: Sequence[int], with_in: bool, cache: Optional[dict] = None) -> dict:
+        """One full pass; its values at each layer's point (and at `in`: with_in) (batch item 0)
+        and its metric."""
         kept: dict = {}
 
         def keep(name):
@@ -193,7 +206,8 @@ class PatchRuns:
                 return t
             return fn
 
-        hooks = Hooks({tn.at(self.stack, i, p): keep((i, p)) for i in range(self.n_layers) for p in points})
+        hooks = Hooks({tn.at(self.stack, i, p): keep((i, p)) for i in range(self.n_layers)
+                       for p in ([tn.IN] if with_in else []) + [self.points[i]]})
         if self.stack == "decoder":
             hidden = self.net.decode(self._ids(ids), rec=hooks, cache=cache)
         else:
@@ -217,7 +231,7 @@ class PatchRuns:
     def _hook(self, i: int, cells: Sequence) -> Dict[str, Callable]:
         """The hook that puts the clean values of `cells` (one per batch item) into layer i's
         point: positions (or lists of positions) for the per-position kinds, heads for "head"."""
-        clean, s = self.clean[(i, POINT[self.what])], self.start
+        clean, s = self.clean[(i, self.points[i])], self.start
 
         if self.what == "head":
             heads = torch.tensor(list(cells), device=self.dev)
@@ -241,7 +255,7 @@ class PatchRuns:
                 t[items_t, rows_t] = values
                 return t
 
-        return {tn.at(self.stack, i, POINT[self.what]): put}
+        return {tn.at(self.stack, i, self.points[i]): put}
 
     def _prefix_cache(self, i: int, batch: int) -> Optional[dict]:
         """The corrupted run's keys and values of the positions before `start`, for layers i..,
@@ -269,7 +283,7 @@ class PatchRuns:
     def cells(self, i: int) -> Tuple[list, list]:
         """Layer i's cells as (run, unchanged): positions (or heads) whose patch is run, and
         those whose clean value equals the corrupted one (restored 0, no run)."""
-        key = (i, POINT[self.what])
+        key = (i, self.points[i])
         a, b = self.clean[key], self.corrupt.get(key)
         if self.what == "head":
             return ([h for h in range(a.shape[0]) if not torch.equal(a[h, self.start:], b[h, self.start:])],

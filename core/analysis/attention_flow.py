@@ -19,13 +19,25 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .. import trace_names as tn
+from ..net.mixer import MIXER_REASONS
 
 FLOW_SCALE = 10**6  # integer capacity units per unit of attention (scipy's max-flow takes integers)
 
 Heads = Union[str, int]
 
 
+def _softmax_layer(trace, stack: str, layer: int) -> str:
+    """The name of a layer's softmax weights; a ValueError for a token mixer's layer."""
+    name = tn.self_attn(stack, layer, "weights")
+    mixers = getattr(trace, "mixer_layers", None)  # a Trace says which layers are token mixers
+    if mixers is not None and layer in mixers(stack):
+        raise ValueError(f"{stack} layer {layer} mixes tokens with a mixer, not softmax attention: "
+                         f"{MIXER_REASONS['softmax']}, so rollout and flow, which compose softmax maps, do not apply")
+    return name
+
+
 def _layer_map(trace, stack: str, layer: int, heads: Heads) -> np.ndarray:
+    _softmax_layer(trace, stack, layer)
     w = trace[tn.self_attn(stack, layer, "weights")].double()  # H x n x n, read once and dropped
     if heads == "mean":
         return w.mean(0).numpy()
@@ -38,7 +50,7 @@ def _layer_map(trace, stack: str, layer: int, heads: Heads) -> np.ndarray:
 
 def _pooled_map(trace, stack: str, layer: int, heads: Heads, size: int) -> np.ndarray:
     """A layer's block map (queries averaged, keys summed within blocks of `size`), rows sum to 1."""
-    name = tn.self_attn(stack, layer, "weights")
+    name = _softmax_layer(trace, stack, layer)
     if heads == "mean":
         p = trace.pooled(name, size).double().mean(0)
     elif isinstance(heads, (int, np.integer)):

@@ -40,6 +40,7 @@ import torch
 
 from .. import trace_names as tn
 from ..net.hooks import Hooks
+from ..net.mixer import check_softmax_heads
 from ..net.recorder import Recorder
 from .score_attribution import F64, _Decomposition, _lengths, _weights, pattern_frame
 
@@ -222,6 +223,7 @@ def path_patch(model, clean, corrupt, sender: Tuple[int, int], receiver: Tuple[i
     for what, (l, h) in (("sender", (sl, sh)), ("receiver", (rl, rh))):
         if not 0 <= l < n_layers:
             raise ValueError(f"{what} layer {l} is outside the {stack}'s layers 0-{n_layers - 1}")
+        check_softmax_heads(net, stack, l, "path patching")
         n_heads = net.layers(stack)[l].self_attn.h
         if not 0 <= h < n_heads:
             raise ValueError(f"{what} head {h} is outside heads 0-{n_heads - 1}")

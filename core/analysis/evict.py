@@ -85,6 +85,7 @@ import torch
 
 from .. import trace_names as tn
 from . import _checks as checks
+from ..net.mixer import refuse_mixer
 from ..net.attention import NEG_INF, additive, combine_masks
 
 POLICIES = ("full", "window", "streaming", "h2o", "tova", "snapkv")
@@ -154,6 +155,8 @@ def check_args(model, policy: str, budget: int, sinks: int = 4, recent: Optional
     if getattr(model, "kind", None) != "decoder":
         raise ValueError(f"{getattr(model, 'name', 'this model')} is not a decoder-only model: a KV cache is what "
                          "a decoder keeps while it reads; pick a decoder such as smollm2")
+    for i, layer in enumerate(model.net.layers("decoder")):
+        refuse_mixer(layer, "kv_cache", f"decoder layer {i}")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     budget = checks.whole(budget, "the budget (keys per query)", lo=1)

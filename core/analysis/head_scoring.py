@@ -198,6 +198,8 @@ def head_scores(model, text: Optional[str] = None, r: int = REPEAT_LENGTH, seed:
         start = seqs[stack][1]
         for i in range(trace.layers(stack)):
             name = tn.self_attn(stack, i, "weights")
+            if name not in trace:  # a token mixer's layer (core/net/mixer.py): no softmax heads to score
+                continue
             if long_layer(trace, stack):  # from the tiles, one head at a time (core/head_maps.py)
                 prof = layer_summary(trace, stack, i, TILE_ROWS)[1]
                 scores = {"previous_token": np.array(prof["previous"]), "first_token": np.array(prof["first_later"]),

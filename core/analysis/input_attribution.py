@@ -47,6 +47,7 @@ import torch
 
 from .. import trace_names as tn
 from ..net.hooks import Hooks
+from ..net.mixer import MIXER_REASONS
 from . import _checks as checks
 from .token_ids import input_token_id, input_vocab, output_token_id
 
@@ -291,6 +292,10 @@ def _trace_rows(s: Setup, trace, methods: Sequence[str]) -> Dict[str, np.ndarray
                 out[m] = trace[tn.cross_attn("decoder", last, "value_norms")].double().mean(0)[s.position].numpy()
         return out
     stack, last = s.stack, trace.layers(s.stack) - 1
+    if tn.self_attn(stack, last, "weights") not in trace and any(
+            m in ("attention", "rollout", "flow", "value_norm") for m in methods):
+        raise ValueError(f"the last layer ({stack} {last}) mixes tokens with a mixer, not softmax attention: "
+                         f"{MIXER_REASONS['softmax']}, so the attention-based rankings do not apply")
     for m in methods:
         if m == "attention":
             out[m] = trace[tn.self_attn(stack, last, "weights")].double().mean(0)[s.position].numpy()

@@ -28,6 +28,12 @@ traced output, as the final norm's, each of its terms is multiplied by g / rms(o
 A final logit soft-cap (Gemma 2: c tanh(logit / c)) gets a ValueError: it bends each logit by
 its own amount after the sum, so the logit (difference) is not a sum of terms.
 
+An output gate (Qwen3.5, Qwen3-Next: heads * sigmoid(x W_g) before W_o): each head's term is
+its gated output through its slice of W_o, the gate read from the trace (`{attn}.gate`). A
+layer whose token mixer is not softmax attention (core/net/mixer.py) writes its mixer's output
+(`{stack}.{i}.mixer.out`) as one term, kind "mixer": its heads pass through a gated norm of
+each head before the out-projection, which is not linear in them.
+
 Post-norm models (toy-translate, BERT, Marian, BART) get a ValueError: each of their layers
 ends with a LayerNorm of the residual sum, which divides the whole stream by its own size
 again at every layer, so the output is not a sum of the heads' and MLPs' outputs and no
@@ -47,7 +53,7 @@ from .token_ids import output_token_id
 from .. import trace_names as tn
 from ..net.norms import RMSNorm
 
-KINDS = ("embed", "head", "attn_bias", "mlp", "norm_bias", "out_bias")
+KINDS = ("embed", "head", "attn_bias", "mlp", "mixer", "norm_bias", "out_bias")
 COLUMNS = ["kind", "layer", "head", "attn", "contribution"]
 
 
@@ -139,12 +145,20 @@ def logit_attribution(trace, target: Token, baseline: Optional[Token] = None, po
                 rows.append(("mlp", i, -1, "", contribution(mlp)))
                 resid = resid + mlp
                 continue
+            if kind == tn.MIXER:  # one term: the mixer's output (its gated norm is not linear in its heads)
+                out = trace[tn.mixer(stack, i, "out")][p].to(dev, dtype)
+                out = out * post(out)
+                rows.append(("mixer", i, -1, "", contribution(out)))
+                resid = resid + out
+                continue
             attn = getattr(layer, kind)
             heads = trace[f"{stack}.{i}.{kind}.heads"]  # H x n x d_k, as computed
             fn = hooks.get(f"{kind}.heads")
             if fn is not None:  # the ablated pass continued from the hook's value
                 heads = fn(heads[None])[0]
             h_p = heads[:, p].to(dev, dtype)  # H x d_k
+            if attn.w_gate is not None:  # the output gate, as the pass applied it
+                h_p = h_p * trace[tn.attn(stack, i, kind, tn.GATE)][:, p].to(dev, dtype)
             w_o = attn.w_o.weight  # d x (H d_k)
             per_head = torch.einsum("hk,dhk->hd", h_p, w_o.view(w_o.shape[0], attn.h, attn.dk))  # H x d
             out = per_head.sum(0) + (attn.w_o.bias if attn.w_o.bias is not None else 0.0)

@@ -56,6 +56,7 @@ import torch.nn as nn
 from . import _checks as checks
 from .logit_lens import model_of
 from .. import trace_names as tn
+from ..net.mixer import check_softmax_heads
 from ..net.norms import RMSNorm
 from ..net.positional import apply_rope
 
@@ -274,6 +275,7 @@ class _Decomposition:
         layer = checks.index(layer, trace.layers(stack), f"layer (of the {stack})")
         if attn not in tn.ATTNS:
             raise ValueError(f"attn must be one of {tn.ATTNS}, not {attn!r}")
+        check_softmax_heads(net, stack, layer, "score attribution")
         lay = net.layers(stack)[layer]
         mod = getattr(lay, attn, None)
         if mod is None:

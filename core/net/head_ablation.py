@@ -48,6 +48,21 @@ class Ablation:
     def heads(self, stack: str, layer: int, kind: str) -> Optional[List[int]]:
         return self.sites.get((stack, layer, kind))
 
+    def check(self, net) -> "Ablation":
+        """Itself, after a ValueError for a site whose layer has no such attention: a layer whose
+        token mixer is not softmax attention (core/net/mixer.py) has no heads before a W_o to
+        switch off here."""
+        for (s, l, kind) in self.sites:
+            layers = net.layers(s) if (s == "encoder" and net.cfg.has_encoder) or (
+                s == "decoder" and net.cfg.has_decoder) else []
+            if not 0 <= l < len(layers):
+                raise ValueError(f"cannot ablate a head of {s} layer {l}: the model has no such layer")
+            mixer = getattr(layers[l], "mixer", None)
+            if mixer is not None and kind == "self_attn":
+                raise ValueError(f"cannot ablate a head of {s} layer {l}: it mixes tokens with {mixer.kind!r}, "
+                                 "not softmax attention")
+        return self
+
     def key(self) -> tuple:
         """A hashable description (for caches): sorted sites and the mode."""
         return (self.mode,) + tuple((s, l, k, tuple(h)) for (s, l, k), h in sorted(self.sites.items()))

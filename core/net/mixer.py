@@ -103,3 +103,20 @@ def refuse_mixer(layer, why: str, where: str = "") -> None:
     if mixer is not None:
         at = f" ({where})" if where else ""
         raise ValueError(f"layer{at} mixes tokens with {mixer.kind!r}, not softmax attention: {MIXER_REASONS[why]}")
+
+
+def check_softmax_heads(net, stack: str, upto: int, what: str) -> None:
+    """A ValueError when an analysis that reads each earlier write into the stream as softmax
+    heads through W_o (score attribution, circuits, path patching: `what`) meets, in layers
+    0..upto of `stack`, a token mixer (its write is no sum of heads) or an output gate (each
+    head's write is scaled by its gate before W_o, which these decompositions do not read)."""
+    for j, layer in enumerate(list(net.layers(stack))[: upto + 1]):
+        mixer = getattr(layer, "mixer", None)
+        if mixer is not None:
+            raise ValueError(f"{what} reads softmax heads: {stack} layer {j} mixes tokens with {mixer.kind!r} "
+                             f"({MIXER_REASONS['score_attribution']}, and its write into the stream is not split "
+                             "into heads)")
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and attn.w_gate is not None:
+            raise ValueError(f"{what} reads each head's write as heads W_o: {stack} layer {j} gates its heads "
+                             "(heads * sigmoid(x W_g) before W_o), which this decomposition does not include")

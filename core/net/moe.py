@@ -9,6 +9,11 @@
               input is scaled BEFORE the expert: out_e = W_d^e (silu(g) * u) of [g | u] =
               (s_e x) W_gu^e (gate and up as halves); FFN(x) = shared(x) + sum_e out_e, the
               shared expert a SwiGLU FFN of d_expert.
+    qwen3_next: logits = x W_r^T; p = softmax(logits) over all E experts, the top-k kept (divided
+              by their sum where norm_topk); expert e: [g | u] = x W_gu^e (halves),
+              out_e = (silu(g) * u) W_d^e;  FFN(x) = sum over the chosen e of p_e out_e
+              + sigmoid(x w_sg) shared(x), the shared expert a SwiGLU FFN of d_shared and w_sg
+              its one-output gate (Qwen3-Next).
 
 Recorded under the layer's `ffn.`: `router` (n x E: the router's logits) and `out`
 (a hook point, as the dense FFN's).
@@ -34,6 +39,7 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = int(m["experts"]), int(m["top_k"])
         d, de = cfg.d_model, int(m["d_expert"])
         gpt = self.kind == "gpt_oss"
+        self.norm_topk = bool(m.get("norm_topk", True))
         self.router = Linear(d, self.n_experts, bias=gpt)
         # (E, d, 2 m_e) and (E, m_e, d) as checkpoints store them; a random model draws them as
         # nn.Linear draws its weights (uniform within 1/sqrt(fan_in)), biases 0
@@ -44,9 +50,12 @@ class MoE(nn.Module):
             self.down_bias = nn.Parameter(torch.zeros(self.n_experts, d))
             self.alpha, self.limit = float(m.get("alpha", 1.702)), float(m.get("limit", 7.0))
         else:
-            self.shared_w_1 = Linear(d, de, bias=False)  # the shared expert: gate, up, down
-            self.shared_w_3 = Linear(d, de, bias=False)
-            self.shared_w_2 = Linear(de, d, bias=False)
+            ds = int(m.get("d_shared", de)) if self.kind == "qwen3_next" else de
+            self.shared_w_1 = Linear(d, ds, bias=False)  # the shared expert: gate, up, down
+            self.shared_w_3 = Linear(d, ds, bias=False)
+            self.shared_w_2 = Linear(ds, d, bias=False)
+            if self.kind == "qwen3_next":
+                self.shared_gate = Linear(d, 1, bias=False)  # sigmoid(x w_sg) scales the shared expert
 
     def _gpt_oss(self, x, logits):
         top, idx = torch.topk(logits, self.top_k, dim=-1)  # (N, k)
@@ -71,11 +80,27 @@ class MoE(nn.Module):
             out = out + (gu[..., de:] * F.silu(gu[..., :de])) @ self.down[e]
         return out
 
+    def _qwen3_next(self, x, logits):
+        probs = torch.softmax(logits.float(), dim=-1)
+        top, idx = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
+        if self.norm_topk:
+            top = top / top.sum(-1, keepdim=True)
+        shared = self.shared_w_2(F.silu(self.shared_w_1(x)) * self.shared_w_3(x))
+        out = torch.sigmoid(self.shared_gate(x)) * shared
+        de = self.down.shape[1]
+        for e in torch.unique(idx).tolist():
+            pos, tok = torch.where((idx == e).T)  # (slot, token) pairs that chose expert e
+            gu = x[tok] @ self.gate_up[e]
+            y = (F.silu(gu[..., :de]) * gu[..., de:]) @ self.down[e]
+            out = out.index_add(0, tok, y * top[tok, pos, None].to(y.dtype))
+        return out
+
     def forward(self, x, rec: Rec = None):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         logits = self.router(flat)  # (N, E)
-        out = self._gpt_oss(flat, logits) if self.kind == "gpt_oss" else self._llama4(flat, logits)
+        kind = {"gpt_oss": self._gpt_oss, "llama4": self._llama4, "qwen3_next": self._qwen3_next}[self.kind]
+        out = kind(flat, logits)
         if rec:
             rec("router", logits.view(*shape[:-1], -1))
         return point(rec, "out", out.view(shape))

@@ -21,13 +21,13 @@ import torch
 import core
 import core.analysis as ca
 import core.head_maps as hm
-from family_zoo import FAMILIES, SOURCE, TARGET, TEXT, make_loader
+from family_zoo import FAMILIES, HYBRID, SOURCE, TARGET, TEXT, make_loader
 
 pytest.importorskip("transformers")
 
 GGUF = ["gguf-llama", "gguf-qwen2", "gguf-qwen3", "gguf-phi3", "gguf-gemma2", "gguf-gemma3"]
 BUNDLED = ["toy-translate", "minilm", "smollm2"]
-CASES = FAMILIES + GGUF + BUNDLED
+CASES = FAMILIES + HYBRID + GGUF + BUNDLED
 # attention weights and logits / hidden states against transformers (the contract's 1e-4); value
 # norms are weights times ||v W_o^h|| (sizes of a few units here), so 10x that
 TOL = {"weights": 1e-4, "logits": 1e-4}
@@ -45,7 +45,7 @@ def get(tmp_path_factory):
     def get_(case):
         if case in cache:
             return cache[case]
-        if case in FAMILIES:
+        if case in FAMILIES or case in HYBRID:
             hf, ours = load(case)
         elif case in GGUF:
             hf, ours = _gguf(case, tmp_path_factory.mktemp(case))
@@ -133,7 +133,12 @@ def reference(hf, ours, ids, dec_ids=None, ablate=None):
             return {"attn": attn, "out": out.logits[0]}
         out = hf(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
         stack = "encoder" if ours.kind == "encoder" else "decoder"
-        res = {"attn": {(stack, i): a[0] for i, a in enumerate(out.attentions)}}
+        maps = [a for a in out.attentions if a is not None]
+        # hybrids (Qwen3.5, Qwen3-Next) return the maps of their softmax layers only
+        types = getattr(hf.config, "layer_types", None) or []
+        layers = [i for i, t in enumerate(types) if t != "linear_attention"] if "linear_attention" in types \
+            else range(len(maps))
+        res = {"attn": {(stack, i): a[0] for i, a in zip(layers, maps)}}
         if ours.kind == "encoder":  # masked-LM logits where the model has them, else the last hidden state
             res["mlm"] = out.logits[0] if hasattr(out, "logits") else None
             res["out"] = res["mlm"] if res["mlm"] is not None else out.hidden_states[-1][0]
@@ -166,7 +171,9 @@ class Cell:
         return cls.cache[case]
 
     def self_layers(self):
-        return [(s, i) for s in ("encoder", "decoder") for i in range(self.tr.layers(s))]
+        """Every softmax self-attention layer (a token mixer's layer has mixer names instead)."""
+        return [(s, i) for s in ("encoder", "decoder") for i in range(self.tr.layers(s))
+                if f"{s}.{i}.self_attn.weights" in self.tr]
 
     def ref_weights(self, stack, i):
         """The reference map: transformers' where there is one; else (toy-translate) softmax of
@@ -251,17 +258,20 @@ def step(c):
         else:
             src = c.ours.encode(SOURCE).ids if c.ours.kind == "encoder-decoder" else dec
             ref = reference(c.hf, c.ours, src, dec)["attn"]
-        pairs += [(v[f"decoder.{i}.self_attn.weights"], ref[("decoder", i)]) for i in range(v.layers("decoder"))]
+        pairs += [(v[f"decoder.{i}.self_attn.weights"], ref[("decoder", i)]) for i in range(v.layers("decoder"))
+                  if f"decoder.{i}.self_attn.weights" in v]
     return _worst(pairs), TOL["weights"]
 
 
 def ablated(c):
-    """Head 1 of layer 0 switched off: the output (logits, or the encoder's last hidden state)
-    against the reference with that head's slice of Concat(heads) zeroed by a torch hook."""
+    """Head 1 of the first softmax layer (layer 0 but in a hybrid) switched off: the output
+    (logits, or the encoder's last hidden state) against the reference with that head's slice of
+    Concat(heads) (after an output gate) zeroed by a torch hook."""
     stack = c.stack
+    layer = next(i for s, i in c.self_layers() if s == stack)
     kw = {"target": TARGET} if c.ours.kind == "encoder-decoder" else {}
-    tr = c.ours.trace(SOURCE if kw else TEXT, ablate=[(stack, 0, 1)], **kw)
-    ref = reference(c.hf, c.ours, c.ids, c.dec, ablate=(stack, 0, 1))
+    tr = c.ours.trace(SOURCE if kw else TEXT, ablate=[(stack, layer, 1)], **kw)
+    ref = reference(c.hf, c.ours, c.ids, c.dec, ablate=(stack, layer, 1))
     plain = c.ref["out"]
     got = tr["logits"] if c.ours.kind != "encoder" else encoder_out(c, tr)
     assert float((ref["out"] - plain).abs().max()) > 1e-3  # the ablation moves the output, so this can fail

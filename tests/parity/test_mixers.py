@@ -12,6 +12,19 @@ with an output gate):
 - the chunked and the recurrent forms agree (the figure is printed), and greedy decoding with
   the cache (the recurrent form, one token at a time) gives the logits of the full pass;
 - layer_info / layer_kinds say what each layer is.
+
+The families (core/loaders/families/qwen3_next.py), on tiny random checkpoints saved by
+transformers (tests/hf_builders.py HYBRID: linear, linear, full, linear; decays from a few steps
+to the whole text, 20-40 tokens):
+- each loads through core.load_model; logits within 1e-4 of transformers' eager code; the
+  softmax layer's weights within 1e-4 and its `.gate` equal to sigmoid of the gate half of
+  transformers' q_proj;
+- every mixer layer: A has nothing above the diagonal, A @ v equals `.heads` within 1e-4 of its
+  largest entry, and `.heads` equals what transformers' GatedDeltaNet hands its own gated norm
+  (a hook on it) within 1e-4; the chunked and recurrent forms agree on the layer's own input;
+- greedy decoding with the cache (the recurrent form, a token at a time) gives the tokens and
+  logits of decoding without it, and transformers' own greedy tokens;
+- a decay-only "effective attention" is far from the exact A (test_decay_only_map_is_far).
 """
 
 from __future__ import annotations
@@ -20,9 +33,11 @@ import numpy as np
 import pytest
 import torch
 
+import core
 from core import trace_names as tn
 from core.net.config import ModelConfig
 from core.net.gated_delta import chunked_rule, recurrent_rule
+from core.net.mixer import check_softmax_heads
 from core.net.model import Transformer
 from core.net.recorder import Recorder
 
@@ -160,3 +175,179 @@ def test_bad_mixer_settings():
     with pytest.raises(ValueError, match="mixer kind 'nope' is not known"):
         Transformer(ModelConfig(kind="decoder", n_layers=1, tgt_vocab_size=5, layer_types=["linear_attention"],
                                 mixer={"kind": "nope"}))
+
+
+# ------------------------------------------------------------------ the families against transformers
+FAMILIES = ["qwen3_5_text", "qwen3_next"]
+TEXT = "the small dog sees the old cat near the river bank because it was tired"
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from hf_builders import build
+
+    cache = {}
+
+    def get(fam):
+        if fam not in cache:
+            hf, folder = build(fam, tmp_path_factory.mktemp(fam))
+            hf.save_pretrained(str(folder))
+            ours = core.load_model(str(folder), device="cpu")
+            tr = ours.trace(TEXT)
+            ids = tr.meta["target_ids"]
+            cache[fam] = (hf, ours, tr, ids, _hf_run(hf, ids))
+        return cache[fam]
+
+    return get
+
+
+def _hf_run(hf, ids):
+    """transformers' eager pass: logits, the softmax layers' weights by layer, each GatedDeltaNet's
+    heads (its gated norm's input, H x n x d_v) and each attention's gate half of q_proj (sigmoid)."""
+    hf.config._attn_implementation = "eager"
+    heads, gates, handles = {}, {}, []
+    n = len(ids)
+    for i, layer in enumerate(hf.model.layers):
+        if hasattr(layer, "linear_attn"):
+            la = layer.linear_attn
+            handles.append(la.norm.register_forward_hook(
+                lambda m, a, o, i=i, la=la: heads.__setitem__(i, a[0].view(n, la.num_v_heads, -1).transpose(0, 1))))
+        else:
+            at = layer.self_attn
+            handles.append(at.q_proj.register_forward_hook(
+                lambda m, a, o, i=i, at=at: gates.__setitem__(
+                    i, torch.sigmoid(o[0].view(n, -1, 2 * at.head_dim)[..., at.head_dim:]).transpose(0, 1))))
+    try:
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    full = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
+    weights = dict(zip(full, [a[0] for a in out.attentions if a is not None]))
+    return out.logits[0], weights, heads, gates
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_family_matches_transformers(zoo, fam):
+    hf, ours, tr, ids, (logits, weights, heads, gates) = zoo(fam)
+    assert 20 <= len(ids) <= 40
+    d = float((tr["logits"] - logits).abs().max())
+    print(f"{fam}: logits max |diff| {d:.3g}")
+    assert d < TOL, f"{fam} logits off by {d:.3g}"
+    kinds = ours.layer_kinds()
+    assert [k["mixer"] for k in kinds] == ["gated_delta", "gated_delta", "softmax", "gated_delta"]
+    assert kinds[2]["output_gate"] and kinds[2]["qk_norm"] == "head"
+    assert ours.net.cfg.rotary_dim == 4
+    if fam == "qwen3_next":
+        assert [k["ffn"] for k in kinds] == ["moe", "moe", "dense", "moe"]
+    assert list(weights) == [2] and sorted(heads) == [0, 1, 3]
+    for i, a in weights.items():
+        dw = float((tr[tn.self_attn("decoder", i, "weights")] - a).abs().max())
+        dg = float((tr[tn.self_attn("decoder", i, "gate")] - gates[i]).abs().max())
+        print(f"{fam} layer {i}: weights {dw:.3g}, gate {dg:.3g}")
+        assert dw < TOL and dg < TOL
+    for i, want in heads.items():
+        got = tr[tn.mixer("decoder", i, "heads")]
+        assert tr.is_stored(tn.mixer("decoder", i, "heads"))
+        dh = float((got - want).abs().max())
+        A, v = tr[tn.mixer("decoder", i, "weights")], tr[tn.mixer("decoder", i, "v")]
+        dav = float((A @ v - got).abs().max()) / float(got.abs().max())
+        print(f"{fam} layer {i}: heads vs transformers {dh:.3g}; A @ v vs heads {dav:.3g} of the max")
+        assert dh < TOL * max(1.0, float(want.abs().max()))
+        assert dav < TOL
+        assert float(A.triu(1).abs().max()) == 0.0
+        assert A.shape == (4, len(ids), len(ids))
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_family_forms_agree(zoo, fam):
+    hf, ours, tr, ids, _ = zoo(fam)
+    worst = 0.0
+    for i in ours.net.cfg.mixer_layers():
+        m = ours.net.decoder[i].mixer
+        with torch.no_grad():
+            q, k, v, g, beta = m.rule_inputs(tr[tn.norm("decoder", i, 1)][None])
+            a, _ = chunked_rule(q, k, v, g, beta, 8)
+            b, _ = recurrent_rule(q, k, v, g, beta)
+        worst = max(worst, float((a - b).abs().max()))
+    print(f"{fam}: chunked vs recurrent heads, max |diff| {worst:.3g}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_family_generation_with_the_cache(zoo, fam):
+    hf, ours, tr, ids, _ = zoo(fam)
+    with_cache, _, lc = ours.greedy_run(TEXT, max_new_tokens=8)
+    without, _, ln = ours.greedy_run(TEXT, max_new_tokens=8, use_cache=False)
+    d = float((lc - ln).abs().max())
+    print(f"{fam}: greedy logits with the cache vs without, max |diff| {d:.3g}")
+    assert with_cache == without and d < TOL
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([ids]), max_new_tokens=len(with_cache), do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    assert theirs == with_cache
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_decay_only_map_is_far(zoo, fam):
+    """A decay-only "effective attention", the heuristic a TransformerLens-style reading of a
+    linear-attention layer gives: A_decay[t, s] = exp(sum_{r=s+1..t} g_r) (q_t . k_s) for s <= t,
+    the decay of the state between s and t applied to the query-key product, with neither the
+    write strength beta_s nor the key removal (I - beta_r k_r k_r^T) of the steps between. It is
+    measured against the exact A by ||A_decay - A||_F / ||A||_F per layer: off by O(1)."""
+    hf, ours, tr, ids, _ = zoo(fam)
+    for i in ours.net.cfg.mixer_layers():
+        q, k, g = (tr[tn.mixer("decoder", i, s)].double() for s in ("q", "k", "decay"))
+        A = tr[tn.mixer("decoder", i, "weights")].double()
+        c = g.cumsum(-1)
+        decay = (c[:, :, None] - c[:, None, :]).masked_fill(torch.ones_like(A[0], dtype=torch.bool).triu(1), float("-inf"))
+        approx = decay.exp() * (q @ k.transpose(-1, -2))
+        rel = float((approx - A).norm() / A.norm())
+        print(f"{fam} layer {i}: decay-only map vs exact A, relative distance {rel:.3g}")
+        assert rel > 0.3
+
+
+def test_analyses_on_a_hybrid(zoo):
+    """What each analysis does with a mixer layer: direct logit attribution gives it one term and
+    still adds up to the logit; head scores skip it; patching patches its own points; score
+    attribution, rollout, the KV cache's eviction and head ablation refuse it, saying why."""
+    import core.analysis as ca
+
+    hf, ours, tr, ids, (logits, _, _, _) = zoo("qwen3_next")
+    t, b = torch.topk(logits[-1], 2).indices.tolist()
+    df = ca.logit_attribution(tr, t, baseline=b)
+    assert sorted(df[df.kind == "mixer"].layer) == [0, 1, 3] and sorted(set(df[df.kind == "head"].layer)) == [2]
+    assert abs(float(df.contribution.sum()) - float(logits[-1, t] - logits[-1, b])) < TOL
+    scores = ca.head_scores(ours, TEXT, trace=tr)
+    assert sorted(set(scores.layer)) == [2]
+    with pytest.raises(ValueError, match="not a query-key product"):
+        ca.score_attribution(tr, "decoder", 3, 0, query=-1, key=0)
+    with pytest.raises(ValueError, match="gates its heads"):  # the output gate alone refuses too
+        check_softmax_heads(_NoMixers(ours.net), "decoder", 0, "score attribution")
+    with pytest.raises(ValueError, match="rows do not sum to 1"):
+        ca.rollout(tr, "decoder")
+    with pytest.raises(ValueError, match="fixed-size state"):
+        ca.evict(ours, TEXT, "full", 8)
+    with pytest.raises(ValueError, match="mixes tokens with 'gated_delta'"):
+        ours.trace(TEXT, ablate=[("decoder", 0, 1)])
+    clean, corrupt = "the small dog sees the cat near the river", "the small dog sees the cat near the bank"
+    assert len(ours.encode(corrupt).ids) == len(ours.encode(clean).ids)
+    answer = ours.greedy_run(clean, 1)[0][0]
+    heads = ca.patch(ours, clean, corrupt, answer, what="head")  # the mixer layers' heads are its own H
+    assert sorted(set(heads.layer)) == [0, 1, 2, 3] and len(heads[heads.layer == 0]) == 4
+    assert float(heads[heads.layer == 0].restored.abs().max()) > 0  # a mixer head's patch moves the metric
+    out = ca.patch(ours, clean, corrupt, answer, what="attn_out")
+    last = out[(out.layer == 3) & (out.position == out.position.max())]
+    assert abs(float(last.restored.iloc[0])) > 0.01  # the last mixer's output at the last position matters
+
+
+class _NoMixers:
+    """A net whose layers are those of `net` with every mixer layer left out (its gate remains)."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def layers(self, stack):
+        return [layer for layer in self.net.layers(stack) if layer.mixer is None]

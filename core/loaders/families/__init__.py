@@ -39,6 +39,7 @@ MODULES.update({"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma"})
 MODULES.update({"modernbert": "modernbert"})
 MODULES.update({"gpt_oss": "gpt_oss", "smollm3": "smollm3", "olmo3": "olmo3", "exaone4": "exaone4",
                 "llama4_text": "llama4"})
+MODULES.update({"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_next"})
 MODULES.update({"mamba2": "mamba2", "lfm2": "lfm2", "granitemoehybrid": "granitemoehybrid",
                 "falcon_h1": "falcon_h1"})
 
