@@ -126,8 +126,15 @@ def implicit_attention(q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor, dt
     if q.shape != k.shape or q.shape[:-1] != decay.shape or decay.shape != dt.shape:
         raise ValueError(f"implicit_attention: q {tuple(q.shape)} and k {tuple(k.shape)} must be (..., n, N), "
                          f"decay {tuple(decay.shape)} and dt {tuple(dt.shape)} (..., n)")
-    scores = q @ k.transpose(-1, -2)  # (..., n, n): C_t . B_s
-    return scores * torch.exp(segsum(decay)) * dt[..., None, :]
+    n = q.shape[-2]
+    lead = q.shape[:-2]
+    qs, ks = q.reshape(-1, n, q.shape[-1]), k.reshape(-1, n, k.shape[-1])
+    ds, ts = decay.reshape(-1, n), dt.reshape(-1, n)
+    maps = []
+    for m in range(qs.shape[0]):  # one map at a time: its n x n temporaries, never H of them at once
+        scores = qs[m] @ ks[m].T  # (n, n): C_t . B_s
+        maps.append(scores * torch.exp(segsum(ds[m])) * ts[m][None, :])
+    return torch.stack(maps).view(*lead, n, n)
 
 
 def ssd_chunked(x, dt, a, B, C, chunk: int, state: Optional[torch.Tensor] = None):
