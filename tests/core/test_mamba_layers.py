@@ -105,3 +105,19 @@ def test_short_conv_has_no_head_map():
     net = _net("short_conv+attention")
     with pytest.raises(ValueError, match="no head map"):
         net.decoder[0].self_weights(torch.zeros(1, 4, BASE["d_model"]))
+
+
+def test_embedding_multiplier_is_applied_and_said():
+    """ModelConfig.embed_multiplier (GraniteMoeHybrid, Falcon-H1): the recorded token embeddings
+    are the table's rows times it, and the Inside page's embedding step says so."""
+    from bench.common import trace_from_ids
+    from viz.inside.step_model import layer_steps, steps_by_key
+
+    cfg = ModelConfig(**dict(BASE, n_layers=1), embed_multiplier=2.5)
+    model = core.load_model("random", device="cpu", config=cfg, seed=0)
+    ids = list(range(3, 3 + 6))
+    tr = trace_from_ids(model, ids, [str(i) for i in ids])
+    table = model.net.tgt_embed.tok.weight.detach()
+    assert torch.allclose(tr[tn.embed("decoder", "tokens")], 2.5 * table[ids])
+    step = steps_by_key(layer_steps(tr, "decoder", "self_attn", 0, 0, config=cfg))["x"]
+    assert "2.5" in step.explain and "2.5" in step.latex_rows
