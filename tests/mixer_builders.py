@@ -11,7 +11,7 @@ import torch
 
 from hf_builders import byte_bpe_tokenizer, randomize
 
-MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid", "falcon_h1"]
+MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid", "granitemoehybrid_moe", "falcon_h1"]
 
 
 def _mamba_params(model, heads: int):
@@ -46,10 +46,12 @@ def build(family: str, folder: Path):
         model = tf.Lfm2ForCausalLM(cfg)
         randomize(model)
         model.tie_weights()
-    elif family == "granitemoehybrid":  # dense, RoPE, every multiplier away from 1
+    elif family in ("granitemoehybrid", "granitemoehybrid_moe"):  # RoPE, every multiplier away from 1
+        moe = family.endswith("_moe")  # 4 experts (top 2) of 16 beside the shared MLP; else dense
         cfg = tf.GraniteMoeHybridConfig(
             vocab_size=v, hidden_size=24, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            num_local_experts=0, shared_intermediate_size=40, position_embedding_type="rope",
+            num_local_experts=4 if moe else 0, num_experts_per_tok=2, intermediate_size=16,
+            shared_intermediate_size=40, position_embedding_type="rope",
             layer_types=["linear_attention", "full_attention", "linear_attention"], mamba_n_heads=4,
             mamba_d_head=12, mamba_d_state=6, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8,
             embedding_multiplier=2.5, attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=3.0,
@@ -58,6 +60,10 @@ def build(family: str, folder: Path):
         model = tf.GraniteMoeHybridForCausalLM(cfg)
         randomize(model)
         _mamba_params(model, 4)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("router.weight"):  # routers that prefer different experts per token
+                    p.mul_(5.0)
         model.tie_weights()
     elif family == "falcon_h1":  # attention and Mamba2 side by side, every multiplier away from 1
         cfg = tf.FalconH1Config(

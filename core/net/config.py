@@ -105,7 +105,8 @@ change nothing:
     moe              also kind "qwen3_next": softmax router over all E experts, the top-k
                      probabilities (renormalised to sum 1 where "norm_topk": True) weigh
                      SwiGLU experts (gate and up as halves), plus a shared SwiGLU expert of
-                     "d_shared" scaled by sigmoid(x w_sg), its one-output gate.
+                     "d_shared" scaled by sigmoid(x w_sg), its one-output gate; "shared_gate":
+                     False: the shared expert added ungated (GraniteMoeHybrid).
 """
 
 

@@ -5,8 +5,8 @@ core.load_model:
 - mamba2: a stack of Mamba2 blocks (no attention, no FFN);
 - granitemoehybrid: Mamba2 and attention layers by layer_types, a dense FFN, and every
   multiplier away from 1 (embedding, residual (ours folded into each sub-layer's last
-  projection, so a mixer's out is r times transformers'), attention, logits scaling); its mixture
-  of experts is refused with a CheckpointError that says so;
+  projection, so a mixer's out is r times transformers'), attention, logits scaling); and the same
+  with a mixture of 4 experts (top 2) beside the shared MLP (granitemoehybrid_moe);
 - falcon_h1: attention and Mamba2 side by side in every layer, every muP multiplier away from
   1 (ours folded into the weights; a mixer's out is ssm_out_multiplier times transformers');
 - lfm2: short gated convolutions and softmax attention with QK-norm, each with a SwiGLU FFN
@@ -75,7 +75,7 @@ def zoo(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["mamba2", "lfm2", "granitemoehybrid", "falcon_h1"])
+@pytest.mark.parametrize("family", ["mamba2", "lfm2", "granitemoehybrid", "granitemoehybrid_moe", "falcon_h1"])
 def test_logits_match_transformers(zoo, family):
     _, _, tr, logits, _ = zoo(family)
     ours = tr[tn.LOGITS]
@@ -83,7 +83,7 @@ def test_logits_match_transformers(zoo, family):
     assert (ours - logits).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("family", ["mamba2", "granitemoehybrid", "falcon_h1"])
+@pytest.mark.parametrize("family", ["mamba2", "granitemoehybrid", "granitemoehybrid_moe", "falcon_h1"])
 def test_each_mamba2_layer(zoo, family):
     hf, ours, tr, _, seen = zoo(family)
     layers = [i for i, k in enumerate(ours.layer_kinds()) if "mamba2" in (k["mixer"], k.get("beside", {}).get("mixer"))]
@@ -131,13 +131,17 @@ def test_granite_kinds_and_refusals(zoo, tmp_path):
 
     _, ours, _, _, _ = zoo("granitemoehybrid")
     kinds = ours.layer_kinds()
-    assert [k["mixer"] for k in kinds] == ["mamba2", "softmax", "mamba2"]
+    assert [k["mixer"] for k in kinds] == ["mamba2", "softmax", "mamba2"] and {k["ffn"] for k in kinds} == {"dense"}
     assert kinds[1]["positions"] == "rope" and ours.config.attn_scale == pytest.approx(0.3)
-    _, folder = build("granitemoehybrid", tmp_path / "moe")
+    _, moe, tr, _, _ = zoo("granitemoehybrid_moe")
+    assert {(k["ffn"], k["experts"], k["top_k"]) for k in moe.layer_kinds()} == {("moe", 4, 2)}
+    routes = tr[tn.ffn("decoder", 0, "router")].topk(2, dim=-1).indices
+    assert len({tuple(sorted(r)) for r in routes.tolist()}) > 1  # tokens reach different experts
+    _, folder = build("granitemoehybrid", tmp_path / "biased")
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["num_local_experts"] = 4
+    cfg["attention_bias"] = True
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="mixture of 4 experts"):
+    with pytest.raises(CheckpointError, match="attention biases"):
         core.load_model(str(folder), device="cpu")
 
 

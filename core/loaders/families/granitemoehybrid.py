@@ -23,15 +23,26 @@ The weights:
     model.norm                                          -> decoder_norm
     lm_head                                             -> out_proj (absent when tied)
 
-Not supported (CheckpointError): a mixture of experts (num_local_experts > 0: Granite 4.0-H
-Tiny and Small; Micro is dense), attention biases, an activation other than SiLU.
+A mixture of experts (num_local_experts > 0: Granite 4.0-H Tiny and Small; Micro is dense) is
+ModelConfig.moe kind "qwen3_next" with an ungated shared expert: the router's softmax over its
+top-k logits is the softmax over all E renormalised over the top k (norm_topk), and the shared
+MLP is added to the experts' sum:
+
+    model.layers.{i}.block_sparse_moe.router.layer      -> decoder.{i}.ffn.router
+    model.layers.{i}.block_sparse_moe.input_linear (E x 2m x d) / output_linear (E x d x m)
+                                                        -> decoder.{i}.ffn.gate_up / down, transposed
+    (transformers' in-memory names, router and experts.gate_up_proj / down_proj, are read too)
+    model.layers.{i}.shared_mlp.input_linear / output_linear -> decoder.{i}.ffn.shared_w_1 and
+                                                           shared_w_3 (halves) / shared_w_2
+
+Not supported (CheckpointError): attention biases, an activation other than SiLU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, check_shape
 from ..hf_config import config_llama
 from .mamba2 import mixer_rows, mixer_settings
 from .shared import rows
@@ -49,15 +60,15 @@ LAYER = [
     ("layers.{i}.self_attn.o_proj", "decoder.{i}.self_attn.w_o"),
     ("layers.{i}.shared_mlp.output_linear", "decoder.{i}.ffn.w_2"),
 ]
+MOE_LAYER = LAYER[:-1] + [
+    ("layers.{i}.shared_mlp.output_linear", "decoder.{i}.ffn.shared_w_2"),  # the shared MLP beside the experts
+]
 MIXER_TYPES = ("mamba", "linear_attention")
 ATTN_TYPES = ("attention", "full_attention")
 
 
 def config(hf: dict):
     experts = int(hf.get("num_local_experts") or 0)
-    if experts > 0:
-        raise CheckpointError(f"GraniteMoeHybrid with a mixture of {experts} experts is not supported here "
-                              "(only the dense FFN, num_local_experts 0: Granite 4.0-H Micro)")
     n, d = int(hf["num_hidden_layers"]), int(hf["hidden_size"])
     types = hf.get("layer_types") or hf.get("layers_block_type") or ["mamba"] * n
     bad = sorted({t for t in types if t not in MIXER_TYPES + ATTN_TYPES})
@@ -78,11 +89,15 @@ def config(hf: dict):
         attn_scale=float(hf.get("attention_multiplier", 1.0)),
         embed_multiplier=float(hf.get("embedding_multiplier", 1.0)),
         logit_scale=1.0 / float(hf.get("logits_scaling", 1.0)),
+        moe=None if experts == 0 else {
+            "kind": "qwen3_next", "experts": experts, "top_k": int(hf.get("num_experts_per_tok", 2)),
+            "d_expert": int(hf["intermediate_size"]), "d_shared": int(hf.get("shared_intermediate_size", 1024)),
+            "norm_topk": True, "shared_gate": False},
         extra={"residual_multiplier": float(hf.get("residual_multiplier", 1.0))})
 
 
 def weight_rows(cfg, base):
-    out = rows(cfg, base, TOP, LAYER)
+    out = rows(cfg, base, TOP, MOE_LAYER if cfg.moe else LAYER)
     for i in cfg.mixer_layers():
         out += mixer_rows(base, f"layers.{i}.mamba", f"decoder.{i}.mixer")
     return out
@@ -91,13 +106,29 @@ def weight_rows(cfg, base):
 def split_fused(cfg, base, ckpt, state):
     """The shared MLP's fused gate and up projection, split; then the residual multiplier
     folded into each sub-layer's last projection."""
+    gate, up = ("shared_w_1", "shared_w_3") if cfg.moe else ("w_1", "w_3")
     for i in range(cfg.n_layers):
         fused = ckpt.get(f"{base}layers.{i}.shared_mlp.input_linear.weight")  # (2 m, d): gate rows, then up
         m = fused.shape[0] // 2
-        state[f"decoder.{i}.ffn.w_1.weight"], state[f"decoder.{i}.ffn.w_3.weight"] = fused[:m].clone(), fused[m:].clone()
+        state[f"decoder.{i}.ffn.{gate}.weight"], state[f"decoder.{i}.ffn.{up}.weight"] = fused[:m].clone(), fused[m:].clone()
+        if cfg.moe:
+            moe = f"{base}layers.{i}.block_sparse_moe"
+            saved = f"{moe}.input_linear.weight" in ckpt  # the checkpoints' names, else transformers' own
+            router = f"{moe}.router.layer.weight" if saved else f"{moe}.router.weight"
+            names = ((f"{moe}.input_linear.weight", f"{moe}.output_linear.weight") if saved
+                     else (f"{moe}.experts.gate_up_proj", f"{moe}.experts.down_proj"))
+            E, m_e, d = cfg.moe["experts"], cfg.moe["d_expert"], cfg.d_model
+            state[f"decoder.{i}.ffn.router.weight"] = ckpt.get(router)
+            check_shape(router, state[f"decoder.{i}.ffn.router.weight"], [E, d])
+            gu, down = ckpt.get(names[0]), ckpt.get(names[1])
+            check_shape(names[0], gu, [E, 2 * m_e, d])
+            check_shape(names[1], down, [E, d, m_e])
+            state[f"decoder.{i}.ffn.gate_up"] = gu.transpose(1, 2).contiguous()  # E x d x 2m: gate, then up
+            state[f"decoder.{i}.ffn.down"] = down.transpose(1, 2).contiguous()  # E x m x d
     r = float(cfg.extra.get("residual_multiplier", 1.0))
     if r != 1.0:
-        last = ("self_attn.w_o", "mixer.out_proj", "ffn.w_2")
+        last = ("self_attn.w_o", "mixer.out_proj", "ffn.w_2", "ffn.shared_w_2", "ffn.down")
         for name in list(state):
-            if name.startswith("decoder.") and name.rsplit(".", 1)[0].split(".", 2)[-1] in last:
+            rest = name.split(".", 2)[-1] if name.startswith("decoder.") else ""  # e.g. ffn.w_2.weight, ffn.down
+            if any(rest == p or rest.startswith(p + ".") for p in last):
                 state[name] = state[name] * r
