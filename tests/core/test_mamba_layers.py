@@ -121,3 +121,19 @@ def test_embedding_multiplier_is_applied_and_said():
     assert torch.allclose(tr[tn.embed("decoder", "tokens")], 2.5 * table[ids])
     step = steps_by_key(layer_steps(tr, "decoder", "self_attn", 0, 0, config=cfg))["x"]
     assert "2.5" in step.explain and "2.5" in step.latex_rows
+
+
+def test_lfm2_config_names():
+    """LFM2's config.json as Liquid AI writes it (block_ff_dim, full_attn_idxs, tie_embedding)
+    reads as transformers reads it: the FFN width by its rounding rule, the attention layers."""
+    from core.loaders.families import lfm2
+
+    hf = {"model_type": "lfm2", "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 50, "block_ff_dim": 96, "block_multiple_of": 32,
+          "block_ffn_dim_multiplier": 1.0, "full_attn_idxs": [2], "tie_embedding": True, "conv_L_cache": 3,
+          "norm_eps": 1e-5}
+    cfg = lfm2.config(hf)
+    assert cfg.d_ff == 64  # int(2 * 96 / 3) = 64, a multiple of 32
+    assert cfg.layer_types == ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+    assert cfg.tie_embeddings and cfg.mixer == {"kind": "short_conv", "conv": 3, "bias": False}
+    assert lfm2.config(dict(hf, block_ff_dim=100)).d_ff == 96  # 66, up to a multiple of 32

@@ -12,7 +12,7 @@ QK-norm over each head's d_k (as Qwen3); the final norm is called embedding_norm
     model.embedding_norm                      -> decoder_norm
     lm_head                                   -> out_proj (absent when tied, LFM2's default)
 
-The FFN's width is transformers' own rule: with block_auto_adjust_ff_dim, int(2 m / 3), then
+The FFN's width (intermediate_size, or LFM2's own block_ff_dim) is transformers' own rule: with block_auto_adjust_ff_dim, int(2 m / 3), then
 times block_ffn_dim_multiplier rounded up to block_multiple_of where a multiplier is set.
 """
 
@@ -48,7 +48,7 @@ TYPES = {"conv": "linear_attention", "full_attention": "full_attention"}
 
 
 def ffn_width(hf: dict) -> int:
-    m = int(hf["intermediate_size"])
+    m = int(hf["intermediate_size"] if "intermediate_size" in hf else hf["block_ff_dim"])  # LFM2's own name
     if hf.get("block_auto_adjust_ff_dim", True):
         m = int(2 * m / 3)
         mult = hf.get("block_ffn_dim_multiplier", 1.0)
@@ -67,7 +67,7 @@ def config(hf: dict):
     bad = sorted({t for t in types if t not in TYPES})
     if bad:
         raise CheckpointError(f"LFM2 layer types {bad} are not supported (only 'conv' and 'full_attention')")
-    cfg = config_llama(dict(hf, rms_norm_eps=hf.get("norm_eps", 1e-5)))
+    cfg = config_llama(dict(hf, rms_norm_eps=hf.get("norm_eps", 1e-5), intermediate_size=ffn_width(hf)))
     layer_types = [TYPES[t] for t in types]
     mixes = "linear_attention" in layer_types
     return dataclasses.replace(
