@@ -165,3 +165,18 @@ def test_falcon_h1_side_by_side(zoo):
     ids, _, cached = ours.greedy_run("the small dog sees the cat", 4, use_cache=True)
     plain_ids, _, plain = ours.greedy_run("the small dog sees the cat", 4, use_cache=False)
     assert ids == plain_ids and (cached - plain).abs().max().item() < TOL
+
+
+def test_mamba2_older_embedding_name(zoo, tmp_path):
+    """A Mamba2 checkpoint whose table is saved as backbone.embedding (as transformers renames on
+    load) gives the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    _, ours, tr, _, _ = zoo("mamba2")
+    _, folder = build("mamba2", tmp_path / "old")
+    path = folder / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["backbone.embedding.weight"] = tensors.pop("backbone.embeddings.weight")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    again = core.load_model(str(folder), device="cpu").trace(TEXT)
+    assert torch.equal(again[tn.LOGITS], tr[tn.LOGITS])

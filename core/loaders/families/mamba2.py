@@ -2,7 +2,7 @@
 blocks, x + Mixer(RMSNorm(x)), with no attention and no FFN (ModelConfig.mixer kind "mamba2"
 with "ffn": False; the mixer is core/net/mamba2.py), a final RMSNorm and the output projection.
 
-    backbone.embeddings                 -> tgt_embed.tok
+    backbone.embeddings                 -> tgt_embed.tok (older checkpoints: backbone.embedding)
     backbone.layers.{i}.norm            -> decoder.{i}.norms.0
     backbone.layers.{i}.mixer.in_proj   -> decoder.{i}.mixer.in_proj
     backbone.layers.{i}.mixer.conv1d    -> decoder.{i}.mixer.conv1d
@@ -21,7 +21,7 @@ from ..checkpoint import CheckpointError
 from ..hf_config import DECODER_MAX_LEN
 
 MODEL_TYPES = ("mamba2",)
-BASES = (("backbone.", ""), "embeddings.weight")
+BASES = (("backbone.", ""), "norm_f.weight")
 
 # the mixer's tensors, by their name under "mixer." in both checkpoints (ours keep transformers' names)
 MIXER_TENSORS = ("in_proj.weight", "in_proj.bias", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
@@ -67,6 +67,13 @@ def config(hf: dict) -> ModelConfig:
                        bias=False, final_norm=True, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                        layer_types=["linear_attention"] * n, mixer=dict(mixer, ffn=False),
                        pad_id=hf.get("pad_token_id") or 0)
+
+
+def split_fused(cfg, base, ckpt, state) -> None:
+    """No fused tensors; the embedding table under its older name (transformers renames it on load too)."""
+    old = f"{base}embedding.weight"
+    if f"{base}embeddings.weight" not in ckpt and old in ckpt:
+        state["tgt_embed.tok.weight"] = ckpt.get(old)
 
 
 def weight_rows(cfg: ModelConfig, base: str):
