@@ -180,3 +180,18 @@ def test_mamba2_older_embedding_name(zoo, tmp_path):
     save_file(tensors, str(path), metadata={"format": "pt"})
     again = core.load_model(str(folder), device="cpu").trace(TEXT)
     assert torch.equal(again[tn.LOGITS], tr[tn.LOGITS])
+
+
+def test_falcon_h1_inside_checks(zoo):
+    """The Inside page's numpy reference (viz/figures/reference.py) recomputes a Falcon-H1 layer:
+    its attention, residual1 (with the mixer's recorded output beside it) and the FFN match the
+    trace; without the mixer's term residual1 would be off by the mixer's whole output."""
+    from viz.figures.reference import reference_layer
+
+    _, _, tr, _, _ = zoo("falcon_h1")
+    for i in range(3):
+        ref = reference_layer(tr, "decoder", i)
+        for name in ("self_attn.out", "residual1", "ffn.out", "out"):
+            got = tr[f"decoder.{i}.{name}"].double().numpy()
+            assert abs(ref[name] - got).max() < 1e-4, (i, name)
+        assert abs(tr[tn.mixer("decoder", i, "out")]).max() > 1e-2  # the term is there to miss
