@@ -283,7 +283,7 @@ class Trace:
 
     def mixer_layers(self, stack: str) -> List[int]:
         """The layers of `stack` whose token mixer is not softmax attention ({stack}.{i}.mixer.*)."""
-        return [i for i in range(self.layers(stack)) if tn.mixer(stack, i, "heads") in self]
+        return [i for i in range(self.layers(stack)) if tn.mixer(stack, i, "out") in self]
 
     def stacks(self) -> List[str]:
         return [s for s in tn.STACKS if tn.out(s, 0) in self]

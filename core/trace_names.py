@@ -40,7 +40,7 @@ ATTN_STEPS = ("q_pre_norm", "k_pre_norm", "q_pre_rope", "k_pre_rope", "latent", 
 GATE = "gate"  # an output gate's sigmoid (H x n_q x d_k, Qwen3.5 / Qwen3-Next), applied to heads before W_o
 # A token mixer that is not softmax attention (core/net/mixer.py), in the order a pass records them
 MIXER = "mixer"
-MIXER_STEPS = ("q", "k", "v", "decay", "beta", "weights", "skip", "heads", "out")
+MIXER_STEPS = ("q", "k", "v", "decay", "beta", "weights", "skip", "heads", "filter", "out")
 MIXER_PER_HEAD = ("q", "k", "v", "skip", "heads")  # H x n x d_k or d_v
 MIXER_PER_STEP = ("decay", "beta")  # H x n
 SINK, SCALE = "sink", "scale"  # learned sinks' share (H x n_q, gpt-oss); a scale per query (n_q, Llama 4)
@@ -281,6 +281,8 @@ def decoder_rows(name: str, x, t: int):
         return x
     last = name.rsplit(".", 1)[-1]
     if f".{MIXER}." in name:
+        if last == "filter":  # a short convolution's taps (d x K): no positions
+            return x
         if last == "weights":
             return x[:, :t, :t]
         return x[:, :t] if last in MIXER_PER_HEAD or last in MIXER_PER_STEP else x[:t]

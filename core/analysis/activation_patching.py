@@ -19,7 +19,8 @@ core/net/hooks.py:
 
 A layer whose token mixer is not softmax attention (core/net/mixer.py: Qwen3.5, Qwen3-Next)
 has these points in its mixer: attn_out is {stack}.{i}.mixer.out and head a mixer head's output
-before its gated norm, {stack}.{i}.mixer.heads (the mixer's H heads). Such a mixer carries a
+before its gated norm, {stack}.{i}.mixer.heads (the mixer's H heads); a layer with a mixer
+beside its attention (Falcon-H1) keeps its attention's points. Such a mixer carries a
 state from position to position that cannot be cut at the first differing token as keys and
 values can, so with mixer layers every patched run reads the whole input.
 
@@ -187,8 +188,9 @@ class PatchRuns:
         self.n_layers = len(self.net.layers(self.stack))
         self.n = len(pair.clean_ids)
         layers = self.net.layers(self.stack)
-        # each layer's hook point of `what` (a mixer layer's own for attn_out and head)
-        self.points = [MIXER_POINT.get(what, POINT[what]) if getattr(layer, "mixer", None) is not None
+        # each layer's hook point of `what` (a mixer layer's own for attn_out and head; a layer with
+        # a mixer beside its attention, Falcon-H1, the attention's)
+        self.points = [MIXER_POINT.get(what, POINT[what]) if getattr(layer, "self_attn", None) is None
                        else POINT[what] for layer in layers]
         mixers = any(getattr(layer, "mixer", None) is not None for layer in layers)
         # decoders: positions before the first difference are the same in every run (a mixer's

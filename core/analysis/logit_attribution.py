@@ -32,7 +32,8 @@ An output gate (Qwen3.5, Qwen3-Next: heads * sigmoid(x W_g) before W_o): each he
 its gated output through its slice of W_o, the gate read from the trace (`{attn}.gate`). A
 layer whose token mixer is not softmax attention (core/net/mixer.py) writes its mixer's output
 (`{stack}.{i}.mixer.out`) as one term, kind "mixer": its heads pass through a gated norm of
-each head before the out-projection, which is not linear in them.
+each head before the out-projection, which is not linear in them. A mixer beside the attention
+(Falcon-H1) is such a term too, beside the attention's heads.
 
 Post-norm models (toy-translate, BERT, Marian, BART) get a ValueError: each of their layers
 ends with a LayerNorm of the residual sum, which divides the whole stream by its own size
@@ -172,6 +173,10 @@ def logit_attribution(trace, target: Token, baseline: Optional[Token] = None, po
             if attn.w_o.bias is not None:
                 rows.append(("attn_bias", i, -1, kind, contribution(attn.w_o.bias * factor)))
             resid = resid + out * factor
+            if kind == "self_attn" and getattr(layer, "beside", False):  # Falcon-H1: the mixer beside it
+                side = trace[tn.mixer(stack, i, "out")][p].to(dev, dtype)
+                rows.append(("mixer", i, -1, "", contribution(side * factor)))
+                resid = resid + side * factor
     if shift is not None:
         rows.append(("norm_bias", -1, -1, "", float(shift.to("cpu", f64) @ u)))
     if net.out_proj.bias is not None:

@@ -126,13 +126,22 @@ change nothing:
                      "k_heads" (query/key heads, H a multiple of them), "d_k", "d_v", "conv"
                      (the short convolution's width), "chunk" (the chunked form's size,
                      default 64), "norm_eps" (its gated RMSNorm's; default cfg.norm_eps).
+                     "mamba2" (core/net/mamba2.py, Mamba2Spec.from_config): "heads",
+                     "head_dim", "d_state", "groups", "conv", "chunk", "norm_eps", "bias",
+                     "conv_bias", "dt_limit", "gate" (core/net/mamba2.py GATES), "beside_attention" (every layer
+                     has the mixer beside its softmax attention: Falcon-H1). "short_conv" (core/net/short_conv.py, LFM2):
+                     "conv" (its taps), "bias". Any kind: "ffn": False leaves the mixer layers
+                     without an FFN (Mamba2's blocks: x + Mixer(Norm(x))).
+    embed_multiplier the token embeddings times this number (GraniteMoeHybrid), on top of
+                     embed_scale's sqrt(d) where both are set.
     attn_gate        an output gate on every softmax attention (Qwen3.5, Qwen3-Next): W_q's
                      projection has a second part, heads * sigmoid(x W_g) before W_o,
                      recorded as `.gate` (the sigmoid's value, H x n_q x d_k).
     moe              also kind "qwen3_next": softmax router over all E experts, the top-k
                      probabilities (renormalised to sum 1 where "norm_topk": True) weigh
                      SwiGLU experts (gate and up as halves), plus a shared SwiGLU expert of
-                     "d_shared" scaled by sigmoid(x w_sg), its one-output gate.
+                     "d_shared" scaled by sigmoid(x w_sg), its one-output gate; "shared_gate":
+                     False: the shared expert added ungated (GraniteMoeHybrid).
 """
 
 
@@ -169,6 +178,7 @@ class ModelConfig:
     kind: str = "encoder-decoder"  # encoder | decoder | encoder-decoder
     bias: bool = True  # biases in the attention and FFN projections
     embed_scale: bool = False  # multiply token embeddings by sqrt(d) (Vaswani et al.)
+    embed_multiplier: float = 1.0  # token embeddings times this (GraniteMoeHybrid's embedding_multiplier)
     embed_norm: bool = False  # LayerNorm after summing embeddings (BERT)
     type_vocab_size: int = 0  # token-type (segment) embeddings (BERT)
     final_norm: Optional[bool] = None  # norm after the last layer; default: pre-norm only

@@ -51,14 +51,14 @@ class Ablation:
     def check(self, net) -> "Ablation":
         """Itself, after a ValueError for a site whose layer has no such attention: a layer whose
         token mixer is not softmax attention (core/net/mixer.py) has no heads before a W_o to
-        switch off here."""
+        switch off here (a layer with a mixer beside its attention, Falcon-H1, has: its attention's)."""
         for (s, l, kind) in self.sites:
             layers = net.layers(s) if (s == "encoder" and net.cfg.has_encoder) or (
                 s == "decoder" and net.cfg.has_decoder) else []
             if not 0 <= l < len(layers):
                 raise ValueError(f"cannot ablate a head of {s} layer {l}: the model has no such layer")
             mixer = getattr(layers[l], "mixer", None)
-            if mixer is not None and kind == "self_attn":
+            if mixer is not None and kind == "self_attn" and layers[l].self_attn is None:
                 raise ValueError(f"cannot ablate a head of {s} layer {l}: it mixes tokens with {mixer.kind!r}, "
                                  "not softmax attention")
         return self

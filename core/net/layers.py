@@ -22,7 +22,10 @@ The FFN of a layer with a kv_source may be wider (cfg.layer_d_ff: the double-wid
 A layer listed by cfg.mixer_layers() (layer_types "linear_attention") mixes tokens with
 cfg.mixer (core/net/mixer.py) instead of softmax attention: it has `mixer` where the others
 have `self_attn` (the other is None), and its sub-layers are ["mixer", "ffn"], wrapped in the
-same residuals and norms.
+same residuals and norms; ["mixer"] alone where cfg.mixer["ffn"] is False (Mamba2's blocks:
+x + Mixer(Norm(x)), `ffn` None). With cfg.mixer["beside_attention"] (Falcon-H1) every layer has
+both, side by side on the same input: its first sub-layer is x + Mixer(Norm(x)) +
+SelfAttention(Norm(x)), recording the mixer's names, then the attention's.
 
 Every intermediate passes through a named recording point (core/net/recorder.py); the
 attention itself is core/net/multihead.py.
@@ -95,15 +98,17 @@ class Layer(nn.Module):
         self.relative = cfg.positional == "relative"
         self.softcap = cfg.attn_softcap is not None
         mixes = index in cfg.mixer_layers()
-        self.mixer = make_mixer(cfg, index) if mixes else None
+        self.beside = bool(cfg.mixer and cfg.mixer.get("beside_attention"))  # Falcon-H1: mixer + attention
+        self.mixer = make_mixer(cfg, index) if mixes or self.beside else None
         self.latent = cfg.mla is not None and not mixes
         self.self_attn = None if mixes else (LatentAttention(cfg, index) if self.latent else MultiHeadAttention(cfg, index))
         self.cross_attn = MultiHeadAttention(cfg, index, self_attn=False) if cross else None
         self.qk_norm = self.self_attn is not None and self.self_attn.qk_norm is not None
         self.rope = self.rope and not mixes
         moe = cfg.moe is not None and (cfg.moe.get("layers") is None or index in cfg.moe["layers"])
-        self.ffn = MoE(cfg) if moe else FeedForward(cfg, cfg.layer_d_ff(index))
-        n_sub = 3 if cross else 2
+        bare = mixes and not cfg.mixer.get("ffn", True)  # a Mamba2 block: the mixer is the whole layer
+        self.ffn = None if bare else MoE(cfg) if moe else FeedForward(cfg, cfg.layer_d_ff(index))
+        n_sub = (3 if cross else 2) - (self.ffn is None)
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)
         self.pre_norm = not self.pre or cfg.pre_sublayer_norm
@@ -150,8 +155,8 @@ class Layer(nn.Module):
         return self.norms[0](x) if self.reads_norm else x
 
     def sublayers(self) -> List[str]:
-        if self.mixer is not None:
-            return ["mixer", "ffn"]
+        if self.self_attn is None:
+            return ["mixer"] + (["ffn"] if self.ffn is not None else [])
         return ["self_attn"] + (["cross_attn"] if self.cross_attn is not None else []) + ["ffn"]
 
     def recorded_names(self) -> List[str]:
@@ -181,6 +186,8 @@ class Layer(nn.Module):
                 attn = attn_names(getattr(self, sub))
                 names_ = attn if not (self.relative and own) else attn[:4] + ["position_bias"] + attn[4:]
                 inner = [f"{sub}.{n}" for n in pre_rope + names_]
+                if own and self.beside:
+                    inner = [f"mixer.{n}" for n in self.mixer.recorded_names()] + inner
             if self.pre:
                 post = [f"post_norm{j}"] if self.post_norms is not None else []
                 names += ([f"norm{j}"] if self.pre_norm else []) + inner + post + [f"residual{j}"]
@@ -194,8 +201,8 @@ class Layer(nn.Module):
         """This layer's self-attention weights alone, from its input x: the first sub-layer
         up to the softmax (pre-norm: of Norm(x)); the FFN and the rest are not run. qk: the
         q and k a traced pass kept (then x is not read). A mixer layer: its exact implicit
-        attention (Mixer.weights) of Norm(x)."""
-        if self.mixer is not None:
+        attention (Mixer.weights) of Norm(x); a layer with both (Falcon-H1): the attention's."""
+        if self.self_attn is None:
             return self.mixer.weights(self.attn_input(x))
         y = None if qk is not None and not getattr(self.self_attn, "needs_input", False) else self.attn_input(x)
         return self.self_attn.weights(y, y, self_mask, angles, self_causal, position_bias, qk=qk)
@@ -204,7 +211,7 @@ class Layer(nn.Module):
                          qk=None, **_):
         """This layer's self-attention value norms alone (core/net/multihead.py), like self_weights;
         qk: the (q, k, v) a traced pass kept."""
-        if self.mixer is not None:
+        if self.self_attn is None:
             raise ValueError("value norms are ||a_ij v_j W_o^h|| of a softmax attention; this layer mixes tokens "
                              f"with {self.mixer.kind!r}, whose out-projection follows a gated norm of the heads")
         y = None if qk is not None and not getattr(self.self_attn, "needs_input", False) else self.attn_input(x)
@@ -238,6 +245,8 @@ class Layer(nn.Module):
         x_in = x  # the parallel block's sub-layers all read the layer's input
         for j, sub in enumerate(self.sublayers(), start=1):
             fn = (lambda y: self.ffn(y, scoped(rec, "ffn"))) if sub == "ffn" else (lambda y, s=sub: attend(s, y))
+            if sub == "self_attn" and self.beside:  # Falcon-H1: the mixer and the attention read the same y
+                fn = lambda y: attend("mixer", y) + attend("self_attn", y)  # noqa: E731
             if self.pre:  # u = x + [PostNorm](f([Norm](x)))
                 y = x_in if self.parallel else x
                 if len(self.norms):
@@ -284,13 +293,13 @@ class RelativePositionBias(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding (times sqrt(d) if configured) + positions [+ token types] [-> LayerNorm]."""
+    """Token embedding (times sqrt(d) and embed_multiplier if configured) + positions [+ token types] [-> LayerNorm]."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
-        self.scale = math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0
+        self.scale = (math.sqrt(cfg.d_model) if cfg.embed_scale else 1.0) * cfg.embed_multiplier
         self.offset = cfg.position_offset  # RoBERTa's positions start at padding_idx + 1
         n_pos = cfg.max_len + self.offset
         self.pos = nn.Embedding(n_pos, cfg.d_model) if cfg.positional == "learned" else None

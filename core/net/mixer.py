@@ -54,6 +54,8 @@ from .recorder import Rec
 # kind -> "module:Class" under core.net; a new kind is a module and one line here
 KINDS: Dict[str, str] = {
     "gated_delta": "gated_delta:GatedDeltaNet",
+    "mamba2": "mamba2:Mamba2Mixer",
+    "short_conv": "short_conv:ShortConvMixer",
 }
 
 # why an analysis cannot run on a mixer layer, by analysis (the ValueError's words)
@@ -97,11 +99,14 @@ def make_mixer(cfg: ModelConfig, index: int) -> Mixer:
 
 def refuse_mixer(layer, why: str, where: str = "") -> None:
     """Raise the ValueError of MIXER_REASONS[why] when `layer` (a core.net.layers.Layer) has a
-    mixer instead of softmax attention; `where` names the layer in the message."""
+    mixer, instead of softmax attention or beside it (Falcon-H1); `where` names the layer in the
+    message."""
     mixer = getattr(layer, "mixer", None)
     if mixer is not None:
-        raise ValueError(f"{where or 'this layer'} mixes tokens with {mixer.kind!r}, not softmax attention: "
-                         f"{MIXER_REASONS[why]}")
+        at = f" ({where})" if where else ""
+        how = (f"mixes tokens with {mixer.kind!r}, not softmax attention" if getattr(layer, "self_attn", None) is None
+               else f"mixes tokens with {mixer.kind!r} beside its softmax attention")  # Falcon-H1
+        raise ValueError(f"layer{at} {how}: {MIXER_REASONS[why]}")
 
 
 def check_softmax_heads(net, stack: str, upto: int, what: str) -> None:
@@ -112,7 +117,8 @@ def check_softmax_heads(net, stack: str, upto: int, what: str) -> None:
     for j, layer in enumerate(list(net.layers(stack))[: upto + 1]):
         mixer = getattr(layer, "mixer", None)
         if mixer is not None:
-            raise ValueError(f"{what} reads softmax heads: {stack} layer {j} mixes tokens with {mixer.kind!r} "
+            side = " beside its attention" if getattr(layer, "self_attn", None) is not None else ""  # Falcon-H1
+            raise ValueError(f"{what} reads softmax heads: {stack} layer {j} mixes tokens with {mixer.kind!r}{side} "
                              f"({MIXER_REASONS['score_attribution']}, and its write into the stream is not split "
                              "into heads)")
         attn = getattr(layer, "self_attn", None)

@@ -180,13 +180,14 @@ class Transformer(nn.Module):
         position) and selection "top-k k" (a sparse selection of k keys per query), where so;
         output_gate (heads * sigmoid(x W_g) before W_o: Qwen3.5, Qwen3-Next). A mixer layer:
         mixer its kind ("gated_delta"), kind "linear", mask "causal", positions "none", heads (H
-        of its maps) and state (the shapes of the fixed-size state it keeps per sequence)."""
+        of its maps) and state (the shapes of the fixed-size state it keeps per sequence). A softmax
+        layer with a mixer beside it (Falcon-H1): beside {mixer, heads, state}."""
         out = []
         for i, layer in enumerate(self.layers(stack)):
-            ffn = {"ffn": "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
+            ffn = {"ffn": "none" if layer.ffn is None else "moe" if hasattr(layer.ffn, "n_experts") else "dense"}
             if ffn["ffn"] == "moe":
                 ffn.update(experts=layer.ffn.n_experts, top_k=layer.ffn.top_k)
-            if layer.mixer is not None:
+            if layer.self_attn is None:
                 out.append({"mixer": layer.mixer.kind, "kind": "linear", "mask": "causal", "positions": "none",
                             "sink": False, "qk_norm": None, "scale": "fixed", "output_gate": False,
                             "heads": layer.mixer.n_heads, "state": layer.mixer.state_shapes(), **ffn})
@@ -211,6 +212,9 @@ class Transformer(nn.Module):
                 if attn.topk is not None:
                     d["selection"] = f"top-k {attn.topk}"
             d.update(self._kv_info(stack, attn))
+            if layer.mixer is not None:  # Falcon-H1: a mixer beside the attention
+                d["beside"] = {"mixer": layer.mixer.kind, "heads": layer.mixer.n_heads,
+                               "state": layer.mixer.state_shapes()}
             out.append(d)
         return out
 
@@ -235,7 +239,7 @@ class Transformer(nn.Module):
         which RoPE base, which cap, which norm' that every path reads."""
         cfg = self.cfg
         layer = self.layers(stack)[i]
-        if layer.mixer is not None:
+        if layer.self_attn is None:
             raise ValueError(f"{stack} layer {i} mixes tokens with {layer.mixer.kind!r}, not softmax attention: "
                              "it has no mask, window or query-key scores to describe")
         theta = self._rope_base(i)[0] if cfg.positional == "rope" else None

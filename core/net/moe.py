@@ -21,7 +21,8 @@
               by their sum where norm_topk); expert e: [g | u] = x W_gu^e (halves),
               out_e = (silu(g) * u) W_d^e;  FFN(x) = sum over the chosen e of p_e out_e
               + sigmoid(x w_sg) shared(x), the shared expert a SwiGLU FFN of d_shared and w_sg
-              its one-output gate (Qwen3-Next).
+              its one-output gate (Qwen3-Next); "shared_gate": False: + shared(x), ungated
+              (GraniteMoeHybrid, whose softmax over the top-k logits is this with norm_topk).
 
 Recorded under the layer's `ffn.`: `router` (n x E: the router's logits) and `out`
 (a hook point, as the dense FFN's).
@@ -72,7 +73,8 @@ class MoE(nn.Module):
             self.shared_w_1 = Linear(d, ds, bias=False)  # the shared expert: gate, up, down
             self.shared_w_3 = Linear(d, ds, bias=False)
             self.shared_w_2 = Linear(ds, d, bias=False)
-            if self.kind == "qwen3_next":
+            self.shared_gate = None
+            if self.kind == "qwen3_next" and m.get("shared_gate", True):
                 self.shared_gate = Linear(d, 1, bias=False)  # sigmoid(x w_sg) scales the shared expert
 
     def _gpt_oss(self, x, logits):
@@ -129,7 +131,7 @@ class MoE(nn.Module):
         if self.norm_topk:
             top = top / top.sum(-1, keepdim=True)
         shared = self.shared_w_2(F.silu(self.shared_w_1(x)) * self.shared_w_3(x))
-        out = torch.sigmoid(self.shared_gate(x)) * shared
+        out = shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared
         de = self.down.shape[1]
         for e in torch.unique(idx).tolist():
             pos, tok = torch.where((idx == e).T)  # (slot, token) pairs that chose expert e

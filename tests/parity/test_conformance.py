@@ -5,7 +5,10 @@ reference, transformers' eager forward of the same checkpoint where there is one
 within the stated tolerance (TOL); a cell that does not apply says why (not_applicable) and
 is skipped with that reason, never silently.
 
-Adding a family: one entry in CASES (tests/family_zoo.py builds it). Adding a path: one
+Adding a family: one entry in CASES (tests/family_zoo.py builds it; the Mamba2 and
+short-convolution families, tests/mixer_builders.py). A layer whose token mixer is not softmax
+attention has no map here: the paths read the softmax layers (softmax_layers), and a model with
+none says so. Adding a path: one
 function in PATHS (and, where it does not apply somewhere, a reason in not_applicable).
 The closing test prints the matrix's size and the worst figure per path."""
 
@@ -22,12 +25,13 @@ import core
 import core.analysis as ca
 import core.head_maps as hm
 from family_zoo import FAMILIES, HYBRID, SOURCE, TARGET, TEXT, make_loader
+from mixer_builders import MIXER_FAMILIES
 
 pytest.importorskip("transformers")
 
 GGUF = ["gguf-llama", "gguf-qwen2", "gguf-qwen3", "gguf-phi3", "gguf-gemma2", "gguf-gemma3"]
 BUNDLED = ["toy-translate", "minilm", "smollm2"]
-CASES = FAMILIES + HYBRID + GGUF + BUNDLED
+CASES = FAMILIES + HYBRID + MIXER_FAMILIES + GGUF + BUNDLED
 # attention weights and logits / hidden states against transformers (the contract's 1e-4); value
 # norms are weights times ||v W_o^h|| (sizes of a few units here), so 10x that
 TOL = {"weights": 1e-4, "logits": 1e-4}
@@ -49,6 +53,10 @@ def get(tmp_path_factory):
             hf, ours = load(case)
         elif case in GGUF:
             hf, ours = _gguf(case, tmp_path_factory.mktemp(case))
+        elif case in MIXER_FAMILIES:  # Mamba2 and short-convolution families (tests/mixer_builders.py)
+            from mixer_builders import build
+            hf, folder = build(case, tmp_path_factory.mktemp(case))
+            ours = core.load_model(str(folder), device="cpu")
         else:
             ours = core.load_model(case, device="cpu")
             hf = _bundled_reference(case)
@@ -133,12 +141,9 @@ def reference(hf, ours, ids, dec_ids=None, ablate=None):
             return {"attn": attn, "out": out.logits[0]}
         out = hf(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
         stack = "encoder" if ours.kind == "encoder" else "decoder"
-        maps = [a for a in out.attentions if a is not None]
-        # hybrids (Qwen3.5, Qwen3-Next) return the maps of their softmax layers only
-        types = getattr(hf.config, "layer_types", None) or []
-        layers = [i for i, t in enumerate(types) if t != "linear_attention"] if "linear_attention" in types \
-            else range(len(maps))
-        res = {"attn": {(stack, i): a[0] for i, a in zip(layers, maps)}}
+        maps = [a for a in (getattr(out, "attentions", None) or []) if a is not None]
+        # hybrids return the maps of their softmax layers only (Mamba2: none), in layer order
+        res = {"attn": {(stack, i): a[0] for i, a in zip(softmax_layers(ours, stack), maps)}}
         if ours.kind == "encoder":  # masked-LM logits where the model has them, else the last hidden state
             res["mlm"] = out.logits[0] if hasattr(out, "logits") else None
             res["out"] = res["mlm"] if res["mlm"] is not None else out.hidden_states[-1][0]
@@ -148,6 +153,12 @@ def reference(hf, ours, ids, dec_ids=None, ablate=None):
     finally:
         for h in hooks:
             h.remove()
+
+
+def softmax_layers(ours, stack):
+    """The layers of `stack` with softmax attention (every layer but a token mixer's alone; Falcon-H1's
+    layers have both)."""
+    return [i for i, layer in enumerate(ours.net.layers(stack)) if layer.self_attn is not None]
 
 
 class Cell:
@@ -469,6 +480,10 @@ PATHS: Dict[str, Callable] = {"full": full, "pooled_1": pooled_1, "pooled_odd": 
 def not_applicable(case, c, path):
     """Why `path` does not apply to this case (None: it applies)."""
     ours, cfg = c.ours, c.ours.config
+    if not softmax_layers(ours, c.stack) and path in ("full", "pooled_1", "pooled_odd", "tiles", "value_norms",
+                                                      "step", "ablated"):
+        return ("every layer mixes tokens with a Mamba2 scan, no softmax attention: its implicit attention is "
+                "held to transformers by tests/parity/test_mamba_families.py")
     if path in ("pooled_1", "pooled_odd", "tiles") and cfg.positional == "relative":
         if path == "tiles":
             return "T5's self-attention adds a relative position bias: its maps are read whole, never tiled"

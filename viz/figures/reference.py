@@ -8,7 +8,8 @@ matrices); the norms, RoPE (partial rotary included), QK-norm, the masks (look-a
 sliding window), the scale, softmax, head ablation, the FFN and the block's arrangement (pre-
 or post-norm, norms after the sub-layers, the parallel block) are written out here again. T5's relative position bias is
 read from the trace as an input of the attention (its buckets are a model input, not the
-formula being checked).
+formula being checked); so is the output of a Mamba2 mixer beside the attention (Falcon-H1), whose
+scan this file does not write out: the attention, the residual sum and the FFN stay checked.
 
 Also written out here: QK-norm (RMSNorm of each head's q and k, or of the whole projection),
 soft-capping c tanh(scaled / c) before the mask, the norms after the sub-layers (Gemma 2/3),
@@ -356,6 +357,10 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
         out.update({tn.local(sub, k): v for k, v in res.items()})
         if layer.pre:
             f = res["out"]
+            if sub == "self_attn" and getattr(layer, "beside", False):
+                # Falcon-H1: its Mamba2 mixer adds beside the attention; this file does not write the
+                # scan out, so its output is the one recorded (the attention and the rest stay checked)
+                f = f + _a(trace[tn.mixer(stack, i, "out")])
             if pre_norms:
                 out[f"norm{j}"] = normed
             if post_norms:  # a norm on the sub-layer's output before the residual add

@@ -189,6 +189,11 @@ def layer_steps(trace, stack: str, kind: str, layer: int, head: int, config=None
     if cfg.embed_scale:
         x_rows += r",\quad x^{(i)} = \sqrt{d}\; E_{t_i}"
         x_cols += r",\quad x_i = \sqrt{d}\; E_{t_i}"
+    mult = float(getattr(cfg, "embed_multiplier", 1.0))
+    if mult != 1.0:  # GraniteMoeHybrid, Falcon-H1: the embeddings times a number of the model's own
+        scale_note += f" (times the model's embedding multiplier, {mult:g})"
+        x_rows += rf",\quad x^{{(i)}} = {mult:g}\; E_{{t_i}}" if not cfg.embed_scale else ""
+        x_cols += rf",\quad x_i = {mult:g}\; E_{{t_i}}" if not cfg.embed_scale else ""
     tok_feat(tn.embed(stack, "tokens"), "x", g_emb, "Token embeddings X", x_rows, x_cols,
              f"Each token's learned embedding vector{scale_note}: one row of X per token (one column in "
              "column notation).")
