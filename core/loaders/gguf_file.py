@@ -77,7 +77,8 @@ def describe_gguf(path: Path) -> Tuple[str, int]:
 def config_from_gguf(reader, name: str) -> ModelConfig:
     arch = field(reader, "general.architecture")
     if arch not in ARCHS:
-        raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}")
+        raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}, "
+                              "gemma, gemma2, gemma3, gpt-oss")
     names = {t.name for t in reader.tensors}
     if arch == "phi3" and names & {"rope_factors_long.weight", "rope_factors_short.weight"}:
         raise CheckpointError(f"{name}: Phi-3 with longrope RoPE factors (rope_factors_long / _short, the long-context "

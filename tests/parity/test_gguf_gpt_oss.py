@@ -130,6 +130,7 @@ def test_gpt_oss_gguf_is_the_folder_model(tiny, tmp_path, fused):
               "n_kv_heads", "d_head", "tgt_vocab_size", "max_len"):
         assert getattr(cfg, f) == getattr(want, f), f
     assert cfg.norm_eps == pytest.approx(want.norm_eps, rel=1e-6)  # GGUF holds it as float32
+    assert ours.encode(TEXT).ids == folder_model.encode(TEXT).ids  # the vocabulary rebuilt from the header
     theirs = folder_model.net.state_dict()
     mine = ours.net.state_dict()
     assert mine.keys() == theirs.keys()
@@ -182,6 +183,11 @@ def test_truncated_unsupported_and_incomplete_files_are_named(tiny, tmp_path):
     bad = write_gguf(hf, folder / "tokenizer.json", tmp_path / "attn.gguf", meta={"rope.scaling.yarn_attn_factor": 2.0})
     with pytest.raises(CheckpointError, match="yarn_attn_factor"):
         core.load_model(str(bad), device="cpu")
+    other = write_gguf(hf, folder / "tokenizer.json", tmp_path / "other.gguf")
+    data = other.read_bytes()
+    other.write_bytes(data.replace(b"gpt-oss", b"gpt-xyz"))  # every key and the architecture renamed alike
+    with pytest.raises(CheckpointError, match=r"'gpt-xyz' is not supported; supported: .*gpt-oss"):
+        core.load_model(str(other), device="cpu")
     less = write_gguf(hf, folder / "tokenizer.json", tmp_path / "less.gguf", drop=("blk.2.ffn_up_exps.bias",))
     with pytest.raises(CheckpointError, match=r"blk\.2\.ffn_up_exps\.bias"):
         core.load_model(str(less), device="cpu")
