@@ -56,3 +56,139 @@ def test_reference_writes_out_the_output_gate_and_shared_keys():
                 np.testing.assert_allclose(ref["self_attn.gate"], tr[tn.attn("decoder", i, "self_attn", "gate")].double()
                                            .numpy(), atol=1e-6)
             np.testing.assert_allclose(ref["out"], tr[tn.out("decoder", i)].double().numpy(), atol=1e-4)
+
+
+# ------------------------------------------------------------------ Inside: MLA step by step, with a fault
+def _data(at, key):
+    from conftest import chart_by_key, figure
+
+    return figure(chart_by_key(at, key))["data"]
+
+
+def _fresh():
+    import streamlit as st
+
+    from viz.ui import models
+
+    models.trace_cache.clear()
+    st.cache_data.clear()
+
+
+LATENT_CHECKS = ("c_KV = RMSNorm(X W_DKV)", "K_nope = c_KV W_UK (head 2)", "V = c_KV W_UV (head 2)",
+                 "k_rope = RoPE(X W_KR)", "every head's rotated key is the same k_rope", "q (head 2)")
+
+
+def test_inside_shows_the_latent_compression_step_by_step(app_test):
+    from conftest import decode_array
+
+    _fresh()
+    at = app_test("inside", model="random:mla", text=TEXT, attn="decoder.self_attn", layer="1", head="2")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    passed = [c.value for c in at.caption if c.value.startswith(":green[✓")]
+    for label in LATENT_CHECKS:
+        assert any(label in c for c in passed), (label, passed)
+    tr = _model("random:mla").trace(TEXT)
+    latent = decode_array(_data(at, "inside-latent-latent-fig")[0]["z"]).astype(float)
+    np.testing.assert_allclose(latent, tr[tn.attn("decoder", 1, "self_attn", "latent")].numpy(), atol=1e-5)
+    assert latent.shape == (len(tr.tokens("target")), 8)
+    v = decode_array(_data(at, "inside-latent-v-fig")[0]["z"]).astype(float)
+    np.testing.assert_allclose(v, tr[tn.attn("decoder", 1, "self_attn", "v")][2].numpy(), atol=1e-5)
+    assert any("r + d_rope = 16 numbers a position and layer" in c.value and "H (d_k + d_v) = 128" in c.value
+               for c in at.caption)
+
+
+def test_a_fault_in_the_latent_up_projection_shows_as_a_failed_check(app_test, monkeypatch):
+    """W_UKV's output 2 % off inside the core: K_nope and V fail visibly, the latent itself still holds."""
+    from core.net.latent import LatentAttention
+
+    orig = LatentAttention.forward
+
+    def forward(self, *a, **kw):
+        hook = self.w_kvb.register_forward_hook(lambda m, i, out: out * 1.02)
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            hook.remove()
+
+    with monkeypatch.context() as mp:
+        mp.setattr(LatentAttention, "forward", forward)
+        _fresh()
+        at = app_test("inside", model="random:mla", text=TEXT, attn="decoder.self_attn", layer="1", head="2")
+        at.run()
+        assert_no_exception(at)
+        errors = " ".join(e.value for e in at.error)
+        assert "✗ FAILED: K_nope = c_KV W_UK (head 2)" in errors and "✗ FAILED: V = c_KV W_UV (head 2)" in errors
+        assert "checks of the latent attention failed" in errors
+        assert "FAILED: c_KV" not in errors
+    _fresh()
+
+
+# ------------------------------------------------------------------ the sparse selection
+def _dense(q, k, scale):
+    s = q.astype(np.float64) @ k.T.astype(np.float64) * scale
+    s[np.triu(np.ones_like(s, dtype=bool), 1)] = -np.inf
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("page, key", [("explore", "explore-heatmap"), ("inside", "inside-weights-fig")])
+def test_the_selection_is_outlined_beside_the_dense_map(app_test, page, key):
+    _fresh()
+    at = app_test(page, model="random:dsa", text=TEXT, attn="decoder.self_attn", layer="2", head="1")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    m = _model("random:dsa")
+    tr = m.trace(TEXT)
+    sel = tr[tn.attn("decoder", 2, "self_attn", "selected")].numpy()
+    data = _data(at, key)
+    box = [d for d in data if d.get("name") == "selected"]
+    assert len(box) == 1 and box[0]["marker"]["symbol"] == "square-open"
+    xs, ys = list(data[0]["x"]), list(data[0]["y"])
+    got = {(ys.index(y), xs.index(x)) for x, y in zip(box[0]["x"], box[0]["y"])}
+    assert got == set(zip(*np.nonzero(sel))) and len(got) == sel.sum()
+    q, k = (tr[tn.attn("decoder", 2, "self_attn", p)][1].numpy() for p in ("q", "k"))
+    dense = _dense(q, k, float(m.net.decoder[2].self_attn.scale))
+    np.testing.assert_allclose(decode_array_z(_data(at, f"{page}-dense-map")), dense, atol=1e-6)
+    outside = np.asarray(_data(at, f"{page}-outside")[0]["y"], dtype=float) if isinstance(
+        _data(at, f"{page}-outside")[0]["y"], list) else decode_array_z(_data(at, f"{page}-outside"), "y")
+    np.testing.assert_allclose(outside, (dense * ~sel).sum(-1), atol=1e-6)
+    assert outside[:4].max() < 1e-12 and outside[4:].min() > 0  # the first 4 queries keep every key they see
+    passed = [c.value for c in at.caption if c.value.startswith(":green[✓")]
+    assert any("renormalised over the kept keys" in c for c in passed)
+
+
+def decode_array_z(data, field="z"):
+    from conftest import decode_array
+
+    return decode_array(data[0][field]).astype(float)
+
+
+# ------------------------------------------------------------------ shared keys, K = V, the output gate
+def test_explore_names_the_layer_a_shared_layer_reads_from(app_test):
+    from conftest import chart_by_key, figure
+
+    at = app_test("explore", model="random:shared_kv", text=TEXT, attn="decoder.self_attn", layer="3")
+    at.run()
+    assert_no_exception(at)
+    title = figure(chart_by_key(at, "explore-heatmap"))["layout"]["title"]["text"]
+    assert "causal · RoPE · keys and values from layer 1 · K = V" in title
+    at = app_test("explore", model="random:shared_kv", text=TEXT, attn="decoder.self_attn", tab="model")
+    at.run()
+    assert figure(chart_by_key(at, "explore-grid"))["layout"]["yaxis"]["ticktext"] == [
+        "L0 · sliding 4 · RoPE", "L1 · causal · RoPE · K = V", "L2 · sliding 4 · RoPE · keys and values from layer 0",
+        "L3 · causal · RoPE · keys and values from layer 1 · K = V"]
+
+
+def test_inside_shows_the_output_gate_per_head(app_test):
+    _fresh()
+    at = app_test("inside", model="random:gated_attn", text=TEXT, attn="decoder.self_attn", layer="2")
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    z = decode_array_z(_data(at, "inside-gate-fig"))
+    tr = _model("random:gated_attn").trace(TEXT)
+    np.testing.assert_allclose(z, tr[tn.attn("decoder", 2, "self_attn", "gate")].double().mean(-1).numpy(), atol=1e-6)
+    assert z.shape == (4, len(tr.tokens("target"))) and 0 < z.min() and z.max() < 1
