@@ -192,3 +192,27 @@ def test_inside_shows_the_output_gate_per_head(app_test):
     tr = _model("random:gated_attn").trace(TEXT)
     np.testing.assert_allclose(z, tr[tn.attn("decoder", 2, "self_attn", "gate")].double().mean(-1).numpy(), atol=1e-6)
     assert z.shape == (4, len(tr.tokens("target"))) and 0 < z.min() and z.max() < 1
+
+
+# ------------------------------------------------------------------ the KV cache page: MHA, GQA and MLA
+@pytest.mark.parametrize("preset, own, numbers", [
+    ("mla", "MLA", {"MHA": 4 * (16 + 16), "GQA": 1 * (16 + 16), "MLA": 8 + 8}),  # d_qk = 8 + 8, d_v 16, H 4
+    ("sliding", "MHA", {"MHA": 4 * 2 * 16, "GQA": 1 * 2 * 16, "MLA": 4 * 16 + 16 // 2})])  # V3's r = 4 d_k, d_k / 2
+def test_kvcache_gives_the_cache_per_token_of_each_layout(app_test, preset, own, numbers):
+    from conftest import chart_by_key, figure
+
+    at = app_test("kvcache", model=f"random:{preset}", text=TEXT)
+    at.run()
+    assert_no_exception(at)
+    n = len(_model(f"random:{preset}").encode(TEXT).ids)
+    table = next(d.value for d in at.dataframe if "document_bytes" in d.value.columns)
+    got = dict(zip(table["kind"], table["numbers"]))
+    assert got == numbers
+    assert dict(zip(table["kind"], table["bytes_per_token"])) == {k: v * 4 * 4 for k, v in numbers.items()}  # L 4, fp32
+    assert dict(zip(table["kind"], table["document_bytes"])) == {k: v * 16 * n for k, v in numbers.items()}
+    assert list(table.loc[table["this model"], "kind"]) == [own]
+    bars = figure(chart_by_key(at, "kvcache-layout"))["data"][0]
+    from conftest import decode_array
+
+    x = bars["x"] if isinstance(bars["x"], list) else decode_array(bars["x"])
+    np.testing.assert_allclose(np.asarray(x, dtype=float), [numbers[k] * 16 * n / 1024 for k in ("MHA", "GQA", "MLA")])
