@@ -145,9 +145,8 @@ def test_the_selection_is_outlined_beside_the_dense_map(app_test, page, key):
     sel = tr[tn.attn("decoder", 2, "self_attn", "selected")].numpy()
     data = _data(at, key)
     box = [d for d in data if d.get("name") == "selected"]
-    assert len(box) == 1 and box[0]["marker"]["symbol"] == "square-open"
-    xs, ys = list(data[0]["x"]), list(data[0]["y"])
-    got = {(ys.index(y), xs.index(x)) for x, y in zip(box[0]["x"], box[0]["y"])}
+    assert len(box) == 1
+    got = outlined(data[0], box[0])
     assert got == set(zip(*np.nonzero(sel))) and len(got) == sel.sum()
     q, k = (tr[tn.attn("decoder", 2, "self_attn", p)][1].numpy() for p in ("q", "k"))
     dense = _dense(q, k, float(m.net.decoder[2].self_attn.scale))
@@ -158,6 +157,24 @@ def test_the_selection_is_outlined_beside_the_dense_map(app_test, page, key):
     assert outside[:4].max() < 1e-12 and outside[4:].min() > 0  # the first 4 queries keep every key they see
     passed = [c.value for c in at.caption if c.value.startswith(":green[✓")]
     assert any("renormalised over the kept keys" in c for c in passed)
+
+
+def outlined(heat, box):
+    """The (row, column) cells outlined: each square's 5 corners then a gap, its centre a cell's x and y."""
+    from conftest import decode_array
+
+    xs, ys = (list(np.asarray(heat[a] if isinstance(heat[a], list) else decode_array(heat[a]), dtype=float))
+              for a in ("x", "y"))
+    bx, by = (np.asarray([np.nan if v is None else v for v in box[a]], dtype=float) for a in ("x", "y"))
+    assert len(bx) % 6 == 0 and np.isnan(bx[5::6]).all()
+    cells = set()
+    for i in range(0, len(bx), 6):
+        cx, cy = bx[i:i + 4].mean(), by[i:i + 4].mean()
+        assert np.ptp(bx[i:i + 4]) < 1 and np.ptp(by[i:i + 4]) < 1  # a square within one cell
+        r, c = int(np.argmin(np.abs(np.array(ys) - cy))), int(np.argmin(np.abs(np.array(xs) - cx)))
+        assert abs(ys[r] - cy) < 1e-9 and abs(xs[c] - cx) < 1e-9  # centred on the cell
+        cells.add((r, c))
+    return cells
 
 
 def decode_array_z(data, field="z"):

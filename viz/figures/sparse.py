@@ -58,8 +58,10 @@ def selection_of(trace, stack: str, layer: int, head: int) -> Optional[dict]:
 
 
 def add_selection_outline(fig: go.Figure, selected, transposed: bool = False) -> go.Figure:
-    """Outline each kept cell (selected True) of an attention heatmap: an open square per cell,
-    the trace named "selected" (its x and y the cells' columns and rows on the map's own axes)."""
+    """Outline each kept cell (selected True) of an attention heatmap: one trace named "selected",
+    on numeric axes a closed square around each cell (5 corners then a gap, so its x and y are
+    each cell's outline; `customdata` the cell's [row, column]), on category axes an open square
+    marker at the cell."""
     sel = to_numpy(selected).astype(bool)
     if transposed:
         sel = sel.T
@@ -68,11 +70,21 @@ def add_selection_outline(fig: go.Figure, selected, transposed: bool = False) ->
         raise ValueError(f"the selection is {sel.shape[0]} x {sel.shape[1]}, the map {len(heat.y)} x {len(heat.x)}")
     rows, cols = np.nonzero(sel)
     xs, ys = list(heat.x), list(heat.y)
-    fig.add_trace(go.Scatter(x=[xs[c] for c in cols], y=[ys[r] for r in rows], mode="markers", name=SELECTED,
-                             marker=dict(symbol="square-open", size=max(6, min(22, 320 // max(1, len(xs)))),
-                                         color=OUTLINE, line=dict(width=2)),
-                             hovertemplate="query %{y} · key %{x}: kept by the indexer<extra></extra>",
-                             showlegend=False))
+    hover = "query %{customdata[0]} · key %{customdata[1]}: kept by the indexer<extra></extra>"
+    if fig.layout.xaxis.type == "category" or not all(isinstance(v, (int, float, np.number)) for v in xs + ys):
+        fig.add_trace(go.Scatter(x=[xs[c] for c in cols], y=[ys[r] for r in rows], mode="markers", name=SELECTED,
+                                 marker=dict(symbol="square-open", size=10, color=OUTLINE, line=dict(width=2)),
+                                 customdata=np.stack([rows, cols], 1), hovertemplate=hover, showlegend=False))
+        return fig
+    h = 0.42
+    x, y, cells = [], [], []
+    for r, c in zip(rows, cols):
+        cx, cy = float(xs[c]), float(ys[r])
+        x += [cx - h, cx + h, cx + h, cx - h, cx - h, None]
+        y += [cy - h, cy - h, cy + h, cy + h, cy - h, None]
+        cells += [[int(r), int(c)]] * 6
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=SELECTED, line=dict(color=OUTLINE, width=2),
+                             customdata=cells, hovertemplate=hover, showlegend=False))
     return fig
 
 
