@@ -233,3 +233,25 @@ def test_kvcache_gives_the_cache_per_token_of_each_layout(app_test, preset, own,
 
     x = bars["x"] if isinstance(bars["x"], list) else decode_array(bars["x"])
     np.testing.assert_allclose(np.asarray(x, dtype=float), [numbers[k] * 16 * n / 1024 for k in ("MHA", "GQA", "MLA")])
+
+
+@pytest.mark.parametrize("layer, said", [
+    ("3", "reads **keys and values from layer 1** (after layer 1's norm and RoPE; Gemma 4's shared KV), so its K and V "
+          "below are layer 1's and the cache holds them once. Layer 1's values are its keys (K = V)."),
+    ("1", "its values are its key projection X W_k before the key's norm and RoPE (**K = V**"),
+    ("2", "reads **keys and values from layer 0**")])
+def test_inside_names_the_layer_a_shared_layer_reads_from(app_test, layer, said):
+    at = app_test("inside", model="random:shared_kv", text=TEXT, attn="decoder.self_attn", layer=layer)
+    at.run()
+    assert_no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    captions = " ".join(c.value for c in at.caption)
+    assert said in captions
+    if layer == "2":
+        assert "K = V" not in captions
+    tr = _model("random:shared_kv").trace(TEXT)
+    for p in ("k", "v"):  # what the caption says: the reusing layer's keys and values are the source layer's
+        src = {"3": 1, "2": 0}.get(layer)
+        if src is not None:
+            np.testing.assert_array_equal(tr[tn.attn("decoder", int(layer), "self_attn", p)].numpy(),
+                                          tr[tn.attn("decoder", src, "self_attn", p)].numpy())

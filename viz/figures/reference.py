@@ -302,7 +302,8 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
         raise NoReference("this trace has no model to recompute from (loaded from a file)")
     net, cfg = model.net, model.config
     if getattr(cfg, "mla", None) is not None:
-        raise NoReference("multi-head latent attention (DeepSeek) is not written out here")
+        raise NoReference("multi-head latent attention (DeepSeek) is not written out here past its compression "
+                          "(the Inside page checks that, X to the latent to K and V, step by step)")
     layer = net.layers(stack)[i]
     heads = heads or {}
     x = _a(trace.layer_input(stack, i))

@@ -62,3 +62,20 @@ def gate_section(trace, stack: str, layer: int, tokens) -> None:
                "at that position, near 1 it passes.")
     charts.chart(gate_figure(g.numpy() if hasattr(g, "numpy") else g, tokens, layer), key="inside-gate-fig",
                  width="stretch")
+
+
+def shared_kv_section(model, stack: str, layer: int) -> None:
+    """Which layer's keys and values a layer reads (Gemma 4), and whether its values are its keys (K = V)."""
+    try:
+        info = model.layer_kinds(stack)[layer]
+    except (AttributeError, ValueError, IndexError):
+        return
+    j, kv = info.get("shared_kv"), str(info.get("kv", ""))
+    if j is not None:
+        st.caption(f"Layer {layer} computes no keys or values of its own: it reads **keys and values from layer {j}** "
+                   f"(after layer {j}'s norm and RoPE; Gemma 4's shared KV), so its K and V below are layer {j}'s and "
+                   f"the cache holds them once." + (" Layer {j}'s values are its keys (K = V)." .format(j=j)
+                                                    if "k = v" in kv else ""))
+    elif "k = v" in kv:
+        st.caption(f"Layer {layer} has no W_v: its values are its key projection X W_k before the key's norm and RoPE "
+                   "(**K = V**, Gemma 4's global layers).")

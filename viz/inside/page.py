@@ -154,6 +154,7 @@ q_toks, k_toks = axis_tokens(trace, stack, kind)
 if kind == tn.SELF and getattr(cfg, "mla", None) is not None:
     latent_panel.latent_section(trace, stack, layer, head, q_toks)
 if kind == tn.SELF:
+    latent_panel.shared_kv_section(model, stack, layer)
     latent_panel.gate_section(trace, stack, layer, q_toks)
 
 
