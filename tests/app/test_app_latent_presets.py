@@ -255,3 +255,36 @@ def test_inside_names_the_layer_a_shared_layer_reads_from(app_test, layer, said)
         if src is not None:
             np.testing.assert_array_equal(tr[tn.attn("decoder", int(layer), "self_attn", p)].numpy(),
                                           tr[tn.attn("decoder", src, "self_attn", p)].numpy())
+
+
+def test_the_pure_pieces_refuse_bad_input_and_transpose_the_outline():
+    from viz.figures.heatmaps import attention_heatmap
+    from viz.figures.sparse import add_selection_outline, dense_softmax
+    from viz.inside.latent import gate_figure
+    from viz.kvcache.layout import layout_table
+
+    sel = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 1]], dtype=bool)
+    fig = add_selection_outline(attention_heatmap(np.full((3, 3), 1 / 3), list("abc"), list("abc")), sel, transposed=True)
+    box = fig.data[-1]
+    corners = [(x, y) for x, y in zip(box.x, box.y) if x is not None]
+    centres = {(round(np.mean([c[1] for c in corners[i:i + 5][:4]])), round(np.mean([c[0] for c in corners[i:i + 5][:4]])))
+               for i in range(0, len(corners), 5)}
+    assert centres == set(zip(*np.nonzero(sel.T)))  # drawn where the transposed map has them
+    assert {tuple(c) for c in box.customdata} == set(zip(*np.nonzero(sel)))  # the hover names (query, key)
+    with pytest.raises(ValueError, match="the selection is 2 x 3, the map 3 x 3"):
+        add_selection_outline(fig, sel[:2])
+    with pytest.raises(ValueError, match="q and k must be n x d with the same d"):
+        dense_softmax(np.zeros((3, 4)), np.zeros((3, 5)), 0.5)
+    d = dense_softmax(np.eye(3), np.eye(3), 1.0)
+    np.testing.assert_allclose(d[0], [1, 0, 0])
+    np.testing.assert_allclose(d[2], np.exp([0, 0, 1]) / np.exp([0, 0, 1]).sum())
+    with pytest.raises(ValueError, match="heads x positions x features"):
+        gate_figure(np.zeros((3, 4)), list("abcd"), 0)
+    with pytest.raises(ValueError, match="0 or more tokens"):
+        layout_table(preset_config_of("mla"), -1)
+
+
+def preset_config_of(name):
+    from core.registry import preset_config
+
+    return preset_config(name)

@@ -60,8 +60,8 @@ def selection_of(trace, stack: str, layer: int, head: int) -> Optional[dict]:
 def add_selection_outline(fig: go.Figure, selected, transposed: bool = False) -> go.Figure:
     """Outline each kept cell (selected True) of an attention heatmap: one trace named "selected",
     on numeric axes a closed square around each cell (5 corners then a gap, so its x and y are
-    each cell's outline; `customdata` the cell's [row, column]), on category axes an open square
-    marker at the cell."""
+    each cell's outline; `customdata` the cell's [query, key]), on category axes an open square
+    marker at the cell. transposed: the map has keys as rows (Lecture 10's columns notation)."""
     sel = to_numpy(selected).astype(bool)
     if transposed:
         sel = sel.T
@@ -69,20 +69,21 @@ def add_selection_outline(fig: go.Figure, selected, transposed: bool = False) ->
     if sel.shape != (len(heat.y), len(heat.x)):
         raise ValueError(f"the selection is {sel.shape[0]} x {sel.shape[1]}, the map {len(heat.y)} x {len(heat.x)}")
     rows, cols = np.nonzero(sel)
+    qk = np.stack([cols, rows], 1) if transposed else np.stack([rows, cols], 1)  # each cell's (query, key)
     xs, ys = list(heat.x), list(heat.y)
     hover = "query %{customdata[0]} · key %{customdata[1]}: kept by the indexer<extra></extra>"
     if fig.layout.xaxis.type == "category" or not all(isinstance(v, (int, float, np.number)) for v in xs + ys):
         fig.add_trace(go.Scatter(x=[xs[c] for c in cols], y=[ys[r] for r in rows], mode="markers", name=SELECTED,
                                  marker=dict(symbol="square-open", size=10, color=OUTLINE, line=dict(width=2)),
-                                 customdata=np.stack([rows, cols], 1), hovertemplate=hover, showlegend=False))
+                                 customdata=qk, hovertemplate=hover, showlegend=False))
         return fig
     h = 0.42
     x, y, cells = [], [], []
-    for r, c in zip(rows, cols):
+    for r, c, cell in zip(rows, cols, qk.tolist()):
         cx, cy = float(xs[c]), float(ys[r])
         x += [cx - h, cx + h, cx + h, cx - h, cx - h, None]
         y += [cy - h, cy - h, cy + h, cy + h, cy - h, None]
-        cells += [[int(r), int(c)]] * 6
+        cells += [cell] * 6
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=SELECTED, line=dict(color=OUTLINE, width=2),
                              customdata=cells, hovertemplate=hover, showlegend=False))
     return fig
