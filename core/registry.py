@@ -6,7 +6,8 @@ every view of one can be tried without weights to download: "random:<preset>" (s
 "random:<preset>:<seed>" (RANDOM_PRESETS; `random_preset` parses the name). Each is a small
 decoder (4 layers, d 64, 4 heads, RoPE, RMSNorm, SwiGLU) on the random model's word tokenizer,
 its weights drawn from the seed, its windows and chunks a few tokens wide so that they bite
-on a sentence."""
+on a sentence. Three presets have token mixers that are not softmax attention in some layers
+(gated_delta, mamba2, short_conv; core/net/mixer.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ RANDOM_PRESETS: Dict[str, tuple] = {
                                   qk_norm="full", pre_sublayer_norm=False, post_sublayer_norm=True)),
     "moe": ("gpt-oss style mixture of experts: 4 experts, 2 chosen per token, in every layer",
             dict(moe={"kind": "gpt_oss", "experts": 4, "top_k": 2, "d_expert": 64})),
+    "gated_delta": ("Qwen3.5 style: three Gated DeltaNet layers (a decaying state written by the delta rule, no "
+                    "softmax) then one gated softmax attention layer",
+                    dict(layer_types=["linear_attention"] * 3 + ["full_attention"], attn_gate=True,
+                         mixer={"kind": "gated_delta", "heads": 4, "k_heads": 2, "d_k": 16, "d_v": 16, "conv": 4,
+                                "chunk": 8})),
+    "mamba2": ("Granite 4 style: Mamba2 layers (a state space model, each head's state decays by exp(dt A)) with "
+               "one softmax attention layer", dict(layer_types=["linear_attention"] * 2 + ["full_attention",
+                                                                                        "linear_attention"],
+                                                   mixer={"kind": "mamba2", "heads": 4, "head_dim": 16, "d_state": 8,
+                                                          "groups": 1, "conv": 4, "chunk": 8})),
+    "short_conv": ("LFM2 style: gated short convolutions (3 taps, no attention map) alternate with softmax "
+                   "attention layers", dict(layer_types=["linear_attention", "full_attention"] * 2,
+                                            mixer={"kind": "short_conv", "conv": 3})),
 }
 
 
