@@ -35,6 +35,9 @@ url = dict(model=model_name, text=text)  # what the URL holds so far; the top-he
 state.show_messages()
 if trace is None:
     state.end_here(**url)
+if not any(trace.attention_kinds(s) for s in trace.stacks()):  # token mixers alone: no softmax head to score
+    widgets.no_softmax_info(model_name, trace, "Heads")
+    state.end_here(**url)
 
 
 # cache_resource: the results are shared read-only (no copy per hit, as cache_data would make)
