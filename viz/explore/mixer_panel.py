@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core import trace_names as tn
-from viz.explore import mixer_figures
+from viz.figures import mixer as mixer_figures
 from viz.figures.select import axis_tokens
 from viz.ui import charts
 

@@ -1,4 +1,4 @@
-"""Explore's figures of a token mixer that is not softmax attention (core/net/mixer.py): a
+"""Figures of a token mixer that is not softmax attention (core/net/mixer.py): a
 layer's implicit attention A drawn on a signed, zero-centred diverging scale (the delta rule
 subtracts, so negative weights are real), a short convolution's filter (channels x taps), and
 the strip of each layer's kind. Pure: tensors in, plotly Figures out."""
