@@ -138,7 +138,9 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
                 description: Optional[str] = None, **overrides) -> AttentionModel:
     """A randomly initialised model of any configuration; words are toy-translate's source
     vocabulary (both sides for encoder-decoders). Learned sink logits (zero when a network is
-    built) are drawn from N(0, 1) with the same seed, so that each head's sink differs."""
+    built) are drawn from N(0, 1) with the same seed, so that each head's sink differs; a token
+    mixer's rates (A_log, dt_bias) are spread over its heads from slow to fast, so that some
+    heads remember tokens back."""
     from .toy import toy_task
 
     vocab = toy_task.source_vocab()
@@ -152,6 +154,12 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
         for module in net.modules():
             if getattr(module, "sinks", None) is not None:
                 module.sinks.normal_()
+            if getattr(module, "A_log", None) is not None and getattr(module, "dt_bias", None) is not None:
+                # a token mixer's rates spread from slow to fast over its heads (the checkpoints' own spread
+                # reaches rates near 16, which forget within a token at random weights): some heads look back
+                heads = module.A_log.numel()
+                module.A_log.copy_(torch.linspace(-2.5, 0.0, heads))
+                module.dt_bias.copy_(torch.linspace(-2.0, 0.0, heads))
     tok = WordTokenizer(vocab, max_len=cfg.max_len)
     return AttentionModel(
         name,
