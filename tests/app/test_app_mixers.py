@@ -221,3 +221,16 @@ def test_kv_cache_page_sets_the_state_against_the_cache(app_test):
     assert list(state) == [4 * ((2 * 32 + 64) * 3 + 4 * 16 * 16)] * 3
     assert list(cache) == [4 * 2 * n * 64] * 3
     assert any("per sequence whatever the length" in c.value for c in at.caption)
+
+
+def test_reference_writes_out_the_output_gate():
+    """The gated softmax layer of the gated_delta preset (Qwen3.5's output gate): the numpy
+    reference's gate and layer output equal the core's (without the gate the output differs)."""
+    from viz.figures.reference import reference_layer
+
+    tr = _model("random:gated_delta:1").trace(TEXT)
+    ref = reference_layer(tr, "decoder", 3, {"self_attn": 1})
+    np.testing.assert_allclose(ref["self_attn.gate"], tr[tn.attn("decoder", 3, "self_attn", "gate")].double().numpy(),
+                               atol=1e-6)
+    assert ref["self_attn.gate"].min() < 0.9  # a gate that bites
+    np.testing.assert_allclose(ref["out"], tr[tn.out("decoder", 3)].double().numpy(), atol=1e-4)
