@@ -1,6 +1,6 @@
 """The pages on models whose token mixers are not softmax attention: the random presets
 gated_delta, mamba2 and short_conv, and a model of Mamba2 layers alone (a tiny checkpoint built
-by transformers). Every page opens without an exception; Explore draws a mixer's map signed
+by transformers; every page on each: tests/app/test_app_mixer_pages.py). Explore draws a mixer's map signed
 and centred on zero and a short convolution's filter; Inside a head steps through the
 recurrence, its values checked against float64 numpy written here, and shows a visible failure
 when the core is wrong; the KV cache page compares each mixer's fixed state with a cache."""
@@ -17,8 +17,6 @@ from core import trace_names as tn
 
 TEXT = "the small dog sees the cat and the old man sleeps"
 PRESETS = ["random:gated_delta", "random:mamba2", "random:short_conv"]
-PAGES = ["home", "inside", "positions", "decoder", "playground", "explore", "compare", "corpus", "heads", "lens",
-         "patching", "kvcache", "circuits", "attribution"]
 
 
 def _model(name):
@@ -47,24 +45,6 @@ def test_presets_have_their_mixers():
     assert kinds["random:short_conv"] == ["short_conv", "softmax"] * 2
     assert _model("random:gated_delta").layer_kinds("decoder")[3]["output_gate"]
     assert _model("random:gated_delta").config.d_model == 64
-
-
-@pytest.mark.parametrize("name", PRESETS)
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_opens_on_each_preset(app_test, page, name):
-    at = app_test(page, model=name, text=TEXT)
-    at.run()
-    _clean(at)
-
-
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_opens_on_a_model_of_mixers_alone(app_test, monkeypatch, pure_mamba, page):
-    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(pure_mamba))
-    at = app_test(page, model="tiny-mamba2", text=TEXT)
-    at.run()
-    _clean(at)
-    if page in ("heads", "compare", "corpus", "home"):  # a softmax view: says why, in one style
-        assert any("reads softmax attention" in i.value for i in at.info), [i.value for i in at.info]
 
 
 def test_layer_picker_offers_the_layers_a_view_applies_to(app_test):
@@ -234,3 +214,22 @@ def test_reference_writes_out_the_output_gate():
                                atol=1e-6)
     assert ref["self_attn.gate"].min() < 0.9  # a gate that bites
     np.testing.assert_allclose(ref["out"], tr[tn.out("decoder", 3)].double().numpy(), atol=1e-4)
+
+
+def test_lens_draws_each_mixers_logit_attribution_as_a_column(app_test, monkeypatch, pure_mamba):
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(pure_mamba))
+    at = app_test("lens", model="tiny-mamba2", text=TEXT)
+    at.run()
+    _clean(at)
+    fig = figure(chart_by_key(at, "lens-attribution"))
+    heat = fig["data"][0]
+    assert fig["layout"]["xaxis"]["ticktext"] == ["mixer", "MLP"]  # no heads: one mixer term per layer (and the MLP column)
+    z = decode_array(heat["z"]).astype(float)
+    tr = core.load_model(str(pure_mamba / "tiny-mamba2"), device="cpu").trace(TEXT)
+    import core.analysis as ca
+
+    df = ca.logit_attribution(tr, tr.tokens("next")[0])
+    mixer = df[df["kind"] == "mixer"].sort_values("layer")["contribution"].to_numpy()
+    assert len(mixer) == 3
+    col = z[1:1 + 3, 0]
+    np.testing.assert_allclose(col, mixer, atol=1e-5)
