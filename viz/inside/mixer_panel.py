@@ -108,7 +108,14 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
         skip = name("skip") in trace
         d = float(mixer.D.detach().float()[head]) if skip and hasattr(mixer, "D") else None
         ref = recurrence.mamba2_steps(q, k, v, decay, a, d)
+        H = mixer.A_log.numel()
+        proj_bias = getattr(mixer.in_proj, "bias", None)  # in_proj's dt rows are its last H
+        dt_bias = mixer.dt_bias.detach() + (0 if proj_bias is None else proj_bias.detach()[-H:])
+        want = recurrence.mamba2_decay(trace[tn.norm(stack, layer, 1)], mixer.in_proj.weight[-H:], dt_bias,
+                                       mixer.A_log, mixer.spec.dt_limit)
         checks = [
+            recurrence.check("the log decay dt_t a = clamp(softplus(x W_dt + dt_bias)) (−exp(A_log)), from the "
+                             "layer's input and the checkpoint's weights", decay, want[head]),
             recurrence.check("y_t = S_t C_t + D x_t, the state stepped in numpy, against the trace's heads (every t)",
                              heads, ref["out"]),
             recurrence.check("A[t, s] = (C_t · B_s) exp(Σ dt_r a) dt_s, in numpy, against the trace's weights",

@@ -11,7 +11,8 @@ The decay g_t = -exp(A_log) softplus(x_t W_a + dt_bias) and beta_t = sigmoid(x_t
 recomputed from the layer's normed input and the checkpoint's weights.
 
 Mamba2, per head (P channels, a state of N), from C (= q), B (= k), x (= v), the log decay
-dt_t a_h and a_h = -exp(A_log_h) from the checkpoint:
+dt_t a_h (itself recomputed from the normed input, in_proj's dt rows, dt_bias and A_log) and
+a_h = -exp(A_log_h) from the checkpoint:
     S_t = exp(dt_t a_h) S_{t-1} + dt_t x_t B_t^T      (P x N)
     y_t = S_t C_t + D_h x_t
     A[t, s] = (C_t . B_s) exp(sum_{r=s+1..t} dt_r a_h) dt_s
@@ -63,6 +64,16 @@ def gated_delta_gates(x, w_a, w_b, A_log, dt_bias) -> Dict[str, np.ndarray]:
     g = -np.exp(A_log) * softplus
     beta = 1.0 / (1.0 + np.exp(-(x @ w_b.T)))
     return dict(g=g.T, beta=beta.T)
+
+
+def mamba2_decay(x, w_dt, dt_bias, A_log, dt_limit=(0.0, float("inf"))) -> np.ndarray:
+    """The log decay dt_t a_h (H x n) from the layer's normed input x (n x d) and the
+    checkpoint's weights: dt = clamp(softplus(x W_dt + dt_bias)), W_dt the last H rows of
+    in_proj, a = -exp(A_log)."""
+    x, w_dt, dt_bias, A_log = map(_f, (x, w_dt, dt_bias, A_log))
+    pre = x @ w_dt.T + dt_bias
+    dt = np.clip(np.where(pre > 20, pre, np.log1p(np.exp(np.minimum(pre, 20)))), *dt_limit)
+    return (dt * -np.exp(A_log)).T
 
 
 def mamba2_steps(C, B, x, log_decay, a, D=None) -> Dict[str, np.ndarray]:
