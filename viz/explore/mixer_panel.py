@@ -22,8 +22,8 @@ WHY_NO_MAP = ("**A short convolution has no head map.** Each channel mixes only 
 
 def kinds_strip(model, stack: str) -> None:
     """Each layer's token mixer in one strip."""
-    kinds = [k.get("mixer", "softmax") for k in model.layer_kinds(stack)]
-    charts.chart(mixer_figures.layer_kinds_figure(kinds), key="explore-kinds", name="layer-kinds")
+    charts.chart(mixer_figures.layer_kinds_figure(mixer_figures.kind_labels(model.layer_kinds(stack))),
+                 key="explore-kinds", name="layer-kinds")
 
 
 def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
@@ -50,7 +50,8 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
 def model_view(model, trace, stack: str, layer: int, head: int) -> None:
     """The model view of a model with token mixers: every layer marked by its kind, softmax maps
     0 to 1 and a mixer's implicit attention on the signed scale."""
-    kinds = [k.get("mixer", "softmax") for k in model.layer_kinds(stack)]
+    layer_kinds = model.layer_kinds(stack)
+    kinds = [k.get("mixer", "softmax") for k in layer_kinds]
     maps = []
     for i, k in enumerate(kinds):
         if k == "softmax":
@@ -62,5 +63,6 @@ def model_view(model, trace, stack: str, layer: int, head: int) -> None:
         maps.append(None if w is None else [x.float().numpy() for x in w])
     st.caption("Every head of every layer, each row named by its token mixer. Softmax maps share one scale from 0 to "
                "1; a token mixer's implicit attention is signed (red adds, blue subtracts, white is zero).")
-    charts.chart(mixer_figures.mixed_model_view(maps, kinds, selected=(layer, head)), key="explore-mixed-grid",
+    charts.chart(mixer_figures.mixed_model_view(maps, kinds, selected=(layer, head),
+                                                                labels=mixer_figures.kind_labels(layer_kinds)), key="explore-mixed-grid",
                  name="model-view")

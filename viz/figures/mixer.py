@@ -54,13 +54,12 @@ def filter_figure(w, title: str) -> go.Figure:
     return fig
 
 
-def layer_kinds_figure(kinds: List[str]) -> go.Figure:
+def layer_kinds_figure(names: List[str]) -> go.Figure:
     """One cell per layer, coloured and named by its token mixer (softmax / gated delta / Mamba2
-    / short conv)."""
-    names = [KIND_NAME.get(k, k) for k in kinds]
+    / short conv; kind_labels)."""
     order = sorted(set(names))
     z = [[order.index(n) for n in names]]
-    fig = go.Figure(go.Heatmap(z=z, x=[f"L{i}" for i in range(len(kinds))], y=["mixer"], text=[names],
+    fig = go.Figure(go.Heatmap(z=z, x=[f"L{i}" for i in range(len(names))], y=["mixer"], text=[names],
                                texttemplate="%{text}", showscale=False,
                                colorscale=[[0, "#dbe9f6"], [0.5, "#fde0c5"], [1, "#d9f0d3"]],
                                hovertemplate="layer %{x}: %{text}<extra></extra>"))
@@ -73,14 +72,26 @@ def _ref(axis: str, idx: int) -> str:
     return f"{axis} domain" if idx == 1 else f"{axis}{idx} domain"
 
 
-def mixed_model_view(maps: List[Optional[list]], kinds: List[str], selected=None) -> go.Figure:
+def kind_labels(layer_kinds: List[dict]) -> List[str]:
+    """Each layer's label from model.layer_kinds: its token mixer, and a mixer beside its softmax
+    attention (Falcon-H1) named after it."""
+    out = []
+    for k in layer_kinds:
+        label = KIND_NAME.get(k.get("mixer", "softmax"), k.get("mixer", "softmax"))
+        beside = (k.get("beside") or {}).get("mixer")
+        out.append(f"{label} + {KIND_NAME.get(beside, beside)} beside" if beside else label)
+    return out
+
+
+def mixed_model_view(maps: List[Optional[list]], kinds: List[str], selected=None,
+                     labels: Optional[List[str]] = None) -> go.Figure:
     """The model view of a model whose layers mix tokens in more than one way: one row per layer
     named by its kind, one map per head; softmax maps on one 0-to-1 scale, a mixer's implicit
     attention on a signed scale centred on zero (its own colour bar), a layer without head maps
     (a short convolution) left empty with a note. `maps[i]`: layer i's heads (n x n arrays) or
     None; `selected`: (layer, head) outlined."""
     rows, cols = len(maps), max([len(m) for m in maps if m] or [1])
-    names = [f"L{i} · {KIND_NAME.get(k, k)}" for i, k in enumerate(kinds)]
+    names = [f"L{i} · {lab}" for i, lab in enumerate(labels or [KIND_NAME.get(k, k) for k in kinds])]
     fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.01, vertical_spacing=0.02,
                         row_titles=names)
     signed = [np.asarray(w, dtype=float) for m, k in zip(maps, kinds) if m and k != "softmax" for w in m]

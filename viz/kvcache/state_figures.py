@@ -20,6 +20,7 @@ def state_table(kinds: List[dict], n: int, d_model: int, bytes_per: int = STATE_
     (2 n d numbers) in the same bytes per number."""
     rows = []
     for i, k in enumerate(kinds):
+        k = k.get("beside") or k  # a mixer beside softmax attention (Falcon-H1): its state, beside the layer's cache
         if k.get("mixer", "softmax") == "softmax" or not k.get("state"):
             continue
         shapes = k["state"]
