@@ -6,7 +6,8 @@ every view of one can be tried without weights to download: "random:<preset>" (s
 "random:<preset>:<seed>" (RANDOM_PRESETS; `random_preset` parses the name). Each is a small
 decoder (4 layers, d 64, 4 heads, RoPE, RMSNorm, SwiGLU) on the random model's word tokenizer,
 its weights drawn from the seed, its windows and chunks a few tokens wide so that they bite
-on a sentence."""
+on a sentence. Three presets have token mixers that are not softmax attention in some layers
+(gated_delta, mamba2, short_conv; core/net/mixer.py)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,19 @@ RANDOM_PRESETS: Dict[str, tuple] = {
                        kv_source=[None, None, 0, 1], qk_norm="head", v_norm=True)),
     "gated_attn": ("Qwen3.5 style: an output gate on softmax attention, heads * sigmoid(x W_g) before W_o, "
                    "with per-head QK-norm", dict(attn_gate=True, qk_norm="head")),
+    "gated_delta": ("Qwen3.5 style: three Gated DeltaNet layers (a decaying state written by the delta rule, no "
+                    "softmax) then one gated softmax attention layer",
+                    dict(layer_types=["linear_attention"] * 3 + ["full_attention"], attn_gate=True,
+                         mixer={"kind": "gated_delta", "heads": 4, "k_heads": 2, "d_k": 16, "d_v": 16, "conv": 4,
+                                "chunk": 8})),
+    "mamba2": ("Granite 4 style: Mamba2 layers (a state space model, each head's state decays by exp(dt A)) with "
+               "one softmax attention layer", dict(layer_types=["linear_attention"] * 2 + ["full_attention",
+                                                                                        "linear_attention"],
+                                                   mixer={"kind": "mamba2", "heads": 4, "head_dim": 16, "d_state": 8,
+                                                          "groups": 1, "conv": 4, "chunk": 8})),
+    "short_conv": ("LFM2 style: gated short convolutions (3 taps, no attention map) alternate with softmax "
+                   "attention layers", dict(layer_types=["linear_attention", "full_attention"] * 2,
+                                            mixer={"kind": "short_conv", "conv": 3})),
 }
 
 
@@ -139,7 +153,9 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
                 description: Optional[str] = None, **overrides) -> AttentionModel:
     """A randomly initialised model of any configuration; words are toy-translate's source
     vocabulary (both sides for encoder-decoders). Learned sink logits (zero when a network is
-    built) are drawn from N(0, 1) with the same seed, so that each head's sink differs."""
+    built) are drawn from N(0, 1) with the same seed, so that each head's sink differs; a token
+    mixer's rates (A_log, dt_bias) are spread over its heads from slow to fast, so that some
+    heads remember tokens back."""
     from .toy import toy_task
 
     vocab = toy_task.source_vocab()
@@ -153,6 +169,12 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
         for module in net.modules():
             if getattr(module, "sinks", None) is not None:
                 module.sinks.normal_()
+            if getattr(module, "A_log", None) is not None and getattr(module, "dt_bias", None) is not None:
+                # a token mixer's rates spread from slow to fast over its heads (the checkpoints' own spread
+                # reaches rates near 16, which forget within a token at random weights): some heads look back
+                heads = module.A_log.numel()
+                module.A_log.copy_(torch.linspace(-2.5, 0.0, heads))
+                module.dt_bias.copy_(torch.linspace(-2.0, 0.0, heads))
     tok = WordTokenizer(vocab, max_len=cfg.max_len)
     return AttentionModel(
         name,

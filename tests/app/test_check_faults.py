@@ -28,7 +28,9 @@ import torch
 
 import core
 import core.net.attention
+import core.net.gated_delta
 import core.net.layers
+import core.net.mamba2
 import core.net.model
 import core.net.multihead
 import core.trace
@@ -371,6 +373,27 @@ add(Fault("the value sources add up to the head's own output", "circuits", CIRCU
 
 
 # ------------------------------------------------------------------ running a page
+def _first_output_off(module, name: str):
+    """module.name (a token mixer's scan, which returns (output, state)) with its output 1 % off."""
+
+    def inject(mp):
+        orig = getattr(module, name)
+        mp.setattr(module, name, lambda *a, **kw: (lambda got: (got[0] * 1.01,) + tuple(got[1:]))(orig(*a, **kw)))
+
+    return inject
+
+
+MIXER_VIEW = {"text": TEXT, "attn": "decoder.mixer", "head": "2"}  # a random preset: no weight package to ask for
+add(Fault("o_t = S_tᵀ q_t stepped in numpy", "inside", lambda: {"model": "random:gated_delta", "layer": "1", **MIXER_VIEW},
+          "the trace's Gated DeltaNet heads against the rule stepped token by token in float64 numpy "
+          "(viz/inside/recurrence.py)", _first_output_off(core.net.gated_delta, "chunked_rule"),
+          fails="o_t = S_tᵀ q_t", holds="o_t = S_tᵀ q_t"))
+add(Fault("y_t = S_t C_t + D x_t stepped in numpy", "inside", lambda: {"model": "random:mamba2", "layer": "0",
+                                                                        **MIXER_VIEW},
+          "the trace's Mamba2 heads against the scan stepped token by token in float64 numpy (viz/inside/recurrence.py)",
+          _first_output_off(core.net.mamba2, "ssd_chunked"), fails="y_t = S_t C_t + D x_t", holds="y_t = S_t C_t + D x_t"))
+
+
 def _clear_caches():
     from viz.ui import models
 

@@ -189,7 +189,9 @@ try:
     info, frames, setup = attribution_run.compute(*asked, model, _progress)
 except (InputError, ValueError) as exc:
     bar.empty()
-    st.error(str(exc))
+    mixers = any(k.get("mixer", "softmax") != "softmax" for k in model.layer_kinds())
+    (st.info if mixers and "mixes tokens with" in str(exc) else st.error)(  # a view that does not apply to mixers
+        ("**Attention-based attribution reads softmax attention**: " if mixers else "") + str(exc))
     st.stop()
 bar.empty()
 

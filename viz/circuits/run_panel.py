@@ -40,7 +40,8 @@ def head_edges(trace, cfg, model_name: str, text_key: str, stack: str, layer: in
     return _gated(key, gate.circuit_bytes(cfg, n), f"{model_name} circuit of L{layer}H{head}, {n} tokens", "circuit",
                   lambda: ca.head_circuit(trace, stack, layer, head, depth=1, top=top),
                   f"Taking apart what layer {layer} head {head} reads…",
-                  lambda exc: st.error(f"The circuit of layer {layer} head {head} cannot be read exactly here: {exc}"),
+                  lambda exc: (st.info if trace.mixer_layers(stack) else st.error)(  # a mixer model: does not apply
+                      f"The circuit of layer {layer} head {head} cannot be read exactly here: {exc}"),
                   f"The circuit of layer {layer} head {head} could not be computed")
 
 

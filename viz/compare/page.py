@@ -91,7 +91,13 @@ compare_state.settle_word(state, word_key, model_name, words_a, words_b, shared_
 stack = cmp.stack_of(trace_a)
 n_layers = trace_a.layers(stack)
 n_heads = trace_a.n_heads(stack)
-layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+softmax_layers = widgets.view_layers(trace_a, stack, "self_attn")  # a token mixer's layers have no attention to read
+if not softmax_layers:
+    widgets.no_softmax_info(model_name, trace_a, "Compare")
+    st.stop()
+layer_key = url_state.int_from_url(state, "layer", softmax_layers[0], 0, n_layers - 1, of=model_name)
+if st.session_state[layer_key] not in softmax_layers:
+    st.session_state[layer_key] = softmax_layers[0]
 head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 
 c = st.columns([1.4, 1.4, 1.4, 0.8, 0.8, 1.4], vertical_alignment="bottom")
@@ -110,7 +116,8 @@ for col, label, occ, wlist in ((c[1], "A", occ_a, words_a), (c[2], "B", occ_b, w
         i = 0
         col.caption(f"In {label}: {cmp.md_escape(cmp.context_label(wlist, occ[0]))}")
     picked[label] = occ[i]
-layer = c[3].selectbox("Layer", list(range(n_layers)), key=layer_key)
+layer = c[3].selectbox("Layer", softmax_layers, key=layer_key,
+                      help="The layers with softmax attention (a token mixer's layers have none to read).")
 head = c[4].selectbox("Head", list(range(n_heads)), key=head_key)
 with c[5]:
     mean_heads = st.toggle("Average over heads", key=url_switches.flag(state, "mean"))

@@ -108,11 +108,20 @@ if len(sentences) > MAX_SENTENCES:
 
 n_layers, n_heads = cc.n_layers(model), model.config.n_heads
 c = st.columns([1, 1, 1, 1, 1.4])
-layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=model_name)
+kinds = model.layer_kinds(cc.stack_of(model))  # a token mixer's layer has no softmax queries and keys to place
+softmax_layers = [i for i, k in enumerate(kinds) if k.get("mixer", "softmax") == "softmax"]
+if not softmax_layers:
+    st.info(f"**The corpus view reads softmax attention's queries and keys**, and {model_name} has none: every layer "
+            "mixes tokens with a token mixer (Explore and Inside a head show it).")
+    st.stop()
+layer_key = url_state.int_from_url(state, "layer", softmax_layers[0], 0, n_layers - 1, of=model_name)
+if st.session_state[layer_key] not in softmax_layers:
+    st.session_state[layer_key] = softmax_layers[0]
 head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=model_name)
 proj_key = state.seeded_key("projection", "pca", valid=lambda v: v in cj.PROJECTIONS,
                       why=f"projections: {', '.join(cj.PROJECTIONS)}")
-layer = c[0].selectbox("Layer", list(range(n_layers)), key=layer_key)
+layer = c[0].selectbox("Layer", softmax_layers, key=layer_key,
+                       help="The layers with softmax attention (a token mixer's layers have no queries and keys here).")
 head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
 projection = c[2].selectbox("Projection", list(cj.PROJECTIONS), key=proj_key, format_func=cj.PROJECTIONS.get,
                             help="PCA: instant, linear. t-SNE and UMAP: local neighbourhoods, on a sample of "

@@ -19,7 +19,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from viz.decoder import figures as decoder_figures
 from viz.decoder import view_panel as decoder_view
-from viz.ui import admission, downloads, models, result_getter, url_state, url_switches
+from viz.ui import admission, downloads, models, result_getter, url_state, url_switches, widgets
 
 PLAY_DELAY_S = 0.7
 PLAYING, GOTO, GENERATED, RESUME = "decoder._playing", "decoder._goto", "decoder._generated", "decoder._resume"
@@ -136,7 +136,13 @@ def _stepper(run: Run, steps: list, full, extra: dict) -> None:
     else:
         n_steps = len(steps)
     name = run.model_name
-    layer_key = url_state.int_from_url(state, "layer", 0, 0, n_layers - 1, of=f"{name}'s decoder")
+    softmax_layers = widgets.view_layers(first, "decoder", "self_attn")  # a token mixer's layers have no mask
+    if not softmax_layers:
+        widgets.no_softmax_info(name, first, "The decoder stepper")
+        return
+    layer_key = url_state.int_from_url(state, "layer", softmax_layers[0], 0, n_layers - 1, of=f"{name}'s decoder")
+    if ss[layer_key] not in softmax_layers:
+        ss[layer_key] = softmax_layers[0]
     head_key = url_state.int_from_url(state, "head", 0, 0, n_heads - 1, of=f"{name}'s decoder")
     step_key = url_state.int_from_url(state, "step", 1, 1, n_steps,
                                    of="this generation" if full is None else "teacher forcing on this target")
@@ -144,7 +150,9 @@ def _stepper(run: Run, steps: list, full, extra: dict) -> None:
         ss[step_key] = min(max(int(ss.pop(GOTO)), 1), n_steps)
 
     c = st.columns([1, 1, 1.4, 3.6])
-    layer = c[0].selectbox("Decoder layer", list(range(n_layers)), key=layer_key)
+    layer = c[0].selectbox("Decoder layer", softmax_layers, key=layer_key,
+                           help="The layers with softmax attention (a token mixer's layers have no look-ahead mask "
+                                "to show).")
     head = c[1].selectbox("Head", list(range(n_heads)), key=head_key)
     with c[2]:
         st.write("")  # lines the toggle up with the selectboxes' boxes

@@ -20,7 +20,8 @@ from viz.explore import knockout
 from viz.figures import why as why_figures
 from viz.ui import (charts, downloads, explore_links, longdoc, models, sparse_panel, training_panel, url_state, url_switches,
                    vocab, why_panel, widgets)
-from viz.explore import knockout_panel
+from viz.explore import knockout_panel, mixer_panel
+from core import trace_names as tn
 from viz.figures.select import View, attention_matrix, axis_tokens, mask_of, sink_of
 from viz.figures.sparse import add_selection_outline, selection_of
 from viz.figures.text import _md_code
@@ -87,7 +88,12 @@ elif model.kind == "decoder" and trace.tokens("next"):
     st.caption(f"Next-token prediction after the prompt: `{_md_code(trace.tokens('next')[0])}`")
 
 c = st.columns([2, 1, 1, 1.3])
-attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
+attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c, mixers=True)
+if kind == tn.MIXER:  # a layer whose token mixer is not softmax attention: its own view
+    state.show_messages()
+    state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head)
+    mixer_panel.show(model, trace, stack, layer, head, widgets.mixer_kind(trace))
+    st.stop()
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: url_switches.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full", "shade")}
 notes = model_view.layer_notes(model, stack, kind, n_layers)  # each layer's mask and positions ("sliding 4 · RoPE")
@@ -267,7 +273,9 @@ def _pick_from_grid() -> None:
 
 
 with tab_model:
-    if tab_model.open is not False:
+    if tab_model.open is not False and trace.mixer_layers(stack):  # layers of more than one kind
+        mixer_panel.model_view(model, trace, stack, layer, head)
+    elif tab_model.open is not False:
         lo, hi = 0, n_layers - 1
         if n_layers > model_view.MAX_GRID_LAYERS:
             range_key = "explore.grid_layers"

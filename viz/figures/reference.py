@@ -277,7 +277,7 @@ def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_ro
     mixed = heads.copy()
     for hd in off or ():
         mixed[hd] = heads[hd].mean(0, keepdims=True) if ablation == "mean" else 0.0
-    if getattr(mod, "w_gate", None) is not None:  # the output gate (Qwen3.5): sigmoid(x_q W_g), per head and feature
+    if getattr(mod, "w_gate", None) is not None:  # an output gate (Qwen3.5, Qwen3-Next): sigmoid(x_q W_g), per feature
         gate = 1.0 / (1.0 + np.exp(-linear(mod.w_gate, x_q)))
         out["gate"] = gate.reshape(n_q, h, d_k).transpose(1, 0, 2)
         mixed = mixed * out["gate"]

@@ -35,6 +35,9 @@ url = dict(model=model_name, text=text)  # what the URL holds so far; the top-he
 state.show_messages()
 if trace is None:
     state.end_here(**url)
+if not any(trace.attention_kinds(s) for s in trace.stacks()):  # token mixers alone: no softmax head to score
+    widgets.no_softmax_info(model_name, trace, "Heads")
+    state.end_here(**url)
 
 
 # cache_resource: the results are shared read-only (no copy per hit, as cache_data would make)
@@ -180,6 +183,13 @@ state.publish(**url)
 state.show_messages()
 residual = c[1].slider("Residual weight", 0.0, 1.0, 0.5, 0.05, key="heads.residual",
                        help="A~ = r·I + (1 − r)·A: how much of each layer's input the residual connection carries.")
+if trace.mixer_layers(stack):  # rollout multiplies softmax maps; a token mixer's implicit attention is signed
+    st.info("**Rollout and flow read softmax attention in every layer**, and layers "
+            f"{', '.join(map(str, trace.mixer_layers(stack)))} of {model_name} mix tokens otherwise "
+            f"({widgets.MIXER_LABEL.get(widgets.mixer_kind(trace), 'a token mixer')}): their implicit attention is "
+            "signed and its rows do not sum to 1, so the product would not be a flow of attention. Explore shows "
+            "those layers' maps.")
+    st.stop()
 st.caption("Rollout multiplies the layers' head-averaged maps A~ (the residual connection mixed in); flow treats them "
            "as a graph with capacities A~ and takes the maximum flow from each input token (Abnar & Zuidema 2020).")
 rolled = _rollout(model_name, text, stack, residual, trace)

@@ -58,10 +58,11 @@ def own_weights_figure(trace) -> Tuple[go.Figure, str]:
     """Stop 1, after the notes' example: the same weighted average on the user's sentence, the
     weights of the model's first attention, layer 0, head 0."""
     stack, kind = first_attention(trace)
-    w = trace.head(tn.attn(stack, 0, kind, "weights"), 0)
+    i = first_softmax_layer(trace, stack, kind)
+    w = trace.head(tn.attn(stack, i, kind, "weights"), 0)
     q_tok = trace.tokens("target" if stack == "decoder" else "source")
     k_tok = trace.tokens("source" if kind == "cross_attn" or stack == "encoder" else "target")
-    where = f"{stack} layer 0's {'self' if kind == 'self_attn' else 'cross'}-attention, head 0"
+    where = f"{stack} layer {i}'s {'self' if kind == 'self_attn' else 'cross'}-attention, head 0"
     fig = attention_heatmap(w, q_tok, k_tok, title=f"your sentence: the weights of {where}",
                             height=figure_height(len(q_tok)), show_values=len(q_tok) <= 8 and len(k_tok) <= 8)
     return fig, where
@@ -86,10 +87,17 @@ def first_attention(trace) -> Tuple[str, str]:
     return attention_views(trace)[0]
 
 
+def first_softmax_layer(trace, stack: str, kind: str = "self_attn") -> int:
+    """The first layer of `stack` whose `kind` is softmax attention (layer 0 unless the first
+    layers mix tokens otherwise: Gated DeltaNet, Mamba2, a short convolution)."""
+    return next(i for i in range(trace.layers(stack)) if tn.attn(stack, i, kind, "weights") in trace)
+
+
 def scores_figure(trace) -> Tuple[go.Figure, str]:
     stack, kind = first_attention(trace)
-    where = f"{stack} layer 0's {'self' if kind == 'self_attn' else 'cross'}-attention"
-    s = trace.head(tn.attn(stack, 0, kind, "scaled"), 0)
+    i = first_softmax_layer(trace, stack, kind)
+    where = f"{stack} layer {i}'s {'self' if kind == 'self_attn' else 'cross'}-attention"
+    s = trace.head(tn.attn(stack, i, kind, "scaled"), 0)
     q_tok = trace.tokens("target" if stack == "decoder" else "source")
     k_tok = trace.tokens("source" if kind == "cross_attn" or stack == "encoder" else "target")
     fig = matrix_heatmap(s, y_labels=q_tok, x_labels=k_tok,
@@ -107,11 +115,12 @@ def mask_figure(trace) -> Tuple[go.Figure, str]:
     """Stop 4: the decoder's own masked self-attention where the model has a decoder, else the
     look-ahead mask a decoder would use on this many tokens."""
     if "decoder" in trace.stacks() and trace.layers("decoder"):
-        w = trace.head(tn.self_attn("decoder", 0, "weights"), 0)
+        i = first_softmax_layer(trace, "decoder")
+        w = trace.head(tn.self_attn("decoder", i, "weights"), 0)
         tok = trace.tokens("target") or trace.tokens("source")
-        fig = _fitted(attention_heatmap(w, tok, tok, title="decoder layer 0, head 0: weights under the look-ahead mask",
-                                        height=figure_height(len(tok))), tok, tok)
-        return fig, ("Below: your sentence's decoder self-attention, layer 0, head 0: every weight above the "
+        fig = _fitted(attention_heatmap(w, tok, tok, title=f"decoder layer {i}, head 0: weights under the look-ahead "
+                                        "mask", height=figure_height(len(tok))), tok, tok)
+        return fig, (f"Below: your sentence's decoder self-attention, layer {i}, head 0: every weight above the "
                      "diagonal is 0.")
     n = len(trace.tokens("source"))
     m = causal_mask(n).numpy()

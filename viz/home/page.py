@@ -67,6 +67,9 @@ if trace is None:
     state.end_here(**url)
 state.publish(**url)
 state.show_messages()
+if not trace.attention_kinds(trace.stacks()[-1]) and not trace.attention_kinds(trace.stacks()[0]):
+    widgets.no_softmax_info(model_name, trace, "The path")
+    st.stop()
 vocab.offer_reader(state, model_name, trace, key="home-reader")
 
 st.subheader(f"{stop}. {spec.title}")

@@ -16,6 +16,7 @@ from viz.figures.select import axis_tokens
 from viz.figures.sparse import add_selection_outline, selection_of
 from viz.inside import latent_panel
 from viz.inside.figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
+from viz.inside import mixer_panel
 from viz.inside.step_checks import layer_checks
 from viz.inside.step_model import NOTATIONS, ROWS, Step, block_notes, groups, kv_head, layer_steps, shapes_table
 from viz.ui import charts, downloads, models, training_panel, url_state, vocab, why_panel, widgets
@@ -68,7 +69,12 @@ if trace.tokens("target") and model.kind == "encoder-decoder":
 
 # ------------------------------------------------------------------ what to show
 c = st.columns([2, 1, 1, 2.4])
-attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c)
+attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(state, trace, c, mixers=True)
+if kind == tn.MIXER:  # a layer whose token mixer is not softmax attention: its recurrence, step by step
+    state.show_messages()
+    state.publish(model=model_name, text=text, target=target or None, attn=attn, layer=layer, head=head)
+    mixer_panel.show(model, trace, stack, layer, head, widgets.mixer_kind(trace))
+    st.stop()
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 notation_key = state.seeded_key("notation", ROWS, valid=lambda v: v in NOTATIONS,
                           why=f"notations: {', '.join(NOTATIONS)}")

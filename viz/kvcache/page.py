@@ -20,6 +20,7 @@ from viz.figures.heatmaps import add_sink_column
 from viz.figures.text import clean_text
 from viz.ui import charts, downloads, models, url_state, url_switches, widgets
 from viz.kvcache import run_panel as kr
+from viz.kvcache import state_panel
 
 DEFAULT_TEXT = (
     "Attention lets every token look at the tokens before it. Each row of weights sums to one, and the model "
@@ -114,6 +115,8 @@ with st.expander(f"Cache size: {kl.own_kind(model.config)} against the other lay
 if policy == "streaming" and budget <= sinks:
     st.warning(f"StreamingLLM's budget ({budget}) must be above its sinks ({sinks}): the window needs a key at least.")
     st.stop()
+
+state_panel.show(model, n)  # a model with token mixers: their fixed state against the cache
 
 # ------------------------------------------------------------------ the run (a time estimate first)
 args = dict(sinks=sinks, recent=recent, observe=observe, continuation=cont or None)

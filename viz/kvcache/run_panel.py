@@ -76,7 +76,8 @@ def run(model, model_name: str, text: str, policy: str, budget: int, sinks: int 
     try:
         return evict_cache().get_or_compute(key, admitted)
     except (ValueError, InputError) as exc:
-        st.warning(f"{policy} at budget {budget}: {exc}")
+        (st.info if "mixes tokens with" in str(exc) else st.warning)(  # a token mixer's layer: does not apply
+            f"{policy} at budget {budget}: {exc}")
     except Exception as exc:  # the page keeps working
         st.error(f"{policy} at budget {budget} could not run: {exc}")
     finally:

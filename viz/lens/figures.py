@@ -104,9 +104,12 @@ def attribution_layout(df: pd.DataFrame) -> Dict:
     (row, col, layer, head, attn) of each head cell."""
     n_layers = int(df.attrs.get("n_layers", df["layer"].max() + 1))
     kinds = [k for k in ("self_attn", "cross_attn") if ((df["kind"] == "head") & (df["attn"] == k)).any()]
-    n_heads = int(df.loc[df["kind"] == "head", "head"].max()) + 1
+    head_ids = df.loc[df["kind"] == "head", "head"].dropna()
+    n_heads = int(head_ids.max()) + 1 if len(head_ids) else 0  # a model of token mixers alone has no heads
     cols: List[Tuple] = [("head", k, h) for k in kinds for h in range(n_heads)]
     cols += [("attn_bias", k, -1) for k in kinds if ((df["kind"] == "attn_bias") & (df["attn"] == k)).any()]
+    if (df["kind"] == "mixer").any():  # a token mixer's layer: its whole output, one term (no heads through its norm)
+        cols.append(("mixer", "", -1))
     cols.append(("mlp", "", -1))
     extra = [k for k in ("norm_bias", "out_bias") if (df["kind"] == k).any()]
     rows = ["embed"] + [f"L{i}" for i in range(n_layers)] + [k.replace("_", " ") for k in extra]
@@ -126,8 +129,11 @@ def attribution_layout(df: pd.DataFrame) -> Dict:
             z[1 + r.layer, col_of[("attn_bias", r.attn, -1)]] = r.contribution
         elif r.kind == "mlp":
             z[1 + r.layer, col_of[("mlp", "", -1)]] = r.contribution
+        elif r.kind == "mixer":
+            z[1 + r.layer, col_of[("mixer", "", -1)]] = r.contribution
     labels = [f"{KIND_LABEL[c[1]]}{c[2]}" if c[0] == "head" else
-              ("attn bias" if c[1] == "self_attn" else "cross bias") if c[0] == "attn_bias" else "MLP" for c in cols]
+              ("attn bias" if c[1] == "self_attn" else "cross bias") if c[0] == "attn_bias" else
+              "mixer" if c[0] == "mixer" else "MLP" for c in cols]
     return dict(z=z, rows=rows, cols=labels, heads=heads)
 
 

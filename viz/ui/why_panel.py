@@ -274,7 +274,10 @@ def pattern_section(state: PageState, trace, model_name: str, stack: str, defaul
                 st.spinner(f"Taking apart every score of layer {layer} head {head}…"):
             df = analysis.pattern_attribution(trace, stack, layer, head, group=GROUPS[group_name])
     except ValueError as exc:
-        st.error(f"This head's pattern cannot be taken apart: {exc}")
+        if trace.mixer_layers(stack):  # score attribution reads softmax heads all the way down: not this model
+            st.info(f"**This head's pattern cannot be taken apart here**: {exc}")
+        else:
+            st.error(f"This head's pattern cannot be taken apart: {exc}")
         return {"pa": cell_url((layer, head)), "pa_group": None}
     sum_check(df, what="attention-weighted score")
     if text is not None:

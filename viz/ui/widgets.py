@@ -13,6 +13,7 @@ from typing import Dict
 import streamlit as st
 
 import core
+from core import trace_names as tn
 from viz.figures.citations import cite_text
 from viz.ui import page_guide, registry
 from viz.ui.models import get_model, model_kind, model_label, model_names, random_preset
@@ -35,28 +36,79 @@ KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "s
               ("decoder", "cross_attn"): "decoder cross-attention"}
 
 
-def attention_picker(state: PageState, trace, cols):
+MIXER_LABEL = {"gated_delta": "Gated DeltaNet", "mamba2": "Mamba2", "short_conv": "short convolution"}
+
+
+def mixer_views(trace) -> list:
+    """(stack, "mixer") for each stack with layers whose token mixer is not softmax attention."""
+    return [(s, tn.MIXER) for s in trace.stacks() if trace.mixer_layers(s)]
+
+
+def view_layers(trace, stack: str, kind: str) -> list:
+    """The layers of `stack` where the view `kind` applies: a token mixer's layers for "mixer",
+    else the layers that hold that softmax attention."""
+    if kind == tn.MIXER:
+        return trace.mixer_layers(stack)
+    return [i for i in range(trace.layers(stack)) if tn.attn(stack, i, kind, "weights") in trace]
+
+
+def mixer_kind(trace) -> str:
+    """The kind of the trace's token mixers ("gated_delta", "mamba2", "short_conv"), or ""."""
+    return str((trace.meta.get("config", {}).get("mixer") or {}).get("kind", ""))
+
+
+def no_softmax_info(model_name: str, trace, what: str) -> None:
+    """The one message a view that reads softmax attention gives on a model whose layers mix
+    tokens otherwise."""
+    kind = MIXER_LABEL.get(mixer_kind(trace), "a token mixer")
+    st.info(f"**{what} reads softmax attention**, and {model_name} has none: every layer mixes tokens with "
+            f"{kind}, whose implicit attention is signed and does not sum to 1. Explore and Inside a head show it.")
+
+
+def attention_picker(state: PageState, trace, cols, mixers: bool = False):
     """Attention (stack.kind), layer and head selectors in three columns, seeded from the
-    URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key)."""
-    view_names = [f"{s}.{k}" for s, k in attention_views(trace)]
+    URL and clamped to the trace. Returns (attn, stack, kind, layer, head, layer_key, head_key).
+    The layer picker offers the layers where the chosen view applies; with `mixers`, a stack
+    with token mixers (core/net/mixer.py) adds the view "{stack}.mixer" of those layers. A
+    trace with no view at all says so (no_softmax_info) and stops the page."""
+    views = attention_views(trace) + (mixer_views(trace) if mixers else [])
+    view_names = [f"{s}.{k}" for s, k in views]
     model = trace.meta.get("model", "this model")
+    if not view_names:
+        no_softmax_info(model, trace, "This view")
+        st.stop()
     attn_key = state.seeded_key("attn", view_names[0], valid=lambda v: v in view_names,
                           why=f"{model}'s attentions are {', '.join(view_names)}")
     if st.session_state[attn_key] not in view_names:
         st.session_state[attn_key] = view_names[0]
+    mixer_label = f"{trace.stacks()[-1]} token mixer ({MIXER_LABEL.get(mixer_kind(trace), 'not softmax')})"
     attn = cols[0].selectbox("Attention", view_names, key=attn_key,
-                             format_func=lambda v: KIND_LABEL.get(tuple(v.split(".")), v),
+                             format_func=lambda v: (mixer_label if v.endswith("." + tn.MIXER)
+                                                    else KIND_LABEL.get(tuple(v.split(".")), v)),
                              help="Which attention to show. Self-attention: the sentence's words look at each other. "
                                   "Cross-attention (translation models): each output word looks at the input "
-                                  "sentence.")
+                                  "sentence. A token mixer (Gated DeltaNet, Mamba2, a short convolution) mixes the "
+                                  "words without a softmax.")
     stack, kind = attn.split(".")
-    n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
+    layers = view_layers(trace, stack, kind)
+    if kind == tn.MIXER:
+        n_heads = trace.mixer_heads(stack) if mixer_kind(trace) != "short_conv" else 1
+    else:
+        n_heads = trace.n_heads(stack)
     of = f"{model}'s {KIND_LABEL.get((stack, kind), attn)}"
-    layer_key = int_from_url(state, "layer", 0, 0, n_layers - 1, of=of)
+    layer_key = int_from_url(state, "layer", layers[0], 0, trace.layers(stack) - 1, of=of)
+    if st.session_state[layer_key] not in layers:
+        asked = st.session_state[layer_key]
+        nearest = min(layers, key=lambda i: (abs(i - asked), i))
+        state.say(f"layer {asked} has no {mixer_label if kind == tn.MIXER else KIND_LABEL.get((stack, kind), attn)}"
+                  f" (its layers are {', '.join(map(str, layers))}); showing layer {nearest}.")
+        st.session_state[layer_key] = nearest
+        state.keep(layer_key, nearest)
     head_key = int_from_url(state, "head", 0, 0, n_heads - 1, of=of)
-    layer = cols[1].selectbox("Layer", list(range(n_layers)), key=layer_key,
+    layer = cols[1].selectbox("Layer", layers, key=layer_key,
                               help="The model is a stack of layers, each reading what the one below wrote; "
-                                   "0 is the first, nearest the words.")
+                                   "0 is the first, nearest the words. Only the layers this view applies to are "
+                                   "offered.")
     head = cols[2].selectbox("Head", list(range(n_heads)), key=head_key,
                              help="Each layer has several heads: separate attentions side by side, each free to "
                                   "look for something different (the previous word, the verb, the same word).")

@@ -1,0 +1,68 @@
+"""Token mixers in a real browser (Chromium): the gated_delta preset's map on Explore as plotly
+holds it in the page (signed, centred on zero, nothing above the diagonal, equal to the core's
+implicit attention), its recurrence on Inside a head (every check green, the state at the chosen
+step), and the short_conv preset's filter. Screenshots go to test-artifacts/screenshots/."""
+
+import urllib.parse
+
+import numpy as np
+import pytest
+
+import core
+from browser_utils import SCREENSHOTS, chart_data, no_exception, wait_idle
+from core import trace_names as tn
+
+pytestmark = [pytest.mark.browser]
+
+TEXT = "the small dog sees the cat and the old man sleeps"
+
+
+def _z(trace_dict) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in trace_dict["z"]], dtype=float)
+
+
+def _open(page, server, path: str, **params):
+    page.goto(f"{server.url}/{path}?" + urllib.parse.urlencode({**params, "text": TEXT}))
+    wait_idle(page, timeout=120_000)
+    assert no_exception(page)
+
+
+def test_explore_draws_the_gated_delta_map_signed(server, page):
+    _open(page, server, "explore", model="random:gated_delta", attn="decoder.mixer", layer="1", head="2")
+    fig = chart_data(page, "explore-mixer-map")
+    z = _z(fig["data"][0])
+    want = core.load_model("random:gated_delta", device="cpu").trace(TEXT)[tn.mixer("decoder", 1, "weights")][2]
+    np.testing.assert_allclose(z, want.numpy(), atol=1e-6)
+    assert (z < 0).any() and (z > 0).any()  # signed: the delta rule subtracts
+    assert np.all(np.triu(z, 1) == 0)  # nothing above the diagonal
+    assert fig["data"][0]["zmid"] == 0
+    page.locator(".st-key-explore-mixer-map").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "mixers-explore-gated-delta.png"), full_page=True)
+    page.locator(".st-key-explore-mixer-map").screenshot(path=str(SCREENSHOTS / "mixers-explore-gated-delta-map.png"))
+
+
+def test_inside_steps_through_the_recurrence(server, page):
+    _open(page, server, "inside", model="random:gated_delta", attn="decoder.mixer", layer="1", head="3")
+    state = chart_data(page, "inside-mixer-state")
+    gates = chart_data(page, "inside-mixer-gates")
+    beside = chart_data(page, "inside-mixer-beside")
+    assert np.array(_z(state["data"][0])).shape == (16, 16)
+    tr = core.load_model("random:gated_delta", device="cpu").trace(TEXT)
+    np.testing.assert_allclose(gates["data"][0]["y"], np.exp(tr[tn.mixer("decoder", 1, "decay")][3].numpy()),
+                               atol=1e-6)
+    soft = _z(beside["data"][1])
+    np.testing.assert_allclose(np.nansum(soft, 1), 1.0, atol=1e-6)  # the softmax beside it: rows of 1
+    assert page.get_by_text("failed on this view").count() == 0
+    assert page.get_by_text("o_t = S_tᵀ q_t, the state stepped in numpy").count() >= 1
+    page.screenshot(path=str(SCREENSHOTS / "mixers-inside-gated-delta.png"), full_page=True)
+
+
+def test_explore_shows_the_short_convolutions_filter(server, page):
+    _open(page, server, "explore", model="random:short_conv", attn="decoder.mixer", layer="0")
+    fig = chart_data(page, "explore-filter")
+    z = _z(fig["data"][0])
+    want = core.load_model("random:short_conv", device="cpu").trace(TEXT)[tn.mixer("decoder", 0, "filter")]
+    np.testing.assert_allclose(z, want.numpy(), atol=1e-6)
+    assert page.get_by_text("A short convolution has no head map").count() >= 1
+    page.locator(".st-key-explore-filter").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "mixers-explore-short-conv.png"), full_page=True)

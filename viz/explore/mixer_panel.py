@@ -1,0 +1,68 @@
+"""Explore on a layer whose token mixer is not softmax attention (core/net/mixer.py): its exact
+implicit attention A on a signed scale centred on zero, or, for a short convolution, its filter
+with the reason it has no head map; above either, the strip of each layer's kind."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from core import trace_names as tn
+from viz.figures import mixer as mixer_figures
+from viz.figures.select import axis_tokens
+from viz.ui import charts
+
+WHY_SIGNED = ("**A token mixer's map is signed.** Its output is exactly o_i = Σ_j A_ij v_j, but A is no softmax: "
+              "rows need not sum to 1 and weights can be negative (the delta rule subtracts what the state held "
+              "for a key before writing the new value). White is zero, red adds a key's value, blue subtracts it; "
+              "nothing lies above the diagonal (causal).")
+WHY_NO_MAP = ("**A short convolution has no head map.** Each channel mixes only the last few tokens with fixed "
+              "weights (its filter, below), the same for every sentence: no query compares itself with keys, so "
+              "there is no attention to draw; the gates around it depend on the token, the filter does not.")
+
+
+def kinds_strip(model, stack: str) -> None:
+    """Each layer's token mixer in one strip."""
+    charts.chart(mixer_figures.layer_kinds_figure(mixer_figures.kind_labels(model.layer_kinds(stack))),
+                 key="explore-kinds", name="layer-kinds")
+
+
+def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
+    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "mamba2", "short_conv")."""
+    kinds_strip(model, stack)
+    q_toks, k_toks = axis_tokens(trace, stack, "self_attn")
+    label = mixer_figures.KIND_NAME.get(kind, kind)
+    if kind == "short_conv":
+        st.info(WHY_NO_MAP)
+        w = trace[tn.mixer(stack, layer, "filter")].float().numpy()
+        charts.chart(mixer_figures.filter_figure(w, f"layer {layer} · short convolution filter · "
+                                                    f"{w.shape[0]} channels x {w.shape[1]} taps"),
+                     key="explore-filter", name=f"filter-L{layer}")
+        return
+    st.caption(WHY_SIGNED)
+    a = trace[tn.mixer(stack, layer, "weights")][head].float().numpy()
+    charts.chart(mixer_figures.signed_map(a, q_toks, k_toks, f"layer {layer} · head {head} · {label} · "
+                                          "implicit attention (signed)"), key="explore-mixer-map",
+                 name=f"mixer-L{layer}-H{head}")
+    st.caption(f"Weights from {a.min():+.4f} to {a.max():+.4f}; {int((a < 0).sum())} of "
+               f"{int(a.size - a.shape[0] * (a.shape[0] - 1) // 2)} cells on or below the diagonal are negative.")
+
+
+def model_view(model, trace, stack: str, layer: int, head: int) -> None:
+    """The model view of a model with token mixers: every layer marked by its kind, softmax maps
+    0 to 1 and a mixer's implicit attention on the signed scale."""
+    layer_kinds = model.layer_kinds(stack)
+    kinds = [k.get("mixer", "softmax") for k in layer_kinds]
+    maps = []
+    for i, k in enumerate(kinds):
+        if k == "softmax":
+            w = trace[tn.attn(stack, i, "self_attn", "weights")]
+        elif k == "short_conv":
+            w = None
+        else:
+            w = trace[tn.mixer(stack, i, "weights")]
+        maps.append(None if w is None else [x.float().numpy() for x in w])
+    st.caption("Every head of every layer, each row named by its token mixer. Softmax maps share one scale from 0 to "
+               "1; a token mixer's implicit attention is signed (red adds, blue subtracts, white is zero).")
+    charts.chart(mixer_figures.mixed_model_view(maps, kinds, selected=(layer, head),
+                                                                labels=mixer_figures.kind_labels(layer_kinds)), key="explore-mixed-grid",
+                 name="model-view")
