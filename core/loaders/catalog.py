@@ -12,6 +12,8 @@ from typing import Dict, Optional
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 TOY_DIR = ASSETS / "toy-translate"
+RECALL_DIR = ASSETS / "recall"  # one folder per token mixer (core/toy/recall_model.py)
+RECALL_MIXERS = ("softmax", "gated_delta", "mamba2")
 
 
 class ModelUnavailable(RuntimeError):
@@ -78,3 +80,10 @@ MODELS: Dict[str, ModelSpec] = {
         ),
     ]
 }
+# The recall models, "recall-<mixer>": listed where their weights are shipped (assets/recall/)
+MODELS.update({
+    f"recall-{m}": ModelSpec(f"recall-{m}", "decoder",
+                             f"a two-layer decoder with {m} token mixing, trained on multi-query associative recall",
+                             f"core.toy.recall_model:load_{m}")
+    for m in RECALL_MIXERS if (RECALL_DIR / m / "model.safetensors").exists()
+})
