@@ -67,6 +67,9 @@ def test_each_model_outlines_the_answer_key(app_test, pairs, seed, layer, query)
             xref = "x" if h == 0 else f"x{h + 1}"
             assert _shape(fig, "answer key", xref) == (q, k), (name, h)
             assert _shape(fig, "answer value", xref) == (q, k + 1), (name, h)
+        for h, c in enumerate(np.abs(want[:, q, : q + 1]).argmax(-1)):  # the row's largest entry, named
+            said_at = {k: "the answer's key", k + 1: "the answer's value"}.get(int(c), f"position {c} ({ex.tokens[c]})")
+            assert any(f"head {h}: {said_at}" in m.value for m in at.markdown if "Largest" in m.value), (name, h)
         model = core.load_model(name, device="cpu")
         with torch.inference_mode():
             said = recall_task.vocab()[int(model.net(None, torch.tensor([[recall_task.vocab().index(t) for t in ex.tokens]]))[0, q].argmax())]

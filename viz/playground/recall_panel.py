@@ -36,10 +36,18 @@ def live_accuracy(name: str, n_pairs: int, seed: int) -> float:
                                     LIVE_SEQUENCES, seed)
 
 
+def where(col: int, key: int, tokens) -> str:
+    """Words for a column of the query's row: the answer's key, its value, or a position."""
+    if col == key:
+        return "the answer's key"
+    if col == key + 1:
+        return "the answer's value"
+    return f"position {col} ({tokens[col]})"
+
+
 def recall(keys: dict) -> None:
     """Tab 7: the sequence's controls, each shipped model's map with the answer's key outlined,
     and the accuracy curve."""
-    ss = st.session_state
     st.markdown("**Multi-query associative recall** (Zoology, Arora et al. 2023): the context lists key-value "
                 "pairs, then asks every key again; after each asked key the model must say the value that "
                 "followed it. The same two-layer decoder was trained on it once per token mixer. Softmax attention "
@@ -75,6 +83,9 @@ def recall(keys: dict) -> None:
                     f"Predicts **{said[query]}** after **{key_tok}**: {verdict}"
                     f"{'' if verdict == 'right' else f' (the answer is {answer})'}. "
                     f"On this sequence: {right} of {n_pairs} queries right.")
+        st.markdown(f"Largest {'|A|' if signed else 'weight'} in the query's row, layer {layer}: "
+                    + "; ".join(f"head {h}: {where(int(c), k, example.tokens)}"
+                                for h, c in enumerate(maps[:, q, : q + 1].abs().argmax(-1))) + ".")
         what = "its exact implicit attention A (signed)" if signed else "softmax weights"
         charts.chart(recall_figs.recall_map_figure(maps.numpy(), example.tokens, q, k, signed=signed,
                                                    title=f"{name}: layer {layer}, {what}"),
@@ -99,8 +110,7 @@ def recall(keys: dict) -> None:
                f"it (assets/recall/<mixer>/metrics.json). Crosses: measured now on {LIVE_SEQUENCES} sequences of "
                f"{n_pairs} pairs drawn from seed {seed}. "
                + ", ".join(f"{recall_figs.mixer_name(m)} {acc:.0%}" for m, (_, acc) in live.items()) + ".")
-    if ss.get(keys["rc_layer"]) == 1 and "recall-softmax" in names:
-        st.caption("Softmax, layer 1: the query's weight sits on the answer's value, one after its key. Layer 0 "
-                   "copied each key into the position after it (a previous-token head), so the query finds the key "
-                   "there. A fixed state has no such lookup: it must have written every pair into the same few "
-                   "numbers, and the more pairs, the less of each it keeps.")
+    st.caption("Reading the maps: where a softmax model's second layer puts its largest weight on the answer's value, "
+               "one after its key, its first layer has copied each key into the position after it (a previous-token "
+               "head), and the query finds the key there. A fixed state has no such lookup: it must have written every "
+               "pair into the same few numbers, and the more pairs, the less of each it keeps.")
