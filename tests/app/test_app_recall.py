@@ -91,10 +91,14 @@ def test_softmax_finds_the_answer_and_the_curve_is_drawn(app_test):
     assert softmax_now["y"][0] >= 0.95  # the softmax model recalls (its shipped curve is >= 99%)
 
 
-def test_a_query_past_the_pairs_is_clamped_with_a_message(app_test):
-    at = _open(app_test, rc_pairs="3", rc_query="9")
+def test_bad_values_are_clamped_with_a_message(app_test):
+    at = _open(app_test, rc_pairs="3", rc_query="9", rc_layer="x", rc_seed="-4")
     assert at.session_state["playground.rc_query"] == 2
-    assert any("rc_query" in w.value for w in at.warning) or any("rc_query" in i.value for i in at.info)
+    assert at.session_state["playground.rc_layer"] == 1 and at.session_state["playground.rc_seed"] == 0
+    said = " ".join(m.value for m in [*at.warning, *at.info])
+    assert all(f in said for f in ("rc_query", "rc_layer", "rc_seed")), said
+    at = _open(app_test, rc_pairs="99")
+    assert at.session_state["playground.rc_pairs"] == 16 and any("rc_pairs" in w.value for w in at.warning)
 
 
 UNLISTED = [n for n in NAMES if not core.MODELS[n].listed]
