@@ -1,12 +1,13 @@
 """GGUF files of the llama, qwen2, qwen3, phi3 and smollm3 architectures, in our core (the general form of
-what core/loaders/smollm2.py does for its one bundled file, whose loading is left as it is).
+what core/loaders/smollm2.py does for its one bundled file, whose loading is left as it is). Gemma files
+are core/loaders/gguf_gemma.py's, gpt-oss files core/loaders/gguf_gpt_oss.py's.
 
     model = core.load_model("/models/tiny-llama.gguf")
 
 The file is read through core/loaders/gguf_reader.py (the one GGUF reader, smollm2's too): every
 tensor dequantised to float32 (gguf.quants.dequantize: F32, F16, BF16, Q8_0, Q4_*, ...), the
 ModelConfig from the file's metadata ({arch}.* keys) and the tokenizer from the byte-level BPE
-of tokenizer.ggml.* (model "gpt2"; pre-tokenizers default/gpt2, smollm, llama-bpe, qwen2).
+of tokenizer.ggml.* (model "gpt2"; pre-tokenizers default/gpt2, smollm, llama-bpe, qwen2, gpt-4o).
 Nothing is cached on disk.
 
 Weights (GGUF name -> ours; i = layer; Linear weights are (out, in) in both)
@@ -76,7 +77,8 @@ def describe_gguf(path: Path) -> Tuple[str, int]:
 def config_from_gguf(reader, name: str) -> ModelConfig:
     arch = field(reader, "general.architecture")
     if arch not in ARCHS:
-        raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}")
+        raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHS)}, "
+                              "gemma, gemma2, gemma3, gpt-oss")
     names = {t.name for t in reader.tensors}
     if arch == "phi3" and names & {"rope_factors_long.weight", "rope_factors_short.weight"}:
         raise CheckpointError(f"{name}: Phi-3 with longrope RoPE factors (rope_factors_long / _short, the long-context "

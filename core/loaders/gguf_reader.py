@@ -1,5 +1,6 @@
 """The one GGUF reader. core/loaders/smollm2.py (its one bundled file, converted once into a
-cache) and core/loaders/gguf_file.py (any llama / qwen2 / qwen3 / phi3 file) both read through it:
+cache), core/loaders/gguf_file.py (any llama / qwen2 / qwen3 / phi3 / smollm3 file) and
+core/loaders/gguf_gpt_oss.py (gpt-oss files) read through it:
 
     open_gguf(path)                 the file's GGUFReader (a clear error when it is not GGUF)
     field(reader, key)              one metadata value (scalar, string or list)
@@ -111,9 +112,14 @@ def decoder_config(reader, arch: str, need, d: int, h: int, d_head: int, max_len
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# GPT-4o / o200k (gpt-oss): case-aware letter runs with the contraction as a suffix, digits in threes
+UPPER, LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_REGEX = (rf"[^\r\n\p{{L}}\p{{N}}]?{UPPER}*{LOWER}+{CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?{UPPER}+{LOWER}*{CONTRACTION}"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 CONTROL = 3  # llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
 USER_DEFINED = 4
-PRE_TYPES = ("default", "gpt-2", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2")
+PRE_TYPES = ("default", "gpt-2", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2", "gpt-4o")
 
 
 def net_from_state(cfg: ModelConfig, state: Dict[str, torch.Tensor], where: str, error=ValueError):
@@ -191,8 +197,8 @@ def byte_bpe(reader, error=ValueError, where: str = "", pre_types=PRE_TYPES):
         tk.pre_tokenizer = byte_level
     elif pre == "smollm":  # llama.cpp: "\p{N}" first, then GPT-2's regex
         tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:  # llama-bpe, llama3, qwen2
-        regex = QWEN2_REGEX if pre == "qwen2" else LLAMA3_REGEX
+    else:  # llama-bpe, llama3, qwen2, gpt-4o
+        regex = {"qwen2": QWEN2_REGEX, "gpt-4o": GPT4O_REGEX}.get(pre, LLAMA3_REGEX)
         tk.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(regex), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -3,6 +3,7 @@
     model = core.load_model("/path/to/my-bert")           # a folder
     model = core.load_model("/path/to/model.gguf")        # llama / qwen2 / qwen3 / phi3 GGUF (core/loaders/gguf_file.py)
                                                           # gemma / gemma2 / gemma3 GGUF (core/loaders/gguf_gemma.py)
+                                                          # gpt-oss GGUF (core/loaders/gguf_gpt_oss.py)
 
 load_path sends a .gguf file to core/loaders/gguf_file.py and a folder to load_folder, which reads
 config.json's model_type: bert, roberta, distilbert, gpt2, llama, mistral and qwen2 here, and
@@ -106,8 +107,13 @@ def load_path(path, device=None, name: Optional[str] = None, progress: Progress 
     if path.is_file() and path.suffix.lower() == ".gguf":
         from . import gguf_gemma  # gemma / gemma2 / gemma3 files: core/loaders/gguf_gemma.py
 
-        if gguf_gemma.architecture(path) in gguf_gemma.ARCHS:
+        arch = gguf_gemma.architecture(path)
+        if arch in gguf_gemma.ARCHS:
             return gguf_gemma.load_gguf(path, device=device, name=name, progress=progress)
+        if arch == "gpt-oss":
+            from .gguf_gpt_oss import load_gguf as load_gpt_oss  # core/loaders/gguf_gpt_oss.py
+
+            return load_gpt_oss(path, device=device, name=name, progress=progress)
         from .gguf_file import load_gguf
 
         return load_gguf(path, device=device, name=name, progress=progress)
