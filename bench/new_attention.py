@@ -11,6 +11,18 @@ core/loaders/families set them).
                  sub-layers, QK-norm
     chunked+moe  Llama 4: chunks of 512 on the RoPE layers, a NoPE layer with temperature
                  tuning, QK L2 norm, experts with a shared one on layers 1 and 3
+    mla+moe      DeepSeek V3: multi-head latent attention (rank 128, rotated key 32), experts with
+                 sigmoid routing, groups and a shared expert after one dense layer
+    dsa          DeepSeek V3.2: the same latent attention with the lightning indexer keeping the
+                 top 256 keys of each query
+    shared_kv    Gemma 4: the last two layers reuse an earlier layer's keys and values, K = V on
+                 the global layers, v-norm, windows of 512
+    gated        Qwen3.5: an output gate on softmax attention, per-head QK-norm
+    gated_delta  Qwen3.5's hybrid: three Gated DeltaNet layers to one gated attention layer
+    mamba2       Granite 4 style: three Mamba2 layers to one attention layer
+    short_conv   LFM2 style: three short-convolution layers to one attention layer
+The token mixers' maps (their exact implicit attention) are computed when read, as softmax
+layers' are, so the traced pass records only their inputs.
 
 Per config: median process-CPU time of the traced pass (the Trace from ids, bench.common) and
 of model.net's forward (no recorder), alternating rounds; target traced / untraced <= 1.3x.
@@ -31,6 +43,9 @@ TYPES_SW = ["sliding_attention", "full_attention"] * 2
 
 
 def configs() -> dict:
+    mla = {"kv_lora_rank": 128, "q_lora_rank": None, "qk_nope_head_dim": 32, "qk_rope_head_dim": 32,
+           "v_head_dim": 64, "rope_interleave": True}
+    mixers = ["linear_attention"] * 3 + ["full_attention"]
     yarn = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512.0, "beta_fast": 32.0,
             "beta_slow": 1.0, "truncate": False}
     return {
@@ -44,6 +59,20 @@ def configs() -> dict:
                             nope_layers=[3], qk_norm="l2", qk_norm_layers=[0, 1, 2], rope_layout="interleaved",
                             attn_temperature={"scale": 0.1, "floor": 256},
                             moe={"kind": "llama4", "experts": 8, "top_k": 1, "d_expert": 256, "layers": [1, 3]}),
+        "mla+moe": dict(BASE, n_kv_heads=None, d_head=64, mla=mla,
+                        moe={"kind": "deepseek", "experts": 8, "top_k": 2, "d_expert": 256, "d_shared": 256,
+                             "n_group": 2, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                             "layers": [1, 2, 3]}),
+        "dsa": dict(BASE, n_kv_heads=None, d_head=64,
+                    mla={**mla, "q_lora_rank": 256, "index": {"heads": 4, "head_dim": 64, "topk": 256}}),
+        "shared_kv": dict(BASE, layer_types=TYPES_SW, sliding_window=512, k_eq_v=True, kv_source=[None, None, 0, 1],
+                          qk_norm="head", v_norm=True),
+        "gated": dict(BASE, attn_gate=True, qk_norm="head"),
+        "gated_delta": dict(BASE, attn_gate=True, qk_norm="head", layer_types=mixers,
+                            mixer={"kind": "gated_delta", "heads": 8, "k_heads": 4, "d_k": 32, "d_v": 32, "conv": 4}),
+        "mamba2": dict(BASE, layer_types=mixers,
+                       mixer={"kind": "mamba2", "heads": 8, "head_dim": 64, "d_state": 64, "groups": 1, "conv": 4}),
+        "short_conv": dict(BASE, layer_types=mixers, mixer={"kind": "short_conv", "conv": 3}),
     }
 
 
@@ -67,8 +96,9 @@ def run(rounds: int) -> dict:
         rows.append({"config": name, "tokens": N,
                      "cpu_ms": {k: round(median(v["cpu"]) * 1000, 1) for k, v in t.items()},
                      "ratio": round(paired_ratio(t["traced"]["cpu"], t["untraced"]["cpu"]), 3),
-                     "layer_kinds": [f"{k['mask']}/{k['positions']}{'/sink' if k['sink'] else ''}/{k['ffn']}"
-                                     for k in model.layer_kinds()]})
+                     "layer_kinds": [f"{k.get('mixer', 'softmax')}/{k.get('mask')}/{k.get('positions')}"
+                                     f"{'/sink' if k.get('sink') else ''}/{k.get('ffn')}"
+                                     for k in model.net.layer_info("decoder")]})
     return {"machine": machine_info(), "threads": threads, "rounds": rounds, "target_ratio": 1.3, "rows": rows}
 
 

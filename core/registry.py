@@ -30,6 +30,9 @@ RANDOM_SEP = ":"
 _DECODER = dict(kind="decoder", n_layers=4, d_model=64, n_heads=4, d_ff=128, max_len=256, positional="rope",
                 norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False)
 
+# DeepSeek V3's latent attention at d 64: r = 8, d_nope 8 + d_rope 8 for q and k, d_v 16
+_MLA = {"kv_lora_rank": 8, "q_lora_rank": None, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16}
+
 # name -> (what it shows, the ModelConfig fields it sets over _DECODER)
 RANDOM_PRESETS: Dict[str, tuple] = {
     "sinks": ("gpt-oss style: a learned sink logit per head in every layer; sliding (window 4) and full layers "
@@ -44,6 +47,18 @@ RANDOM_PRESETS: Dict[str, tuple] = {
                                   qk_norm="full", pre_sublayer_norm=False, post_sublayer_norm=True)),
     "moe": ("gpt-oss style mixture of experts: 4 experts, 2 chosen per token, in every layer",
             dict(moe={"kind": "gpt_oss", "experts": 4, "top_k": 2, "d_expert": 64})),
+    "mla": ("DeepSeek V3 style multi-head latent attention: keys and values rebuilt per head from a latent of 8 "
+            "numbers a position, beside one rotated key (8 features) that every head shares",
+            dict(mla=_MLA)),
+    "dsa": ("DeepSeek V3.2 style sparse attention: latent attention whose lightning indexer keeps the top 4 keys "
+            "of each query, every other key masked", dict(mla={**_MLA, "q_lora_rank": 16,
+                                                               "index": {"heads": 2, "head_dim": 16, "topk": 4}})),
+    "shared_kv": ("Gemma 4 style: the last two layers reuse the keys and values of an earlier layer of their kind; "
+                  "sliding (window 4) and global layers alternate, the global ones with K = V",
+                  dict(layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=4, k_eq_v=True,
+                       kv_source=[None, None, 0, 1], qk_norm="head", v_norm=True)),
+    "gated_attn": ("Qwen3.5 style: an output gate on softmax attention, heads * sigmoid(x W_g) before W_o, "
+                   "with per-head QK-norm", dict(attn_gate=True, qk_norm="head")),
 }
 
 

@@ -7,8 +7,11 @@ associative recall (core/toy/recall_task.py), and write them to assets/recall/<m
 Each model: d = 64, two layers of the same mixer, each followed by a SwiGLU FFN, pre-norm
 RMSNorm. Only the token mixer changes:
     softmax      causal softmax attention, 2 heads of 32, RoPE
-    gated_delta  a Gated DeltaNet layer (no positions: its convolution and decay order tokens)
-    mamba2       a Mamba2 layer (likewise)
+    gated_delta  Gated DeltaNet (2 heads, d_k 8, d_v 32; no positions: its convolution and decay
+                 order tokens)
+    mamba2       Mamba2 (2 heads of 32, a state of 8; likewise)
+Both mixers keep 2 x 8 x 32 numbers per layer, whatever the length: at most 8 keys can be told
+apart exactly, so their recall should fade past 8 pairs while softmax attention keeps every key.
 Training draws sequences of 1 to 16 pairs (seed 0) and scores only the query positions;
 the held-out curve (seed 1) is each model's recall accuracy at 2, 4, 8, 12 and 16 pairs,
 written to metrics.json beside the weights, and reproduced from the shipped weights by
@@ -32,7 +35,7 @@ from ..net.config import ModelConfig
 from ..net.model import Transformer
 from ..toy import recall_task
 
-MIXERS = ("softmax",)
+MIXERS = ("softmax", "gated_delta", "mamba2")
 
 
 def make_config(mixer: str) -> ModelConfig:
@@ -42,6 +45,15 @@ def make_config(mixer: str) -> ModelConfig:
                 tgt_vocab_size=len(recall_task.vocab()), max_len=4 * recall_task.MAX_PAIRS, pad_id=0)
     if mixer == "softmax":
         return ModelConfig(positional="rope", **base)
+    # the mixers keep a state of 2 heads x 8 x 32 numbers per layer (d_k or d_state 8): at most 8
+    # keys can be told apart exactly, so recall fades past 8 pairs
+    linear = dict(positional="none", layer_types=["linear_attention"] * 2, **base)
+    if mixer == "gated_delta":
+        return ModelConfig(mixer={"kind": "gated_delta", "heads": 2, "k_heads": 2, "d_k": 8, "d_v": 32, "conv": 4,
+                                  "chunk": 16}, **linear)
+    if mixer == "mamba2":
+        return ModelConfig(mixer={"kind": "mamba2", "heads": 2, "head_dim": 32, "d_state": 8, "groups": 1, "conv": 4,
+                                  "chunk": 16}, **linear)
     raise ValueError(f"unknown mixer {mixer!r}: one of {MIXERS}")
 
 
@@ -91,9 +103,10 @@ def save(net, cfg: ModelConfig, out: Path, meta: dict) -> None:
 def main(argv: Sequence[str] = None) -> Dict[str, dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mixers", default=",".join(MIXERS))
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=8000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(recall_task.RECALL_DIR))
     args = ap.parse_args(argv)
@@ -101,9 +114,9 @@ def main(argv: Sequence[str] = None) -> Dict[str, dict]:
     torch.set_flush_denormal(True)
     done = {}
     for mixer in args.mixers.split(","):
-        net, cfg, seconds = train_one(mixer, args.steps, args.batch, args.seed)
+        net, cfg, seconds = train_one(mixer, args.steps, args.batch, args.seed, lr=args.lr)
         curve = recall_task.curve(logits_fn(net))
-        meta = {"mixer": mixer, "seed": args.seed, "steps": args.steps, "batch": args.batch,
+        meta = {"mixer": mixer, "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
                 "train_seconds": round(seconds), "accuracy": {str(k): v for k, v in curve.items()}}
         save(net, cfg, Path(args.out) / mixer, meta)
         print(f"{mixer}: recall accuracy by pairs {curve}", flush=True)

@@ -277,6 +277,8 @@ class ModelConfig:
             self.moe = dict(self.moe)
             if self.moe.get("kind") not in ("gpt_oss", "llama4", "deepseek", "qwen3_next"):
                 raise ValueError(f"moe kind must be 'gpt_oss', 'llama4', 'deepseek' or 'qwen3_next', not {self.moe.get('kind')!r}")
+            if not 1 <= int(self.moe.get("top_k", 0)) <= int(self.moe.get("experts", 0)):
+                raise ValueError("moe needs 1 <= top_k <= experts")
             if self.moe["kind"] == "deepseek":
                 e, g = int(self.moe["experts"]), int(self.moe.get("n_group") or 1)
                 if e % g or not 1 <= int(self.moe.get("topk_group") or 1) <= g:
@@ -296,8 +298,6 @@ class ModelConfig:
                     raise ValueError(f"the indexer's topk must be a positive number of keys, not {index.get('topk')!r}")
                 if int(index["head_dim"]) < self.mla["qk_rope_head_dim"]:
                     raise ValueError("the indexer's head_dim must hold its qk_rope_head_dim rotated features")
-            if not 1 <= int(self.moe.get("top_k", 0)) <= int(self.moe.get("experts", 0)):
-                raise ValueError("moe needs 1 <= top_k <= experts")
         for name in ("attn_softcap", "final_softcap"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")

@@ -18,9 +18,11 @@ from viz.figures import model_view
 from viz.figures.heatmaps import add_mask_overlay, add_sink_column, attention_heatmap, fix_margins, head_view
 from viz.explore import knockout
 from viz.figures import why as why_figures
-from viz.ui import charts, downloads, explore_links, longdoc, models, training_panel, url_state, url_switches, vocab, why_panel, widgets
+from viz.ui import (charts, downloads, explore_links, longdoc, models, sparse_panel, training_panel, url_state, url_switches,
+                   vocab, why_panel, widgets)
 from viz.explore import knockout_panel
 from viz.figures.select import View, attention_matrix, axis_tokens, mask_of, sink_of
+from viz.figures.sparse import add_selection_outline, selection_of
 from viz.figures.text import _md_code
 
 TAB_MAP, TAB_MODEL, TAB_HEADS, TAB_LONG = "Heatmap", "Model view (all layers × heads)", "Head view", "Long document"
@@ -161,8 +163,16 @@ def layer_extras(fig, v: View, exact: bool, log: bool, shade: bool) -> None:
     sink = sink_of(trace, v) if exact else None
     if shade and exact and mask_of(trace, v) is not None:
         add_mask_overlay(fig, mask_of(trace, v))
+    sel = selection(v) if exact and v.what == "weights" else None
+    if sel is not None:  # a sparse layer (DeepSeek V3.2): the keys its indexer kept, outlined
+        add_selection_outline(fig, sel["selected"])
     if sink is not None:
         add_sink_column(fig, sink, log_scale=log)
+
+
+def selection(v: View):
+    """A sparse layer's selection for one head (viz.figures.sparse.selection_of), or None."""
+    return None if v.head is None or v.kind != "self_attn" else selection_of(trace, v.stack, v.layer, v.head)
 
 
 def mask_controls(v: View, exact: bool, shade_key: str) -> None:
@@ -236,6 +246,8 @@ with tab_map:
             charts.chart(fig, key="explore-heatmap", width="stretch", name=map_name)
         explore_links.map_caption(norms)
         mask_controls(view, exact, flags["shade"])
+        if exact and (sel := selection(view)) is not None:
+            sparse_panel.panel(sel, q_toks, k_toks, layer, view.head, key="explore")
         beside_map(view, exact, words or hide_special or long_input, q_toks, k_toks, per_map, log_scale)
         why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, view.head, q_side, k_side,
                         key="explore")

@@ -234,7 +234,8 @@ def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_ro
     sink logits; temperature: {"scale": a, "floor": f}, query p's scale times
     1 + a log(1 + floor((p + 1) / f)) (queries at positions 0..n_q-1). shared: the k and v of
     the layer whose keys and values this one reuses (Gemma 4), from keys_values of that layer;
-    else the attention's own."""
+    else the attention's own. An output gate (mod.w_gate, Qwen3.5) multiplies each head's
+    output by sigmoid(x_q W_g) (kept as "gate", H x n_q x d_k) before W_o."""
     h = cfg.n_heads
     d_k = mod.w_q.weight.shape[0] // h
     n_q = x_q.shape[0]
@@ -276,6 +277,10 @@ def attention(mod, cfg, x_q: np.ndarray, x_kv: np.ndarray, m: np.ndarray, use_ro
     mixed = heads.copy()
     for hd in off or ():
         mixed[hd] = heads[hd].mean(0, keepdims=True) if ablation == "mean" else 0.0
+    if getattr(mod, "w_gate", None) is not None:  # the output gate (Qwen3.5): sigmoid(x_q W_g), per head and feature
+        gate = 1.0 / (1.0 + np.exp(-linear(mod.w_gate, x_q)))
+        out["gate"] = gate.reshape(n_q, h, d_k).transpose(1, 0, 2)
+        mixed = mixed * out["gate"]
     out["out"] = linear(mod.w_o, mixed.transpose(1, 0, 2).reshape(n_q, h * d_k))
     return out
 
@@ -297,7 +302,8 @@ def reference_layer(trace, stack: str, i: int, heads: Optional[Dict[str, int]] =
         raise NoReference("this trace has no model to recompute from (loaded from a file)")
     net, cfg = model.net, model.config
     if getattr(cfg, "mla", None) is not None:
-        raise NoReference("multi-head latent attention (DeepSeek) is not written out here")
+        raise NoReference("multi-head latent attention (DeepSeek) is not written out here past its compression "
+                          "(the Inside page checks that, X to the latent to K and V, step by step)")
     layer = net.layers(stack)[i]
     heads = heads or {}
     x = _a(trace.layer_input(stack, i))

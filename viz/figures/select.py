@@ -104,7 +104,10 @@ POSITION_WORDS = {"rope": "RoPE", "none": "NoPE", "sinusoidal": "sinusoidal", "l
 def layer_note(info: Optional[dict]) -> str:
     """A layer's kind in a few words, from one entry of model.layer_kinds(stack): its mask
     ("causal", "sliding 4", "chunked 5", ...), its positions ("RoPE", "NoPE", ...), a
-    learned sink, a scale that varies by position; "" for None."""
+    learned sink, a scale that varies by position, keys and values read from another layer
+    ("keys and values from layer 1", Gemma 4) or values that are the keys ("K = V"), a latent
+    ("latent rank 8", DeepSeek V3), a sparse selection ("top-4 keys", V3.2), an output gate
+    (Qwen3.5); "" for None."""
     if not info:
         return ""
     parts = [info.get("mask", ""), POSITION_WORDS.get(info.get("positions"), info.get("positions") or "")]
@@ -112,4 +115,14 @@ def layer_note(info: Optional[dict]) -> str:
         parts.append("learned sink")
     if info.get("scale") == "per position":
         parts.append("scale by position")
+    if info.get("shared_kv") is not None:
+        parts.append(f"keys and values from layer {info['shared_kv']}")
+    if "k = v" in str(info.get("kv", "")):
+        parts.append("K = V")
+    if info.get("latent"):
+        parts.append(str(info["latent"]))
+    if str(info.get("selection", "")).startswith("top-k "):
+        parts.append(f"top-{info['selection'][6:]} keys")
+    if info.get("output_gate"):
+        parts.append("output gate")
     return " · ".join(p for p in parts if p)

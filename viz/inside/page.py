@@ -13,6 +13,8 @@ from core import trace_names as tn
 from viz.figures import why as why_figures
 from viz.figures.citations import cite_text
 from viz.figures.select import axis_tokens
+from viz.figures.sparse import add_selection_outline, selection_of
+from viz.inside import latent_panel
 from viz.inside.figures import MAX_TOKENS_DRAWN, drawn_matrix, step_figure
 from viz.inside.step_checks import layer_checks
 from viz.inside.step_model import NOTATIONS, ROWS, Step, block_notes, groups, kv_head, layer_steps, shapes_table
@@ -149,6 +151,11 @@ if checks.note:
 
 # ------------------------------------------------------------------ the steps
 q_toks, k_toks = axis_tokens(trace, stack, kind)
+if kind == tn.SELF and getattr(cfg, "mla", None) is not None:
+    latent_panel.latent_section(trace, stack, layer, head, q_toks)
+if kind == tn.SELF:
+    latent_panel.shared_kv_section(model, stack, layer)
+    latent_panel.gate_section(trace, stack, layer, q_toks)
 
 
 def show_step(i: int, step: Step) -> None:
@@ -167,6 +174,10 @@ def show_step(i: int, step: Step) -> None:
         else:
             fig_key = f"inside-{step.key}-fig"
             fig = step_figure(step, notation, title="")
+            if step.key == "weights" and not drawn.get(step.key) and kind == tn.SELF:
+                sel = selection_of(trace, stack, layer, head)
+                if sel is not None:  # a sparse layer: the keys the indexer kept, outlined
+                    add_selection_outline(fig, sel["selected"], transposed=notation != ROWS)
             if step.key in CLICKABLE and not drawn.get(step.key) and why_figures.add_cell_targets(fig, notation != ROWS):
                 charts.chart(fig, key=fig_key, width="stretch",  # a click on a cell opens "Why here?"
                              selection_mode="points",
@@ -179,6 +190,8 @@ def show_step(i: int, step: Step) -> None:
         downloads.offer(trace, full, q_toks, k_toks, model=model_name, stack=stack, kind=kind, layer=layer, head=head,
                  key="inside-dl")
         st.caption("The CSV has one row per query (the row form), whatever the notation.")
+        if kind == tn.SELF:
+            latent_panel.selection_section(trace, stack, layer, head, q_toks, k_toks)
         why_panel.panel(state, why_keys, trace, model_name, text, stack, kind, layer, head, q_side, k_side,
                         key="inside")
 

@@ -461,15 +461,16 @@ def attention_steps(trace, cfg, stack, kind, layer, head, group, f_in, toks) -> 
                         col_labels=feature_labels(m.shape[1])))
 
     rope = nm("q_pre_rope") in trace
-    if nm("q_pre_norm") in trace:
+    if nm("q_pre_norm") in trace and nm("k_pre_norm") in trace:  # a layer reading another's keys (Gemma 4) has neither
         out.extend(_qk_norm_steps(trace, cfg, stack, layer, kind, head, kv, g_qkv, f_in, q_toks, k_toks, nq, nk))
     src_q = "this layer's tokens" if not cross else "the decoder's tokens"
     src_kv = "the encoder's output (source tokens)" if cross else "the same tokens"
     if rope:
         qkv(nm("q_pre_rope"), head, "qhat", f"Queries before rotation Q̂ (head {head})", r"\hat Q^{(h)}", "q",
             f_in, q_toks, f"Queries from {src_q}, before RoPE adds their position.", (nq, "d_k"))
-        qkv(nm("k_pre_rope"), kv, "khat", f"Keys before rotation K̂ (kv head {kv})", r"\hat K^{(h)}", "k", kv_in,
-            k_toks, f"Keys from {src_kv}, before RoPE.{gqa}", (nk, "d_k"))
+        if nm("k_pre_rope") in trace:  # absent where the keys are another layer's, rotated there (Gemma 4)
+            qkv(nm("k_pre_rope"), kv, "khat", f"Keys before rotation K̂ (kv head {kv})", r"\hat K^{(h)}", "k", kv_in,
+                k_toks, f"Keys from {src_kv}, before RoPE.{gqa}", (nk, "d_k"))
     else:
         qkv(nm("q"), head, "q", f"Queries Q (head {head})", r"Q^{(h)}", "q", f_in, q_toks,
             f"One query vector per token of {src_q}: what each token is looking for.", (nq, "d_k"))

@@ -15,6 +15,7 @@ from core.errors import InputError
 from core import trace_names as tn
 from core.head_maps import layer_maps
 from viz.kvcache import figures as kf
+from viz.kvcache import layout as kl
 from viz.figures.heatmaps import add_sink_column
 from viz.figures.text import clean_text
 from viz.ui import charts, downloads, models, url_state, url_switches, widgets
@@ -98,6 +99,18 @@ if policy == "snapkv" and n_prompt >= n:
     st.warning("SnapKV reads a continuation after the text: type one (it needs at least one token within the "
                "model's length).")
     st.stop()
+layout = kl.layout_table(model.config, n)  # the cache per token as MHA, GQA and MLA of the same sizes
+with st.expander(f"Cache size: {kl.own_kind(model.config)} against the other layouts", expanded=True):
+    own = layout[layout["this model"]].iloc[0]
+    st.caption(f"{model_name} caches {int(own['numbers'])} numbers a position and layer ({own['kind']}: "
+               f"{own['formula']}), {int(own['bytes_per_token']):,} bytes a token over its {model.config.n_layers} "
+               f"layers in float32, {int(own['document_bytes']) / 2**10:,.1f} KiB for this text's {n:,} tokens. "
+               + (f"With its sparse selection's indexer keys, the cache here keeps "
+                  f"{layout.attrs['own_bytes_per_token']:,} bytes a token. "
+                  if layout.attrs["own_bytes_per_token"] != int(own["bytes_per_token"]) else "")
+               + "The same model (same d, H, L and head sizes) with each other layout:")
+    st.dataframe(layout, hide_index=True, key="kvcache-layout-table")
+    charts.chart(kl.layout_figure(layout, n), key="kvcache-layout", name=f"kvcache-layout-{model_name}", width="stretch")
 if policy == "streaming" and budget <= sinks:
     st.warning(f"StreamingLLM's budget ({budget}) must be above its sinks ({sinks}): the window needs a key at least.")
     st.stop()

@@ -64,7 +64,8 @@ def name_shape(trace, name: str):
         shapes = {**{p: (h, n_q, dh) for p in _QUERY_SIDE}, **{p: (h_kv, n_k, dh) for p in _KEY_SIDE},
                   **{p: (h, n_q, n_k) for p in _MAPS}, "position_bias": (h, n_q, n_k),  # T5's, per head
                   "mask": (n_q, n_k), "out": (n_q, d),
-                  "sink": (h, n_q), "scale": (n_q,)}  # learned sinks (gpt-oss); a scale per query (Llama 4)
+                  "sink": (h, n_q), "scale": (n_q,),  # learned sinks (gpt-oss); a scale per query (Llama 4)
+                  "gate": (h, n_q, dh)}  # an output gate's sigmoid (Qwen3.5, Qwen3-Next)
         mla = cfg.get("mla")
         if mla:  # latent attention: q and k of d_nope + d_rope, the latent, a sparse selection's maps
             dqk = int(mla["qk_nope_head_dim"]) + int(mla["qk_rope_head_dim"])
