@@ -28,3 +28,29 @@ def test_softmax_recalls_every_pair():
 def test_a_missing_mixer_names_what_is_shipped(tmp_path):
     with pytest.raises(Exception, match="train it with"):
         recall_model.load_recall("softmax", folder=tmp_path)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_predictions_and_maps_are_the_models(mixer):
+    """recall_model.predictions reads the trace's top token at each query: the argmax of the
+    net's own logits; layer_map is the layer's recorded map (a mixer's signed A, heads = A v)."""
+    import random
+
+    model = recall_model.load_recall(mixer, device="cpu")
+    ex = recall_task.make_example(6, random.Random(11))
+    trace = model.trace(ex.text())
+    ids = torch.tensor([[recall_task.vocab().index(t) for t in ex.tokens]])
+    with torch.inference_mode():
+        top = model.net(None, ids)[0].argmax(-1)
+    assert recall_model.predictions(trace, ex) == [recall_task.vocab()[int(top[p])] for p in ex.query_positions]
+    for layer in range(2):
+        maps, signed = recall_model.layer_map(trace, layer)
+        assert signed == (layer in trace.mixer_layers("decoder"))
+        n = len(ex.tokens)
+        assert maps.shape[-2:] == (n, n) and torch.all(maps.triu(1) == 0)  # causal
+        if not signed:
+            torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
+    with pytest.raises(ValueError, match="out of range"):
+        recall_model.layer_map(trace, 2)
+    with pytest.raises(ValueError, match="not of this example"):
+        recall_model.predictions(trace, recall_task.make_example(6, random.Random(12)))

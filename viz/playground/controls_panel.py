@@ -11,7 +11,8 @@ from viz.figures import by_hand
 from viz.ui import url_state, url_switches
 
 PLAY_TABS = {"hand": "1 · Attention by hand", "free": "2 · Parameter-free", "symmetric": "3 · Symmetric vs learned",
-             "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost"}
+             "scale": "4 · Why scale", "sizes": "5 · Hyper-parameters", "cost": "6 · Cost",
+             "recall": "7 · Recall"}
 CHOICES = {  # name: (default, options) for selectboxes, radios and select sliders
     "pf_x": ("sum", ["sum", "tokens"]),
     "sc_keys": (16, [2, 4, 8, 16, 32, 64, 128, 256]),
@@ -25,11 +26,15 @@ CHOICES = {  # name: (default, options) for selectboxes, radios and select slide
     "cost_n": (512, [128, 256, 512, 1024]),
     "cost_d": (512, [128, 256, 512, 1024]),
 }
-NUMBERS = {"sc_seed": (0, 0, 10_000), "hp_L": (2, 1, 12)}  # name: (default, lowest, highest)
+# name: (default, lowest, highest); rc_*: tab 7's sequence (pairs, seed) and the layer shown
+# (the recall models have two); its query (rc_query, 0 .. pairs - 1) is seeded after them
+NUMBERS = {"sc_seed": (0, 0, 10_000), "hp_L": (2, 1, 12), "rc_pairs": (4, 2, 16), "rc_seed": (0, 0, 10_000),
+           "rc_layer": (1, 0, 1)}
 SWITCHES = {"hand_scaled": True, "pf_scale": False, "hp_bias": True, "hp_built": False}
 HAND = {"Q": "hand_q", "K": "hand_k", "V": "hand_v"}  # tab 1's tables: JSON rows, when edited
 
-FIELDS = ("model", "text", "tab", "layer", "head", "sym_stack", *CHOICES, *NUMBERS, "hp_H", *SWITCHES, *HAND.values())
+FIELDS = ("model", "text", "tab", "layer", "head", "sym_stack", *CHOICES, *NUMBERS, "hp_H", "rc_query", *SWITCHES,
+          *HAND.values())
 
 
 def seeded_keys(state: url_state.PageState, trace, model_name: str = "") -> dict:
@@ -40,6 +45,8 @@ def seeded_keys(state: url_state.PageState, trace, model_name: str = "") -> dict
     keys.update({name: url_state.int_from_url(state, name, *spec) for name, spec in NUMBERS.items()})
     keys.update({name: url_switches.flag(state, name, default) for name, default in SWITCHES.items()})
     keys["hp_H"] = url_switches.option(state, "hp_H", 4, by_hand.heads_options(ss[keys["hp_d"]]))
+    keys["rc_query"] = url_state.int_from_url(state, "rc_query", 0, 0, ss[keys["rc_pairs"]] - 1,
+                                              of=f"a sequence of {ss[keys['rc_pairs']]} queries")
     if trace is not None:
         stacks = trace.stacks()
         keys["sym_stack"] = url_switches.option(state, "sym_stack", stacks[0], stacks)
@@ -90,6 +97,7 @@ def url_values(keys: dict, trace, edited: dict, built: bool) -> dict:
     in_tabs = {name: url_switches.changed(ss[keys[name]], default) for name, default in defaults.items()}
     in_tabs.update({name: url_switches.flag_url(ss[keys[name]], default) for name, default in SWITCHES.items()})
     in_tabs["hp_H"] = url_switches.changed(ss[keys["hp_H"]], 4)
+    in_tabs["rc_query"] = url_switches.changed(ss[keys["rc_query"]], 0)
     in_tabs["hp_built"] = url_switches.flag_url(built)
     if trace is not None:
         in_tabs["sym_stack"] = url_switches.changed(ss[keys["sym_stack"]], trace.stacks()[0])

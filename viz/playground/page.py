@@ -1,14 +1,17 @@
 """Playground: attention by hand, parameter-free and symmetric attention, why scores are
-scaled, what the hyper-parameters cost in parameters, and what sequence length costs in time.
+scaled, what the hyper-parameters cost in parameters, what sequence length costs in time, and
+what a fixed state forgets on associative recall.
 
 Computation lives in viz.figures.by_hand (pure functions over core). This page reads the model,
 the sentence and the controls (playground_controls.py), draws the open tab only (tabs
-1–4 in playground_attention.py, 5 and 6 in playground_cost.py) and writes the URL."""
+1–4 in playground_attention.py, 5 and 6 in playground_cost.py, 7 in recall_panel.py) and writes
+the URL."""
 
 import streamlit as st
 
 from viz.ui import models, url_state, url_switches, widgets
 from viz.playground import attention_panel as playground_attention, controls_panel as playground_controls, cost_panel as playground_cost
+from viz.playground import recall_panel
 from viz.playground.controls_panel import PLAY_TABS
 
 widgets.header("playground")
@@ -47,6 +50,8 @@ else:
     built = ss.get("playground.hp_shown", bool(ss[keys["hp_built"]]))
 if tabs[5].open:
     playground_cost.cost(keys)
+if tabs[6].open:
+    recall_panel.recall(keys)
 
 state.publish(model=model_name, text=text, layer=ss.get(state.key("layer")), head=ss.get(state.key("head")),
               tab=url_switches.tab_url(state, "tab", PLAY_TABS),
