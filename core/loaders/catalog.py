@@ -28,10 +28,6 @@ class ModelSpec:
     loader: str  # "module:function", called as function(device=..., **kwargs)
     package: Optional[str] = None  # pip package that carries the weights
     module: Optional[str] = None  # its import name (found, never imported)
-    # offered in the pages' model pickers; False for a model that loads by name (a page's own
-    # view runs it) but that the pickers' pages cannot show, and why in `unlisted_why`
-    listed: bool = True
-    unlisted_why: str = ""
 
     def available(self) -> bool:
         return self.package is None or package_dir(self.module) is not None
@@ -88,11 +84,9 @@ MODELS: Dict[str, ModelSpec] = {
 # (assets/recall/). Those with no softmax attention in any layer stay out of the pickers: the
 # pages' attention views (Explore's picker among them) read softmax attentions, and these have
 # none; the Playground's Recall tab shows their maps.
-NO_SOFTMAX = "every layer mixes tokens with a fixed-size state: no page's attention picker has a view of it"
 MODELS.update({
     f"recall-{m}": ModelSpec(f"recall-{m}", "decoder",
                              f"a two-layer decoder with {m} token mixing, trained on multi-query associative recall",
-                             f"core.toy.recall_model:load_{m}", listed=m == "softmax",
-                             unlisted_why="" if m == "softmax" else NO_SOFTMAX)
+                             f"core.toy.recall_model:load_{m}")
     for m in RECALL_MIXERS if (RECALL_DIR / m / "model.safetensors").exists()
 })

@@ -90,12 +90,9 @@ def recall(keys: dict) -> None:
         charts.chart(recall_figs.recall_map_figure(maps.numpy(), example.tokens, q, k, signed=signed,
                                                    title=f"{name}: layer {layer}, {what}"),
                      key=f"playground-recall-{mixer}", width="stretch")
-        if core.MODELS[name].listed:
-            explore_links.link(st, f"Open {name} on this sequence in Explore (layer {layer}, head 0)",
-                               explore_links.explore_params(name, example.text(), "decoder", layer, 0),
-                               icon=":material/open_in_new:")
-        else:
-            st.caption(f"`{name}` is not offered on the other pages: {core.MODELS[name].unlisted_why}.")
+        explore_links.link(st, f"Open {name} on this sequence in Explore (layer {layer}, head 0)",
+                           explore_links.explore_params(name, example.text(), "decoder", layer, 0),
+                           icon=":material/open_in_new:")
     st.markdown("#### Accuracy as the pairs grow")
     live = {}
     for name in names:

@@ -30,9 +30,9 @@ TRACE_CACHE_BYTES = int(os.environ.get("ATTENTION_LAB_TRACE_CACHE_MB", "2048")) 
 
 
 def model_names():
-    """The registry's models the pickers offer (ModelSpec.listed), the random model's presets
+    """The registry's models, the random model's presets
     ("random:<preset>", seed 0) and the models found under $ATTENTION_LAB_MODELS."""
-    return ([n for n, spec in core.MODELS.items() if spec.listed] + core.registry.random_preset_names()
+    return (list(core.MODELS) + core.registry.random_preset_names()
             + list(local_models()))
 
 
