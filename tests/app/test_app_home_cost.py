@@ -32,6 +32,9 @@ def test_cost_stop_marks_the_sentence(app_test):
     assert _values(mine["x"]) == [n, n]
     want = mixing_cost(np.array([n]), 128, 32)
     assert np.allclose(_values(mine["y"]), [want["linear"][0], want["softmax"][0]])
+    curve = next(t for t in cost["data"] if t["name"].startswith("softmax"))
+    assert n in _values(curve["x"])  # the marked sentence lies on the curves, not left of them
+    assert cost["layout"]["xaxis"]["dtick"] == 1 and cost["layout"]["yaxis"]["dtick"] == 1  # decades only
     text = " ".join(m.value for m in at.markdown)
     assert "D = 128" in text and f"{int(want['cache'][0]):,} numbers" in text
     curves = recall_task.shipped_curves()

@@ -150,8 +150,8 @@ def grid_figure(values: np.ndarray, title: str, value_name: str, zmax: Optional[
 
 def cost_figure(n: int, d: int, d_k: int) -> go.Figure:
     """Stop 6: the notes' O(N² D) + O(N D²) against a linear mixer's O(N D d_k) + O(N D²), per
-    layer, from 16 tokens to 32k, your sentence's length marked."""
-    N = np.unique(np.round(np.geomspace(16, 32768, 60)).astype(int))
+    layer, from 1 token to 32k (or twice the sentence), your sentence's length marked on both curves."""
+    N = np.unique(np.round(np.geomspace(1, max(32768, 2 * n), 80)).astype(int))  # the sentence's N lies on the curves
     c = mixing_cost(N, d, d_k)
     fig = go.Figure()
     for key, name, dash in (("softmax", "softmax attention: 2N²D + 4ND²", "solid"),
@@ -163,8 +163,8 @@ def cost_figure(n: int, d: int, d_k: int) -> go.Figure:
                              name=f"your sentence (N = {n})", marker=dict(size=9, color="black"),
                              text=["", f"N = {n}"], textposition="top center",
                              hovertemplate="N = %{x}<br>%{y:.3s} multiply-adds<extra>your sentence</extra>"))
-    fig.update_xaxes(type="log", title="tokens N")
-    fig.update_yaxes(type="log", title="multiply-adds per layer")
+    fig.update_xaxes(type="log", title="tokens N", dtick=1)  # a label per decade (1, 10, 100, ...), none between
+    fig.update_yaxes(type="log", title="multiply-adds per layer", dtick=1)
     fig.update_layout(title=f"one layer's cost, D = {d}", height=SMALL + 60,
                       legend=dict(orientation="h", y=-0.3), margin=dict(t=50, b=110))
     return fig
