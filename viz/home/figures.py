@@ -170,22 +170,3 @@ def cost_figure(n: int, d: int, d_k: int) -> go.Figure:
     return fig
 
 
-MIXER_NAMES = {"softmax": "softmax attention", "gated_delta": "Gated DeltaNet", "mamba2": "Mamba2"}
-
-
-def recall_figure(curves: dict) -> Optional[go.Figure]:
-    """Stop 6, after the cost: the recall models' accuracy (core.toy.recall_task: the same two-layer
-    decoder with each mixer) as the key-value pairs grow; None where none is shipped."""
-    if not curves:
-        return None
-    fig = go.Figure()
-    for mixer, acc in curves.items():
-        pairs = sorted(acc)
-        fig.add_trace(go.Scatter(x=[str(p) for p in pairs], y=[acc[p] for p in pairs], mode="lines+markers",
-                                 name=MIXER_NAMES.get(mixer, mixer),
-                                 hovertemplate="%{x} pairs: %{y:.1%}<extra>" + MIXER_NAMES.get(mixer, mixer) + "</extra>"))
-    fig.update_xaxes(type="category", title="key-value pairs in the context")
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", title="recall accuracy")
-    fig.update_layout(title="multi-query associative recall, held-out sequences", height=SMALL + 40,
-                      legend=dict(orientation="h", y=-0.3), margin=dict(t=50, b=100))
-    return fig

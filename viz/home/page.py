@@ -9,6 +9,7 @@ import streamlit as st
 from core.net.cost import mixing_cost
 from core.toy import recall_task
 
+from viz.figures.recall import recall_curve_figure
 from viz.home import figures as home_figures
 from viz.home import path as hp
 from viz.ui import charts, models, registry, url_state, vocab, widgets
@@ -113,7 +114,7 @@ elif stop == 6:
               f"{int(c['state'][0]):,} holds them at any length.")
     st.markdown(spec.text.format(model=model_name, d=d, memory=memory))
     fig = home_figures.cost_figure(n, d, d_k)
-    own = home_figures.recall_figure(recall_task.shipped_curves())
+    own = recall_curve_figure(recall_task.shipped_curves(), height=home_figures.SMALL + 60)
     own_text = ("What that costs: a fixed state must keep every key it will be asked about. The same two-layer "
                 "decoder, trained here on multi-query associative recall (Zoology, Arora et al. 2023) with each "
                 "mixer, asked for the value of every key in its context: softmax attention looks the key up; a "

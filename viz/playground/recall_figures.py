@@ -1,6 +1,6 @@
 """The Playground's recall tab, as figures: one recall model's map on a multi-query associative
-recall sequence (core/toy/recall_task.py) with the key that holds the answer outlined, and the
-models' accuracy as the key-value pairs grow. Pure functions of arrays; no Streamlit.
+recall sequence (core/toy/recall_task.py) with the key that holds the answer outlined (the
+models' accuracy curves are viz/figures/recall.py's). Pure functions of arrays; no Streamlit.
 
 A map's figure has one heatmap per head (trace name "head h", the full n x n map of one layer:
 a softmax head's weights on 0..1, a token mixer's exact implicit attention on a signed scale
@@ -11,7 +11,7 @@ their tick labels), so a rectangle from i - 0.5 to i + 0.5 is that cell."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -19,13 +19,8 @@ from plotly.subplots import make_subplots
 
 from viz.figures.heatmaps import ATTN_SCALE, DIVERGING
 
-MIXER_NAMES = {"softmax": "softmax attention", "gated_delta": "Gated DeltaNet", "mamba2": "Mamba2"}
 KEY_SHAPE, VALUE_SHAPE = "answer key", "answer value"
 MAP_HEIGHT = 420
-
-
-def mixer_name(mixer: str) -> str:
-    return MIXER_NAMES.get(mixer, mixer)
 
 
 def signed_range(maps: np.ndarray) -> float:
@@ -79,28 +74,3 @@ def shape_cell(fig: go.Figure, name: str, head: int = 0) -> Tuple[int, int]:
         if s.name == name and s.xref == f"x{ax}":
             return int(round((s.y0 + s.y1) / 2)), int(round((s.x0 + s.x1) / 2))
     raise KeyError(f"no shape {name!r} in head {head}'s panel")
-
-
-def recall_curve_figure(curves: Dict[str, Dict[int, float]],
-                        live: Optional[Dict[str, Tuple[int, float]]] = None) -> Optional[go.Figure]:
-    """The shipped accuracy by number of key-value pairs, one line per mixer (trace name the
-    mixer's name), and `live`: mixer -> (pairs, accuracy measured now) as a point each (trace
-    name "<mixer's name>, now"). None when there is nothing to draw."""
-    live = live or {}
-    if not curves and not live:
-        return None
-    fig = go.Figure()
-    for mixer, acc in curves.items():
-        pairs = sorted(acc)
-        fig.add_trace(go.Scatter(x=pairs, y=[acc[p] for p in pairs], mode="lines+markers", name=mixer_name(mixer),
-                                 legendgroup=mixer,
-                                 hovertemplate="%{x} pairs: %{y:.1%}<extra>" + mixer_name(mixer) + "</extra>"))
-    for mixer, (pairs, acc) in live.items():
-        fig.add_trace(go.Scatter(x=[pairs], y=[acc], mode="markers", name=f"{mixer_name(mixer)}, now",
-                                 legendgroup=mixer, marker=dict(symbol="x", size=12, line=dict(width=2)),
-                                 hovertemplate="%{x} pairs, measured now: %{y:.1%}<extra>" + mixer_name(mixer) + "</extra>"))
-    fig.update_xaxes(title="key-value pairs in the context", dtick=2)
-    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", title="recall accuracy")
-    fig.update_layout(title="multi-query associative recall: accuracy as the pairs grow", height=360,
-                      legend=dict(orientation="h", y=-0.25), margin=dict(t=50, b=90))
-    return fig

@@ -16,6 +16,7 @@ import torch
 
 import core
 from core.toy import recall_model, recall_task
+from viz.figures.recall import mixer_name, recall_curve_figure
 from viz.playground import recall_figures as recall_figs
 from viz.ui import charts, explore_links, models
 
@@ -79,7 +80,7 @@ def recall(keys: dict) -> None:
         said = recall_model.predictions(trace, example)
         right = sum(p == a for p, a in zip(said, example.answers))
         verdict = "right" if said[query] == answer else "wrong"
-        st.markdown(f"#### {recall_figs.mixer_name(mixer)} (`{name}`)\n"
+        st.markdown(f"#### {mixer_name(mixer)} (`{name}`)\n"
                     f"Predicts **{said[query]}** after **{key_tok}**: {verdict}"
                     f"{'' if verdict == 'right' else f' (the answer is {answer})'}. "
                     f"On this sequence: {right} of {n_pairs} queries right.")
@@ -100,13 +101,13 @@ def recall(keys: dict) -> None:
             live[name.removeprefix("recall-")] = (n_pairs, live_accuracy(name, n_pairs, seed))
         except Exception as exc:  # a model that cannot run: the shipped curve alone
             st.warning(f"{name}: accuracy not measured ({exc})")
-    fig = recall_figs.recall_curve_figure(recall_task.shipped_curves(), live)
+    fig = recall_curve_figure(recall_task.shipped_curves(), live)
     if fig is not None:
         charts.chart(fig, key="playground-recall-curve", width="stretch")
     st.caption(f"Lines: each model's accuracy on 256 held-out sequences per pair count, as its training run measured "
                f"it (assets/recall/<mixer>/metrics.json). Crosses: measured now on {LIVE_SEQUENCES} sequences of "
                f"{n_pairs} pairs drawn from seed {seed}. "
-               + ", ".join(f"{recall_figs.mixer_name(m)} {acc:.0%}" for m, (_, acc) in live.items()) + ".")
+               + ", ".join(f"{mixer_name(m)} {acc:.0%}" for m, (_, acc) in live.items()) + ".")
     st.caption("Reading the maps: where a softmax model's second layer puts its largest weight on the answer's value, "
                "one after its key, its first layer has copied each key into the position after it (a previous-token "
                "head), and the query finds the key there. A fixed state has no such lookup: it must have written every "
