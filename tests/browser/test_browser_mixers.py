@@ -4,8 +4,10 @@ implicit attention), its recurrence on Inside a head (every check green, the sta
 step), and the short_conv preset's filter. Screenshots go to test-artifacts/screenshots/."""
 
 import urllib.parse
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import core
@@ -27,6 +29,18 @@ def _open(page, server, path: str, **params):
     assert no_exception(page)
 
 
+def _click_every_svg(page, at_least: int) -> None:
+    """Click every chart's SVG download on the page (keys `<chart key>-svg`): each must arrive."""
+    buttons = page.locator("div[class*='st-key-'][class*='-svg'] button:visible")
+    n = buttons.count()
+    assert n >= at_least, f"{n} SVG downloads on the page, expected {at_least} or more"
+    for i in range(n):
+        with page.expect_download(timeout=120_000) as svg:
+            buttons.nth(i).click()
+        assert svg.value.suggested_filename.endswith(".svg") and svg.value.failure() is None
+        assert Path(svg.value.path()).read_bytes().lstrip().startswith((b"<svg", b"<?xml"))
+
+
 def test_explore_draws_the_gated_delta_map_signed(server, page):
     _open(page, server, "explore", model="random:gated_delta", attn="decoder.mixer", layer="1", head="2")
     fig = chart_data(page, "explore-mixer-map")
@@ -39,6 +53,22 @@ def test_explore_draws_the_gated_delta_map_signed(server, page):
     page.locator(".st-key-explore-mixer-map").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "mixers-explore-gated-delta.png"), full_page=True)
     page.locator(".st-key-explore-mixer-map").screenshot(path=str(SCREENSHOTS / "mixers-explore-gated-delta-map.png"))
+    # the charts' SVGs (the kinds strip, the map), then the popover's CSV (the signed map, every
+    # cell), the layer's tensors and the whole trace
+    _click_every_svg(page, at_least=2)
+    page.locator(".st-key-explore-mixer-dl-pop button").first.click()
+    with page.expect_download(timeout=60_000) as csv:
+        page.locator(".st-key-explore-mixer-dl-csv button").first.click()
+    assert csv.value.suggested_filename.endswith("-decoder-mixer-layer1-head2-map.csv")
+    frame = pd.read_csv(csv.value.path(), index_col=0)
+    np.testing.assert_allclose(frame.to_numpy(), want.numpy(), atol=1e-6)
+    for key, name in (("explore-mixer-dl-layer", "layer1-all-heads.npz"), ("explore-mixer-dl-npz", "whole-trace-all-layers.npz")):
+        with page.expect_download(timeout=120_000) as dl:
+            page.locator(f".st-key-{key} button").first.click()
+        assert dl.value.suggested_filename.endswith(name) and dl.value.failure() is None
+        with np.load(dl.value.path(), allow_pickle=False) as z:
+            got = z[tn.mixer("decoder", 1, "weights")]
+        np.testing.assert_allclose(got[2], want.numpy(), atol=1e-6)
 
 
 def test_inside_steps_through_the_recurrence(server, page):
@@ -55,6 +85,7 @@ def test_inside_steps_through_the_recurrence(server, page):
     assert page.get_by_text("failed on this view").count() == 0
     assert page.get_by_text("o_t = S_tᵀ q_t, the state stepped in numpy").count() >= 1
     page.screenshot(path=str(SCREENSHOTS / "mixers-inside-gated-delta.png"), full_page=True)
+    _click_every_svg(page, at_least=3)
 
 
 def test_explore_shows_the_short_convolutions_filter(server, page):
@@ -66,3 +97,4 @@ def test_explore_shows_the_short_convolutions_filter(server, page):
     assert page.get_by_text("A short convolution has no head map").count() >= 1
     page.locator(".st-key-explore-filter").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "mixers-explore-short-conv.png"), full_page=True)
+    _click_every_svg(page, at_least=2)

@@ -9,7 +9,7 @@ import streamlit as st
 from core import trace_names as tn
 from viz.figures import mixer as mixer_figures
 from viz.figures.select import axis_tokens
-from viz.ui import charts
+from viz.ui import charts, downloads
 
 WHY_SIGNED = ("**A token mixer's map is signed.** Its output is exactly o_i = Σ_j A_ij v_j, but A is no softmax: "
               "rows need not sum to 1 and weights can be negative (the delta rule subtracts what the state held "
@@ -26,8 +26,9 @@ def kinds_strip(model, stack: str) -> None:
                  key="explore-kinds", name="layer-kinds")
 
 
-def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
-    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "mamba2", "short_conv")."""
+def show(model, trace, stack: str, layer: int, head: int, kind: str, model_name: str) -> None:
+    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "mamba2", "short_conv"),
+    with the downloads of Explore's other maps: this map as CSV, the layer's tensors, the trace."""
     kinds_strip(model, stack)
     q_toks, k_toks = axis_tokens(trace, stack, "self_attn")
     label = mixer_figures.KIND_NAME.get(kind, kind)
@@ -45,6 +46,8 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
                  name=f"mixer-L{layer}-H{head}")
     st.caption(f"Weights from {a.min():+.4f} to {a.max():+.4f}; {int((a < 0).sum())} of "
                f"{int(a.size - a.shape[0] * (a.shape[0] - 1) // 2)} cells on or below the diagonal are negative.")
+    downloads.offer(trace, a, q_toks, k_toks, model=model_name, stack=stack, kind=tn.MIXER, layer=layer, head=head,
+                    key="explore-mixer-dl")
 
 
 def model_view(model, trace, stack: str, layer: int, head: int) -> None:

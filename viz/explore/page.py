@@ -92,7 +92,7 @@ attn, stack, kind, layer, head, layer_key, head_key = widgets.attention_picker(s
 if kind == tn.MIXER:  # a layer whose token mixer is not softmax attention: its own view
     state.show_messages()
     state.publish(model=model_name, text=text, attn=attn, layer=layer, head=head)
-    mixer_panel.show(model, trace, stack, layer, head, widgets.mixer_kind(trace))
+    mixer_panel.show(model, trace, stack, layer, head, widgets.mixer_kind(trace), model_name)
     st.stop()
 n_layers, n_heads = trace.layers(stack), trace.n_heads(stack)
 flags = {f: url_switches.flag(state, f) for f in ("mean", "permap", "log", "hide", "words", "full", "shade")}
