@@ -48,3 +48,15 @@ def test_accuracy_counts_right_answers_and_is_seeded():
     assert rt.accuracy(first_value, 8, 32, seed=1) < 0.5
     a, b = rt.batch(4, 3, random.Random(7)), rt.batch(4, 3, random.Random(7))
     assert torch.equal(a[0], b[0])
+
+
+def test_the_pages_words_follow_the_curves():
+    """The sentence Start here and the Playground print under the curves is read from the numbers:
+    a curve that stays at or above the threshold holds, one that drops says from where to where."""
+    from viz.figures.recall import curve_words
+
+    words = curve_words({"mamba2": {2: 1.0, 16: 0.62, 8: 0.8}, "softmax": {2: 1.0, 16: 0.995}})
+    assert words == ("softmax attention holds (99.5% at 16 pairs); "
+                     "Mamba2 falls from 100.0% at 2 pairs to 62.0% at 16.")
+    assert curve_words({"gated_delta": {2: 0.99, 4: 0.98}}, hold=0.95) == "Gated DeltaNet holds (98.0% at 4 pairs)."
+    assert curve_words({}) == ""

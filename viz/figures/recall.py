@@ -38,3 +38,21 @@ def recall_curve_figure(curves: Dict[str, Dict[int, float]], live: Optional[Dict
     fig.update_layout(title="multi-query associative recall: accuracy as the pairs grow", height=height,
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=50, b=90))
     return fig
+
+
+def curve_words(curves: Dict[str, Dict[int, float]], hold: float = 0.99) -> str:
+    """What the shipped curves show, read from their numbers: per mixer, whether it holds (at or
+    above `hold` at every pair count) or where it falls from and to. '' without curves."""
+    parts = []
+    order = list(MIXER_NAMES)
+    for mixer, acc in sorted(curves.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
+        if not acc:
+            continue
+        pairs = sorted(acc)
+        lo, hi = pairs[0], pairs[-1]
+        if min(acc.values()) >= hold:
+            parts.append(f"{mixer_name(mixer)} holds ({acc[hi]:.1%} at {hi} pairs)")
+        else:
+            worst = min(pairs, key=lambda p: (acc[p], -p))
+            parts.append(f"{mixer_name(mixer)} falls from {acc[lo]:.1%} at {lo} pairs to {acc[worst]:.1%} at {worst}")
+    return "; ".join(parts) + "." if parts else ""

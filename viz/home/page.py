@@ -9,7 +9,7 @@ import streamlit as st
 from core.net.cost import mixing_cost
 from core.toy import recall_task
 
-from viz.figures.recall import recall_curve_figure
+from viz.figures.recall import curve_words, recall_curve_figure
 from viz.home import figures as home_figures
 from viz.home import path as hp
 from viz.ui import charts, models, registry, url_state, vocab, widgets
@@ -118,7 +118,8 @@ elif stop == 6:
     own_text = ("What that costs: a fixed state must keep every key it will be asked about. The same two-layer "
                 "decoder, trained here on multi-query associative recall (Zoology, Arora et al. 2023) with each "
                 "mixer, asked for the value of every key in its context: softmax attention looks the key up; a "
-                "fixed state holds fewer pairs the more there are.")
+                "fixed state must share itself among the pairs. On held-out sequences, "
+                + curve_words(recall_task.shipped_curves()))
 else:
     prof = home_figures.head_profile(trace)
     st.markdown(spec.text)

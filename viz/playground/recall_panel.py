@@ -16,7 +16,7 @@ import torch
 
 import core
 from core.toy import recall_model, recall_task
-from viz.figures.recall import mixer_name, recall_curve_figure
+from viz.figures.recall import curve_words, mixer_name, recall_curve_figure
 from viz.playground import recall_figures as recall_figs
 from viz.ui import charts, explore_links, models
 
@@ -111,5 +111,5 @@ def recall(keys: dict) -> None:
     st.caption("Reading the maps: where a softmax model's second layer puts its largest weight on the answer's value, "
                "one after its key, its first layer has copied each key into the position after it (a previous-token "
                "head), and the query finds the key there. A fixed state has no such lookup: it must have written every "
-               "pair into the same fixed-size state, and each pair added shares it; the curve above shows how much "
-               "each model still recalls at up to 16 pairs (Zoology's models fade as the pairs outgrow the state).")
+               "pair into the same fixed-size state, and each pair added shares it. The shipped curves: "
+               + curve_words(recall_task.shipped_curves()))
