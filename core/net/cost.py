@@ -208,12 +208,29 @@ def kv_cache_numbers(cfg: ModelConfig) -> int:
     return 2 * cfg.n_kv_heads * cfg.d_head
 
 
+def kv_cache_layers(cfg: ModelConfig) -> List[int]:
+    """The decoder layers that keep keys and values of their own: not a token mixer's layer (its
+    state is fixed-size; Falcon-H1's, with softmax attention beside the mixer, does cache), not a
+    layer that reads an earlier layer's keys and values (Gemma 4's kv_source)."""
+    if not cfg.has_decoder:
+        raise ValueError("an encoder keeps no KV cache: it reads its whole input at once")
+    n_layers = cfg.n_decoder_layers if cfg.kind == "encoder-decoder" else cfg.n_layers
+    beside = bool((cfg.mixer or {}).get("beside_attention"))
+    mixers = set() if beside else set(cfg.mixer_layers())
+    shared = {i for i, j in enumerate(cfg.kv_source or []) if j is not None}
+    return [i for i in range(n_layers) if i not in mixers and i not in shared]
+
+
 def kv_cache_bytes(cfg: ModelConfig, dtype_bytes: int = 4) -> int:
-    """Bytes of the KV cache per token, every decoder layer together (float32: 4 bytes a number)."""
+    """Bytes of the KV cache per token, every layer that keeps one together (kv_cache_layers;
+    float32: 4 bytes a number), each with its own key/value heads and head size."""
     if dtype_bytes < 1:
         raise ValueError(f"dtype_bytes must be a positive number of bytes, not {dtype_bytes}")
-    n_layers = cfg.n_decoder_layers if cfg.kind == "encoder-decoder" else cfg.n_layers
-    return kv_cache_numbers(cfg) * n_layers * int(dtype_bytes)
+    if cfg.mla is not None or cfg.kind == "encoder-decoder":
+        per_layer = [kv_cache_numbers(cfg)] * len(kv_cache_layers(cfg))
+    else:
+        per_layer = [2 * cfg.layer_kv_heads(i) * cfg.layer_d_head(i) for i in kv_cache_layers(cfg)]
+    return sum(per_layer) * int(dtype_bytes)
 
 
 def kv_cache_comparison(cfg: ModelConfig, kv_heads: Optional[int] = None, rank: Optional[int] = None,
@@ -223,7 +240,8 @@ def kv_cache_comparison(cfg: ModelConfig, kv_heads: Optional[int] = None, rank: 
     kv_heads: GQA's key/value heads (default: the model's own where it groups, else H / 4);
     rank, rope_dim: MLA's latent rank and rotated key (default: the model's own where it is MLA;
     without them and no MLA in the model there is no MLA row).
-    Columns: kind, formula, numbers (per position and layer), bytes_per_token (every layer)."""
+    Columns: kind, formula, numbers (per position and layer), bytes_per_token (every layer that
+    keeps a cache: kv_cache_layers)."""
     H = cfg.n_heads
     if cfg.mla is not None:
         m = cfg.mla
@@ -235,7 +253,7 @@ def kv_cache_comparison(cfg: ModelConfig, kv_heads: Optional[int] = None, rank: 
     g = kv_heads if kv_heads is not None else (cfg.n_kv_heads if cfg.n_kv_heads < H else max(1, H // 4))
     if not 1 <= g <= H or H % g:
         raise ValueError(f"kv_heads must divide the {H} heads, not {g}")
-    n_layers = cfg.n_decoder_layers if cfg.kind == "encoder-decoder" else cfg.n_layers
+    n_layers = len(kv_cache_layers(cfg))  # the layers that cache: a token mixer's or a shared-KV layer's do not
     rows = [("MHA", "H (d_k + d_v)", H * (dqk + dv)), ("GQA", f"H_kv (d_k + d_v), H_kv = {g}", g * (dqk + dv))]
     if rank is not None:
         if rope_dim is None:

@@ -328,6 +328,31 @@ def test_kv_cache_bytes_per_token_are_the_cache_tensors(zoo):
         kv_cache_comparison(mha.config, kv_heads=3)
 
 
+@pytest.mark.parametrize("preset", ["gated_delta", "mamba2", "short_conv", "shared_kv", "sinks"])
+def test_kv_cache_bytes_count_only_the_layers_that_cache(preset):
+    """A hybrid's token-mixer layers keep a fixed state, not a cache, and Gemma 4's shared-KV layers
+    read an earlier layer's: core.net.cost counts neither, and its bytes per token are the cache
+    tensors' (each tensor once) after reading a prompt and three more tokens."""
+    from core.net.cost import kv_cache_bytes, kv_cache_comparison, kv_cache_layers
+
+    model = core.load_model(f"random:{preset}", device="cpu")
+    cfg, ids = model.config, list(range(3, 14))
+    cache = {}
+    with torch.inference_mode():
+        model.net.decode(torch.tensor([ids]), cache=cache)
+        for t in (5, 6, 7):
+            model.net.decode(torch.tensor([[t]]), cache=cache)
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for i in range(cfg.n_layers)
+               for t in (cache.get(i) or {}).get("self_attn", {}).values() if torch.is_tensor(t)}
+    assert sum(tensors.values()) == kv_cache_bytes(cfg) * (len(ids) + 3)
+    holders = [i for i in range(cfg.n_layers) if "self_attn" in (cache.get(i) or {})
+               and (cfg.kv_source is None or cfg.kv_source[i] is None)]
+    assert kv_cache_layers(cfg) == holders
+    assert len(holders) < cfg.n_layers or preset == "sinks"
+    table = kv_cache_comparison(cfg).set_index("kind")
+    assert table.loc["MHA", "bytes_per_token"] == table.loc["MHA", "numbers"] * len(holders) * 4
+
+
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_pages_read_the_new_names(zoo, fam):
     """The download estimate's shape rule gives every name of a layer its real shape (nothing is

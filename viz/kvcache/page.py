@@ -14,6 +14,7 @@ from core.analysis.evict import POLICIES, SEQUENTIAL, token_ids
 from core.errors import InputError
 from core import trace_names as tn
 from core.head_maps import layer_maps
+from core.net.cost import kv_cache_layers
 from viz.kvcache import figures as kf
 from viz.kvcache import layout as kl
 from viz.figures.heatmaps import add_sink_column
@@ -103,11 +104,15 @@ if policy == "snapkv" and n_prompt >= n:
 layout = kl.layout_table(model.config, n)  # the cache per token as MHA, GQA and MLA of the same sizes
 with st.expander(f"Cache size: {kl.own_kind(model.config)} against the other layouts", expanded=True):
     own = layout[layout["this model"]].iloc[0]
+    cached = kv_cache_layers(model.config)
+    uncached = model.config.n_layers - len(cached)
     st.caption(f"{model_name} caches {int(own['numbers'])} numbers a position and layer ({own['kind']}: "
-               f"{own['formula']}), {int(own['bytes_per_token']):,} bytes a token over its {model.config.n_layers} "
-               f"layers in float32, {int(own['document_bytes']) / 2**10:,.1f} KiB for this text's {n:,} tokens. "
-               + (f"With its sparse selection's indexer keys, the cache here keeps "
-                  f"{layout.attrs['own_bytes_per_token']:,} bytes a token. "
+               f"{own['formula']}), {int(own['bytes_per_token']):,} bytes a token over the {len(cached)} layers that "
+               f"keep a cache in float32, {int(own['document_bytes']) / 2**10:,.1f} KiB for this text's {n:,} tokens. "
+               + (f"Its other {uncached} layer{'s' if uncached > 1 else ''} keep none: a token mixer's fixed state "
+                  "(below) or an earlier layer's keys and values. " if uncached else "")
+               + (f"With its own layers' sizes (a sparse selection's indexer keys, a head size per layer kind), "
+                  f"the cache here keeps {layout.attrs['own_bytes_per_token']:,} bytes a token. "
                   if layout.attrs["own_bytes_per_token"] != int(own["bytes_per_token"]) else "")
                + "The same model (same d, H, L and head sizes) with each other layout:")
     st.dataframe(layout, hide_index=True, key="kvcache-layout-table")
