@@ -71,3 +71,17 @@ def test_explore_draws_the_mixers_map(app_test, monkeypatch, models_root, ours):
     grid = figure(chart_by_key(at, "explore-mixed-grid"))
     rows = [a["text"] for a in grid["layout"]["annotations"] if a["text"].startswith("L")]
     assert rows == ["L0 · gated delta", "L1 · gated delta", "L2 · softmax", "L3 · gated delta"], rows
+
+
+def test_decoder_page_checks_a_hybrids_step(app_test, monkeypatch, models_root, ours):
+    """The step check runs the decoder on the step's prefix alone and compares the softmax layers'
+    weights (a mixer layer has none) and the next-token probabilities."""
+    from viz.ui import prefix_check as pc
+
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(models_root))
+    at = app_test("decoder", model=NAME, text=TEXT)
+    at.run()
+    _clean(at)
+    view = ours.steps(TEXT, max_new_tokens=2)[1]
+    check = pc.prefix_difference(view, ours.trace_decoder_input(TEXT, view.meta["target_ids"]))
+    assert check.ok and "self-attention weights" in check.diffs and check.n_heads == 4
