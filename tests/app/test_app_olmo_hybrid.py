@@ -3,7 +3,8 @@ random one built by transformers): its mixer layers are pre-norm and its attenti
 norms after the sub-layers only, without positions. Inside a head steps through a GDN layer's
 recurrence with every check holding (the decay and beta recomputed from the mixer's actual input,
 beta up to 2) and opens the attention layer's step view cleanly; Explore draws the mixer's exact
-map."""
+map and the model view; the decoder page's step check holds the softmax layers' weights and the
+next-token probabilities to the prefix run alone."""
 
 import numpy as np
 import pytest
