@@ -18,7 +18,7 @@ NEW = ["gpt_oss", "smollm3", "olmo3", "exaone4", "llama4_text",  # the 2025-26 a
 HF += NEW
 # Gated DeltaNet hybrids (tests/hf_builders.py HYBRID): not in FAMILIES, whose tests read every layer's
 # softmax attention; the conformance matrix has them as rows of their own
-HYBRID = ["qwen3_5_text", "qwen3_next"]
+HYBRID = ["qwen3_5_text", "qwen3_next", "olmo_hybrid"]  # olmo_hybrid: tests/hf_builders.py OLMO_HYBRID
 GEMMA = ["gemma", "gemma2", "gemma3_text", "gemma4_text", "modernbert"]
 SEQ2SEQ = ["marian", "bart", "t5"]
 OVERRIDES = {"mistral": {"sliding_window": 4}}  # a window shorter than the test sentences

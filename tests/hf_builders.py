@@ -156,6 +156,46 @@ HYBRID = {
 }
 
 
+# OLMo Hybrid (issue 52): three Gated DeltaNet layers and one OLMo-3 attention layer, two key heads
+# for six value heads (d_k 8, d_v 6), beta up to 2 (linear_allow_neg_eigval), decays from a few steps
+# to the whole text; NoPE as the released checkpoints (rope_theta null) unless rope_theta is given
+OLMO_HYBRID = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                   num_hidden_layers=4, layer_types=["linear_attention", "linear_attention", "full_attention",
+                                                     "linear_attention"],
+                   linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=6,
+                   linear_conv_kernel_dim=4, linear_allow_neg_eigval=True, rms_norm_eps=1e-4,
+                   rope_parameters={"rope_type": "default", "rope_theta": None})
+
+
+def build_olmo_hybrid(folder: Path, v: int, **over):
+    """A random OlmoHybridForCausalLM (see OLMO_HYBRID); rope_theta=T turns RoPE on."""
+    import transformers as tf
+
+    theta = over.pop("rope_theta", None)
+    args = dict(dict(vocab_size=v, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=0), **OLMO_HYBRID)
+    if theta is not None:
+        args["rope_parameters"] = {"rope_type": "default", "rope_theta": float(theta)}
+    args.update(over)
+    model = tf.OlmoHybridForCausalLM(tf.OlmoHybridConfig(**args))
+    randomize(model)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):  # exp(A_log) from 0.05 to 3: some heads forget within a few tokens
+                p.copy_(torch.linspace(-3.0, 1.0, p.numel())[torch.randperm(p.numel(), generator=g)])
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif name.endswith("b_proj.weight"):  # write strengths spread over (0, 2)
+                p.mul_(2.0)
+            elif name.endswith("linear_attn.v_proj.weight"):
+                # values halved: the gated norm's eps is fixed at 1e-5, so a head near zero is amplified
+                # up to 300-fold, float32 rounding with it; here both float32 passes stay within ~3e-5
+                # of float64 (measured), where full-size values put each near 1e-4
+                p.mul_(0.5)
+    return model.eval(), folder
+
+
 def build(family: str, folder: Path, **over):
     """(transformers model in eval mode, folder) for a family; `over` overrides config fields."""
     import transformers as tf
@@ -209,6 +249,8 @@ def build(family: str, folder: Path, **over):
                 if name.endswith("e_score_correction_bias"):  # a correction that changes the choice
                     b.copy_(torch.randn(b.shape, generator=g) * 0.3)
         return model.eval(), folder
+    elif family == "olmo_hybrid":
+        return build_olmo_hybrid(folder, v, **over)
     elif family in HYBRID or family == "qwen3_5":
         conf, cls, args = HYBRID.get(family, HYBRID["qwen3_5_text"])
         args = dict(dict(vocab_size=v, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=None,

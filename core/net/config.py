@@ -132,6 +132,15 @@ change nothing:
                      has the mixer beside its softmax attention: Falcon-H1). "short_conv" (core/net/short_conv.py, LFM2):
                      "conv" (its taps), "bias". Any kind: "ffn": False leaves the mixer layers
                      without an FFN (Mamba2's blocks: x + Mixer(Norm(x))).
+                     "gated_delta" also: "beta_scale" (default 1): the write strength is
+                     beta_scale * sigmoid(x W_b) (OLMo Hybrid's linear_allow_neg_eigval: 2,
+                     so beta in (0, 2) and the step I - beta k k^T may flip a direction).
+    mixer_sublayer_norms  None, or (pre, post): the mixer layers' own pre_sublayer_norm /
+                     post_sublayer_norm (norm_placement "pre"), where the layer kinds place their
+                     norms differently (OLMo Hybrid: (True, False), the mixer layers pre-norm,
+                     its attention layers post_sublayer_norm only). The names follow each
+                     layer's placement: norm{j} where its sub-layers are normed before,
+                     post_norm{j} where after (ModelConfig.sublayer_norms(i)).
     embed_multiplier the token embeddings times this number (GraniteMoeHybrid), on top of
                      embed_scale's sqrt(d) where both are set.
     attn_gate        an output gate on every softmax attention (Qwen3.5, Qwen3-Next): W_q's
@@ -224,6 +233,7 @@ class ModelConfig:
     mla: Optional[dict] = None
     mixer: Optional[dict] = None
     attn_gate: bool = False
+    mixer_sublayer_norms: Optional[tuple] = None  # (pre, post) of the mixer layers; None: as the others
     extra: dict = field(default_factory=dict)  # free-form metadata (e.g. source of weights)
 
     def __post_init__(self):
@@ -266,6 +276,15 @@ class ModelConfig:
                 raise ValueError("sliding layers need sliding_window")
             if "chunked_attention" in self.layer_types and not (self.attn_chunk or 0) > 0:
                 raise ValueError("chunked layers need a positive attn_chunk")
+        if self.mixer_sublayer_norms is not None:
+            pair = tuple(self.mixer_sublayer_norms)
+            if len(pair) != 2 or any(not isinstance(b, bool) for b in pair):
+                raise ValueError(f"mixer_sublayer_norms must be a pair (pre, post) of booleans, not {pair!r}")
+            if self.norm_placement != "pre" or not self.mixer:
+                raise ValueError("mixer_sublayer_norms needs norm_placement 'pre' and a mixer")
+            if self.parallel_block and not pair[0]:
+                raise ValueError("parallel_block needs the mixer layers' pre_sublayer_norm")
+            self.mixer_sublayer_norms = pair
         for name in ("nope_layers", "qk_norm_layers"):
             v = getattr(self, name)
             if v is not None:
@@ -367,6 +386,15 @@ class ModelConfig:
     def k_is_v(self, i: int) -> bool:
         """Whether layer i's values are its key projection (k_eq_v on a full_attention layer)."""
         return self.k_eq_v and self.is_global(i)
+
+    def sublayer_norms(self, i: int) -> tuple:
+        """(pre, post) of layer i under norm_placement "pre": whether its sub-layers' inputs are
+        normed (norm{j}) and whether their outputs are before the residual add (post_norm{j}):
+        mixer_sublayer_norms on the mixer layers where set, else pre_sublayer_norm /
+        post_sublayer_norm."""
+        if self.mixer_sublayer_norms is not None and i in self.mixer_layers():
+            return self.mixer_sublayer_norms
+        return self.pre_sublayer_norm, self.post_sublayer_norm
 
     def mixer_layers(self) -> list:
         """The layers whose token mixer is cfg.mixer (layer_types "linear_attention"), in order."""

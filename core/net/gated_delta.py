@@ -6,7 +6,8 @@ From the layer's normed input x (n x d), per position t and value head h:
     q, k        split into k_heads heads of d_k, each L2-normed (x / sqrt(|x|^2 + 1e-6)),
                 repeated to the H value heads (H / k_heads consecutive heads share one), q
                 times d_k^-1/2
-    beta_t      = sigmoid(x W_b)                               the write strength (H)
+    beta_t      = c sigmoid(x W_b)                             the write strength (H); c the spec's
+                                                               "beta_scale", 1 (OLMo Hybrid: 2)
     g_t         = -exp(A_log) softplus(x W_a + dt_bias)        the log decay, <= 0 (H)
     S_t         = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T      (d_k x d_v)
     heads_t     = S_t^T q_t                                    recorded `.heads`
@@ -103,6 +104,9 @@ class GatedDeltaNet(Mixer):
         self.dk, self.dv, self.width = int(m["d_k"]), int(m["d_v"]), int(m["conv"])
         self.chunk = int(m.get("chunk", 64))
         self.eps = float(m.get("norm_eps", cfg.norm_eps))
+        self.beta_scale = float(m.get("beta_scale", 1.0))  # beta in (0, beta_scale)
+        if not self.beta_scale > 0:
+            raise ValueError(f"gated_delta: beta_scale must be positive, not {self.beta_scale}")
         self.key_dim, self.value_dim = self.k_heads * self.dk, self.n_heads * self.dv
         channels = 2 * self.key_dim + self.value_dim
         self.w_qkv = Linear(d, channels, bias=False)
@@ -143,6 +147,8 @@ class GatedDeltaNet(Mixer):
         q = q * self.dk ** -0.5
         v = v.reshape(b, n, self.n_heads, self.dv).transpose(1, 2)
         beta = torch.sigmoid(self.w_b(x).float()).transpose(1, 2)
+        if self.beta_scale != 1.0:
+            beta = beta * self.beta_scale
         g = (-self.A_log.float().exp() * F.softplus(self.w_a(x).float() + self.dt_bias.float())).transpose(1, 2)
         return q, k, v, g, beta
 

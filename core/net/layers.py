@@ -9,6 +9,9 @@ Pre-norm (Llama, many later models):
 Norms after the sub-layers (ModelConfig.post_sublayer_norm; Gemma 2/3 with the pre norms,
 OLMo-2 without them):
     u = x + PostNorm(MultiHead(Norm(x)));  z = u + PostNorm(FFN(Norm(u)))
+Norms placed by layer kind (ModelConfig.mixer_sublayer_norms; OLMo Hybrid): the mixer layers
+pre-norm, u = x + Mixer(Norm(x)), the attention layers with norms after the sub-layers only,
+u = x + PostNorm(MultiHead(x)); each layer records the names of its own placement.
 Parallel block (ModelConfig.parallel_block; GPT-NeoX / Pythia): both sub-layers read x,
     z = x + MultiHead(Norm_1(x)) + FFN(Norm_2(x))
     recorded: residual1 = x + MultiHead(...), norm2 = Norm_2(x) (of x, not of residual1),
@@ -88,7 +91,8 @@ class Layer(nn.Module):
     in residual + norm. Trace names residual{j}/norm{j} number the sub-layers in order.
 
     Pre-norm with cfg.post_sublayer_norm (Gemma 2/3): x + PostNorm(f(Norm(x))), the post
-    norm recorded as post_norm{j}; without cfg.pre_sublayer_norm there is no norm{j}.
+    norm recorded as post_norm{j}; without cfg.pre_sublayer_norm there is no norm{j}. A mixer
+    layer may place its norms otherwise (cfg.mixer_sublayer_norms; cfg.sublayer_norms(index)).
     `index` is the layer's place in its stack (ModernBERT's layer 0 has no attention norm)."""
 
     def __init__(self, cfg: ModelConfig, cross: bool, index: int = 0):
@@ -111,12 +115,14 @@ class Layer(nn.Module):
         n_sub = (3 if cross else 2) - (self.ffn is None)
         # norms{j}: before sub-layer j (pre-norm) or after its residual add (post-norm); absent
         # when a pre-norm block has only norms after the sub-layers (OLMo-2)
-        self.pre_norm = not self.pre or cfg.pre_sublayer_norm
+        # the placement may differ by layer kind (cfg.sublayer_norms: OLMo Hybrid's mixer layers)
+        pre_sub, post_sub = cfg.sublayer_norms(index)
+        self.pre_norm = not self.pre or pre_sub
         self.norms = nn.ModuleList(make_norm(cfg) for _ in range(n_sub if self.pre_norm else 0))
         if self.pre_norm and not cfg.first_attn_norm and index == 0:
             self.norms[0] = nn.Identity()  # ModernBERT: the embedding norm stands for layer 0's
         self.post_norms = (nn.ModuleList(make_norm(cfg) for _ in range(n_sub))
-                           if self.pre and cfg.post_sublayer_norm else None)
+                           if self.pre and post_sub else None)
         self.parallel = cfg.parallel_block
         self._init_gemma4(cfg, index)
 

@@ -31,6 +31,14 @@ def softmax_of(q, k) -> np.ndarray:
     return got["weights"][0].double().numpy()
 
 
+def mixer_input(model, trace, stack: str, layer: int):
+    """What the layer's mixer reads (n x d): its first sub-layer's norm (norm1) where the layer
+    norms before its sub-layers (Layer.reads_norm), else the layer's input itself."""
+    if model.net.layers(stack)[layer].reads_norm:
+        return trace[tn.norm(stack, layer, 1)]
+    return trace.layer_input(stack, layer)
+
+
 def _step(n: int, tokens) -> int:
     if st.session_state.get(STEP_KEY, n - 1) not in range(n):
         st.session_state[STEP_KEY] = n - 1
@@ -70,8 +78,8 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
     if kind == "gated_delta":
         beta = trace[name("beta")][head]
         ref = recurrence.gated_delta_steps(q, k, v, decay, beta)
-        gates = recurrence.gated_delta_gates(trace[tn.norm(stack, layer, 1)], mixer.w_a.weight, mixer.w_b.weight,
-                                             mixer.A_log, mixer.dt_bias)
+        gates = recurrence.gated_delta_gates(mixer_input(model, trace, stack, layer), mixer.w_a.weight, mixer.w_b.weight,
+                                             mixer.A_log, mixer.dt_bias, getattr(mixer, "beta_scale", 1.0))
         checks = [
             recurrence.check("the decay g_t = −exp(A_log) softplus(x W_a + dt_bias), from the layer's input and "
                              "the checkpoint's weights", decay, gates["g"][head]),
@@ -111,7 +119,7 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
         H = mixer.A_log.numel()
         proj_bias = getattr(mixer.in_proj, "bias", None)  # in_proj's dt rows are its last H
         dt_bias = mixer.dt_bias.detach() + (0 if proj_bias is None else proj_bias.detach()[-H:])
-        want = recurrence.mamba2_decay(trace[tn.norm(stack, layer, 1)], mixer.in_proj.weight[-H:], dt_bias,
+        want = recurrence.mamba2_decay(mixer_input(model, trace, stack, layer), mixer.in_proj.weight[-H:], dt_bias,
                                        mixer.A_log, mixer.spec.dt_limit)
         checks = [
             recurrence.check("the log decay dt_t a = clamp(softplus(x W_dt + dt_bias)) (−exp(A_log)), from the "

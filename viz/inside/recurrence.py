@@ -56,13 +56,14 @@ def gated_delta_steps(q, k, v, g, beta) -> Dict[str, np.ndarray]:
     return dict(S=np.array(states), decay=np.exp(g), beta=beta, removal=np.array(removal), out=np.array(out), A=a)
 
 
-def gated_delta_gates(x, w_a, w_b, A_log, dt_bias) -> Dict[str, np.ndarray]:
-    """g (H x n) and beta (H x n) from the layer's normed input x (n x d) and the weights."""
+def gated_delta_gates(x, w_a, w_b, A_log, dt_bias, beta_scale: float = 1.0) -> Dict[str, np.ndarray]:
+    """g (H x n) and beta (H x n) from the mixer's input x (n x d) and the weights; beta_scale
+    the factor on sigmoid(x W_b) (OLMo Hybrid: 2)."""
     x, w_a, w_b, A_log, dt_bias = map(_f, (x, w_a, w_b, A_log, dt_bias))
     pre = x @ w_a.T + dt_bias
     softplus = np.where(pre > 20, pre, np.log1p(np.exp(np.minimum(pre, 20))))
     g = -np.exp(A_log) * softplus
-    beta = 1.0 / (1.0 + np.exp(-(x @ w_b.T)))
+    beta = beta_scale / (1.0 + np.exp(-(x @ w_b.T)))
     return dict(g=g.T, beta=beta.T)
 
 

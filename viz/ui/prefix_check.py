@@ -278,17 +278,20 @@ def prefix_difference(rows, alone, tol: float = PREFIX_TOL, drawn: Optional[Draw
         return PrefixCheck(n, {"layers": float("inf")}, float("inf"),
                            f"{view.layers('decoder')} decoder layers against {n_layers}", n_layers, 0, tol)
     self_w = tn.local(tn.SELF, "weights")
+    # the layers with softmax attention: a token mixer's layer has no self-attention weights (its
+    # output is held to the prefix's through the next-token probabilities below)
+    softmax = [i for i in range(n_layers) if tn.self_attn("decoder", i, "weights") in alone]
     tiled = tiles_layers(rows, alone)
     if tiled:  # a long prefix: the self-attention weights one head and a tile of rows at a time, never a layer
         names = [s for s in names if s != self_w]
-        for i in range(n_layers):
+        for i in softmax:
             d, at, n_heads = _tiled_difference(view, alone, i)
             diffs[labels[self_w]] = max(diffs.get(labels[self_w], 0.0), d)
             if d > worst:
                 worst, where = d, f"{labels[self_w]}, layer {i}" + "".join(
                     f", {ax} {j}" for ax, j in zip(("head", "row", "key"), at or ()))
-    layers = zip(view.each_layer("decoder", names), alone.each_layer("decoder", names)) if names else ()
-    for i, (got, ref) in enumerate(layers):
+    layers = zip(view.each_layer("decoder", names, softmax), alone.each_layer("decoder", names, softmax)) if names else ()
+    for i, (got, ref) in zip(softmax, layers):
         for s in names:
             n_heads = max(n_heads, int(ref[s].shape[0]))
             d, at = _max_diff(got[s], ref[s])

@@ -40,7 +40,8 @@ MODULES.update({"modernbert": "modernbert"})
 MODULES.update({"gpt_oss": "gpt_oss", "smollm3": "smollm3", "olmo3": "olmo3", "exaone4": "exaone4",
                 "llama4_text": "llama4", "gemma4_text": "gemma4"})
 MODULES.update({"deepseek_v3": "deepseek", "deepseek_v32": "deepseek"})
-MODULES.update({"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_next", "qwen3_5": "qwen3_next"})
+MODULES.update({"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_next", "qwen3_5": "qwen3_next",
+                "olmo_hybrid": "olmo_hybrid"})
 MODULES.update({"mamba2": "mamba2", "lfm2": "lfm2", "granitemoehybrid": "granitemoehybrid",
                 "falcon_h1": "falcon_h1"})
 
