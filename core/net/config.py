@@ -288,7 +288,7 @@ class ModelConfig:
             for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if not int(self.mla.get(key) or 0) > 0 and not (key == "qk_nope_head_dim" and self.mla.get(key) == 0):
                     raise ValueError(f"mla needs a positive {key}, not {self.mla.get(key)!r}")
-            if self.mla["qk_rope_head_dim"] % 2:
+            if self.mla["qk_rope_head_dim"] % 2 and self.positional == "rope":
                 raise ValueError(f"mla's qk_rope_head_dim must be even (RoPE turns pairs), not {self.mla['qk_rope_head_dim']}")
             index = self.mla.get("index")
             if index is not None:

@@ -42,7 +42,7 @@ MODULES.update({"gpt_oss": "gpt_oss", "smollm3": "smollm3", "olmo3": "olmo3", "e
 MODULES.update({"deepseek_v3": "deepseek", "deepseek_v32": "deepseek"})
 MODULES.update({"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_next", "qwen3_5": "qwen3_next"})
 MODULES.update({"mamba2": "mamba2", "lfm2": "lfm2", "granitemoehybrid": "granitemoehybrid",
-                "falcon_h1": "falcon_h1"})
+                "falcon_h1": "falcon_h1", "kimi_linear": "kimi_linear"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
