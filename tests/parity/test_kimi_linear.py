@@ -6,7 +6,21 @@ The rule (core/net/gated_delta.py with g (B, H, n, d_k)):
 - the chunked and the recurrent forms agree with each other and with the rule stepped here in
   numpy (float64), from a zero state and from a kept one; the figures are printed;
 - the exact implicit attention (the chunked rule run on unit values) has nothing above the
-  diagonal and A @ v equals the heads.
+  diagonal, A @ v equals the heads, and a cell multiplied out here in numpy is A's.
+
+The family, on a tiny random checkpoint saved by transformers (tests/mixer_builders.py KIMI:
+KDA, KDA, KDA, MLA; a dense first layer, experts after; decays per channel from a few steps to
+the whole text, ~30 tokens):
+- it loads through core.load_model; logits within 1e-4 of transformers' eager code, the MLA
+  layer's weights within 1e-4 of transformers' attentions;
+- every KDA layer: `.decay` equals transformers' forget gate, A has nothing above the diagonal,
+  A @ v equals `.heads` within 1e-4 of its largest entry, and `.heads` equals what transformers'
+  KDA hands its o_norm (a hook on it) within 1e-4; the chunked and recurrent forms agree on the
+  layer's own input;
+- greedy decoding with the cache (the recurrent form, a token at a time) gives the tokens and
+  logits of decoding without it, and transformers' own greedy tokens;
+- the config's fallbacks read as transformers reads them, and unsupported settings are refused
+  with a CheckpointError naming the setting; the random preset "kda" runs without a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +29,8 @@ import numpy as np
 import pytest
 import torch
 
+import core
+from core import trace_names as tn
 from core.net.gated_delta import chunked_rule, recurrent_rule
 
 TOL = 1e-4
@@ -89,3 +105,160 @@ def test_per_channel_implicit_attention():
         x = np.exp(gn[r]) * (x - bn[r] * kn[r] * (kn[r] @ x))
     cell = bn[s_] * kn[s_] @ x
     assert abs(A[0, 0, t_, s_].item() - cell) < TOL * max(1.0, abs(cell))
+
+
+# ------------------------------------------------------------------ the family against transformers
+TEXT = "the small dog sees the old cat near the river bank because it was tired"
+FIGURES = {}  # what the tests measured, printed by the last one
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from mixer_builders import build
+
+    hf, folder = build("kimi_linear", tmp_path_factory.mktemp("kimi_linear"))
+    ours = core.load_model(str(folder), device="cpu")
+    tr = ours.trace(TEXT)
+    ids = tr.meta["target_ids"]
+    return hf, ours, tr, ids, _hf_run(hf, ids)
+
+
+def _hf_run(hf, ids):
+    """transformers' eager pass: logits, the MLA layers' weights by layer, and per KDA layer its
+    heads (o_norm's input, H x n x d) and its forget gate's output (H x n x d)."""
+    hf.config._attn_implementation = "eager"
+    heads, decay, handles = {}, {}, []
+    for i, layer in enumerate(hf.model.layers):
+        if hf.config.layer_types[i] == "linear_attention":
+            at = layer.self_attn
+            handles.append(at.o_norm.register_forward_hook(
+                lambda m, a, o, i=i: heads.__setitem__(i, a[0][0].transpose(0, 1))))
+            handles.append(at.forget_gate.register_forward_hook(
+                lambda m, a, o, i=i: decay.__setitem__(i, o[0].transpose(0, 1))))
+    try:
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    full = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
+    weights = dict(zip(full, [a[0] for a in out.attentions if a is not None]))
+    return out.logits[0], weights, heads, decay
+
+
+def test_family_matches_transformers(kimi):
+    hf, ours, tr, ids, (logits, weights, heads, decay) = kimi
+    assert 20 <= len(ids) <= 40
+    kinds = ours.layer_kinds()
+    assert [k["mixer"] for k in kinds] == ["kimi_delta"] * 3 + ["softmax"]
+    assert [k["ffn"] for k in kinds] == ["dense", "moe", "moe", "moe"]
+    assert kinds[3]["positions"] == "none" and kinds[3]["latent"] == "latent rank 6"
+    d = float((tr["logits"] - logits).abs().max())
+    FIGURES["logits"] = d
+    assert d < TOL, f"logits off by {d:.3g}"
+    assert list(weights) == [3] and sorted(heads) == [0, 1, 2]
+    dw = max(float((tr[tn.self_attn("decoder", i, "weights")] - a).abs().max()) for i, a in weights.items())
+    FIGURES["MLA weights"] = dw
+    assert dw < TOL
+    worst = {"A @ v vs heads": 0.0, "heads vs transformers": 0.0, "decay vs transformers": 0.0}
+    for i, want in heads.items():
+        got = tr[tn.mixer("decoder", i, "heads")]
+        g = tr[tn.mixer("decoder", i, "decay")]
+        assert g.shape == (4, len(ids), 8)  # a decay per key channel
+        spread = g.exp()
+        assert float(spread.min()) < 0.3 and float(spread.max()) > 0.95  # neither all ~0 nor all ~1
+        A, v = tr[tn.mixer("decoder", i, "weights")], tr[tn.mixer("decoder", i, "v")]
+        assert A.shape == (4, len(ids), len(ids))
+        assert float(A.triu(1).abs().max()) == 0.0
+        worst["A @ v vs heads"] = max(worst["A @ v vs heads"], float((A @ v - got).abs().max()) / float(got.abs().max()))
+        worst["heads vs transformers"] = max(worst["heads vs transformers"],
+                                             float((got - want).abs().max()) / max(1.0, float(want.abs().max())))
+        worst["decay vs transformers"] = max(worst["decay vs transformers"], float((g - decay[i]).abs().max()))
+    FIGURES.update(worst)
+    print("\n" + ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
+    assert max(worst.values()) < TOL
+
+
+def test_family_forms_agree(kimi):
+    hf, ours, tr, ids, _ = kimi
+    worst = 0.0
+    for i in ours.net.cfg.mixer_layers():
+        m = ours.net.decoder[i].mixer
+        with torch.no_grad():
+            q, k, v, g, beta = m.rule_inputs(tr[tn.norm("decoder", i, 1)][None])
+            a, _ = chunked_rule(q, k, v, g, beta, 8)
+            b, _ = recurrent_rule(q, k, v, g, beta)
+        worst = max(worst, float((a - b).abs().max()) / float(b.abs().max()))
+    FIGURES["chunked vs recurrent"] = worst
+    assert worst < 1e-5
+
+
+def test_family_generation_with_the_cache(kimi):
+    hf, ours, tr, ids, _ = kimi
+    with_cache, _, lc = ours.greedy_run(TEXT, max_new_tokens=8)
+    without, _, ln = ours.greedy_run(TEXT, max_new_tokens=8, use_cache=False)
+    d = float((lc - ln).abs().max())
+    FIGURES["greedy with vs without the cache"] = d
+    assert with_cache == without and d < TOL
+    assert set(ours.net.decoder[0].mixer.state_shapes()) == {"conv", "state"}
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([ids]), max_new_tokens=len(with_cache), do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    assert theirs == with_cache
+
+
+HF = {"model_type": "kimi_linear", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "intermediate_size": 48, "moe_intermediate_size": 12, "num_hidden_layers": 5, "vocab_size": 50,
+      "hidden_act": "silu", "kv_lora_rank": 6, "q_lora_rank": None, "qk_nope_head_dim": 6, "qk_rope_head_dim": 4,
+      "v_head_dim": 5, "num_experts": 4, "num_experts_per_token": 2, "linear_head_dim": 8, "linear_num_heads": 4}
+
+
+def test_config_fallbacks():
+    """transformers' fallbacks: every 4th layer from layer 4 full attention, the first layer dense,
+    linear_attn_config over the top-level sizes and its 1-indexed layer lists over the default."""
+    from core.loaders.families import kimi_linear
+
+    cfg = kimi_linear.config(HF)
+    assert cfg.layer_types == ["linear_attention"] * 4 + ["full_attention"]
+    assert cfg.moe["layers"] == [1, 2, 3, 4] and cfg.moe["experts"] == 4 and cfg.moe["top_k"] == 2
+    assert cfg.positional == "none" and cfg.mixer["d_k"] == 8
+    lac = {"head_dim": 16, "num_heads": 2, "short_conv_kernel_size": 3, "kda_layers": [1, 3, 4, 5],
+           "full_attn_layers": [2]}
+    cfg = kimi_linear.config(dict(HF, linear_attn_config=lac, first_k_dense_replace=2))
+    assert cfg.layer_types == ["linear_attention", "full_attention"] + ["linear_attention"] * 3
+    assert (cfg.mixer["d_k"], cfg.mixer["heads"], cfg.mixer["conv"]) == (16, 2, 3)
+    assert cfg.moe["layers"] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("change, match", [({"hidden_act": "gelu"}, "hidden_act"),
+                                           ({"attention_bias": True}, "attention biases"),
+                                           ({"num_key_value_heads": 2}, "num_key_value_heads"),
+                                           ({"layer_types": ["sliding_attention"] * 5}, "layer_types"),
+                                           ({"mlp_layer_types": ["dense", "moe", "dense", "dense", "dense"]},
+                                            "mlp_layer_types")])
+def test_settings_refused(change, match):
+    from core.loaders.checkpoint import CheckpointError
+    from core.loaders.families import kimi_linear
+
+    with pytest.raises(CheckpointError, match=match):
+        kimi_linear.config(dict(HF, **change))
+
+
+def test_kda_preset():
+    """The random preset: three KDA layers and a latent attention layer without positions, each
+    KDA layer's decay per key channel, its map exact (A @ v equals the heads)."""
+    m = core.load_model("random:kda", device="cpu")
+    tr = m.trace("the cat sat on the mat because it was tired")
+    assert [k["mixer"] for k in m.layer_kinds()] == ["kimi_delta"] * 3 + ["softmax"]
+    n = len(tr.meta["target_ids"])
+    for i in range(3):
+        g = tr[tn.mixer("decoder", i, "decay")]
+        assert g.shape == (4, n, 16) and float(g.std(-1).min()) > 0  # the channels decay differently
+        A, v, h = (tr[tn.mixer("decoder", i, s)] for s in ("weights", "v", "heads"))
+        assert float((A @ v - h).abs().max()) < TOL * float(h.abs().max())
+
+
+def test_zz_figures():
+    if FIGURES:
+        print("\nKimi Linear: " + ", ".join(f"{k} {v:.2e}" for k, v in FIGURES.items()))
