@@ -27,7 +27,7 @@ def kinds_strip(model, stack: str) -> None:
 
 
 def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
-    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "mamba2", "short_conv")."""
+    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "kimi_delta", "mamba2", "short_conv")."""
     kinds_strip(model, stack)
     q_toks, k_toks = axis_tokens(trace, stack, "self_attn")
     label = mixer_figures.KIND_NAME.get(kind, kind)
