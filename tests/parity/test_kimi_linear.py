@@ -110,6 +110,7 @@ def test_per_channel_implicit_attention():
 # ------------------------------------------------------------------ the family against transformers
 TEXT = "the small dog sees the old cat near the river bank because it was tired"
 FIGURES = {}  # what the tests measured, printed by the last one
+FOLDER = {}  # the folder the checkpoint was saved in
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,7 @@ def kimi(tmp_path_factory):
     from mixer_builders import build
 
     hf, folder = build("kimi_linear", tmp_path_factory.mktemp("kimi_linear"))
+    FOLDER["kimi_linear"] = folder
     ours = core.load_model(str(folder), device="cpu")
     tr = ours.trace(TEXT)
     ids = tr.meta["target_ids"]
@@ -206,6 +208,41 @@ def test_family_generation_with_the_cache(kimi):
         theirs = hf.generate(torch.tensor([ids]), max_new_tokens=len(with_cache), do_sample=False,
                              eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
     assert theirs == with_cache
+
+
+def test_transformers_module_layout_loads(kimi, tmp_path):
+    """The same weights in transformers' own module layout (the forget gate under forget_gate.,
+    one conv1d of q, k, v, the FFNs under mlp., experts fused as gate_up_proj E x 2m x d and
+    down_proj E x d x m) load to the same model as the released layout save_pretrained writes."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    hf, ours, tr, ids, _ = kimi
+    src = FOLDER["kimi_linear"]
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    state = load_file(str(src / "model.safetensors"))
+    out, E = {}, hf.config.num_local_experts
+    for i in range(hf.config.num_hidden_layers):
+        a = f"model.layers.{i}.self_attn"
+        if f"{a}.q_conv1d.weight" in state:
+            out[f"{a}.conv1d.weight"] = torch.cat([state.pop(f"{a}.{p}_conv1d.weight") for p in "qkv"])
+            for t in ("f_a_proj.weight", "f_b_proj.weight", "dt_bias", "A_log"):
+                out[f"{a}.forget_gate.{t}"] = state.pop(f"{a}.{t}")
+        ex = f"model.layers.{i}.block_sparse_moe.experts"
+        if f"{ex}.0.w1.weight" in state:
+            out[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(
+                [torch.cat([state.pop(f"{ex}.{e}.w1.weight"), state.pop(f"{ex}.{e}.w3.weight")]) for e in range(E)])
+            out[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack([state.pop(f"{ex}.{e}.w2.weight")
+                                                                         for e in range(E)])
+    assert len(out) == 3 * 5 + 3 * 2
+    out.update({re.sub(r"\.block_sparse_moe\.", ".mlp.", k): v for k, v in state.items()})
+    save_file(out, str(tmp_path / "model.safetensors"))
+    again = core.load_model(str(tmp_path), device="cpu").trace(TEXT)
+    assert torch.equal(again["logits"], tr["logits"])
 
 
 HF = {"model_type": "kimi_linear", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4,

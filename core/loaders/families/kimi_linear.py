@@ -16,10 +16,12 @@ the scale is (d_nope + d_rope)^-1/2), as transformers' KimiLinearForCausalLM com
     norms            pre-norm RMSNorms (input_layernorm, post_attention_layernorm), a final norm;
                      the KDA output norm o_norm (eps rms_norm_eps) gated by a sigmoid
 
-Tensors (under model.; as the released checkpoints and transformers' save_pretrained write them):
+Tensors (under model.; as the released checkpoints and transformers' save_pretrained write them, or
+in transformers' own module layout: forget_gate., one conv1d, mlp., fused experts):
     layers.{i}.self_attn.q_proj / k_proj / v_proj   -> decoder.{i}.mixer.w_q / w_k / w_v   (KDA)
     layers.{i}.self_attn.{q,k,v}_conv1d (H d x 1 x K, or one conv1d of 3 H d) -> decoder.{i}.mixer.conv (3 H d x K)
-    layers.{i}.self_attn.f_a_proj / f_b_proj / dt_bias / A_log (1 x 1 x H x 1) -> mixer.w_fa / w_fb / dt_bias / A_log (H)
+    layers.{i}.self_attn.f_a_proj / f_b_proj / dt_bias / A_log (1 x 1 x H x 1; or under self_attn.forget_gate.)
+                                                    -> mixer.w_fa / w_fb / dt_bias / A_log (H)
     layers.{i}.self_attn.b_proj / g_a_proj / g_b_proj / o_norm / o_proj -> mixer.w_b / w_ga / w_gb / norm_weight / w_out
     layers.{i}.self_attn.* (MLA layers)  as DeepSeek V3 (core/loaders/families/deepseek.py)
     layers.{i}.block_sparse_moe.* or layers.{i}.mlp.*: gate_proj / up_proj / down_proj (dense);
@@ -48,9 +50,10 @@ MODEL_TYPES = ("kimi_linear",)
 BASES = (("model.", ""), "embed_tokens.weight")
 KIND = "decoder"
 A = "layers.{i}.self_attn"
-KDA = [(f"{A}.q_proj", "w_q"), (f"{A}.k_proj", "w_k"), (f"{A}.v_proj", "w_v"), (f"{A}.f_a_proj", "w_fa"),
-       (f"{A}.f_b_proj", "w_fb"), (f"{A}.b_proj", "w_b"), (f"{A}.g_a_proj", "w_ga"), (f"{A}.g_b_proj", "w_gb"),
-       (f"{A}.o_proj", "w_out")]
+KDA = [(f"{A}.q_proj", "w_q"), (f"{A}.k_proj", "w_k"), (f"{A}.v_proj", "w_v"), (f"{A}.b_proj", "w_b"),
+       (f"{A}.g_a_proj", "w_ga"), (f"{A}.g_b_proj", "w_gb"), (f"{A}.o_proj", "w_out")]
+# the forget gate's tensors: under self_attn. as released, under self_attn.forget_gate. in transformers' own layout
+FORGET = [("f_a_proj.weight", "w_fa.weight"), ("f_b_proj.weight", "w_fb.weight"), ("dt_bias", "dt_bias")]
 FFN_PREFIXES = ("block_sparse_moe", "mlp")  # the released layout, transformers' own
 
 
@@ -134,8 +137,7 @@ def weight_rows(cfg, base):
         if i in mixers:
             m = f"decoder.{i}.mixer"
             out += [(f"{base}{t.format(i=i)}.weight", f"{m}.{o}.weight", "") for t, o in KDA]
-            out += [(f"{base}{A.format(i=i)}.o_norm.weight", f"{m}.norm_weight", ""),
-                    (f"{base}{A.format(i=i)}.dt_bias", f"{m}.dt_bias", "")]
+            out.append((f"{base}{A.format(i=i)}.o_norm.weight", f"{m}.norm_weight", ""))
         else:
             layer = [r for r in MLA_ROWS if "layernorm" not in r[0] or "kv_a" in r[0]]
             layer += Q_DIRECT if cfg.mla["q_lora_rank"] is None else Q_LORA
@@ -144,8 +146,9 @@ def weight_rows(cfg, base):
 
 
 def split_fused(cfg, base, ckpt, state) -> None:
-    """The KDA convolutions ({q,k,v}_conv1d, each H d x 1 x K, concatenated; or one conv1d)
-    and A_log (1 x 1 x H x 1 -> H); every FFN under block_sparse_moe. (the released layout) or
+    """The KDA convolutions ({q,k,v}_conv1d, each H d x 1 x K, concatenated; or one conv1d),
+    the forget gate (f_a_proj, f_b_proj, dt_bias, A_log: 1 x 1 x H x 1 -> H; under self_attn. or
+    self_attn.forget_gate.); every FFN under block_sparse_moe. (the released layout) or
     mlp. (transformers' own), the routed experts stacked (E x 2m x d gate then up, E x d x m)."""
     mx = cfg.mixer
     dim, K = mx["heads"] * mx["d_k"], mx["conv"]
@@ -162,10 +165,14 @@ def split_fused(cfg, base, ckpt, state) -> None:
                 t = ckpt.get(f"{a}.conv1d.weight")
                 check_shape(f"{a}.conv1d.weight", t, [3 * dim, 1, K])
                 state[f"{m}.conv"] = t[:, 0].clone()
-            if f"{a}.A_log" in ckpt:
-                t = ckpt.get(f"{a}.A_log")
+            gate = f"{a}.forget_gate" if f"{a}.forget_gate.A_log" in ckpt else a
+            for t, o in FORGET:
+                if f"{gate}.{t}" in ckpt:
+                    state[f"{m}.{o}"] = ckpt.get(f"{gate}.{t}")
+            if f"{gate}.A_log" in ckpt:
+                t = ckpt.get(f"{gate}.A_log")
                 if t.numel() != mx["heads"]:
-                    raise CheckpointError(f"the tensor {a}.A_log has shape {list(t.shape)}: expected {mx['heads']} "
+                    raise CheckpointError(f"the tensor {gate}.A_log has shape {list(t.shape)}: expected {mx['heads']} "
                                           "numbers, one a head")
                 state[f"{m}.A_log"] = t.reshape(-1).clone()
         _ffn(cfg, base, i, ckpt, state)
