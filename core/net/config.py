@@ -129,7 +129,7 @@ change nothing:
                      (the short convolution's width), "chunk" (the chunked form's size,
                      default 64), "norm_eps" (its gated RMSNorm's; default cfg.norm_eps).
                      "kimi_delta" (core/net/kimi_delta.py, Kimi Linear): "heads", "d_k" (= d_v),
-                     "conv", "chunk", "norm_eps"; its decay is per key channel.
+                     "conv", "chunk" (default 16), "norm_eps"; its decay is per key channel.
                      "mamba2" (core/net/mamba2.py, Mamba2Spec.from_config): "heads",
                      "head_dim", "d_state", "groups", "conv", "chunk", "norm_eps", "bias",
                      "conv_bias", "dt_limit", "gate" (core/net/mamba2.py GATES), "beside_attention" (every layer

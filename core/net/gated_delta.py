@@ -102,11 +102,12 @@ def _chunked_channels(q, k, v, g, beta, chunk: int, state) -> Tuple[torch.Tensor
         diff = gamma[..., :, None, :] - gamma[..., None, :, :]  # (B, H, m, m, d_k): gamma_ic - gamma_jc
         lower = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()[..., None]
         decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # j <= i
-        kk = (kc[..., :, None, :] * kc[..., None, :, :] * decay).sum(-1)  # sum_c k_ic k_jc e^(...)
+        kd = decay * kc[..., None, :, :]  # [i, j, c] = k_jc e^(gamma_ic - gamma_jc), 0 for j > i
+        kk = torch.einsum("...ijc,...ic->...ij", kd, kc)  # sum_c k_ic k_jc e^(gamma_ic - gamma_jc)
         system = torch.eye(m, device=q.device) + (bc[..., :, None] * kk).tril(-1)
         rhs = bc[..., None] * (vc - (kc * gamma.exp()) @ S)
         delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
-        qk = (qc[..., :, None, :] * kc[..., None, :, :] * decay).sum(-1)  # (B, H, m, m), 0 above the diagonal
+        qk = torch.einsum("...ijc,...ic->...ij", kd, qc)  # (B, H, m, m), 0 above the diagonal
         out[:, :, c0:c1] = (qc * gamma.exp()) @ S + qk @ delta
         tail = (gamma[..., -1:, :] - gamma).exp()  # e^(gamma_C - gamma_j), (B, H, m, d_k)
         S = gamma[..., -1, :].exp()[..., None] * S + (kc * tail).transpose(-1, -2) @ delta

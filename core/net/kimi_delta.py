@@ -50,7 +50,9 @@ class KimiDeltaAttention(Mixer):
         if int(m.get("d_v", self.dk)) != self.dk:
             raise ValueError(f"kimi_delta: d_v ({m['d_v']}) must equal d_k ({self.dk}): one head size")
         self.dv = self.dk
-        self.chunk = int(m.get("chunk", 64))
+        # the chunked form's pairwise per-channel decay costs n C d_k: C = 16 runs ~2.5x faster than
+        # 64 at d_k 64 (n 512-1024, one CPU thread), where Gated DeltaNet's scalar decay prefers 64
+        self.chunk = int(m.get("chunk", 16))
         self.eps = float(m.get("norm_eps", cfg.norm_eps))
         self.dim = self.n_heads * self.dk
         self.w_q = Linear(d, self.dim, bias=False)
@@ -105,7 +107,7 @@ class KimiDeltaAttention(Mixer):
         """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
         b, h, n, _ = k.shape
         eye = torch.eye(n, device=k.device, dtype=torch.float32).expand(b, h, n, n)
-        return chunked_rule(q, k, eye, g, beta, min(self.chunk, max(self.dk, 16)))[0]
+        return chunked_rule(q, k, eye, g, beta, self.chunk)[0]
 
     def weights(self, x) -> torch.Tensor:
         q, k, _, g, beta = self.rule_inputs(x)
