@@ -6,8 +6,8 @@ every view of one can be tried without weights to download: "random:<preset>" (s
 "random:<preset>:<seed>" (RANDOM_PRESETS; `random_preset` parses the name). Each is a small
 decoder (4 layers, d 64, 4 heads, RoPE, RMSNorm, SwiGLU) on the random model's word tokenizer,
 its weights drawn from the seed, its windows and chunks a few tokens wide so that they bite
-on a sentence. Three presets have token mixers that are not softmax attention in some layers
-(gated_delta, mamba2, short_conv; core/net/mixer.py)."""
+on a sentence. Four presets have token mixers that are not softmax attention in some layers
+(gated_delta, kda, mamba2, short_conv; core/net/mixer.py)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ RANDOM_PRESETS: Dict[str, tuple] = {
                     dict(layer_types=["linear_attention"] * 3 + ["full_attention"], attn_gate=True,
                          mixer={"kind": "gated_delta", "heads": 4, "k_heads": 2, "d_k": 16, "d_v": 16, "conv": 4,
                                 "chunk": 8})),
+    "kda": ("Kimi Linear style: three Kimi Delta Attention layers (the delta rule with a decay per key channel) "
+            "then one latent attention layer without positions",
+            dict(layer_types=["linear_attention"] * 3 + ["full_attention"], positional="none", mla=_MLA,
+                 mixer={"kind": "kimi_delta", "heads": 4, "d_k": 16, "conv": 4, "chunk": 8})),
     "mamba2": ("Granite 4 style: Mamba2 layers (a state space model, each head's state decays by exp(dt A)) with "
                "one softmax attention layer", dict(layer_types=["linear_attention"] * 2 + ["full_attention",
                                                                                         "linear_attention"],
@@ -155,7 +159,7 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
     vocabulary (both sides for encoder-decoders). Learned sink logits (zero when a network is
     built) are drawn from N(0, 1) with the same seed, so that each head's sink differs; a token
     mixer's rates (A_log, dt_bias) are spread over its heads from slow to fast, so that some
-    heads remember tokens back."""
+    heads remember tokens back (a rate per key channel also over each head's channels)."""
     from .toy import toy_task
 
     vocab = toy_task.source_vocab()
@@ -174,7 +178,10 @@ def load_random(device=None, config: Optional[ModelConfig] = None, seed: int = 0
                 # reaches rates near 16, which forget within a token at random weights): some heads look back
                 heads = module.A_log.numel()
                 module.A_log.copy_(torch.linspace(-2.5, 0.0, heads))
-                module.dt_bias.copy_(torch.linspace(-2.0, 0.0, heads))
+                if module.dt_bias.numel() == heads:
+                    module.dt_bias.copy_(torch.linspace(-2.0, 0.0, heads))
+                else:  # a rate per key channel (Kimi Delta Attention): spread within each head too
+                    module.dt_bias.copy_(torch.linspace(-4.0, 1.0, module.dt_bias.numel() // heads).repeat(heads))
     tok = WordTokenizer(vocab, max_len=cfg.max_len)
     return AttentionModel(
         name,

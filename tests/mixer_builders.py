@@ -1,5 +1,5 @@
 """Tiny random checkpoints of the families whose token mixers are not softmax attention and
-that this project reads (Mamba2, LFM2), built by transformers at test time and saved with a
+that this project reads (Mamba2, LFM2, GraniteMoeHybrid, Falcon-H1, Kimi Linear), built by transformers at test time and saved with a
 byte-level BPE tokenizer: build(family, folder) -> (transformers model, folder).
 Shared by tests/parity/test_mamba_families.py and the conformance matrix."""
 
@@ -11,7 +11,44 @@ import torch
 
 from hf_builders import byte_bpe_tokenizer, randomize
 
-MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid", "granitemoehybrid_moe", "falcon_h1"]
+MIXER_FAMILIES = ["mamba2", "lfm2", "granitemoehybrid", "granitemoehybrid_moe", "falcon_h1", "kimi_linear"]
+
+# Kimi Linear: Kimi Delta Attention (4 heads of 8, a convolution of 4) in layers 0-2, latent attention
+# without positions in layer 3 (4 heads, latent 6, d_nope 6 + d_rope 4, d_v 5, q as one projection);
+# a dense first layer, then experts in 2 groups of 2 (1 group kept, 2 chosen, a correction bias,
+# scaled weights, a shared expert); norms with eps 1e-4 (as the Qwen3-Next hybrids: a head's gated
+# norm of an output near zero would blow up float32's rounding)
+KIMI = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+            intermediate_size=48, moe_intermediate_size=12, num_local_experts=4, num_experts_per_tok=2,
+            n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            kv_lora_rank=6, q_lora_rank=None, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            linear_head_dim=8, linear_num_heads=4, linear_conv_kernel_dim=4, rms_norm_eps=1e-4)
+
+
+def _kimi_params(model):
+    """Decays per channel from a few steps to the whole text (exp(A_log) 0.3 to 3 per head,
+    softplus(dt_bias) 0.01 to 0.7 over each head's channels), write strengths spread over (0, 1),
+    routers with preferences, a correction bias that changes the choice, latent maps far from uniform."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.linspace(-1.2, 1.1, p.numel())[torch.randperm(p.numel(), generator=g)].view(p.shape))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.linspace(-4.5, -0.5, p.numel())[torch.randperm(p.numel(), generator=g)])
+            elif name.endswith("b_proj.weight"):
+                p.mul_(2.0)
+            elif name.endswith("f_b_proj.weight"):
+                p.mul_(0.5)
+            elif name.endswith("mlp.gate.weight"):
+                p.mul_(5.0)
+            elif name.endswith(("kv_b_proj.weight", "kv_a_proj_with_mqa.weight")):
+                p.mul_(3.0)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
 
 
 def _mamba_params(model, heads: int):
@@ -78,6 +115,12 @@ def build(family: str, folder: Path):
         model = tf.FalconH1ForCausalLM(cfg)
         randomize(model)
         _mamba_params(model, 4)
+    elif family == "kimi_linear":
+        cfg = tf.KimiLinearConfig(vocab_size=v, max_position_embeddings=128, tie_word_embeddings=False,
+                                  pad_token_id=None, bos_token_id=None, eos_token_id=0, **KIMI)
+        model = tf.KimiLinearForCausalLM(cfg)
+        randomize(model)
+        _kimi_params(model)
     else:
         raise ValueError(family)
     model.eval().save_pretrained(str(folder))

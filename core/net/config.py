@@ -107,7 +107,9 @@ Fields for DeepSeek V3 / V3.2 (core/net/latent.py); their defaults change nothin
                      (DeepSeek's pairs (x0, x1), (x2, x3), ... rotated and laid out as halves),
                      "index": None, or the lightning indexer of a sparse selection (V3.2):
                      {"heads", "head_dim", "topk"}}. d_head is then v_head_dim (what W_o reads
-                     per head); RoPE turns the qk_rope_head_dim features of q and of the shared key.
+                     per head); RoPE turns the qk_rope_head_dim features of q and of the shared key
+                     (with positional "none", Kimi Linear, nothing is turned: they are a plain part
+                     of q and of the key every head shares, and need not be even).
     attn_scale       with mla, the factor on Q K^T (YaRN's mscale_all_dim squared included).
     moe              also kind "deepseek": sigmoid router scores, "score_bias" (the
                      e_score_correction_bias, for the choice only), group-limited top-k
@@ -126,6 +128,8 @@ change nothing:
                      "k_heads" (query/key heads, H a multiple of them), "d_k", "d_v", "conv"
                      (the short convolution's width), "chunk" (the chunked form's size,
                      default 64), "norm_eps" (its gated RMSNorm's; default cfg.norm_eps).
+                     "kimi_delta" (core/net/kimi_delta.py, Kimi Linear): "heads", "d_k" (= d_v),
+                     "conv", "chunk" (default 16), "norm_eps"; its decay is per key channel.
                      "mamba2" (core/net/mamba2.py, Mamba2Spec.from_config): "heads",
                      "head_dim", "d_state", "groups", "conv", "chunk", "norm_eps", "bias",
                      "conv_bias", "dt_limit", "gate" (core/net/mamba2.py GATES), "beside_attention" (every layer
@@ -307,7 +311,7 @@ class ModelConfig:
             for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if not int(self.mla.get(key) or 0) > 0 and not (key == "qk_nope_head_dim" and self.mla.get(key) == 0):
                     raise ValueError(f"mla needs a positive {key}, not {self.mla.get(key)!r}")
-            if self.mla["qk_rope_head_dim"] % 2:
+            if self.mla["qk_rope_head_dim"] % 2 and self.positional == "rope":
                 raise ValueError(f"mla's qk_rope_head_dim must be even (RoPE turns pairs), not {self.mla['qk_rope_head_dim']}")
             index = self.mla.get("index")
             if index is not None:

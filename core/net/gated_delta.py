@@ -24,6 +24,9 @@ gamma the cumulative log decay, the writes delta_j solve (I + L) delta = beta V 
 e^gamma) K S_0 with L[j, l] = beta_j e^(gamma_j - gamma_l) k_j . k_l (l < j): one unit lower
 triangular solve; then heads_i = e^(gamma_i) S_0^T q_i + sum_{j<=i} e^(gamma_i - gamma_j)
 (q_i . k_j) delta_j and S_C = e^(gamma_C) S_0 + sum_j e^(gamma_C - gamma_j) k_j delta_j^T.
+The rule functions also take a decay per key channel, g (B, H, n, d_k) (Kimi Delta Attention,
+core/net/kimi_delta.py): S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,
+the chunked form's pairwise decay then a (C, C, d_k) tensor (chunked_rule's helper says how).
 With a cache dict (greedy decoding) the layer keeps S and the convolution's last conv - 1 inputs
 there ("conv", "state") and continues from them: one new position is the recurrent form (S_t
 stepped once); several (a prompt) the chunked form started from the kept state, which gives
@@ -52,9 +55,13 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def chunked_rule(q, k, v, g, beta, chunk: int = 64, state=None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule in chunks: q, k (B, H, n, d_k) (q scaled), v (B, H, n, d_v), g, beta
-    (B, H, n); state (B, H, d_k, d_v) or None (zeros). Returns (heads (B, H, n, d_v), the last
-    state). float32 throughout."""
+    """The gated delta rule in chunks: q, k (B, H, n, d_k) (q scaled), v (B, H, n, d_v), beta
+    (B, H, n), g (B, H, n) (one decay a head) or (B, H, n, d_k) (a decay per key channel: the
+    Kimi delta rule, S_t = (I - beta_t k_t k_t^T) diag(e^g_t) S_{t-1} + beta_t k_t v_t^T); state
+    (B, H, d_k, d_v) or None (zeros). Returns (heads (B, H, n, d_v), the last state). float32
+    throughout."""
+    if g.dim() == 4:
+        return _chunked_channels(q, k, v, g, beta, chunk, state)
     b, h, n, dk = k.shape
     dv = v.shape[-1]
     S = q.new_zeros(b, h, dk, dv) if state is None else state.to(torch.float32)
@@ -77,14 +84,46 @@ def chunked_rule(q, k, v, g, beta, chunk: int = 64, state=None) -> Tuple[torch.T
     return out, S
 
 
+def _chunked_channels(q, k, v, g, beta, chunk: int, state) -> Tuple[torch.Tensor, torch.Tensor]:
+    """chunked_rule with a decay per key channel, g (B, H, n, d_k). Within a chunk, gamma (m, d_k)
+    the cumulative log decay and S_0 the start state: (I + L) delta = beta V - diag(beta)
+    (K * e^gamma) S_0 with L[i, j] = beta_i sum_c k_ic k_jc e^(gamma_ic - gamma_jc) (j < i);
+    heads_i = (q_i * e^gamma_i)^T S_0 + sum_{j<=i} [sum_c q_ic k_jc e^(gamma_ic - gamma_jc)] delta_j;
+    S_C = e^gamma_C * S_0 + sum_j (k_j * e^(gamma_C - gamma_j)) delta_j^T. The pairwise decay
+    is a (m, m, d_k) tensor masked to j <= i before its exponential (no e^gamma e^-gamma)."""
+    b, h, n, dk = k.shape
+    dv = v.shape[-1]
+    S = q.new_zeros(b, h, dk, dv) if state is None else state.to(torch.float32)
+    out = q.new_empty(b, h, n, dv)
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        qc, kc, vc, gc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], g[:, :, c0:c1], beta[:, :, c0:c1]
+        m = c1 - c0
+        gamma = gc.cumsum(-2)  # (B, H, m, d_k)
+        diff = gamma[..., :, None, :] - gamma[..., None, :, :]  # (B, H, m, m, d_k): gamma_ic - gamma_jc
+        lower = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()[..., None]
+        decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # j <= i
+        kd = decay * kc[..., None, :, :]  # [i, j, c] = k_jc e^(gamma_ic - gamma_jc), 0 for j > i
+        kk = torch.einsum("...ijc,...ic->...ij", kd, kc)  # sum_c k_ic k_jc e^(gamma_ic - gamma_jc)
+        system = torch.eye(m, device=q.device) + (bc[..., :, None] * kk).tril(-1)
+        rhs = bc[..., None] * (vc - (kc * gamma.exp()) @ S)
+        delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
+        qk = torch.einsum("...ijc,...ic->...ij", kd, qc)  # (B, H, m, m), 0 above the diagonal
+        out[:, :, c0:c1] = (qc * gamma.exp()) @ S + qk @ delta
+        tail = (gamma[..., -1:, :] - gamma).exp()  # e^(gamma_C - gamma_j), (B, H, m, d_k)
+        S = gamma[..., -1, :].exp()[..., None] * S + (kc * tail).transpose(-1, -2) @ delta
+    return out, S
+
+
 def recurrent_rule(q, k, v, g, beta, state=None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule one position at a time (same arguments and results as chunked_rule)."""
+    """The gated delta rule one position at a time (same arguments and results as chunked_rule;
+    g (B, H, n) or per key channel (B, H, n, d_k))."""
     b, h, n, dk = k.shape
     S = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state.to(torch.float32)
     outs = []
     for t in range(n):
         kt = k[:, :, t]
-        S = S * g[:, :, t].exp()[..., None, None]
+        S = S * g[:, :, t].exp()[..., None, None] if g.dim() == 3 else S * g[:, :, t].exp()[..., None]
         delta = (v[:, :, t] - (kt[..., None] * S).sum(-2)) * beta[:, :, t, None]  # beta (v - S^T k)
         S = S + kt[..., None] * delta[..., None, :]
         outs.append((S * q[:, :, t, :, None]).sum(-2))  # S^T q

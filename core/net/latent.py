@@ -11,6 +11,8 @@ core/net/attention.py (ModelConfig.mla).
               rotation); YaRN's attention factor m multiplies the rotated features (cos and
               sin times m there), and mscale_all_dim's square is in the scale (attn_scale)
     attention softmax(q k^T scale + M) v, then Concat(heads) W_o
+A layer without positions (cfg.positional "none": Kimi Linear's latent layers) turns nothing:
+q_rope and k_rope enter q and k as projected (the angles are None), the scale (d_nope + d_rope)^-1/2.
 
 The sparse selection (V3.2's lightning indexer) picks, for each query, the top-k keys by
     I[s, t] = sum_h w[s, h] H_I^-1/2 relu(q_I[s, h] . k_I[t] d_I^-1/2)

@@ -6,7 +6,8 @@ has `layer.mixer` (a Mixer) where other layers have `layer.self_attn`; its sub-l
 
     .q, .k     H x n x d_k   as the rule reads them (after its convolution, activation, norm, scale)
     .v         H x n x d_v   the values it mixes
-    .decay     H x n         the per-step log decay (a gated delta rule's g; Mamba2's delta_t A_h)
+    .decay     H x n         the per-step log decay (a gated delta rule's g; Mamba2's delta_t A_h);
+               H x n x d_k   Kimi Delta Attention's: one log decay per key channel
     .beta      H x n         the delta rule's write strength (gated and Kimi delta rules)
     .weights   H x n x n     the exact implicit attention A: heads[h, t] = sum_s A[h, t, s] v[h, s]
                              (+ skip), lower-triangular and signed; a map, computed when read
@@ -54,6 +55,7 @@ from .recorder import Rec
 # kind -> "module:Class" under core.net; a new kind is a module and one line here
 KINDS: Dict[str, str] = {
     "gated_delta": "gated_delta:GatedDeltaNet",
+    "kimi_delta": "kimi_delta:KimiDeltaAttention",
     "mamba2": "mamba2:Mamba2Mixer",
     "short_conv": "short_conv:ShortConvMixer",
 }

@@ -1,5 +1,5 @@
 """Every page opens, without an exception or an error, on the random presets whose layers mix
-tokens otherwise than by softmax attention (gated_delta on every page; mamba2 and short_conv on
+tokens otherwise than by softmax attention (gated_delta on every page; mamba2, short_conv and kda on
 the pages whose code differs by the mixer's kind) and on a model of Mamba2 layers alone (a tiny
 checkpoint built by transformers), where a view that reads softmax attention says why in one
 st.info."""
@@ -30,7 +30,8 @@ def pure_mamba(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, page", [("random:gated_delta", p) for p in PAGES]
-                         + [(m, p) for m in ("random:mamba2", "random:short_conv") for p in BY_KIND])
+                         + [(m, p) for m in ("random:mamba2", "random:short_conv", "random:kda")
+                            for p in BY_KIND])
 def test_every_page_opens_on_each_preset(app_test, page, name):
     at = app_test(page, model=name, text=TEXT)
     at.run()

@@ -16,7 +16,7 @@ from conftest import assert_no_exception, chart_by_key, decode_array, figure
 from core import trace_names as tn
 
 TEXT = "the small dog sees the cat and the old man sleeps"
-PRESETS = ["random:gated_delta", "random:mamba2", "random:short_conv"]
+PRESETS = ["random:gated_delta", "random:mamba2", "random:short_conv", "random:kda"]
 
 
 def _model(name):
@@ -43,6 +43,7 @@ def test_presets_have_their_mixers():
     assert kinds["random:gated_delta"] == ["gated_delta"] * 3 + ["softmax"]
     assert kinds["random:mamba2"] == ["mamba2", "mamba2", "softmax", "mamba2"]
     assert kinds["random:short_conv"] == ["short_conv", "softmax"] * 2
+    assert kinds["random:kda"] == ["kimi_delta"] * 3 + ["softmax"]
     assert _model("random:gated_delta").layer_kinds("decoder")[3]["output_gate"]
     assert _model("random:gated_delta").config.d_model == 64
 
@@ -139,6 +140,42 @@ def test_inside_steps_through_the_gated_delta_rule(app_test):
     want = np.exp(s - s.max(1, keepdims=True))
     np.testing.assert_allclose(soft, want / want.sum(1, keepdims=True), atol=1e-6)
     np.testing.assert_allclose(decode_array(beside[0]["z"]).astype(float), get("weights"), atol=1e-7)
+
+
+def test_inside_steps_through_the_kimi_delta_rule(app_test):
+    """Kimi Delta Attention: a decay per key channel. The checks pass (the decay recomputed from
+    the layer's input, beta, the outputs, the map), the state drawn is the per-channel rule's
+    (written again here) and the gates figure draws the channels' mean, slowest and fastest decay."""
+    at = app_test("inside", model="random:kda", text=TEXT, attn="decoder.mixer", layer="1", head="2")
+    at.session_state["inside.mixer_step"] = 5
+    at.run()
+    _clean(at)
+    passed = [c.value for c in at.caption if c.value.startswith(":green[✓")]
+    assert len(passed) == 4 and any("per key channel" in c for c in passed), passed
+    tr = _model("random:kda").trace(TEXT)
+    get = lambda s: tr[tn.mixer("decoder", 1, s)][2].double().numpy()  # noqa: E731
+    q, k, v, g, beta = (get(s) for s in ("q", "k", "v", "decay", "beta"))
+    assert g.shape == (len(q), 16)
+    S = np.zeros((16, 16))
+    for t in range(6):
+        S = (np.eye(16) - beta[t] * np.outer(k[t], k[t])) @ (np.exp(g[t])[:, None] * S) + beta[t] * np.outer(k[t], v[t])
+    shown = decode_array(figure(chart_by_key(at, "inside-mixer-state"))["data"][0]["z"]).astype(float)
+    np.testing.assert_allclose(shown, S, atol=1e-6)
+    gates = figure(chart_by_key(at, "inside-mixer-gates"))["data"]
+    np.testing.assert_allclose(decode_array(gates[0]["y"]).astype(float), np.exp(g).mean(1), atol=1e-6)
+    np.testing.assert_allclose(decode_array(gates[2]["y"]).astype(float), np.exp(g).min(1), atol=1e-6)
+    out = figure(chart_by_key(at, "inside-mixer-out"))["data"]
+    np.testing.assert_allclose(decode_array(out[0]["y"]).astype(float), S.T @ q[5], atol=1e-6)
+
+
+def test_inside_latent_layer_without_positions(app_test):
+    """The kda preset's latent attention layer has no positions: Inside a head's latent steps
+    recompute its shared key part and q unrotated, and every check passes."""
+    at = app_test("inside", model="random:kda", text=TEXT, attn="decoder.self_attn", layer="3", head="1")
+    at.run()
+    _clean(at)
+    assert any("k_rope = X W_KR" in c.value and c.value.startswith(":green[✓") for c in at.caption)
+    assert not any(c.value.startswith(":red[✗") for c in at.caption)
 
 
 def test_inside_steps_through_mamba2(app_test):

@@ -6,7 +6,7 @@ within the stated tolerance (TOL); a cell that does not apply says why (not_appl
 is skipped with that reason, never silently.
 
 Adding a family: one entry in CASES (tests/family_zoo.py builds it; the Mamba2 and
-short-convolution families, tests/mixer_builders.py). A layer whose token mixer is not softmax
+short-convolution families and Kimi Linear, tests/mixer_builders.py). A layer whose token mixer is not softmax
 attention has no map here: the paths read the softmax layers (softmax_layers), and a model with
 none says so. Adding a path: one
 function in PATHS (and, where it does not apply somewhere, a reason in not_applicable).
@@ -53,7 +53,7 @@ def get(tmp_path_factory):
             hf, ours = load(case)
         elif case in GGUF:
             hf, ours = _gguf(case, tmp_path_factory.mktemp(case))
-        elif case in MIXER_FAMILIES:  # Mamba2 and short-convolution families (tests/mixer_builders.py)
+        elif case in MIXER_FAMILIES:  # Mamba2, short-convolution and Kimi Linear families (tests/mixer_builders.py)
             from mixer_builders import build
             hf, folder = build(case, tmp_path_factory.mktemp(case))
             ours = core.load_model(str(folder), device="cpu")

@@ -328,7 +328,7 @@ def test_kv_cache_bytes_per_token_are_the_cache_tensors(zoo):
         kv_cache_comparison(mha.config, kv_heads=3)
 
 
-@pytest.mark.parametrize("preset", ["gated_delta", "mamba2", "short_conv", "shared_kv", "sinks"])
+@pytest.mark.parametrize("preset", ["gated_delta", "kda", "mamba2", "short_conv", "shared_kv", "sinks"])
 def test_kv_cache_bytes_count_only_the_layers_that_cache(preset):
     """A hybrid's token-mixer layers keep a fixed state, not a cache, and Gemma 4's shared-KV layers
     read an earlier layer's: core.net.cost counts neither, and its bytes per token are the cache

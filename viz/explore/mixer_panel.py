@@ -27,7 +27,7 @@ def kinds_strip(model, stack: str) -> None:
 
 
 def show(model, trace, stack: str, layer: int, head: int, kind: str, model_name: str) -> None:
-    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "mamba2", "short_conv"),
+    """The mixer view of `layer` (`kind`: the mixer's kind, "gated_delta", "kimi_delta", "mamba2", "short_conv"),
     with the downloads of Explore's other maps: this map as CSV, the layer's tensors, the trace."""
     kinds_strip(model, stack)
     q_toks, k_toks = axis_tokens(trace, stack, "self_attn")

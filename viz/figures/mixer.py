@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 SIGNED_SCALE = "RdBu_r"  # blue below zero, white at zero, red above
-KIND_NAME = {"softmax": "softmax", "gated_delta": "gated delta", "mamba2": "Mamba2", "short_conv": "short conv"}
+KIND_NAME = {"softmax": "softmax", "gated_delta": "gated delta", "kimi_delta": "Kimi delta", "mamba2": "Mamba2", "short_conv": "short conv"}
 
 
 def signed_limit(a: np.ndarray) -> float:

@@ -4,7 +4,8 @@ steps, checks and figures out).
     X          the layer's input after its norm (n x d)
     c_KV       [c | k_R] = X W_DKV; c_KV = RMSNorm(c) (n x r): the latent, what the cache keeps
     K_nope, V  c_KV W_UK^h, c_KV W_UV^h: head h's keys (d_nope) and values (d_v), rebuilt from the latent
-    k_rope     RoPE(X W_KR) (n x d_rope): one rotated key that every head shares
+    k_rope     RoPE(X W_KR) (n x d_rope): one rotated key that every head shares (X W_KR unrotated
+               in a layer without positions: Kimi Linear's; layer_rotates)
     q          X W_q (or RMSNorm(X W_DQ) W_UQ), per head [q_nope | RoPE(q_rope)]
     k          [K_nope | k_rope], per head
 
@@ -59,6 +60,13 @@ def _rotate(x: np.ndarray, cfg, interleave: bool) -> np.ndarray:
     return _pairs_rope(np.stack([x[:, :h], x[:, h:]], axis=-1).reshape(x.shape), float(cfg.rope_theta))
 
 
+def layer_rotates(trace, stack: str, layer: int) -> bool:
+    """Whether the latent layer turns its rope part by RoPE (False: a layer without positions,
+    Kimi Linear's, whose shared key part and q's last d_rope features pass unrotated)."""
+    model = getattr(getattr(trace, "runner", None), "model", None)
+    return model is None or bool(getattr(model.net.layers(stack)[layer], "rope", True))
+
+
 def latent_steps(trace, stack: str, layer: int, head: int) -> List[LatentStep]:
     """The compression X -> c_KV -> K_nope, V (+ k_rope, q) of head `head` in layer `layer`,
     each recomputed in numpy and checked against the trace. Raises NoReference (with why) where
@@ -77,9 +85,11 @@ def latent_steps(trace, stack: str, layer: int, head: int) -> List[LatentStep]:
     r, d_nope, d_rope, d_v = mod.r, mod.d_nope, mod.d_rope, mod.dk
     if getattr(mod, "factor", 1.0) != 1.0:
         raise NoReference("YaRN's attention factor is not written out for latent attention here")
+    rotates = layer_rotates(trace, stack, layer)
+    turn = (lambda t: _rotate(t, cfg, mod.interleave)) if rotates else (lambda t: t)  # noqa: E731
     kva = linear(mod.w_kva, xn)
     c = rms_norm(kva[:, :r], _a(mod.kv_a_norm.weight), float(mod.kv_a_norm.eps))
-    k_rope = _rotate(kva[:, r:], cfg, mod.interleave)
+    k_rope = turn(kva[:, r:])
     kvb = linear(mod.w_kvb, c).reshape(n, h, d_nope + d_v)
     k_nope, v = kvb[:, head, :d_nope], kvb[:, head, d_nope:]
     if mod.rq is None:
@@ -88,7 +98,7 @@ def latent_steps(trace, stack: str, layer: int, head: int) -> List[LatentStep]:
         cq = rms_norm(linear(mod.w_qa, xn), _a(mod.q_a_norm.weight), float(mod.q_a_norm.eps))
         qf, q_from = linear(mod.w_qb, cq), r"\mathrm{RMSNorm}(X W_{DQ}) W_{UQ}"
     qh = qf.reshape(n, h, d_nope + d_rope)[:, head]
-    q = np.concatenate([qh[:, :d_nope], _rotate(qh[:, d_nope:], cfg, mod.interleave)], axis=-1)
+    q = np.concatenate([qh[:, :d_nope], turn(qh[:, d_nope:])], axis=-1)
     rtol = rtol_of(trace)
     rec = {p: _a(trace[tn.attn(stack, layer, tn.SELF, p)]) for p in ("latent", "q", "k", "v")}
 
@@ -121,11 +131,23 @@ def latent_steps(trace, stack: str, layer: int, head: int) -> List[LatentStep]:
                    rf"k_{{rope}} = \mathrm{{RoPE}}(X W_{{KR}}) \in \mathbb{{R}}^{{n \times {d_rope}}}",
                    f"RoPE cannot pass through the latent (a rotation between W_UK and q would depend on the "
                    f"position), so d_rope = {d_rope} rotated features sit beside it, computed once for all {h} heads.",
-                   k_rope, name("k"), [check("k_rope = RoPE(X W_KR)", k_rope, rec["k"][head, :, d_nope:]), shared]),
+                   k_rope, name("k"), [check("k_rope = RoPE(X W_KR)", k_rope, rec["k"][head, :, d_nope:]), shared])
+        if rotates else
+        LatentStep("k_rope", "k_rope: one key part every head shares, not rotated (no positions)",
+                   rf"k_{{rope}} = X W_{{KR}} \in \mathbb{{R}}^{{n \times {d_rope}}}",
+                   f"This layer has no positions: the d_rope = {d_rope} features beside the latent are a key part "
+                   f"shared by all {h} heads, never rotated (Kimi Linear's latent layers).",
+                   k_rope, name("k"), [check("k_rope = X W_KR", k_rope, rec["k"][head, :, d_nope:]), shared]),
         LatentStep("q", f"q of head {head}: [q_nope | RoPE(q_rope)]",
                    rf"q^{{{head}}} = [\,q_{{nope}} \mid \mathrm{{RoPE}}(q_{{rope}})\,],\ [q_{{nope}} \mid q_{{rope}}] = {q_from}",
                    f"q · k = q_nope · K_nope + q_rope · k_rope: the first part reads the latent, the second the "
-                   f"positions; scale {mod.scale:.4g}.", q, name("q"), [check(f"q (head {head})", q, rec["q"][head])]),
+                   f"positions; scale {mod.scale:.4g}.", q, name("q"), [check(f"q (head {head})", q, rec["q"][head])])
+        if rotates else
+        LatentStep("q", f"q of head {head}: [q_nope | q_rope], nothing rotated",
+                   rf"q^{{{head}}} = [\,q_{{nope}} \mid q_{{rope}}\,] = {q_from}",
+                   f"q · k = q_nope · K_nope + q_rope · k_rope: the first part reads the latent, the second the "
+                   f"shared key part; no positions anywhere; scale {mod.scale:.4g}.", q, name("q"),
+                   [check(f"q (head {head})", q, rec["q"][head])]),
     ]
 
 

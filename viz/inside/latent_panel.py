@@ -10,7 +10,7 @@ import streamlit as st
 from core import trace_names as tn
 from viz.figures.reference import NoReference
 from viz.figures.sparse import selection_of
-from viz.inside.latent import gate_figure, latent_figure, latent_steps
+from viz.inside.latent import gate_figure, latent_figure, latent_steps, layer_rotates
 from viz.ui import charts, sparse_panel, widgets
 
 
@@ -31,7 +31,9 @@ def latent_section(trace, stack: str, layer: int, head: int, tokens) -> None:
         st.caption("DeepSeek V3 compresses every position to a small latent c_KV; each head rebuilds its keys and "
                    "values from it, and a small rotated key k_rope, shared by the heads, carries the positions. The "
                    "KV cache keeps only c_KV and k_rope. Each step is recomputed in float64 numpy (viz/inside/latent.py) "
-                   "and compared with the recorded tensor within 10⁻⁴ × max(1, largest |value|).")
+                   "and compared with the recorded tensor within 10⁻⁴ × max(1, largest |value|)."
+                   + ("" if layer_rotates(trace, stack, layer) else
+                      " This layer has no positions (Kimi Linear): its k_rope is a shared key part, never rotated."))
         for i, step in enumerate(steps, start=1):
             left, right = st.columns([5, 6])
             with left:

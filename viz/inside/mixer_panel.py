@@ -1,6 +1,7 @@
 """Inside a head on a layer whose token mixer is not softmax attention: the recurrence step by
 step on the user's sentence (Gated DeltaNet: the state S_t, the decay exp(g_t), the write
-strength beta_t, the key removal, the output o_t = S_tᵀ q_t; Mamba2: the decay exp(dt a), B_t,
+strength beta_t, the key removal, the output o_t = S_tᵀ q_t; Kimi Delta Attention the same with
+a decay per key channel; Mamba2: the decay exp(dt a), B_t,
 C_t, the state), each value recomputed in float64 numpy (viz/inside/recurrence.py) and checked
 against the trace, then the layer's implicit attention beside the softmax it replaces."""
 
@@ -55,8 +56,13 @@ def _checks(checks) -> None:
     widgets.show_checks(checks)
 
 
+def _scaled(c: float) -> str:
+    """'' for 1, else the factor and a space ("2 ")."""
+    return "" if c == 1 else f"{c:g} "
+
+
 def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
-    """The recurrence of `layer`'s mixer (`kind`: "gated_delta", "mamba2", "short_conv")."""
+    """The recurrence of `layer`'s mixer (`kind`: "gated_delta", "kimi_delta", "mamba2", "short_conv")."""
     tokens = trace.tokens("target") or trace.tokens("source")
     mixer = model.net.layers(stack)[layer].mixer
     if kind == "short_conv":
@@ -75,15 +81,25 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
     st.caption(f"Checks: each ✓ compares the trace's value (float32, the chunked form) with the same value "
                f"recomputed step by step in float64 numpy (viz/inside/recurrence.py), within {tol}; a failure is "
                "shown as a red error box.")
-    if kind == "gated_delta":
+    if kind in ("gated_delta", "kimi_delta"):
+        kda = kind == "kimi_delta"  # a decay per key channel: g_t is a vector of d_k
         beta = trace[name("beta")][head]
         ref = recurrence.gated_delta_steps(q, k, v, decay, beta)
-        gates = recurrence.gated_delta_gates(mixer_input(model, trace, stack, layer), mixer.w_a.weight, mixer.w_b.weight,
-                                             mixer.A_log, mixer.dt_bias, getattr(mixer, "beta_scale", 1.0))
+        x = mixer_input(model, trace, stack, layer)
+        if kda:
+            gates = recurrence.kimi_delta_gates(x, mixer.w_fa.weight, mixer.w_fb.weight, mixer.w_b.weight,
+                                                mixer.A_log, mixer.dt_bias)
+            g_label = ("the decay per key channel g_t = −exp(A_log) softplus(x W_fa W_fb + dt_bias), from the "
+                       "layer's input and the checkpoint's weights")
+        else:
+            gates = recurrence.gated_delta_gates(x, mixer.w_a.weight, mixer.w_b.weight, mixer.A_log, mixer.dt_bias,
+                                                 getattr(mixer, "beta_scale", 1.0))
+            g_label = ("the decay g_t = −exp(A_log) softplus(x W_a + dt_bias), from the layer's input and "
+                       "the checkpoint's weights")
         checks = [
-            recurrence.check("the decay g_t = −exp(A_log) softplus(x W_a + dt_bias), from the layer's input and "
-                             "the checkpoint's weights", decay, gates["g"][head]),
-            recurrence.check("the write strength β_t = sigmoid(x W_b)", beta, gates["beta"][head]),
+            recurrence.check(g_label, decay, gates["g"][head]),
+            recurrence.check(f"the write strength β_t = {_scaled(getattr(mixer, 'beta_scale', 1.0))}sigmoid(x W_b)",
+                             beta, gates["beta"][head]),
             recurrence.check("o_t = S_tᵀ q_t, the state stepped in numpy, against the trace's heads (every t)",
                              heads, ref["out"]),
             recurrence.check("A[t, s] = β_s k_s · P_{s+1} … P_t q_t, the product in numpy, against the trace's "
@@ -92,13 +108,25 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
         _checks(checks)
         st.markdown(r"**The recurrence** (per head; $S_t$ is $d_k \times d_v$, $q$ already scaled by "
                     r"$d_k^{-1/2}$, $k$ L2-normed):")
-        st.latex(r"S_t = e^{g_t}\,(I - \beta_t k_t k_t^{\top})\,S_{t-1} + \beta_t k_t v_t^{\top} "
-                 r"= e^{g_t} S_{t-1} + \beta_t k_t\,(v_t - r_t)^{\top},\quad r_t = e^{g_t} S_{t-1}^{\top} k_t,"
-                 r"\quad o_t = S_t^{\top} q_t")
-        charts.chart(mf.gates_figure({"decay exp(g_t)": ref["decay"], "write strength β_t": ref["beta"]}, tokens, t,
+        if kda:
+            st.latex(r"S_t = (I - \beta_t k_t k_t^{\top})\,\mathrm{diag}(e^{g_t})\,S_{t-1} + \beta_t k_t v_t^{\top} "
+                     r"= \mathrm{diag}(e^{g_t}) S_{t-1} + \beta_t k_t\,(v_t - r_t)^{\top},\quad "
+                     r"r_t = S_{t-1}^{\top} (e^{g_t} \odot k_t),\quad o_t = S_t^{\top} q_t")
+            e = ref["decay"]  # n x d_k: each key channel's share kept
+            series = {"decay exp(g_t), mean over the key channels": e.mean(1), "slowest channel": e.max(1),
+                      "fastest channel": e.min(1), "write strength β_t": ref["beta"]}
+            kept = (f"exp(g_t) keeps {e[t].min():.4f} … {e[t].max():.4f} (mean {e[t].mean():.4f}) of each key "
+                    "channel's row of S_(t−1)")
+        else:
+            st.latex(r"S_t = e^{g_t}\,(I - \beta_t k_t k_t^{\top})\,S_{t-1} + \beta_t k_t v_t^{\top} "
+                     r"= e^{g_t} S_{t-1} + \beta_t k_t\,(v_t - r_t)^{\top},\quad r_t = e^{g_t} S_{t-1}^{\top} k_t,"
+                     r"\quad o_t = S_t^{\top} q_t")
+            series = {"decay exp(g_t)": ref["decay"], "write strength β_t": ref["beta"]}
+            kept = f"exp(g_t) = {ref['decay'][t]:.4f} keeps that share of S_(t−1)"
+        charts.chart(mf.gates_figure(series, tokens, t,
                                      f"layer {layer} · head {head}: how much of the state survives, how hard it writes"),
                      key="inside-mixer-gates")
-        st.caption(f"At t = {t} ({tokens[t]!r}): exp(g_t) = {ref['decay'][t]:.4f} keeps that share of S_(t−1); "
+        st.caption(f"At t = {t} ({tokens[t]!r}): {kept}; "
                    f"β_t = {ref['beta'][t]:.4f} is how much of the new value replaces what the state held for k_t.")
         c = st.columns(2)
         with c[0]:

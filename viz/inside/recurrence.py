@@ -10,6 +10,13 @@ Gated DeltaNet, per head, from the rule's recorded inputs (q scaled by d_k^-1/2,
 The decay g_t = -exp(A_log) softplus(x_t W_a + dt_bias) and beta_t = sigmoid(x_t W_b) are
 recomputed from the layer's normed input and the checkpoint's weights.
 
+Kimi Delta Attention, the same with a decay per key channel, g_t a vector of d_k:
+    S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+        = diag(exp(g_t)) S_{t-1} + beta_t k_t (v_t - r_t)^T,   r_t = S_{t-1}^T (exp(g_t) * k_t)
+    A[t, s] = beta_s k_s . M_{s+1}^T ... M_t^T q_t,  M_r^T = diag(exp(g_r)) (I - beta_r k_r k_r^T)
+with g_t = -exp(A_log_h) softplus(x_t W_fa^T W_fb^T + dt_bias) (dt_bias per channel) recomputed
+from the layer's normed input (kimi_delta_gates).
+
 Mamba2, per head (P channels, a state of N), from C (= q), B (= k), x (= v), the log decay
 dt_t a_h (itself recomputed from the normed input, in_proj's dt rows, dt_bias and A_log) and
 a_h = -exp(A_log_h) from the checkpoint:
@@ -34,22 +41,24 @@ def _f(x) -> np.ndarray:
 
 
 def gated_delta_steps(q, k, v, g, beta) -> Dict[str, np.ndarray]:
-    """One head's recurrence: q, k (n x d_k), v (n x d_v), g, beta (n). Returns S (n x d_k x d_v,
-    the state after each step), decay exp(g) (n), beta (n), removal r_t (n x d_v), out o_t
-    (n x d_v) and A (n x n, unrolled as the product of the P_r, not from the states)."""
+    """One head's recurrence: q, k (n x d_k), v (n x d_v), beta (n), g (n; or n x d_k, a decay
+    per key channel: Kimi Delta Attention). Returns S (n x d_k x d_v, the state after each
+    step), decay exp(g) (as g), beta (n), removal r_t (n x d_v), out o_t (n x d_v) and A (n x n,
+    unrolled as the product of the steps' maps, not from the states)."""
     q, k, v, g, beta = map(_f, (q, k, v, g, beta))
     n, dk = k.shape
     S = np.zeros((dk, v.shape[1]))
     states, removal, out = [], [], []
     for t in range(n):
-        r = np.exp(g[t]) * S.T @ k[t]
-        S = np.exp(g[t]) * S + beta[t] * np.outer(k[t], v[t] - r)
+        e = np.exp(g[t]) * np.ones(dk)  # the decay of each key channel (one number for all in Gated DeltaNet)
+        r = S.T @ (e * k[t])
+        S = e[:, None] * S + beta[t] * np.outer(k[t], v[t] - r)
         states.append(S.copy())
         removal.append(r)
         out.append(S.T @ q[t])
     a = np.zeros((n, n))
     for t in range(n):
-        u = q[t].copy()  # P_{s+1} ... P_t q_t, built from the right (P_r is symmetric)
+        u = q[t].copy()  # P_{s+1}^T ... P_t^T q_t, built from the right
         for s in range(t, -1, -1):
             a[t, s] = beta[s] * k[s] @ u
             u = np.exp(g[s]) * (u - beta[s] * k[s] * (k[s] @ u))
@@ -65,6 +74,19 @@ def gated_delta_gates(x, w_a, w_b, A_log, dt_bias, beta_scale: float = 1.0) -> D
     g = -np.exp(A_log) * softplus
     beta = beta_scale / (1.0 + np.exp(-(x @ w_b.T)))
     return dict(g=g.T, beta=beta.T)
+
+
+def kimi_delta_gates(x, w_fa, w_fb, w_b, A_log, dt_bias) -> Dict[str, np.ndarray]:
+    """g (H x n x d_k) and beta (H x n) of Kimi Delta Attention from the layer's normed input x
+    (n x d) and the weights: g = -exp(A_log_h) softplus(x W_fa^T W_fb^T + dt_bias), beta =
+    sigmoid(x W_b^T)."""
+    x, w_fa, w_fb, w_b, A_log, dt_bias = map(_f, (x, w_fa, w_fb, w_b, A_log, dt_bias))
+    H = A_log.size
+    pre = (x @ w_fa.T) @ w_fb.T + dt_bias  # n x H d_k
+    softplus = np.where(pre > 20, pre, np.log1p(np.exp(np.minimum(pre, 20))))
+    g = -np.exp(A_log.reshape(-1))[:, None, None] * softplus.reshape(x.shape[0], H, -1).transpose(1, 0, 2)
+    beta = 1.0 / (1.0 + np.exp(-(x @ w_b.T)))
+    return dict(g=g, beta=beta.T)
 
 
 def mamba2_decay(x, w_dt, dt_bias, A_log, dt_limit=(0.0, float("inf"))) -> np.ndarray:

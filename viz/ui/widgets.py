@@ -36,7 +36,7 @@ KIND_LABEL = {("encoder", "self_attn"): "encoder self-attention", ("decoder", "s
               ("decoder", "cross_attn"): "decoder cross-attention"}
 
 
-MIXER_LABEL = {"gated_delta": "Gated DeltaNet", "mamba2": "Mamba2", "short_conv": "short convolution"}
+MIXER_LABEL = {"gated_delta": "Gated DeltaNet", "kimi_delta": "Kimi Delta Attention", "mamba2": "Mamba2", "short_conv": "short convolution"}
 
 
 def mixer_views(trace) -> list:
@@ -53,7 +53,7 @@ def view_layers(trace, stack: str, kind: str) -> list:
 
 
 def mixer_kind(trace) -> str:
-    """The kind of the trace's token mixers ("gated_delta", "mamba2", "short_conv"), or ""."""
+    """The kind of the trace's token mixers ("gated_delta", "kimi_delta", "mamba2", "short_conv"), or ""."""
     return str((trace.meta.get("config", {}).get("mixer") or {}).get("kind", ""))
 
 

@@ -43,7 +43,7 @@ MODULES.update({"deepseek_v3": "deepseek", "deepseek_v32": "deepseek"})
 MODULES.update({"qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_next", "qwen3_5": "qwen3_next",
                 "olmo_hybrid": "olmo_hybrid"})
 MODULES.update({"mamba2": "mamba2", "lfm2": "lfm2", "granitemoehybrid": "granitemoehybrid",
-                "falcon_h1": "falcon_h1"})
+                "falcon_h1": "falcon_h1", "kimi_linear": "kimi_linear"})
 
 
 def module(model_type: str) -> Optional[ModuleType]:
