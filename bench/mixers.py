@@ -1,11 +1,13 @@
 """A token mixer's exact implicit attention at 2,048 tokens, against one traced pass of the
 mixer, measured in one run (core/net/mixer.py: the kinds):
 
-    python -m bench.mixers [--kinds gated_delta,mamba2] [--tokens 2048] [--quick] [--json]
+    python -m bench.mixers [--kinds gated_delta,kimi_delta,mamba2] [--tokens 2048] [--quick] [--json]
 
 One random layer per kind, at the size of a layer of a model people open:
     gated_delta  Gated DeltaNet (core/net/gated_delta.py): d_model 1024, 16 key and 16 value
                  heads of 128, a conv of 4 taps, chunks of 64
+    kimi_delta   Kimi Delta Attention (core/net/kimi_delta.py), Kimi Linear 48B's layer: d_model
+                 2304, 32 heads of 128, a decay per key channel, chunks of 16
     mamba2       Mamba2 (core/net/mamba2.py), Mamba2-130m's shape: d_model 768, 24 heads of
                  64, a state of 128, one group, a conv of 4 taps, chunks of 256
 Each kind's rates spread from slow to fast over its heads, as the models start them.
@@ -29,7 +31,20 @@ import time
 
 from bench.common import alternate, machine_info, median, paired_ratio
 
-KINDS = ("gated_delta", "mamba2")
+KINDS = ("gated_delta", "kimi_delta", "mamba2")
+
+
+def _delta_maps(mixer):
+    """(one head's map, every head's, A @ v) of a delta-rule mixer from a recorder's tensors (kept
+    H x n x ..., batch dropped; the rule reads (B, H, n, ...))."""
+    def one(t, h=0):
+        s = slice(h, h + 1)
+        return mixer.implicit_attention(t["q"][None, s], t["k"][None, s], t["decay"][None, s], t["beta"][None, s])[0]
+
+    def every(t):
+        return mixer.implicit_attention(t["q"][None], t["k"][None], t["decay"][None], t["beta"][None])[0]
+
+    return one, every, lambda t: every(t) @ t["v"]
 
 
 def gated_delta_layer():
@@ -51,18 +66,32 @@ def gated_delta_layer():
         mixer.A_log.copy_(torch.linspace(-2.0, 1.0, heads))  # rates from slow to fast
         mixer.dt_bias.copy_(torch.linspace(-4.0, 0.0, heads))
 
-    # the recorder keeps H x n x ... (batch dropped): the rule reads (B, H, n, ...)
-    def one(t, h=0):
-        s = slice(h, h + 1)
-        return mixer.implicit_attention(t["q"][None, s], t["k"][None, s], t["decay"][None, s], t["beta"][None, s])[0]
+    return (mixer, cfg.d_model) + _delta_maps(mixer)
 
-    def every(t):
-        return mixer.implicit_attention(t["q"][None], t["k"][None], t["decay"][None], t["beta"][None])[0]
 
-    def rebuild(t):
-        return every(t) @ t["v"]
+def kimi_delta_layer():
+    """The same for a Kimi Delta Attention layer of Kimi Linear 48B's size."""
+    import math
 
-    return mixer, cfg.d_model, one, every, rebuild
+    import torch
+
+    from core.net.config import ModelConfig
+    from core.net.kimi_delta import KimiDeltaAttention
+
+    heads, dk = 32, 128
+    cfg = ModelConfig(kind="decoder", d_model=2304, n_heads=8, d_ff=64, n_layers=1, norm="rmsnorm",
+                      norm_placement="pre", positional="none", layer_types=["linear_attention"],
+                      mixer={"kind": "kimi_delta", "heads": heads, "d_k": dk, "conv": 4})
+    mixer = KimiDeltaAttention(cfg, 0).eval()
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.copy_(torch.randn_like(p) * 0.02)
+        mixer.A_log.copy_(torch.linspace(-2.0, 1.0, heads))  # rates from slow to fast
+        steps = torch.logspace(-3, -1, dk).repeat(heads)  # per channel, 0.001 .. 0.1
+        mixer.dt_bias.copy_(torch.log(torch.expm1(steps)))
+        assert math.isfinite(float(mixer.dt_bias.sum()))
+
+    return (mixer, cfg.d_model) + _delta_maps(mixer)
 
 
 def mamba2_layer():
@@ -91,7 +120,7 @@ def mamba2_layer():
     return mixer, spec.d_model, one, every, rebuild
 
 
-LAYERS = {"gated_delta": gated_delta_layer, "mamba2": mamba2_layer}
+LAYERS = {"gated_delta": gated_delta_layer, "kimi_delta": kimi_delta_layer, "mamba2": mamba2_layer}
 
 
 def run_kind(kind: str, tokens: int, rounds: int) -> dict:

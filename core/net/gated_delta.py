@@ -17,7 +17,8 @@ Unrolled, heads_t = sum_{s<=t} A[t, s] v_s with the exact implicit attention
     A[t, s] = beta_s k_s . P_{s+1} ... P_t q_t,   P_r = exp(g_r) (I - beta_r k_r k_r^T)
 (`.weights`): signed, lower-triangular, the key removal included. Computed as the rule's
 output when the values are the n unit vectors e_s (heads_t = A[t, :]), which is the same
-linear map read column by column: O(n^2 (d_k + chunk)) a head, never a d_k x d_k product per cell.
+linear map read column by column (unit_value_rule, each chunk on the columns already written):
+O(n^2 (d_k + chunk)) a head, never a d_k x d_k product per cell.
 
 The chunked form (no cache): within a chunk of C positions with state S_0 at its start and
 gamma the cumulative log decay, the writes delta_j solve (I + L) delta = beta V - diag(beta
@@ -26,7 +27,7 @@ triangular solve; then heads_i = e^(gamma_i) S_0^T q_i + sum_{j<=i} e^(gamma_i -
 (q_i . k_j) delta_j and S_C = e^(gamma_C) S_0 + sum_j e^(gamma_C - gamma_j) k_j delta_j^T.
 The rule functions also take a decay per key channel, g (B, H, n, d_k) (Kimi Delta Attention,
 core/net/kimi_delta.py): S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,
-the chunked form's pairwise decay then a (C, C, d_k) tensor (chunked_rule's helper says how).
+the chunked form's pairwise decay then a (C, C, d_k) tensor (_chunk_channels says how).
 With a cache dict (greedy decoding) the layer keeps S and the convolution's last conv - 1 inputs
 there ("conv", "state") and continues from them: one new position is the recurrent form (S_t
 stepped once); several (a prompt) the chunked form started from the kept state, which gives
@@ -54,65 +55,80 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def _chunk_scalar(qc, kc, vc, gc, bc, S) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of the rule with one decay a head: gc, bc (B, H, m), S the state at its start.
+    Returns (heads of the chunk (B, H, m, d_v), the state at its end)."""
+    m = kc.shape[-2]
+    gamma = gc.cumsum(-1)  # (B, H, m)
+    diff = gamma[..., :, None] - gamma[..., None, :]  # gamma_i - gamma_j
+    lower = torch.ones(m, m, dtype=torch.bool, device=kc.device).tril()
+    decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # e^(gamma_i - gamma_j), j <= i
+    kk = kc @ kc.transpose(-1, -2)
+    system = torch.eye(m, device=kc.device) + (bc[..., :, None] * kk * decay).tril(-1)
+    rhs = bc[..., None] * vc - (bc * gamma.exp())[..., None] * (kc @ S)
+    delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
+    out = gamma.exp()[..., None] * (qc @ S) + ((qc @ kc.transpose(-1, -2)) * decay) @ delta
+    tail = (gamma[..., -1:] - gamma).exp()  # e^(gamma_C - gamma_j)
+    return out, gamma[..., -1].exp()[..., None, None] * S + (kc * tail[..., None]).transpose(-1, -2) @ delta
+
+
+def _chunk_channels(qc, kc, vc, gc, bc, S) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One chunk with a decay per key channel, gc (B, H, m, d_k). With gamma (m, d_k) the
+    cumulative log decay and S_0 the start state: (I + L) delta = beta V - diag(beta)
+    (K * e^gamma) S_0 with L[i, j] = beta_i sum_c k_ic k_jc e^(gamma_ic - gamma_jc) (j < i);
+    heads_i = (q_i * e^gamma_i)^T S_0 + sum_{j<=i} [sum_c q_ic k_jc e^(gamma_ic - gamma_jc)] delta_j;
+    S_C = e^gamma_C * S_0 + sum_j (k_j * e^(gamma_C - gamma_j)) delta_j^T. The pairwise decay
+    is a (m, m, d_k) tensor masked to j <= i before its exponential (no e^gamma e^-gamma)."""
+    m = kc.shape[-2]
+    gamma = gc.cumsum(-2)  # (B, H, m, d_k)
+    diff = gamma[..., :, None, :] - gamma[..., None, :, :]  # (B, H, m, m, d_k): gamma_ic - gamma_jc
+    lower = torch.ones(m, m, dtype=torch.bool, device=kc.device).tril()[..., None]
+    decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # j <= i
+    kd = decay * kc[..., None, :, :]  # [i, j, c] = k_jc e^(gamma_ic - gamma_jc), 0 for j > i
+    kk = torch.einsum("...ijc,...ic->...ij", kd, kc)  # sum_c k_ic k_jc e^(gamma_ic - gamma_jc)
+    system = torch.eye(m, device=kc.device) + (bc[..., :, None] * kk).tril(-1)
+    rhs = bc[..., None] * (vc - (kc * gamma.exp()) @ S)
+    delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
+    qk = torch.einsum("...ijc,...ic->...ij", kd, qc)  # (B, H, m, m), 0 above the diagonal
+    out = (qc * gamma.exp()) @ S + qk @ delta
+    tail = (gamma[..., -1:, :] - gamma).exp()  # e^(gamma_C - gamma_j), (B, H, m, d_k)
+    return out, gamma[..., -1, :].exp()[..., None] * S + (kc * tail).transpose(-1, -2) @ delta
+
+
 def chunked_rule(q, k, v, g, beta, chunk: int = 64, state=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule in chunks: q, k (B, H, n, d_k) (q scaled), v (B, H, n, d_v), beta
     (B, H, n), g (B, H, n) (one decay a head) or (B, H, n, d_k) (a decay per key channel: the
     Kimi delta rule, S_t = (I - beta_t k_t k_t^T) diag(e^g_t) S_{t-1} + beta_t k_t v_t^T); state
     (B, H, d_k, d_v) or None (zeros). Returns (heads (B, H, n, d_v), the last state). float32
     throughout."""
-    if g.dim() == 4:
-        return _chunked_channels(q, k, v, g, beta, chunk, state)
+    step = _chunk_channels if g.dim() == 4 else _chunk_scalar
     b, h, n, dk = k.shape
     dv = v.shape[-1]
     S = q.new_zeros(b, h, dk, dv) if state is None else state.to(torch.float32)
     out = q.new_empty(b, h, n, dv)
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
-        qc, kc, vc, gc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], g[:, :, c0:c1], beta[:, :, c0:c1]
-        m = c1 - c0
-        gamma = gc.cumsum(-1)  # (B, H, m)
-        diff = gamma[..., :, None] - gamma[..., None, :]  # gamma_i - gamma_j
-        lower = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
-        decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # e^(gamma_i - gamma_j), j <= i
-        kk = kc @ kc.transpose(-1, -2)
-        system = torch.eye(m, device=q.device) + (bc[..., :, None] * kk * decay).tril(-1)
-        rhs = bc[..., None] * vc - (bc * gamma.exp())[..., None] * (kc @ S)
-        delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
-        out[:, :, c0:c1] = gamma.exp()[..., None] * (qc @ S) + ((qc @ kc.transpose(-1, -2)) * decay) @ delta
-        tail = (gamma[..., -1:] - gamma).exp()  # e^(gamma_C - gamma_j)
-        S = gamma[..., -1].exp()[..., None, None] * S + (kc * tail[..., None]).transpose(-1, -2) @ delta
+        out[:, :, c0:c1], S = step(q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], g[:, :, c0:c1], beta[:, :, c0:c1], S)
     return out, S
 
 
-def _chunked_channels(q, k, v, g, beta, chunk: int, state) -> Tuple[torch.Tensor, torch.Tensor]:
-    """chunked_rule with a decay per key channel, g (B, H, n, d_k). Within a chunk, gamma (m, d_k)
-    the cumulative log decay and S_0 the start state: (I + L) delta = beta V - diag(beta)
-    (K * e^gamma) S_0 with L[i, j] = beta_i sum_c k_ic k_jc e^(gamma_ic - gamma_jc) (j < i);
-    heads_i = (q_i * e^gamma_i)^T S_0 + sum_{j<=i} [sum_c q_ic k_jc e^(gamma_ic - gamma_jc)] delta_j;
-    S_C = e^gamma_C * S_0 + sum_j (k_j * e^(gamma_C - gamma_j)) delta_j^T. The pairwise decay
-    is a (m, m, d_k) tensor masked to j <= i before its exponential (no e^gamma e^-gamma)."""
+def unit_value_rule(q, k, g, beta, chunk: int = 64) -> torch.Tensor:
+    """The exact implicit attention A (B, H, n, n): chunked_rule's heads when the values are the
+    n unit vectors e_s (heads_t = A[t, :]), from a zero state. Before chunk [c0, c1) only the
+    values of positions < c0 have been written, so the state's columns from c1 on are zero and
+    so is every output there: each chunk runs on its first c1 columns only, half the work of
+    the full n x n values."""
+    step = _chunk_channels if g.dim() == 4 else _chunk_scalar
     b, h, n, dk = k.shape
-    dv = v.shape[-1]
-    S = q.new_zeros(b, h, dk, dv) if state is None else state.to(torch.float32)
-    out = q.new_empty(b, h, n, dv)
+    eye = torch.eye(n, device=k.device, dtype=torch.float32)
+    S = q.new_zeros(b, h, dk, 0)
+    out = q.new_zeros(b, h, n, n)
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
-        qc, kc, vc, gc, bc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], g[:, :, c0:c1], beta[:, :, c0:c1]
-        m = c1 - c0
-        gamma = gc.cumsum(-2)  # (B, H, m, d_k)
-        diff = gamma[..., :, None, :] - gamma[..., None, :, :]  # (B, H, m, m, d_k): gamma_ic - gamma_jc
-        lower = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()[..., None]
-        decay = torch.where(lower, diff, diff.new_tensor(float("-inf"))).exp()  # j <= i
-        kd = decay * kc[..., None, :, :]  # [i, j, c] = k_jc e^(gamma_ic - gamma_jc), 0 for j > i
-        kk = torch.einsum("...ijc,...ic->...ij", kd, kc)  # sum_c k_ic k_jc e^(gamma_ic - gamma_jc)
-        system = torch.eye(m, device=q.device) + (bc[..., :, None] * kk).tril(-1)
-        rhs = bc[..., None] * (vc - (kc * gamma.exp()) @ S)
-        delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # (B, H, m, d_v)
-        qk = torch.einsum("...ijc,...ic->...ij", kd, qc)  # (B, H, m, m), 0 above the diagonal
-        out[:, :, c0:c1] = (qc * gamma.exp()) @ S + qk @ delta
-        tail = (gamma[..., -1:, :] - gamma).exp()  # e^(gamma_C - gamma_j), (B, H, m, d_k)
-        S = gamma[..., -1, :].exp()[..., None] * S + (kc * tail).transpose(-1, -2) @ delta
-    return out, S
+        S = F.pad(S, (0, c1 - S.shape[-1]))  # the chunk's own positions join as zero columns
+        out[:, :, c0:c1, :c1], S = step(q[:, :, c0:c1], k[:, :, c0:c1], eye[c0:c1, :c1].expand(b, h, -1, -1),
+                                        g[:, :, c0:c1], beta[:, :, c0:c1], S)
+    return out
 
 
 def recurrent_rule(q, k, v, g, beta, state=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -193,9 +209,7 @@ class GatedDeltaNet(Mixer):
 
     def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
         """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
-        b, h, n, _ = k.shape
-        eye = torch.eye(n, device=k.device, dtype=torch.float32).expand(b, h, n, n)
-        return chunked_rule(q, k, eye, g, beta, min(self.chunk, max(self.dk, 16)))[0]
+        return unit_value_rule(q, k, g, beta, min(self.chunk, max(self.dk, 16)))
 
     def weights(self, x) -> torch.Tensor:
         q, k, _, g, beta = self.rule_inputs(x)

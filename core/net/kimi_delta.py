@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .gated_delta import chunked_rule, l2norm, recurrent_rule
+from .gated_delta import chunked_rule, l2norm, recurrent_rule, unit_value_rule
 from .hooks import point
 from .linear import Linear
 from .mixer import Mixer
@@ -105,9 +105,7 @@ class KimiDeltaAttention(Mixer):
 
     def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
         """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
-        b, h, n, _ = k.shape
-        eye = torch.eye(n, device=k.device, dtype=torch.float32).expand(b, h, n, n)
-        return chunked_rule(q, k, eye, g, beta, self.chunk)[0]
+        return unit_value_rule(q, k, g, beta, self.chunk)
 
     def weights(self, x) -> torch.Tensor:
         q, k, _, g, beta = self.rule_inputs(x)

@@ -431,3 +431,31 @@ def test_multimodal_checkpoint_reads_its_text_model(tmp_path):
     d = float((tr["logits"] - logits).abs().max())
     print(f"qwen3_5 (multimodal, text alone): logits max |diff| {d:.3g}")
     assert d < TOL and [k["mixer"] for k in ours.layer_kinds()][:3] == ["gated_delta", "gated_delta", "softmax"]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_trimmed_map_is_the_rule_on_unit_values(per_channel):
+    """unit_value_rule (each chunk on the columns written so far) gives chunked_rule's heads on the
+    n unit values, which a float64 loop over A[t, s] = beta_s k_s . P_{s+1}^T ... P_t^T q_t also gives."""
+    from core.net.gated_delta import unit_value_rule
+
+    torch.manual_seed(3)
+    b, h, n, dk = 1, 2, 37, 6  # n not a multiple of the chunk
+    q = torch.randn(b, h, n, dk) * 0.4
+    k = torch.nn.functional.normalize(torch.randn(b, h, n, dk), dim=-1)
+    g = -torch.rand(b, h, n, dk) * 0.4 if per_channel else -torch.rand(b, h, n) * 0.4
+    beta = torch.rand(b, h, n)
+    a = unit_value_rule(q, k, g, beta, 8)
+    full, _ = chunked_rule(q, k, torch.eye(n).expand(b, h, n, n), g, beta, 8)
+    assert (a - full).abs().max().item() < 1e-6
+    assert torch.count_nonzero(torch.triu(a, 1)) == 0
+    Q, K, G, Bt = (t.double().numpy() for t in (q, k, g, beta))
+    want = np.zeros((h, n, n))
+    for hh in range(h):
+        for t in range(n):
+            u = Q[0, hh, t].copy()  # P_t^T ... applied backwards from t to s + 1
+            for s in range(t, -1, -1):
+                want[hh, t, s] = Bt[0, hh, s] * K[0, hh, s] @ u
+                dec = np.exp(G[0, hh, s])  # P_s^T = diag(e^g_s)(I - beta_s k_s k_s^T): u <- P_s^T u
+                u = dec * (u - Bt[0, hh, s] * K[0, hh, s] * (K[0, hh, s] @ u))
+    np.testing.assert_allclose(a[0].double().numpy(), want, atol=2e-6)
