@@ -98,3 +98,20 @@ def test_explore_shows_the_short_convolutions_filter(server, page):
     page.locator(".st-key-explore-filter").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "mixers-explore-short-conv.png"), full_page=True)
     _click_every_svg(page, at_least=2)
+
+
+def test_inside_steps_through_kimi_delta_attention(server, page):
+    """The kda preset (Kimi Linear): Inside a head's recurrence with a decay per key channel, its
+    gates as plotly holds them equal to the trace's decay, every check green."""
+    _open(page, server, "inside", model="random:kda", attn="decoder.mixer", layer="1", head="1")
+    gates = chart_data(page, "inside-mixer-gates")
+    tr = core.load_model("random:kda", device="cpu").trace(TEXT)
+    decay = np.exp(tr[tn.mixer("decoder", 1, "decay")][1].numpy())  # n x d_k: a decay per key channel
+    assert decay.ndim == 2 and decay.std(1).max() > 0  # the channels differ
+    curves = {d["name"]: np.array(d["y"], dtype=float) for d in gates["data"]}
+    np.testing.assert_allclose(curves["decay exp(g_t), mean over the key channels"], decay.mean(1), atol=1e-6)
+    np.testing.assert_allclose(curves["fastest channel"], decay.min(1), atol=1e-6)
+    assert page.get_by_text("failed on this view").count() == 0
+    assert page.get_by_text("the decay per key channel").count() >= 1
+    page.screenshot(path=str(SCREENSHOTS / "mixers-inside-kimi-delta.png"), full_page=True)
+    _click_every_svg(page, at_least=3)
