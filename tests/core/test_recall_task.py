@@ -60,3 +60,25 @@ def test_the_pages_words_follow_the_curves():
                      "Mamba2 falls from 100.0% at 2 pairs to 62.0% at 16.")
     assert curve_words({"gated_delta": {2: 0.99, 4: 0.98}}, hold=0.95) == "Gated DeltaNet holds (98.0% at 4 pairs)."
     assert curve_words({}) == ""
+
+
+def test_the_training_script_writes_what_the_loader_reads(tmp_path):
+    """core.cli.train_recall, a few steps per mixer: each folder holds safetensors, its config and
+    its metrics (the steps it ran, the held-out curve over PAIR_COUNTS); load_recall reads it back
+    to the same weights; without --steps each mixer gets the recipe's own (STEPS)."""
+    from safetensors.torch import load_file
+
+    from core.cli import train_recall
+    from core.toy import recall_model
+
+    done = train_recall.main(["--mixers", "softmax,mamba2", "--steps", "2", "--out", str(tmp_path)])
+    assert set(done) == {"softmax", "mamba2"}
+    for mixer, meta in done.items():
+        assert meta["steps"] == 2
+        assert [int(k) for k in meta["accuracy"]] == list(rt.PAIR_COUNTS)
+        assert all(0.0 <= a <= 1.0 for a in meta["accuracy"].values())
+        model = recall_model.load_recall(mixer, device="cpu", folder=tmp_path)
+        assert model.info["steps"] == 2 and model.net.cfg.max_len == 4 * rt.MAX_PAIRS
+        saved = load_file(str(tmp_path / mixer / "model.safetensors"))
+        assert all(torch.equal(saved[k], v) for k, v in model.net.state_dict().items())
+    assert train_recall.STEPS["softmax"] < train_recall.STEPS["gated_delta"] == train_recall.STEPS["mamba2"]
