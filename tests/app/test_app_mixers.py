@@ -78,6 +78,29 @@ def test_explore_draws_a_mixers_map_signed_and_causal(app_test):
     assert kinds["text"] == [["gated delta"] * 3 + ["softmax"]]
 
 
+def test_explore_draws_a_long_input_in_blocks(app_test):
+    """A mixer's map of a long input is drawn as Explore's other maps are: in blocks (keys summed,
+    queries averaged), with the reason in an st.info, and the model view's thumbnails pooled; the
+    blocks are the exact map's block sums."""
+    from viz.figures.model_view import MAX_GRID_SIDE, MAX_HEATMAP_SIDE
+    from viz.figures.reduce import reduce_to
+
+    long_text = " ".join([TEXT] * 16)
+    at = app_test("explore", model="random:gated_delta", text=long_text, attn="decoder.mixer", layer="1", head="2")
+    at.run()
+    _clean(at)
+    assert any("Long input" in i.value and "blocks" in i.value for i in at.info)
+    z = decode_array(figure(chart_by_key(at, "explore-mixer-map"))["data"][0]["z"]).astype(float)
+    full = _model("random:gated_delta").trace(long_text)[tn.mixer("decoder", 1, "weights")][2]
+    assert full.shape[-1] > MAX_HEATMAP_SIDE and max(z.shape) <= MAX_HEATMAP_SIDE
+    np.testing.assert_allclose(z, reduce_to(full, MAX_HEATMAP_SIDE).numpy(), atol=1e-6)
+    at = app_test("explore", model="random:gated_delta", text=long_text, tab="model")
+    at.run()
+    _clean(at)
+    heats = [d for d in figure(chart_by_key(at, "explore-mixed-grid"))["data"] if d["type"] == "heatmap"]
+    assert max(max(decode_array(h["z"]).shape) for h in heats) <= MAX_GRID_SIDE
+
+
 def test_explore_model_view_marks_kinds_on_a_softmax_layer(app_test):
     at = app_test("explore", model="random:mamba2", text=TEXT, tab="model")
     at.run()

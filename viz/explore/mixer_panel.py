@@ -4,10 +4,12 @@ with the reason it has no head map; above either, the strip of each layer's kind
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from core import trace_names as tn
 from viz.figures import mixer as mixer_figures
+from viz.figures import model_view as mv
 from viz.figures.select import axis_tokens
 from viz.ui import charts, downloads
 
@@ -41,8 +43,14 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str, model_name:
         return
     st.caption(WHY_SIGNED)
     a = trace[tn.mixer(stack, layer, "weights")][head].float().numpy()
-    charts.chart(mixer_figures.signed_map(a, q_toks, k_toks, f"layer {layer} · head {head} · {label} · "
-                                          "implicit attention (signed)"), key="explore-mixer-map",
+    z, zq, zk, fq, fk = mv.reduce_map(a, q_toks, k_toks)  # a long input in blocks, as Explore's other maps
+    title = f"layer {layer} · head {head} · {label} · implicit attention (signed)"
+    if fq > 1 or fk > 1:
+        title += f" · blocks of {max(fq, fk)}"
+        st.info(f"Long input ({a.shape[0]} × {a.shape[1]} tokens): drawn as blocks of up to {max(fq, fk)} neighbouring "
+                "tokens so the page stays responsive: within a block the keys' weights are summed and the queries' "
+                "rows averaged. The CSV download has every token.")
+    charts.chart(mixer_figures.signed_map(np.asarray(z), zq, zk, title), key="explore-mixer-map",
                  name=f"mixer-L{layer}-H{head}")
     st.caption(f"Weights from {a.min():+.4f} to {a.max():+.4f}; {int((a < 0).sum())} of "
                f"{int(a.size - a.shape[0] * (a.shape[0] - 1) // 2)} cells on or below the diagonal are negative.")
@@ -63,7 +71,7 @@ def model_view(model, trace, stack: str, layer: int, head: int) -> None:
             w = None
         else:
             w = trace[tn.mixer(stack, i, "weights")]
-        maps.append(None if w is None else [x.float().numpy() for x in w])
+        maps.append(None if w is None else [x.float().numpy() for x in mv.reduce_stack([w])[0]])  # thumbnails
     st.caption("Every head of every layer, each row named by its token mixer. Softmax maps share one scale from 0 to "
                "1; a token mixer's implicit attention is signed (red adds, blue subtracts, white is zero).")
     charts.chart(mixer_figures.mixed_model_view(maps, kinds, selected=(layer, head),

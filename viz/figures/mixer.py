@@ -5,6 +5,7 @@ the strip of each layer's kind. Pure: tensors in, plotly Figures out."""
 
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -21,6 +22,10 @@ def signed_limit(a: np.ndarray) -> float:
     return float(max(finite.max() if finite.size else 0.0, 1e-12))
 
 
+MAX_TICKS = 40  # tick labels per axis of a signed map; past that every k-th
+MAX_MAP_PX = 900  # a signed map's plot height at most (28 px a row up to that)
+
+
 def signed_map(a, q_toks: Sequence[str], k_toks: Sequence[str], title: str) -> go.Figure:
     """A mixer's implicit attention A (n_q x n_k, signed, lower-triangular) as a heatmap centred
     on zero; the hover gives the signed value and says that a negative weight subtracts."""
@@ -32,10 +37,12 @@ def signed_map(a, q_toks: Sequence[str], k_toks: Sequence[str], title: str) -> g
         customdata=[[[q, k] for k in k_toks] for q in q_toks],
         hovertemplate="query %{customdata[0]} → key %{customdata[1]}<br>A = %{z:.4f}<br>signed: a negative weight "
                       "subtracts that key's value (the delta rule removes what the state held)<extra></extra>"))
-    fig.update_layout(title=title, xaxis=dict(title="key", tickvals=list(range(len(k_toks))), ticktext=list(k_toks)),
-                      yaxis=dict(title="query", tickvals=list(range(len(q_toks))), ticktext=list(q_toks),
-                                 autorange="reversed"),
-                      height=max(320, 28 * len(q_toks) + 140))
+    kstep, qstep = (max(1, math.ceil(len(t) / MAX_TICKS)) for t in (k_toks, q_toks))  # a label per row up to 40
+    fig.update_layout(title=title, xaxis=dict(title="key", tickvals=list(range(0, len(k_toks), kstep)),
+                                              ticktext=list(k_toks)[::kstep]),
+                      yaxis=dict(title="query", tickvals=list(range(0, len(q_toks), qstep)),
+                                 ticktext=list(q_toks)[::qstep], autorange="reversed"),
+                      height=max(320, min(28 * len(q_toks), MAX_MAP_PX) + 140))
     return fig
 
 
