@@ -81,7 +81,7 @@ def test_explore_draws_a_mixers_map_signed_and_causal(app_test):
 def test_explore_draws_a_long_input_in_blocks(app_test):
     """A mixer's map of a long input is drawn as Explore's other maps are: in blocks (keys summed,
     queries averaged), with the reason in an st.info, and the model view's thumbnails pooled; the
-    blocks are the exact map's block sums."""
+    blocks are the exact map's block sums. Inside a head draws its map beside the softmax so too."""
     from viz.figures.model_view import MAX_GRID_SIDE, MAX_HEATMAP_SIDE
     from viz.figures.reduce import reduce_to
 
@@ -99,6 +99,13 @@ def test_explore_draws_a_long_input_in_blocks(app_test):
     _clean(at)
     heats = [d for d in figure(chart_by_key(at, "explore-mixed-grid"))["data"] if d["type"] == "heatmap"]
     assert max(max(decode_array(h["z"]).shape) for h in heats) <= MAX_GRID_SIDE
+    at = app_test("inside", model="random:gated_delta", text=long_text, attn="decoder.mixer", layer="1", head="2")
+    at.run()
+    _clean(at)
+    beside = figure(chart_by_key(at, "inside-mixer-beside"))
+    za = decode_array(beside["data"][0]["z"]).astype(float)
+    np.testing.assert_allclose(za, reduce_to(full, MAX_HEATMAP_SIDE).numpy(), atol=1e-6)
+    assert beside["layout"]["height"] <= 1200
 
 
 def test_explore_model_view_marks_kinds_on_a_softmax_layer(app_test):

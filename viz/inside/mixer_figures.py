@@ -4,12 +4,13 @@ beside the softmax it replaces. Pure: arrays in, plotly Figures out."""
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.figures.mixer import SIGNED_SCALE, signed_limit
+from viz.figures.mixer import MAX_MAP_PX, MAX_TICKS, SIGNED_SCALE, signed_limit
 
 
 def gates_figure(series: Dict[str, np.ndarray], tokens: Sequence[str], t: int, title: str) -> go.Figure:
@@ -58,7 +59,8 @@ def beside_figure(a: np.ndarray, soft: np.ndarray, tokens: Sequence[str], label:
     lim = signed_limit(a)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=(f"{label}: implicit A (signed)", "softmax(q kᵀ/√d_k + M), same q and k"))
-    ticks = dict(tickvals=list(range(len(tokens))), ticktext=list(tokens))
+    step = max(1, math.ceil(len(tokens) / MAX_TICKS))  # a label per row up to MAX_TICKS, then every k-th
+    ticks = dict(tickvals=list(range(0, len(tokens), step)), ticktext=list(tokens)[::step])
     fig.add_trace(go.Heatmap(z=a, colorscale=SIGNED_SCALE, zmid=0.0, zmin=-lim, zmax=lim, name="A",
                              colorbar=dict(title="A", x=0.44, len=0.9),
                              hovertemplate="query %{y} → key %{x}<br>A = %{z:.4f} (signed)<extra></extra>"),
@@ -71,5 +73,5 @@ def beside_figure(a: np.ndarray, soft: np.ndarray, tokens: Sequence[str], label:
         fig.update_yaxes(title="query", autorange="reversed", **ticks, row=1, col=c)
         if t is not None:
             fig.add_hline(y=t, line=dict(color="red", dash="dot"), row=1, col=c)
-    fig.update_layout(height=max(360, 26 * len(tokens) + 160))
+    fig.update_layout(height=max(360, min(26 * len(tokens), MAX_MAP_PX) + 160))
     return fig

@@ -15,6 +15,7 @@ import torch
 
 from core import trace_names as tn
 from core.net.attention import scaled_dot_product_attention
+from viz.figures import model_view as mv
 from viz.figures.mixer import filter_figure
 from viz.inside import mixer_figures as mf
 from viz.inside import recurrence
@@ -176,8 +177,13 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str) -> None:
         soft_q = _n(q)
     soft = softmax_of(soft_q, _n(k))
     st.markdown("**Beside the softmax it replaces**")
-    charts.chart(mf.beside_figure(_n(weights), soft, tokens, widgets.MIXER_LABEL.get(kind, kind), t),
+    za, zt, _, fq, _ = mv.reduce_map(_n(weights), tokens, tokens)  # a long input in blocks, as Explore draws it
+    zs = mv.reduce_map(soft, tokens, tokens)[0]
+    charts.chart(mf.beside_figure(np.asarray(za), np.asarray(zs), zt, widgets.MIXER_LABEL.get(kind, kind), t // fq),
                  key="inside-mixer-beside")
+    if fq > 1:
+        st.caption(f"Long input ({len(tokens)} tokens): both maps drawn in blocks of up to {fq} neighbouring tokens "
+                   "(keys summed within a block, queries averaged); the dotted line is step t's block.")
     neg = int((_n(weights) < 0).sum())
     sums = _n(weights).sum(1)
     st.caption(f"Left, the mixer's exact implicit attention: o_t = Σ_s A[t, s] v_s. Right, what softmax attention "
