@@ -84,11 +84,19 @@ def n_layers(model) -> int:
     return cfg.n_layers if stack_of(model) == "encoder" or cfg.kind == "decoder" else cfg.n_decoder_layers
 
 
+def softmax_layers(model) -> List[int]:
+    """The layers of the corpus's stack that have softmax attention (queries and keys): a token
+    mixer's layer (core/net/mixer.py) has none, unless the attention runs beside it (Falcon-H1)."""
+    layers = list(model.net.layers(stack_of(model)))[: n_layers(model)]
+    return [i for i, layer in enumerate(layers) if getattr(layer, "self_attn", None) is not None]
+
+
 def parse_layers(spec, model) -> List[int]:
-    """'0,3' / [0, 3] / None (every layer) -> sorted distinct layers, checked against the model."""
-    total = n_layers(model)
+    """'0,3' / [0, 3] / None (every layer with softmax attention) -> sorted distinct layers,
+    checked against the model: a layer that mixes tokens without softmax has no q and k to write."""
+    total, attention = n_layers(model), softmax_layers(model)
     if spec is None or spec == "" or spec == "all":
-        return list(range(total))
+        return attention
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     try:
         layers = sorted({int(str(x).strip()) for x in items if str(x).strip() != ""})
@@ -97,6 +105,12 @@ def parse_layers(spec, model) -> List[int]:
     bad = [i for i in layers if not 0 <= i < total]
     if bad or not layers:
         raise InputError(f"{model.name} has layers 0-{total - 1}; {bad or spec!r} is not among them")
+    mixers = [i for i in layers if i not in attention]
+    if mixers:
+        many = len(mixers) > 1
+        raise InputError(f"{model.name}'s layer{'s' if many else ''} {', '.join(map(str, mixers))} "
+                         f"mix{'' if many else 'es'} tokens without softmax attention (a token mixer has no query and key vectors); the layers "
+                         f"with softmax attention are {', '.join(map(str, attention)) or 'none'}")
     return layers
 
 

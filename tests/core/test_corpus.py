@@ -78,6 +78,18 @@ def test_grouped_query_rope_decoder_reads_its_kv_head():
     assert np.array_equal(k[0], k[1]) and np.array_equal(k[2], k[3]) and not np.allclose(k[1], k[2])
 
 
+def test_a_hybrid_gives_its_softmax_layers_only():
+    """On a model with token mixers the job writes the softmax layers' q and k (the default, every
+    such layer), equal to single traces; asked for a mixer's layer it says which layers it can read."""
+    model = core.load_model("random:gated_delta", device="cpu")
+    assert cc.softmax_layers(model) == [3]
+    _, checked = _check_against_traces(model, MIXED[:2], [3], batch_size=2)
+    assert checked == 2 * model.config.n_heads
+    assert set(cc.run(model, MIXED[:2]).table.to_pandas().layer) == {3}
+    with pytest.raises(core.InputError, match=r"layers 0, 1 mix tokens without softmax attention.*are 3"):
+        cc.run(model, MIXED[:2], "0,1,3")
+
+
 def test_rows_sorted_and_schema():
     model = core.load_model("toy-translate", device="cpu")
     t = cc.run(model, load_bundled()[:40], "1").table

@@ -108,8 +108,7 @@ if len(sentences) > MAX_SENTENCES:
 
 n_layers, n_heads = cc.n_layers(model), model.config.n_heads
 c = st.columns([1, 1, 1, 1, 1.4])
-kinds = model.layer_kinds(cc.stack_of(model))  # a token mixer's layer has no softmax queries and keys to place
-softmax_layers = [i for i, k in enumerate(kinds) if k.get("mixer", "softmax") == "softmax"]
+softmax_layers = cc.softmax_layers(model)  # a token mixer's layer has no softmax queries and keys to place
 if not softmax_layers:
     st.info(f"**The corpus view reads softmax attention's queries and keys**, and {model_name} has none: every layer "
             "mixes tokens with a token mixer (Explore and Inside a head show it).")
