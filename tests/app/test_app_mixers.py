@@ -35,6 +35,7 @@ def pure_mamba(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("mixer-models")
     build("mamba2", root / "tiny-mamba2")
+    build("falcon_h1", root / "tiny-falcon")  # Mamba2 beside the attention in every layer
     return root
 
 
@@ -121,6 +122,28 @@ def test_explore_model_view_marks_kinds_on_a_softmax_layer(app_test):
     assert heats[0]["coloraxis"] == "coloraxis2" and heats[8]["coloraxis"] == "coloraxis"  # layer 2: softmax
     np.testing.assert_allclose(decode_array(heats[8]["z"]).astype(float),
                                tr[tn.attn("decoder", 2, "self_attn", "weights")][0].numpy(), atol=1e-7)
+
+
+def test_explore_model_view_draws_both_sides_of_falcon_layers(app_test, monkeypatch, pure_mamba):
+    """Falcon-H1 runs Mamba2 beside softmax attention in every layer: the model view has a row for
+    each, the softmax maps 0 to 1 and the mixer's signed, both the trace's own."""
+    monkeypatch.setenv("ATTENTION_LAB_MODELS", str(pure_mamba))
+    at = app_test("explore", model="tiny-falcon", text=TEXT, tab="model")
+    at.run()
+    _clean(at)
+    grid = figure(chart_by_key(at, "explore-mixed-grid"))
+    rows = [a["text"] for a in grid["layout"]["annotations"] if a["text"].startswith("L")]
+    n_layers = len(rows) // 2
+    assert rows == [r for i in range(n_layers) for r in (f"L{i} · softmax", f"L{i} · Mamba2 beside")]
+    heats = [d for d in grid["data"] if d["type"] == "heatmap"]
+    per_row = len(heats) // len(rows)
+    m = core.load_model(str(pure_mamba / "tiny-falcon"), device="cpu")
+    tr = m.trace(TEXT)
+    np.testing.assert_allclose(decode_array(heats[per_row]["z"]).astype(float),
+                               tr[tn.mixer("decoder", 0, "weights")][0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(decode_array(heats[0]["z"]).astype(float),
+                               tr[tn.attn("decoder", 0, "self_attn", "weights")][0].numpy(), atol=1e-6)
+    assert heats[per_row]["coloraxis"] == "coloraxis2" and heats[0]["coloraxis"] == "coloraxis"
 
 
 def test_explore_shows_a_short_convolutions_filter_and_why(app_test):

@@ -60,20 +60,24 @@ def show(model, trace, stack: str, layer: int, head: int, kind: str, model_name:
 
 def model_view(model, trace, stack: str, layer: int, head: int) -> None:
     """The model view of a model with token mixers: every layer marked by its kind, softmax maps
-    0 to 1 and a mixer's implicit attention on the signed scale."""
+    0 to 1 and a mixer's implicit attention on the signed scale; a layer with a mixer beside its
+    attention (Falcon-H1) has a row for each."""
     layer_kinds = model.layer_kinds(stack)
-    kinds = [k.get("mixer", "softmax") for k in layer_kinds]
-    maps = []
-    for i, k in enumerate(kinds):
-        if k == "softmax":
-            w = trace[tn.attn(stack, i, "self_attn", "weights")]
-        elif k == "short_conv":
-            w = None
+    rows = []  # (layer, kind, label, the trace name of its maps or None)
+    for i, (k, label) in enumerate(zip(layer_kinds, mixer_figures.kind_labels(layer_kinds))):
+        kind, beside = k.get("mixer", "softmax"), (k.get("beside") or {}).get("mixer")
+        if kind == "softmax":
+            rows.append((i, kind, "softmax" if beside else label, tn.attn(stack, i, "self_attn", "weights")))
+            if beside:
+                rows.append((i, beside, f"{mixer_figures.KIND_NAME.get(beside, beside)} beside",
+                             tn.mixer(stack, i, "weights")))
         else:
-            w = trace[tn.mixer(stack, i, "weights")]
-        maps.append(None if w is None else [x.float().numpy() for x in mv.reduce_stack([w])[0]])  # thumbnails
+            rows.append((i, kind, label, None if kind == "short_conv" else tn.mixer(stack, i, "weights")))
+    maps = [None if name is None else [x.float().numpy() for x in mv.reduce_stack([trace[name]])[0]]  # thumbnails
+            for _, _, _, name in rows]
+    selected = next(r for r, row in enumerate(rows) if row[0] == layer)
     st.caption("Every head of every layer, each row named by its token mixer. Softmax maps share one scale from 0 to "
                "1; a token mixer's implicit attention is signed (red adds, blue subtracts, white is zero).")
-    charts.chart(mixer_figures.mixed_model_view(maps, kinds, selected=(layer, head),
-                                                                labels=mixer_figures.kind_labels(layer_kinds)), key="explore-mixed-grid",
-                 name="model-view")
+    charts.chart(mixer_figures.mixed_model_view(maps, [r[1] for r in rows], selected=(selected, head),
+                                                labels=[r[2] for r in rows], layers=[r[0] for r in rows]),
+                 key="explore-mixed-grid", name="model-view")

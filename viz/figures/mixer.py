@@ -91,21 +91,23 @@ def kind_labels(layer_kinds: List[dict]) -> List[str]:
 
 
 def mixed_model_view(maps: List[Optional[list]], kinds: List[str], selected=None,
-                     labels: Optional[List[str]] = None) -> go.Figure:
+                     labels: Optional[List[str]] = None, layers: Optional[List[int]] = None) -> go.Figure:
     """The model view of a model whose layers mix tokens in more than one way: one row per layer
     named by its kind, one map per head; softmax maps on one 0-to-1 scale, a mixer's implicit
     attention on a signed scale centred on zero (its own colour bar), a layer without head maps
-    (a short convolution) left empty with a note. `maps[i]`: layer i's heads (n x n arrays) or
-    None; `selected`: (layer, head) outlined."""
+    (a short convolution) left empty with a note. `maps[i]`: row i's heads (n x n arrays) or
+    None; `layers[i]`: the layer row i draws (default i: one row a layer; a layer with a mixer
+    beside its attention, Falcon-H1, has a row for each); `selected`: (row, head) outlined."""
     rows, cols = len(maps), max([len(m) for m in maps if m] or [1])
-    names = [f"L{i} · {lab}" for i, lab in enumerate(labels or [KIND_NAME.get(k, k) for k in kinds])]
+    layers = list(range(rows)) if layers is None else list(layers)
+    names = [f"L{j} · {lab}" for j, lab in zip(layers, labels or [KIND_NAME.get(k, k) for k in kinds])]
     fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.01, vertical_spacing=0.02,
                         row_titles=names)
     signed = [np.asarray(w, dtype=float) for m, k in zip(maps, kinds) if m and k != "softmax" for w in m]
     lim = max([signed_limit(w) for w in signed] or [1.0])
     for i, (m, k) in enumerate(zip(maps, kinds)):
         if not m:
-            fig.add_annotation(text=f"layer {i}: {KIND_NAME.get(k, k)}, no head map (its filter is on the map tab)",
+            fig.add_annotation(text=f"layer {layers[i]}: {KIND_NAME.get(k, k)}, no head map (its filter is on the map tab)",
                                xref=_ref("x", i * cols + 1), yref=_ref("y", i * cols + 1), x=0, y=0.5,
                                showarrow=False,
                                xanchor="left")
@@ -115,7 +117,7 @@ def mixed_model_view(maps: List[Optional[list]], kinds: List[str], selected=None
             is_mixer = k != "softmax"
             fig.add_trace(go.Heatmap(
                 z=w, coloraxis="coloraxis2" if is_mixer else "coloraxis",
-                hovertemplate=(f"layer {i} head {h} ({KIND_NAME.get(k, k)})<br>query %{{y}} → key %{{x}}<br>"
+                hovertemplate=(f"layer {layers[i]} head {h} ({KIND_NAME.get(k, k)})<br>query %{{y}} → key %{{x}}<br>"
                                + ("A = %{z:.4f} (signed: a negative weight subtracts)" if is_mixer
                                   else "weight %{z:.4f}") + "<extra></extra>")), row=i + 1, col=h + 1)
             if selected == (i, h):
