@@ -726,3 +726,24 @@ def test_one_kind_s_measured_times_do_not_scale_another_model_s_estimate():
     assert g.expected(long_trace) == 30.0
     assert g.expected(vg.Ticket(1 * MB, 0.002, "toy-translate, 9 tokens", 101, small)) == pytest.approx(0.2, abs=0.01)
     assert len({small, vg.kind_of("trace", "toy-translate", True), vg.kind_of("steps", "toy-translate")}) == 3
+
+
+def test_estimates_read_the_widest_head_and_the_most_maps():
+    """A model with a head size and key/value heads per layer kind (Gemma 4's global layers) is
+    estimated at its widest; a token mixer with more heads than the softmax layers (Kimi Linear's)
+    at the mixer's count of maps: each raises the estimates that hold those tensors."""
+    from core.net.config import ModelConfig
+    from viz.ui import gate
+
+    base = dict(kind="decoder", d_model=64, n_heads=4, n_kv_heads=2, d_head=16, d_ff=128, n_layers=4,
+                tgt_vocab_size=50, positional="rope", norm="rmsnorm", norm_placement="pre")
+    plain = ModelConfig(**base, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=4)
+    wide = ModelConfig(**base, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=4,
+                       global_d_head=32, global_kv_heads=1)
+    assert gate.widest_head(plain) == (16, 2) and gate.widest_head(wide) == (32, 2)
+    assert gate.maps_bytes(wide, 2000) > gate.maps_bytes(plain, 2000)
+    assert gate.generation_check_bytes(wide, 100, 20) > gate.generation_check_bytes(plain, 100, 20)
+    kda = ModelConfig(**base, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                      mixer={"kind": "kimi_delta", "heads": 8, "d_k": 16, "conv": 4})
+    assert gate.map_heads(plain) == 4 and gate.map_heads(kda) == 8
+    assert gate.batch_bytes(kda, 512, n_keys=512) > gate.batch_bytes(plain, 512, n_keys=512)

@@ -167,6 +167,25 @@ SMALL_JOB = 2 * 2**20  # what a job allocates beside its arrays (torch's and the
 TRACE_MARGIN = 1.35  # a trace's: measured as the app allocates (core.device.keep_freed_memory), see trace_bytes
 
 
+def widest_head(cfg) -> tuple:
+    """(d_k, H_kv) for a memory estimate: the largest over the layers, where a model sets a head size
+    or a key/value head count per layer kind (Gemma 4's global layers: ModelConfig.layer_d_head,
+    layer_kv_heads); the model's own otherwise."""
+    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
+    kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    if hasattr(cfg, "layer_d_head"):
+        layers = range(cfg.n_layers)
+        d_k = max([d_k] + [cfg.layer_d_head(i) for i in layers])
+        kv = max([kv] + [cfg.layer_kv_heads(i) for i in layers])
+    return d_k, kv
+
+
+def map_heads(cfg) -> int:
+    """The most maps a layer of the model makes: H of its softmax layers, or of its token mixer's
+    implicit attention where that has more heads (Kimi Linear's KDA layers, a Mamba2's)."""
+    return max(cfg.n_heads, int((getattr(cfg, "mixer", None) or {}).get("heads", 0) or 0))
+
+
 def trace_bytes(cfg, n_tokens: int, n_target: int = 0) -> int:
     """Peak bytes a traced pass holds above the model, from its shapes, in float32:
     - what the trace stores: 2 (L + 5) n d floats a stack (the stream at every layer boundary,
@@ -204,7 +223,7 @@ def batch_bytes(cfg, tokens: int, grad: bool = False, n_keys: int = 0) -> int:
     "Measurements moved from the code")."""
     d, m, L = cfg.d_model, cfg.d_ff, cfg.n_layers
     working = 2 * tokens * (4 * d + 3 * m)
-    maps = 2 * tokens * cfg.n_heads * max(0, int(n_keys))
+    maps = 2 * tokens * map_heads(cfg) * max(0, int(n_keys))
     held = (working + maps) * (L if grad else 1) + 2 * tokens * d * (L + 2)  # the stream kept beside it
     logits = 3 * LOGIT_ROWS * cfg.tgt_vocab_size if cfg.kind != "encoder" else 0
     return int(MARGIN * 4 * (held + logits))
@@ -234,7 +253,7 @@ def pattern_bytes(cfg, n_tokens: int, layer: Optional[int] = None) -> int:
       beside them (5 n^2).
     Held against the measured peak by tests/app/peak_probe.py (the figures: docs/decisions.md,
     "Measurements moved from the code")."""
-    d, m, d_k = cfg.d_model, cfg.d_ff, cfg.d_head or cfg.d_model // cfg.n_heads
+    d, m, d_k = cfg.d_model, cfg.d_ff, widest_head(cfg)[0]
     n = max(1, int(n_tokens))
     walked = cfg.n_layers if layer is None else min(cfg.n_layers, int(layer) + 1)
     components = walked * (cfg.n_heads + 2) + 4
@@ -254,7 +273,7 @@ def path_patch_bytes(cfg, n_tokens: int) -> int:
     every head's output and MLP write of the layers between sender and receiver kept (at most
     L of each: 2 L n d floats beside the H n d_k heads), and the receiver's layer run with its
     maps recorded (H n^2 floats for each of scores, scaled, masked, weights, value norms)."""
-    d, L, H = cfg.d_model, cfg.n_layers, cfg.n_heads
+    d, L, H = cfg.d_model, cfg.n_layers, map_heads(cfg)
     kept = 2 * L * n_tokens * d * 2
     maps = 5 * H * n_tokens * n_tokens
     return batch_bytes(cfg, n_tokens) + int(MARGIN * 4 * (kept + maps))
@@ -270,8 +289,7 @@ def maps_bytes(cfg, n_tokens: int) -> int:
     "Measurements moved from the code")."""
     from core.head_maps import TILE_ROWS
 
-    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
-    kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    d_k, kv = widest_head(cfg)
     n = int(n_tokens)
     held = n * cfg.d_model + 2 * n * d_k + n * d_k * (1 + kv)
     return int(MARGIN * 4 * (held + 16 * TILE_ROWS * n) + SMALL_JOB)
@@ -308,14 +326,13 @@ def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
     from core.head_maps import LONG_LAYER_BYTES
 
     n_rows, n_pass = max(1, int(n_rows)), max(1, int(n_rows), int(n_pass))
-    H = cfg.n_heads
+    H = map_heads(cfg)
     alone = trace_bytes(cfg, n_source or n_rows, n_rows) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n_rows)
     tiled = cfg.positional != "relative" and H * n_pass * n_pass * 4 > LONG_LAYER_BYTES
     if tiled:  # two LayerMaps' inputs and q, k, and a tile a side with its temporaries (16 tiles' worth)
         from viz.ui.prefix_check import check_tile_rows
 
-        d_k = cfg.d_head or cfg.d_model // cfg.n_heads
-        kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+        d_k, kv = widest_head(cfg)
         held = n_pass * cfg.d_model + 2 * n_pass * d_k + n_pass * d_k * (1 + kv)
         maps = 4 * (2 * held + 16 * min(n_pass, check_tile_rows(n_pass)) * n_pass)
     else:
@@ -330,8 +347,7 @@ def generation_check_bytes(cfg, n_prompt: int, n_new: int, n_source: int = 0) ->
     (the prompt's pass, its keys and values, 2 L H_kv d_k (P + T) floats, and T next-token logits over the
     vocabulary) and one uncached pass over the prompt and the T generated tokens (at most a trace of
     P + T positions: trace_bytes) with its T rows of logits. Times MARGIN."""
-    d_k = cfg.d_head or cfg.d_model // cfg.n_heads
-    kv = getattr(cfg, "n_kv_heads", None) or cfg.n_heads
+    d_k, kv = widest_head(cfg)
     n = max(1, int(n_prompt) + int(n_new))
     T, V = max(1, int(n_new)), cfg.tgt_vocab_size
     one_pass = trace_bytes(cfg, n_source or n, n) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n)
