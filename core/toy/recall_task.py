@@ -29,8 +29,8 @@ import torch
 KEYS = [chr(ord("a") + i) for i in range(24)]  # a ... x
 VALUES = [str(i) for i in range(24)]  # 0 ... 23
 SPECIALS = ["<pad>", "<unk>"]
-MAX_PAIRS = 16
-PAIR_COUNTS = (2, 4, 8, 12, 16)  # the accuracy curve's x axis
+MAX_PAIRS = 24
+PAIR_COUNTS = (2, 4, 8, 12, 16, 20, 24)  # the accuracy curve's x axis
 RECALL_DIR = Path(__file__).resolve().parents[2] / "assets" / "recall"  # one folder per mixer
 
 
