@@ -146,7 +146,51 @@ def recurrent_rule(q, k, v, g, beta, state=None) -> Tuple[torch.Tensor, torch.Te
     return torch.stack(outs, dim=2), S
 
 
-class GatedDeltaNet(Mixer):
+class DeltaRuleMixer(Mixer):
+    """What the delta-rule mixers share (GatedDeltaNet here, core/net/kimi_delta.py's Kimi Delta
+    Attention): the names they record, their exact map (unit_value_rule) and running the rule in
+    the form a call needs. A subclass gives rule_inputs(x, cache) -> (q, k, v, g, beta), `chunk`
+    and `map_chunk` (the chunk its map is computed in)."""
+
+    chunk: int = 64
+    map_chunk: int = 64
+
+    def recorded_names(self) -> List[str]:
+        return ["q", "k", "v", "decay", "beta", "weights", "heads", "out"]
+
+    def rule_inputs(self, x, cache: Optional[dict] = None):
+        raise NotImplementedError
+
+    def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
+        """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
+        return unit_value_rule(q, k, g, beta, self.map_chunk)
+
+    def weights(self, x) -> torch.Tensor:
+        q, k, _, g, beta = self.rule_inputs(x)
+        return self.implicit_attention(q, k, g, beta)
+
+    def run_rule(self, x, rec: Rec = None, cache: Optional[dict] = None) -> torch.Tensor:
+        """The rule's heads (B, H, n, d_v) on x, its inputs (and, under a recorder that records maps,
+        its map) recorded, `.heads` a hook point: without a cache the chunked form; with one, a
+        decoding step (one position) in the recurrent form and a prompt in the chunked form from
+        the kept state, which is left in cache["state"]."""
+        n = x.shape[1]
+        q, k, v, g, beta = self.rule_inputs(x, cache)
+        if rec:
+            for name, t in (("q", q), ("k", k), ("v", v), ("decay", g), ("beta", beta)):
+                rec(name, t)
+            if records_maps(rec):
+                rec("weights", self.implicit_attention(q, k, g, beta))
+        if cache is None:
+            heads, _ = chunked_rule(q, k, v, g, beta, self.chunk)
+        elif n == 1:  # a decoding step: the recurrent form
+            heads, cache["state"] = recurrent_rule(q, k, v, g, beta, cache.get("state"))
+        else:  # a prompt read into the cache: the chunked form from the kept state
+            heads, cache["state"] = chunked_rule(q, k, v, g, beta, self.chunk, cache.get("state"))
+        return point(rec, "heads", heads)
+
+
+class GatedDeltaNet(DeltaRuleMixer):
     kind = "gated_delta"
 
     def __init__(self, cfg: ModelConfig, index: int = 0):
@@ -158,6 +202,7 @@ class GatedDeltaNet(Mixer):
             raise ValueError(f"gated_delta: heads ({self.n_heads}) must be a multiple of k_heads ({self.k_heads})")
         self.dk, self.dv, self.width = int(m["d_k"]), int(m["d_v"]), int(m["conv"])
         self.chunk = int(m.get("chunk", 64))
+        self.map_chunk = min(self.chunk, max(self.dk, 16))
         self.eps = float(m.get("norm_eps", cfg.norm_eps))
         self.beta_scale = float(m.get("beta_scale", 1.0))  # beta in (0, beta_scale)
         if not self.beta_scale > 0:
@@ -174,9 +219,6 @@ class GatedDeltaNet(Mixer):
         self.dt_bias = nn.Parameter(torch.ones(self.n_heads))
         self.norm_weight = nn.Parameter(torch.ones(self.dv))  # the gated RMSNorm's gain
         self.w_out = Linear(self.value_dim, d, bias=False)
-
-    def recorded_names(self) -> List[str]:
-        return ["q", "k", "v", "decay", "beta", "weights", "heads", "out"]
 
     def state_shapes(self) -> Dict[str, Tuple[int, ...]]:
         return {"conv": (2 * self.key_dim + self.value_dim, self.width - 1),
@@ -207,29 +249,9 @@ class GatedDeltaNet(Mixer):
         g = (-self.A_log.float().exp() * F.softplus(self.w_a(x).float() + self.dt_bias.float())).transpose(1, 2)
         return q, k, v, g, beta
 
-    def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
-        """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
-        return unit_value_rule(q, k, g, beta, min(self.chunk, max(self.dk, 16)))
-
-    def weights(self, x) -> torch.Tensor:
-        q, k, _, g, beta = self.rule_inputs(x)
-        return self.implicit_attention(q, k, g, beta)
-
     def forward(self, x, rec: Rec = None, cache: Optional[dict] = None):
         b, n, _ = x.shape
-        q, k, v, g, beta = self.rule_inputs(x, cache)
-        if rec:
-            for name, t in (("q", q), ("k", k), ("v", v), ("decay", g), ("beta", beta)):
-                rec(name, t)
-            if records_maps(rec):
-                rec("weights", self.implicit_attention(q, k, g, beta))
-        if cache is None:
-            heads, _ = chunked_rule(q, k, v, g, beta, self.chunk)
-        elif n == 1:  # a decoding step: the recurrent form
-            heads, cache["state"] = recurrent_rule(q, k, v, g, beta, cache.get("state"))
-        else:  # a prompt read into the cache: the chunked form from the kept state
-            heads, cache["state"] = chunked_rule(q, k, v, g, beta, self.chunk, cache.get("state"))
-        heads = point(rec, "heads", heads)  # (B, H, n, d_v)
+        heads = self.run_rule(x, rec, cache)  # (B, H, n, d_v)
         y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
         z = self.w_z(x).float().view(b, n, self.n_heads, self.dv).transpose(1, 2)
         y = (y * F.silu(z)).transpose(1, 2).reshape(b, n, self.value_dim).to(x.dtype)

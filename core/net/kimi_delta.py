@@ -25,21 +25,20 @@ With a cache dict the layer keeps the convolution's last conv - 1 inputs ("conv"
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .gated_delta import chunked_rule, l2norm, recurrent_rule, unit_value_rule
+from .gated_delta import DeltaRuleMixer, l2norm
 from .hooks import point
 from .linear import Linear
-from .mixer import Mixer
-from .recorder import Rec, records_maps
+from .recorder import Rec
 
 
-class KimiDeltaAttention(Mixer):
+class KimiDeltaAttention(DeltaRuleMixer):
     kind = "kimi_delta"
 
     def __init__(self, cfg: ModelConfig, index: int = 0):
@@ -53,6 +52,7 @@ class KimiDeltaAttention(Mixer):
         # the chunked form's pairwise per-channel decay costs n C d_k: C = 16 runs ~2.5x faster than
         # 64 at d_k 64 (n 512-1024, one CPU thread), where Gated DeltaNet's scalar decay prefers 64
         self.chunk = int(m.get("chunk", 16))
+        self.map_chunk = self.chunk
         self.eps = float(m.get("norm_eps", cfg.norm_eps))
         self.dim = self.n_heads * self.dk
         self.w_q = Linear(d, self.dim, bias=False)
@@ -69,9 +69,6 @@ class KimiDeltaAttention(Mixer):
         self.w_gb = Linear(self.dk, self.dim, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(self.dk))  # the gated RMSNorm's gain
         self.w_out = Linear(self.dim, d, bias=False)
-
-    def recorded_names(self) -> List[str]:
-        return ["q", "k", "v", "decay", "beta", "weights", "heads", "out"]
 
     def state_shapes(self) -> Dict[str, Tuple[int, ...]]:
         return {"conv": (3 * self.dim, self.width - 1), "state": (self.n_heads, self.dk, self.dv)}
@@ -103,29 +100,9 @@ class KimiDeltaAttention(Mixer):
         beta = torch.sigmoid(self.w_b(x).float()).transpose(1, 2)
         return q, k, v, self.decay(x), beta
 
-    def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
-        """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
-        return unit_value_rule(q, k, g, beta, self.chunk)
-
-    def weights(self, x) -> torch.Tensor:
-        q, k, _, g, beta = self.rule_inputs(x)
-        return self.implicit_attention(q, k, g, beta)
-
     def forward(self, x, rec: Rec = None, cache: Optional[dict] = None):
         b, n, _ = x.shape
-        q, k, v, g, beta = self.rule_inputs(x, cache)
-        if rec:
-            for name, t in (("q", q), ("k", k), ("v", v), ("decay", g), ("beta", beta)):
-                rec(name, t)
-            if records_maps(rec):
-                rec("weights", self.implicit_attention(q, k, g, beta))
-        if cache is None:
-            heads, _ = chunked_rule(q, k, v, g, beta, self.chunk)
-        elif n == 1:  # a decoding step: the recurrent form
-            heads, cache["state"] = recurrent_rule(q, k, v, g, beta, cache.get("state"))
-        else:  # a prompt read into the cache: the chunked form from the kept state
-            heads, cache["state"] = chunked_rule(q, k, v, g, beta, self.chunk, cache.get("state"))
-        heads = point(rec, "heads", heads)  # (B, H, n, d)
+        heads = self.run_rule(x, rec, cache)  # (B, H, n, d)
         y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
         gate = self.w_gb(self.w_ga(x)).float().view(b, n, self.n_heads, self.dk).transpose(1, 2)
         y = (y * torch.sigmoid(gate)).transpose(1, 2).reshape(b, n, self.dim).to(x.dtype)
