@@ -32,6 +32,7 @@ import torch
 import core
 from core import trace_names as tn
 from core.net.gated_delta import chunked_rule, recurrent_rule
+from hybrid_zoo import TEXT, eager_run, greedy_three_ways
 
 TOL = 1e-4
 
@@ -108,7 +109,6 @@ def test_per_channel_implicit_attention():
 
 
 # ------------------------------------------------------------------ the family against transformers
-TEXT = "the small dog sees the old cat near the river bank because it was tired"
 FIGURES = {}  # what the tests measured, printed by the last one
 FOLDER = {}  # the folder the checkpoint was saved in
 
@@ -129,24 +129,14 @@ def kimi(tmp_path_factory):
 def _hf_run(hf, ids):
     """transformers' eager pass: logits, the MLA layers' weights by layer, and per KDA layer its
     heads (o_norm's input, H x n x d) and its forget gate's output (H x n x d)."""
-    hf.config._attn_implementation = "eager"
-    heads, decay, handles = {}, {}, []
+    heads, decay, hooks = {}, {}, []
     for i, layer in enumerate(hf.model.layers):
         if hf.config.layer_types[i] == "linear_attention":
             at = layer.self_attn
-            handles.append(at.o_norm.register_forward_hook(
-                lambda m, a, o, i=i: heads.__setitem__(i, a[0][0].transpose(0, 1))))
-            handles.append(at.forget_gate.register_forward_hook(
-                lambda m, a, o, i=i: decay.__setitem__(i, o[0].transpose(0, 1))))
-    try:
-        with torch.no_grad():
-            out = hf(torch.tensor([ids]), output_attentions=True)
-    finally:
-        for h in handles:
-            h.remove()
-    full = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
-    weights = dict(zip(full, [a[0] for a in out.attentions if a is not None]))
-    return out.logits[0], weights, heads, decay
+            hooks += [(at.o_norm, lambda m, a, o, i=i: heads.__setitem__(i, a[0][0].transpose(0, 1))),
+                      (at.forget_gate, lambda m, a, o, i=i: decay.__setitem__(i, o[0].transpose(0, 1)))]
+    logits, weights = eager_run(hf, ids, hooks)
+    return logits, weights, heads, decay
 
 
 def test_family_matches_transformers(kimi):
@@ -198,16 +188,10 @@ def test_family_forms_agree(kimi):
 
 def test_family_generation_with_the_cache(kimi):
     hf, ours, tr, ids, _ = kimi
-    with_cache, _, lc = ours.greedy_run(TEXT, max_new_tokens=8)
-    without, _, ln = ours.greedy_run(TEXT, max_new_tokens=8, use_cache=False)
-    d = float((lc - ln).abs().max())
+    with_cache, without, theirs, d = greedy_three_ways(hf, ours, ids)
     FIGURES["greedy with vs without the cache"] = d
-    assert with_cache == without and d < TOL
+    assert with_cache == without == theirs and d < TOL
     assert set(ours.net.decoder[0].mixer.state_shapes()) == {"conv", "state"}
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([ids]), max_new_tokens=len(with_cache), do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
-    assert theirs == with_cache
 
 
 def test_transformers_module_layout_loads(kimi, tmp_path):

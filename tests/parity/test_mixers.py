@@ -41,6 +41,7 @@ from core.net.gated_delta import chunked_rule, recurrent_rule
 from core.net.mixer import check_softmax_heads
 from core.net.model import Transformer
 from core.net.recorder import Recorder
+from hybrid_zoo import TEXT, eager_run, greedy_three_ways, zoo_getter
 
 TOL = 1e-4
 N = 30
@@ -180,56 +181,38 @@ def test_bad_mixer_settings():
 
 # ------------------------------------------------------------------ the families against transformers
 FAMILIES = ["qwen3_5_text", "qwen3_next"]
-TEXT = "the small dog sees the old cat near the river bank because it was tired"
 FOLDERS = {}  # family -> the folder its checkpoint was saved in
+
+
+def _build(fam, folder):
+    from hf_builders import build
+
+    hf, folder = build(fam, folder)
+    hf.save_pretrained(str(folder))
+    return hf, folder
 
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-    pytest.importorskip("transformers")
-    from hf_builders import build
-
-    cache = {}
-
-    def get(fam):
-        if fam not in cache:
-            hf, folder = build(fam, tmp_path_factory.mktemp(fam))
-            hf.save_pretrained(str(folder))
-            FOLDERS[fam] = folder
-            ours = core.load_model(str(folder), device="cpu")
-            tr = ours.trace(TEXT)
-            ids = tr.meta["target_ids"]
-            cache[fam] = (hf, ours, tr, ids, _hf_run(hf, ids))
-        return cache[fam]
-
-    return get
+    return zoo_getter(tmp_path_factory, _build, _hf_run, FOLDERS)
 
 
 def _hf_run(hf, ids):
     """transformers' eager pass: logits, the softmax layers' weights by layer, each GatedDeltaNet's
     heads (its gated norm's input, H x n x d_v) and each attention's gate half of q_proj (sigmoid)."""
-    hf.config._attn_implementation = "eager"
-    heads, gates, handles = {}, {}, []
+    heads, gates, hooks = {}, {}, []
     n = len(ids)
     for i, layer in enumerate(hf.model.layers):
         if hasattr(layer, "linear_attn"):
             la = layer.linear_attn
-            handles.append(la.norm.register_forward_hook(
-                lambda m, a, o, i=i, la=la: heads.__setitem__(i, a[0].view(n, la.num_v_heads, -1).transpose(0, 1))))
+            hooks.append((la.norm, lambda m, a, o, i=i, la=la: heads.__setitem__(
+                i, a[0].view(n, la.num_v_heads, -1).transpose(0, 1))))
         else:
             at = layer.self_attn
-            handles.append(at.q_proj.register_forward_hook(
-                lambda m, a, o, i=i, at=at: gates.__setitem__(
-                    i, torch.sigmoid(o[0].view(n, -1, 2 * at.head_dim)[..., at.head_dim:]).transpose(0, 1))))
-    try:
-        with torch.no_grad():
-            out = hf(torch.tensor([ids]), output_attentions=True)
-    finally:
-        for h in handles:
-            h.remove()
-    full = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
-    weights = dict(zip(full, [a[0] for a in out.attentions if a is not None]))
-    return out.logits[0], weights, heads, gates
+            hooks.append((at.q_proj, lambda m, a, o, i=i, at=at: gates.__setitem__(
+                i, torch.sigmoid(o[0].view(n, -1, 2 * at.head_dim)[..., at.head_dim:]).transpose(0, 1))))
+    logits, weights = eager_run(hf, ids, hooks)
+    return logits, weights, heads, gates
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -290,15 +273,9 @@ def test_family_forms_agree(zoo, fam):
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_family_generation_with_the_cache(zoo, fam):
     hf, ours, tr, ids, _ = zoo(fam)
-    with_cache, _, lc = ours.greedy_run(TEXT, max_new_tokens=8)
-    without, _, ln = ours.greedy_run(TEXT, max_new_tokens=8, use_cache=False)
-    d = float((lc - ln).abs().max())
+    with_cache, without, theirs, d = greedy_three_ways(hf, ours, ids)
     print(f"{fam}: greedy logits with the cache vs without, max |diff| {d:.3g}")
-    assert with_cache == without and d < TOL
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([ids]), max_new_tokens=len(with_cache), do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
-    assert theirs == with_cache
+    assert with_cache == without == theirs and d < TOL
 
 
 @pytest.mark.parametrize("fam", FAMILIES)

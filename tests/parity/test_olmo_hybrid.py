@@ -29,54 +29,35 @@ import core
 from core import trace_names as tn
 from core.net.config import ModelConfig
 from core.net.gated_delta import chunked_rule, recurrent_rule
+from hybrid_zoo import TEXT, eager_run, greedy_three_ways, zoo_getter
 
 TOL = 1e-4
-TEXT = "the small dog sees the old cat near the river bank because it was tired"
 CASES = {"nope": {}, "rope": {"rope_theta": 10000.0}}
 FOLDERS = {}  # case -> the folder its checkpoint was saved in
 
 
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    pytest.importorskip("transformers")
+def _build(case, folder):
     from hf_builders import build
 
-    cache = {}
+    hf, folder = build("olmo_hybrid", folder, **CASES[case])
+    hf.save_pretrained(str(folder))
+    return hf, folder
 
-    def get(case):
-        if case not in cache:
-            hf, folder = build("olmo_hybrid", tmp_path_factory.mktemp(case), **CASES[case])
-            hf.save_pretrained(str(folder))
-            FOLDERS[case] = folder
-            ours = core.load_model(str(folder), device="cpu")
-            tr = ours.trace(TEXT)
-            ids = tr.meta["target_ids"]
-            cache[case] = (hf, ours, tr, ids, _hf_run(hf, ids))
-        return cache[case]
 
-    return get
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    return zoo_getter(tmp_path_factory, _build, _hf_run, FOLDERS)
 
 
 def _hf_run(hf, ids):
     """transformers' eager pass: logits, the attention layers' weights by layer, and each
     GatedDeltaNet's heads (its o_norm's input, H x n x d_v)."""
-    hf.config._attn_implementation = "eager"
-    heads, handles = {}, []
-    n = len(ids)
-    for i, layer in enumerate(hf.model.layers):
-        if hasattr(layer, "linear_attn"):
-            la = layer.linear_attn
-            handles.append(la.o_norm.register_forward_hook(
-                lambda m, a, o, i=i, la=la: heads.__setitem__(i, a[0].view(n, la.num_v_heads, -1).transpose(0, 1))))
-    try:
-        with torch.no_grad():
-            out = hf(torch.tensor([ids]), output_attentions=True)
-    finally:
-        for h in handles:
-            h.remove()
-    full = [i for i, t in enumerate(hf.config.layer_types) if t == "full_attention"]
-    weights = dict(zip(full, [a[0] for a in out.attentions if a is not None]))
-    return out.logits[0], weights, heads
+    heads, n = {}, len(ids)
+    hooks = [(layer.linear_attn.o_norm, lambda m, a, o, i=i, la=layer.linear_attn: heads.__setitem__(
+        i, a[0].view(n, la.num_v_heads, -1).transpose(0, 1)))
+        for i, layer in enumerate(hf.model.layers) if hasattr(layer, "linear_attn")]
+    logits, weights = eager_run(hf, ids, hooks)
+    return logits, weights, heads
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -139,15 +120,9 @@ def test_forms_agree(zoo, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_generation_with_the_cache(zoo, case):
     hf, ours, tr, ids, _ = zoo(case)
-    with_cache, _, lc = ours.greedy_run(TEXT, max_new_tokens=8)
-    without, _, ln = ours.greedy_run(TEXT, max_new_tokens=8, use_cache=False)
-    d = float((lc - ln).abs().max())
+    with_cache, without, theirs, d = greedy_three_ways(hf, ours, ids)
     print(f"olmo_hybrid {case}: greedy logits with the cache vs without, max |diff| {d:.3g}")
-    assert with_cache == without and d < TOL
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([ids]), max_new_tokens=len(with_cache), do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
-    assert theirs == with_cache
+    assert with_cache == without == theirs and d < TOL
 
 
 def test_norms_by_layer_kind(zoo):
