@@ -21,6 +21,10 @@ core/loaders/families set them).
     gated_delta  Qwen3.5's hybrid: three Gated DeltaNet layers to one gated attention layer
     mamba2       Granite 4 style: three Mamba2 layers to one attention layer
     short_conv   LFM2 style: three short-convolution layers to one attention layer
+    kda+mla      Kimi Linear: three Kimi Delta Attention layers (a decay per key channel) to one
+                 latent attention layer without positions
+    olmo_hybrid  OLMo Hybrid: three pre-norm Gated DeltaNet layers (beta up to 2) to one OLMo-3
+                 attention layer (norms after the sub-layers, QK-norm)
 The token mixers' maps (their exact implicit attention) are computed when read, as softmax
 layers' are, so the traced pass records only their inputs.
 
@@ -73,6 +77,13 @@ def configs() -> dict:
         "mamba2": dict(BASE, layer_types=mixers,
                        mixer={"kind": "mamba2", "heads": 8, "head_dim": 64, "d_state": 64, "groups": 1, "conv": 4}),
         "short_conv": dict(BASE, layer_types=mixers, mixer={"kind": "short_conv", "conv": 3}),
+        "kda+mla": dict(BASE, n_kv_heads=None, d_head=64, positional="none", layer_types=mixers,
+                        mla=mla,
+                        mixer={"kind": "kimi_delta", "heads": 8, "d_k": 32, "conv": 4}),
+        "olmo_hybrid": dict(BASE, layer_types=mixers, qk_norm="full", mixer_sublayer_norms=(True, False),
+                            pre_sublayer_norm=False, post_sublayer_norm=True,
+                            mixer={"kind": "gated_delta", "heads": 8, "k_heads": 4, "d_k": 32, "d_v": 32, "conv": 4,
+                                   "beta_scale": 2.0, "norm_eps": 1e-5}),
     }
 
 
