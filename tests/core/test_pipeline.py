@@ -301,3 +301,27 @@ def test_block_means_of_finite_maps_equal_a_direct_loop():
     with_inf = m.clone()
     with_inf[0, 0, :] = float("-inf")
     assert torch.allclose(block_means(with_inf, 5, 4)[1], block_means(m, 5, 4)[1])  # the -inf path agrees
+
+
+def test_block_notes_say_where_the_norms_are():
+    """Inside a head's line on the block: a norm before and after each sub-layer (Gemma 2), after
+    only (OLMo 2 / 3, OLMo Hybrid's attention layer), and nothing for a plain pre-norm layer (or
+    OLMo Hybrid's pre-norm mixer layers)."""
+    from types import SimpleNamespace
+
+    from core.net.config import ModelConfig
+    from viz.inside.step_model import block_notes
+
+    trace = SimpleNamespace(meta={})
+    base = dict(kind="decoder", d_model=32, n_heads=4, d_ff=64, n_layers=4, tgt_vocab_size=50, norm="rmsnorm",
+                norm_placement="pre")
+    both = ModelConfig(**base, post_sublayer_norm=True)
+    after = ModelConfig(**base, pre_sublayer_norm=False, post_sublayer_norm=True)
+    assert "as well as before it: x + Norm(f(Norm(x)))" in block_notes(both, trace, "decoder", 0)
+    assert "none before it: x + Norm(f(x))" in block_notes(after, trace, "decoder", 0)
+    assert block_notes(ModelConfig(**base), trace, "decoder", 0) == ""
+    hybrid = ModelConfig(**base, pre_sublayer_norm=False, post_sublayer_norm=True, mixer_sublayer_norms=(True, False),
+                         layer_types=["linear_attention"] * 3 + ["full_attention"], positional="none",
+                         mixer={"kind": "gated_delta", "heads": 2, "d_k": 8, "d_v": 8, "conv": 4})
+    assert block_notes(hybrid, trace, "decoder", 0) == ""
+    assert "none before it" in block_notes(hybrid, trace, "decoder", 3)

@@ -359,8 +359,12 @@ def block_notes(cfg, trace, stack: str, layer: int) -> str:
     """One line on what this model's block does beyond the plain pre-/post-norm layer (norms
     after the sub-layers, soft-capping, QK-norm, the layer's kind): '' when nothing."""
     notes = []
-    if getattr(cfg, "post_sublayer_norm", False):
+    pre, post = (cfg.sublayer_norms(layer) if hasattr(cfg, "sublayer_norms")
+                 else (getattr(cfg, "pre_sublayer_norm", True), getattr(cfg, "post_sublayer_norm", False)))
+    if post and pre:
         notes.append("a norm after each sub-layer as well as before it: x + Norm(f(Norm(x)))")
+    elif post:
+        notes.append("a norm after each sub-layer and none before it: x + Norm(f(x))")
     if getattr(cfg, "qk_norm", None):
         notes.append(f"QK-norm ({'per head' if cfg.qk_norm in ('head', 'l2') else 'over the whole projection'}"
                      + (", L2: without a gain" if cfg.qk_norm == "l2" else "")
