@@ -741,9 +741,13 @@ def test_estimates_read_the_widest_head_and_the_most_maps():
     wide = ModelConfig(**base, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=4,
                        global_d_head=32, global_kv_heads=1)
     assert gate.widest_head(plain) == (16, 2) and gate.widest_head(wide) == (32, 2)
+    wider = ModelConfig(**base, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=4,
+                        global_d_head=32, global_kv_heads=2)
     assert gate.maps_bytes(wide, 2000) > gate.maps_bytes(plain, 2000)
-    assert gate.generation_check_bytes(wide, 100, 20) > gate.generation_check_bytes(plain, 100, 20)
+    # the KV-cache check's cache: each layer's own (core.net.cost.kv_cache_bytes), none on a mixer's
+    assert gate.generation_check_bytes(wider, 100, 20) > gate.generation_check_bytes(plain, 100, 20)
     kda = ModelConfig(**base, layer_types=["linear_attention"] * 3 + ["full_attention"],
                       mixer={"kind": "kimi_delta", "heads": 8, "d_k": 16, "conv": 4})
     assert gate.map_heads(plain) == 4 and gate.map_heads(kda) == 8
+    assert gate.generation_check_bytes(kda, 100, 20) < gate.generation_check_bytes(plain, 100, 20)
     assert gate.batch_bytes(kda, 512, n_keys=512) > gate.batch_bytes(plain, 512, n_keys=512)

@@ -344,14 +344,16 @@ def prefix_check_bytes(cfg, n_rows: int, n_pass: int, n_source: int = 0) -> int:
 def generation_check_bytes(cfg, n_prompt: int, n_new: int, n_source: int = 0) -> int:
     """Peak bytes of the decoder stepper's KV-cache check (viz.ui.prefix_check.generation_difference,
     through models.generation_check) above the model, in float32: greedy decoding through the KV cache
-    (the prompt's pass, its keys and values, 2 L H_kv d_k (P + T) floats, and T next-token logits over the
+    (the prompt's pass, its keys and values, core.net.cost.kv_cache_bytes a position: 2 H_kv d_k floats
+    on each layer that keeps a cache, a latent attention's latent; and T next-token logits over the
     vocabulary) and one uncached pass over the prompt and the T generated tokens (at most a trace of
     P + T positions: trace_bytes) with its T rows of logits. Times MARGIN."""
-    d_k, kv = widest_head(cfg)
+    from core.net.cost import kv_cache_bytes
+
     n = max(1, int(n_prompt) + int(n_new))
     T, V = max(1, int(n_new)), cfg.tgt_vocab_size
     one_pass = trace_bytes(cfg, n_source or n, n) if cfg.kind == "encoder-decoder" else trace_bytes(cfg, n)
-    return int(one_pass + MARGIN * 4 * (2 * cfg.n_layers * kv * d_k * n + 3 * T * V))
+    return int(one_pass + MARGIN * (kv_cache_bytes(cfg) * n + 4 * 3 * T * V))
 
 
 def kind_of(what: str, model: str, calibrated: bool = False) -> str:
