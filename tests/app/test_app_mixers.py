@@ -291,6 +291,9 @@ def test_kv_cache_page_sets_the_state_against_the_cache(app_test):
     assert list(state) == [4 * ((2 * 32 + 64) * 3 + 4 * 16 * 16)] * 3
     assert list(cache) == [4 * 2 * n * 64] * 3
     assert any("per sequence whatever the length" in c.value for c in at.caption)
+    # the cache counts only the softmax layer (1 of 4): 2 H d_k floats a token, float32
+    assert any("512 bytes a token over the 1 layer that keeps a cache" in c.value
+               and "3 keep a token mixer's fixed state instead" in c.value for c in at.caption)
 
 
 def test_reference_writes_out_the_output_gate():

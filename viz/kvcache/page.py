@@ -105,12 +105,15 @@ layout = kl.layout_table(model.config, n)  # the cache per token as MHA, GQA and
 with st.expander(f"Cache size: {kl.own_kind(model.config)} against the other layouts", expanded=True):
     own = layout[layout["this model"]].iloc[0]
     cached = kv_cache_layers(model.config)
-    uncached = model.config.n_layers - len(cached)
+    shared = sum(j is not None for j in (model.config.kv_source or []))
+    mixers = model.config.n_layers - len(cached) - shared
+    why = [f"{mixers} keep{'s' if mixers == 1 else ''} a token mixer's fixed state instead (below)"] if mixers else []
+    why += [f"{shared} read{'s' if shared == 1 else ''} an earlier layer's keys and values"] if shared else []
     st.caption(f"{model_name} caches {int(own['numbers'])} numbers a position and layer ({own['kind']}: "
-               f"{own['formula']}), {int(own['bytes_per_token']):,} bytes a token over the {len(cached)} layers that "
-               f"keep a cache in float32, {int(own['document_bytes']) / 2**10:,.1f} KiB for this text's {n:,} tokens. "
-               + (f"Its other {uncached} layer{'s' if uncached > 1 else ''} keep none: a token mixer's fixed state "
-                  "(below) or an earlier layer's keys and values. " if uncached else "")
+               f"{own['formula']}), {int(own['bytes_per_token']):,} bytes a token over the {len(cached)} "
+               f"layer{'s' if len(cached) != 1 else ''} that keep{'s' if len(cached) == 1 else ''} a cache, in "
+               f"float32: {int(own['document_bytes']) / 2**10:,.1f} KiB for this text's {n:,} tokens. "
+               + (f"Of its other layers, {' and '.join(why)}. " if why else "")
                + (f"With its own layers' sizes (a sparse selection's indexer keys, a head size per layer kind), "
                   f"the cache here keeps {layout.attrs['own_bytes_per_token']:,} bytes a token. "
                   if layout.attrs["own_bytes_per_token"] != int(own["bytes_per_token"]) else "")
