@@ -119,10 +119,13 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~causal, -math.inf)
 
 
-def implicit_attention(q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+def implicit_attention(q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor, dt: torch.Tensor,
+                       shared: int = 1) -> torch.Tensor:
     """The scan as attention: A[t, s] = (q_t . k_s) exp(sum_{r=s+1..t} decay_r) dt_s for
     s <= t, 0 above the diagonal. q, k (..., n, N) (Mamba2's C and B), decay and dt (..., n)
-    -> (..., n, n). heads = A @ v + skip."""
+    -> (..., n, n). heads = A @ v + skip. `shared`: how many consecutive maps (heads) have the
+    same q and k (the heads of one group of B and C): their q k^T, the n x n x N product, is
+    made once for them."""
     if q.shape != k.shape or q.shape[:-1] != decay.shape or decay.shape != dt.shape:
         raise ValueError(f"implicit_attention: q {tuple(q.shape)} and k {tuple(k.shape)} must be (..., n, N), "
                          f"decay {tuple(decay.shape)} and dt {tuple(dt.shape)} (..., n)")
@@ -132,7 +135,8 @@ def implicit_attention(q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor, dt
     ds, ts = decay.reshape(-1, n), dt.reshape(-1, n)
     maps = []
     for m in range(qs.shape[0]):  # one map at a time: its n x n temporaries, never H of them at once
-        scores = qs[m] @ ks[m].T  # (n, n): C_t . B_s
+        if m % shared == 0:
+            scores = qs[m] @ ks[m].T  # (n, n): C_t . B_s, the same for the group's heads
         maps.append(scores * torch.exp(segsum(ds[m])) * ts[m][None, :])
     return torch.stack(maps).view(*lead, n, n)
 
@@ -236,6 +240,7 @@ class Mamba2Mixer(Mixer):
         s = cfg if isinstance(cfg, Mamba2Spec) else Mamba2Spec.from_config(cfg)
         self.spec = s
         self.n_heads = s.n_heads
+        self.per_group = s.n_heads // s.n_groups  # consecutive heads that read one group's B and C
         self.in_proj = Linear(s.d_model, s.d_inner + s.conv_dim + s.n_heads, bias=s.bias)
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=s.conv_bias)
         self.dt_bias = nn.Parameter(torch.zeros(s.n_heads))
@@ -297,7 +302,7 @@ class Mamba2Mixer(Mixer):
             rec("v", xs.transpose(1, 2))  # (b, H, n, P)
             rec("decay", decay)
             if records_maps(rec):
-                rec("weights", implicit_attention(q, k, decay, dt.transpose(1, 2)))
+                rec("weights", implicit_attention(q, k, decay, dt.transpose(1, 2), self.per_group))
         if cache is None:
             y, _ = ssd_chunked(xs, dt, a, Bh, Ch, s.chunk_size)
         else:
@@ -314,7 +319,7 @@ class Mamba2Mixer(Mixer):
         """The implicit attention of the input x (b, n, d): (b, H, n, n)."""
         _, _, dt, Bh, Ch = self.scan_inputs(x)
         decay = (dt * self.rate()).transpose(1, 2)
-        return implicit_attention(Ch.transpose(1, 2), Bh.transpose(1, 2), decay, dt.transpose(1, 2))
+        return implicit_attention(Ch.transpose(1, 2), Bh.transpose(1, 2), decay, dt.transpose(1, 2), self.per_group)
 
     def weights_from(self, q: torch.Tensor, k: torch.Tensor, decay: torch.Tensor,
                      head: Optional[int] = None) -> torch.Tensor:
@@ -326,6 +331,5 @@ class Mamba2Mixer(Mixer):
             if not 0 <= head < self.spec.n_heads:
                 raise ValueError(f"head {head} is out of range: this Mamba2 layer has {self.spec.n_heads} heads")
             q, k, decay, a = q[..., head, :, :], k[..., head, :, :], decay[..., head, :], a[head]
-        else:
-            a = a[:, None]
-        return implicit_attention(q, k, decay, decay / a)
+            return implicit_attention(q, k, decay, decay / a)
+        return implicit_attention(q, k, decay, decay / a[:, None], self.per_group)
