@@ -149,8 +149,9 @@ def recurrent_rule(q, k, v, g, beta, state=None) -> Tuple[torch.Tensor, torch.Te
 class DeltaRuleMixer(Mixer):
     """What the delta-rule mixers share (GatedDeltaNet here, core/net/kimi_delta.py's Kimi Delta
     Attention): the names they record, their exact map (unit_value_rule) and running the rule in
-    the form a call needs. A subclass gives rule_inputs(x, cache) -> (q, k, v, g, beta), `chunk`
-    and `map_chunk` (the chunk its map is computed in)."""
+    the form a call needs, its short convolution and the gated norm's RMSNorm. A subclass gives
+    rule_inputs(x, cache) -> (q, k, v, g, beta), `chunk`, `map_chunk` (the chunk its map is
+    computed in), `conv` (C x width filters), `width`, `eps` and `norm_weight`."""
 
     chunk: int = 64
     map_chunk: int = 64
@@ -164,6 +165,21 @@ class DeltaRuleMixer(Mixer):
     def implicit_attention(self, q, k, g, beta) -> torch.Tensor:
         """A (B, H, n, n) from the rule's inputs: the chunked rule run on the unit values e_s."""
         return unit_value_rule(q, k, g, beta, self.map_chunk)
+
+    def short_conv(self, mixed, cache: Optional[dict] = None) -> torch.Tensor:
+        """SiLU of the causal depthwise convolution (self.conv, C x width) over mixed (B, C, n),
+        float32; with a cache it continues from cache["conv"] and leaves its last inputs there."""
+        past = None if cache is None else cache.get("conv")
+        if past is None:
+            past = mixed.new_zeros(mixed.shape[0], mixed.shape[1], self.width - 1)
+        padded = torch.cat([past, mixed.float()], dim=-1)  # (B, C, width - 1 + n)
+        if cache is not None:
+            cache["conv"] = padded[:, :, padded.shape[-1] - (self.width - 1):]
+        return F.silu(F.conv1d(padded, self.conv.float()[:, None, :], groups=padded.shape[1]))
+
+    def head_norm(self, heads) -> torch.Tensor:
+        """The gated norm's RMSNorm of each head's output (over d_v), times its gain."""
+        return heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
 
     def weights(self, x) -> torch.Tensor:
         q, k, _, g, beta = self.rule_inputs(x)
@@ -229,14 +245,7 @@ class GatedDeltaNet(DeltaRuleMixer):
         (B, H, n, d_v), g, beta (B, H, n), all float32. With a cache, the convolution continues
         from cache["conv"] and leaves its last inputs there."""
         b, n, _ = x.shape
-        mixed = self.w_qkv(x).float().transpose(1, 2)  # (B, C, n)
-        past = None if cache is None else cache.get("conv")
-        if past is None:
-            past = mixed.new_zeros(b, mixed.shape[1], self.width - 1)
-        padded = torch.cat([past, mixed], dim=-1)  # (B, C, width - 1 + n)
-        if cache is not None:
-            cache["conv"] = padded[:, :, padded.shape[-1] - (self.width - 1):]
-        conv = F.silu(F.conv1d(padded, self.conv.float()[:, None, :], groups=padded.shape[1]))  # (B, C, n)
+        conv = self.short_conv(self.w_qkv(x).float().transpose(1, 2), cache)  # (B, C, n)
         q, k, v = torch.split(conv.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.n_heads // self.k_heads
         q = l2norm(q.reshape(b, n, self.k_heads, self.dk)).repeat_interleave(rep, dim=2).transpose(1, 2)
@@ -252,7 +261,7 @@ class GatedDeltaNet(DeltaRuleMixer):
     def forward(self, x, rec: Rec = None, cache: Optional[dict] = None):
         b, n, _ = x.shape
         heads = self.run_rule(x, rec, cache)  # (B, H, n, d_v)
-        y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
+        y = self.head_norm(heads)
         z = self.w_z(x).float().view(b, n, self.n_heads, self.dv).transpose(1, 2)
         y = (y * F.silu(z)).transpose(1, 2).reshape(b, n, self.value_dim).to(x.dtype)
         return point(rec, "out", self.w_out(y))

@@ -86,13 +86,7 @@ class KimiDeltaAttention(DeltaRuleMixer):
         from cache["conv"] and leaves its last inputs there."""
         b, n, _ = x.shape
         mixed = torch.cat([self.w_q(x), self.w_k(x), self.w_v(x)], dim=-1).float().transpose(1, 2)  # (B, C, n)
-        past = None if cache is None else cache.get("conv")
-        if past is None:
-            past = mixed.new_zeros(b, mixed.shape[1], self.width - 1)
-        padded = torch.cat([past, mixed], dim=-1)
-        if cache is not None:
-            cache["conv"] = padded[:, :, padded.shape[-1] - (self.width - 1):]
-        conv = F.silu(F.conv1d(padded, self.conv.float()[:, None, :], groups=padded.shape[1]))  # (B, C, n)
+        conv = self.short_conv(mixed, cache)  # (B, C, n)
         q, k, v = (t.reshape(b, n, self.n_heads, self.dk).transpose(1, 2)
                    for t in torch.split(conv.transpose(1, 2), [self.dim] * 3, dim=-1))
         q = l2norm(q) * self.dk ** -0.5
@@ -103,7 +97,7 @@ class KimiDeltaAttention(DeltaRuleMixer):
     def forward(self, x, rec: Rec = None, cache: Optional[dict] = None):
         b, n, _ = x.shape
         heads = self.run_rule(x, rec, cache)  # (B, H, n, d)
-        y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
+        y = self.head_norm(heads)
         gate = self.w_gb(self.w_ga(x)).float().view(b, n, self.n_heads, self.dk).transpose(1, 2)
         y = (y * torch.sigmoid(gate)).transpose(1, 2).reshape(b, n, self.dim).to(x.dtype)
         return point(rec, "out", self.w_out(y))
