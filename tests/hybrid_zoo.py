@@ -34,6 +34,16 @@ def zoo_getter(tmp_path_factory, build: Callable, hf_run: Callable, folders: Dic
     return get
 
 
+def saved(family: str, folder, **overrides):
+    """tests/hf_builders.py's tiny `family` checkpoint, saved by transformers into folder:
+    (the transformers model, the folder)."""
+    from hf_builders import build
+
+    hf, folder = build(family, folder, **overrides)
+    hf.save_pretrained(str(folder))
+    return hf, folder
+
+
 def eager_run(hf, ids, hooks: Iterable[Tuple[torch.nn.Module, Callable]]):
     """transformers' eager pass over ids with forward hooks [(module, hook)] held during it:
     (logits (n x V), the full-attention layers' weights by layer)."""

@@ -41,7 +41,7 @@ from core.net.gated_delta import chunked_rule, recurrent_rule
 from core.net.mixer import check_softmax_heads
 from core.net.model import Transformer
 from core.net.recorder import Recorder
-from hybrid_zoo import TEXT, eager_run, greedy_three_ways, zoo_getter
+from hybrid_zoo import TEXT, eager_run, greedy_three_ways, saved, zoo_getter
 
 TOL = 1e-4
 N = 30
@@ -184,17 +184,9 @@ FAMILIES = ["qwen3_5_text", "qwen3_next"]
 FOLDERS = {}  # family -> the folder its checkpoint was saved in
 
 
-def _build(fam, folder):
-    from hf_builders import build
-
-    hf, folder = build(fam, folder)
-    hf.save_pretrained(str(folder))
-    return hf, folder
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-    return zoo_getter(tmp_path_factory, _build, _hf_run, FOLDERS)
+    return zoo_getter(tmp_path_factory, saved, _hf_run, FOLDERS)
 
 
 def _hf_run(hf, ids):

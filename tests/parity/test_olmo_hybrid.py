@@ -29,24 +29,17 @@ import core
 from core import trace_names as tn
 from core.net.config import ModelConfig
 from core.net.gated_delta import chunked_rule, recurrent_rule
-from hybrid_zoo import TEXT, eager_run, greedy_three_ways, zoo_getter
+from hybrid_zoo import TEXT, eager_run, greedy_three_ways, saved, zoo_getter
 
 TOL = 1e-4
 CASES = {"nope": {}, "rope": {"rope_theta": 10000.0}}
 FOLDERS = {}  # case -> the folder its checkpoint was saved in
 
 
-def _build(case, folder):
-    from hf_builders import build
-
-    hf, folder = build("olmo_hybrid", folder, **CASES[case])
-    hf.save_pretrained(str(folder))
-    return hf, folder
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-    return zoo_getter(tmp_path_factory, _build, _hf_run, FOLDERS)
+    return zoo_getter(tmp_path_factory, lambda case, folder: saved("olmo_hybrid", folder, **CASES[case]), _hf_run,
+                      FOLDERS)
 
 
 def _hf_run(hf, ids):
