@@ -65,13 +65,17 @@ def gated_delta_steps(q, k, v, g, beta) -> Dict[str, np.ndarray]:
     return dict(S=np.array(states), decay=np.exp(g), beta=beta, removal=np.array(removal), out=np.array(out), A=a)
 
 
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x), x itself past 20 (as the models' softplus)."""
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
 def gated_delta_gates(x, w_a, w_b, A_log, dt_bias, beta_scale: float = 1.0) -> Dict[str, np.ndarray]:
     """g (H x n) and beta (H x n) from the mixer's input x (n x d) and the weights; beta_scale
     the factor on sigmoid(x W_b) (OLMo Hybrid: 2)."""
     x, w_a, w_b, A_log, dt_bias = map(_f, (x, w_a, w_b, A_log, dt_bias))
     pre = x @ w_a.T + dt_bias
-    softplus = np.where(pre > 20, pre, np.log1p(np.exp(np.minimum(pre, 20))))
-    g = -np.exp(A_log) * softplus
+    g = -np.exp(A_log) * _softplus(pre)
     beta = beta_scale / (1.0 + np.exp(-(x @ w_b.T)))
     return dict(g=g.T, beta=beta.T)
 
@@ -83,8 +87,7 @@ def kimi_delta_gates(x, w_fa, w_fb, w_b, A_log, dt_bias) -> Dict[str, np.ndarray
     x, w_fa, w_fb, w_b, A_log, dt_bias = map(_f, (x, w_fa, w_fb, w_b, A_log, dt_bias))
     H = A_log.size
     pre = (x @ w_fa.T) @ w_fb.T + dt_bias  # n x H d_k
-    softplus = np.where(pre > 20, pre, np.log1p(np.exp(np.minimum(pre, 20))))
-    g = -np.exp(A_log.reshape(-1))[:, None, None] * softplus.reshape(x.shape[0], H, -1).transpose(1, 0, 2)
+    g = -np.exp(A_log.reshape(-1))[:, None, None] * _softplus(pre).reshape(x.shape[0], H, -1).transpose(1, 0, 2)
     beta = 1.0 / (1.0 + np.exp(-(x @ w_b.T)))
     return dict(g=g, beta=beta.T)
 
@@ -95,7 +98,7 @@ def mamba2_decay(x, w_dt, dt_bias, A_log, dt_limit=(0.0, float("inf"))) -> np.nd
     in_proj, a = -exp(A_log)."""
     x, w_dt, dt_bias, A_log = map(_f, (x, w_dt, dt_bias, A_log))
     pre = x @ w_dt.T + dt_bias
-    dt = np.clip(np.where(pre > 20, pre, np.log1p(np.exp(np.minimum(pre, 20)))), *dt_limit)
+    dt = np.clip(_softplus(pre), *dt_limit)
     return (dt * -np.exp(A_log)).T
 
 
